@@ -1,0 +1,82 @@
+"""The workload interface: a model family with size presets, an offline dataset and a held-out metric."""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+import torch
+from torch import nn
+
+Batch = tuple[torch.Tensor, torch.Tensor]  # (inputs, targets), on CPU; the loop moves them to the device
+
+
+class WorkloadError(RuntimeError):
+    """A workload cannot be built here (missing data, unknown size). The message says how to fix it."""
+
+
+@dataclass
+class BuiltWorkload:
+    """One built instance of a workload: model, data, loss and evaluation, all seeded."""
+
+    model: nn.Module  # block-structured models expose ``model.blocks`` (nn.ModuleList)
+    batches: Callable[[int, int], Iterator[Batch]]  # (batch_size, seed) -> endless iterator of training batches
+    loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]  # (model output, targets) -> mean loss
+    evaluate: Callable[[nn.Module], dict[str, float]]  # held-out metrics; the harness sets eval()/no_grad
+    metric: str  # the key of ``evaluate``'s result that the reports follow, e.g. "accuracy"
+    higher_is_better: bool
+    batch_size: int  # default samples per optimizer step for this size
+    tokens_per_sample: int = 0  # sequence length for language models, 0 otherwise
+    lr: float = 1e-3
+    target: float | None = None  # default time-to-target threshold on ``metric``
+    dataset: dict[str, Any] = field(default_factory=dict)  # name, source, sha256, n_train, n_eval
+    params: dict[str, Any] = field(default_factory=dict)  # the size preset's resolved parameters
+
+
+class Workload(abc.ABC):
+    """Base class for reference workloads. Subclasses set the class attributes and implement ``build``."""
+
+    name: ClassVar[str]
+    summary: ClassVar[str] = ""
+    sizes: ClassVar[dict[str, dict[str, Any]]] = {}
+    has_blocks: ClassVar[bool] = True
+    has_batchnorm: ClassVar[bool] = False
+
+    def check(self) -> str | None:
+        """Why this workload cannot be built here (e.g. its dataset is missing); None when it can."""
+        return None
+
+    def size_params(self, size: str) -> dict[str, Any]:
+        if size not in self.sizes:
+            raise WorkloadError(
+                f"workload '{self.name}' has no size '{size}' (valid sizes: {', '.join(self.sizes)})"
+            )
+        return dict(self.sizes[size])
+
+    @abc.abstractmethod
+    def build(self, size: str, seed: int, device: torch.device) -> BuiltWorkload:
+        """Build model, data, loss and evaluation for ``size``, seeded by ``seed``."""
+
+
+_REGISTRY: dict[str, type[Workload]] = {}
+
+
+def register(cls: type[Workload]) -> type[Workload]:
+    """Class decorator: add a workload to the registry. A duplicate name is an error."""
+    if cls.name in _REGISTRY and _REGISTRY[cls.name] is not cls:
+        raise ValueError(f"workload name '{cls.name}' is registered twice")
+    _REGISTRY[cls.name] = cls
+    return cls
+
+
+def registry() -> dict[str, type[Workload]]:
+    return dict(_REGISTRY)
+
+
+def get(name: str) -> Workload:
+    try:
+        return _REGISTRY[name]()
+    except KeyError:
+        raise WorkloadError(f"unknown workload '{name}' (known: {', '.join(sorted(_REGISTRY))})") from None

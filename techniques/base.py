@@ -1,0 +1,247 @@
+"""The technique interface every acceleration technique implements, and the registry.
+
+A technique is a small class with typed options and a fixed set of hooks, all no-ops by default. The training
+loop (``bench/loop.py``) calls the hooks in one documented order; a technique overrides only what it touches:
+
+    launch(ctx)                         -> how many processes / which backend (distributed techniques)
+    configure(cfg)                      -> adjust the TrainConfig (micro-batches, ...) before anything is built
+    transform_model(model, ctx)         -> in phase order: surgery, precision, checkpointing, compile, sharding
+    build_optimizer(params, default, ctx)
+    wrap_data(batches, ctx)
+    forward_context(ctx)                -> context manager entered around each forward + loss
+    loss(out, batch, base_loss, ctx)    -> may replace the loss (distillation, multi-token, ...)
+    backward(loss, ctx) -> bool         -> True if it ran backward itself (one owner: loss scaling)
+    optimizer_step(opt, ctx) -> bool    -> True if it stepped the optimizer itself
+    on_eval(metrics, ctx) -> bool       -> True asks the loop to stop (early stopping)
+    finalize(model, ctx)
+
+Register with ``@register`` and add the module to the explicit import list in ``techniques/__init__.py``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import enum
+import types
+import typing
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+import torch
+from torch import nn
+
+
+class Kind(str, enum.Enum):
+    """How a technique relates to the baseline's math; decides how it is judged."""
+
+    EXACT = "exact"  # same math as the baseline: losses must match (parity), judged on speed and memory
+    NUMERIC = "numeric"  # close but not bit-equal (reduced precision): loss drift is recorded, not failed
+    ALGORITHMIC = "algorithmic"  # changes learning dynamics: judged by time-to-target and final metric
+
+
+class Phase(enum.IntEnum):
+    """Order of model transforms, the way torchtitan applies them."""
+
+    SURGERY = 0
+    PRECISION = 1
+    CHECKPOINTING = 2
+    COMPILE = 3
+    SHARDING = 4
+
+
+@dataclass(frozen=True)
+class Claim:
+    """A published effect of a technique, shown beside what the harness measured."""
+
+    metric: str  # "speedup" (throughput ratio) or "memory_ratio" (peak memory ratio)
+    low: float
+    high: float
+    setting: str  # hardware / model the claim was made on
+    source: str  # citation or URL
+
+
+@dataclass
+class TrainConfig:
+    """What the loop needs to know that techniques may change before anything is built."""
+
+    batch_size: int  # samples per optimizer step (the global batch on one process)
+    micro_batches: int = 1  # forward/backward passes per optimizer step (gradient accumulation)
+    lr: float = 1e-3
+    weight_decay: float = 0.0
+
+
+@dataclass
+class Context:
+    """Everything a hook may need about the trial it runs in. Techniques may keep state in ``state``."""
+
+    device: torch.device
+    workload: str = ""
+    seed: int = 0
+    rank: int = 0
+    world_size: int = 1
+    has_blocks: bool = True  # the model exposes ``model.blocks`` (an nn.ModuleList) for per-block transforms
+    has_batchnorm: bool = False
+    compute_dtype: torch.dtype = torch.float32  # set by precision techniques; picks the peak for MFU
+    available_packages: frozenset[str] = frozenset()
+    state: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def is_cuda(self) -> bool:
+        return self.device.type == "cuda"
+
+
+class OptionError(ValueError):
+    """A technique's option string is unknown or malformed. The message lists what is valid."""
+
+
+class Technique:
+    """Base class: every hook is a no-op. Subclasses set the class attributes and override what they touch."""
+
+    name: ClassVar[str]
+    summary: ClassVar[str] = ""
+    kind: ClassVar[Kind] = Kind.EXACT
+    phase: ClassVar[Phase] = Phase.SURGERY
+    slot: ClassVar[str | None] = None  # one technique per slot per set ("precision", "optimizer", ...)
+    conflicts: ClassVar[frozenset[str]] = frozenset()  # names this technique cannot be combined with
+    claims: ClassVar[tuple[Claim, ...]] = ()
+
+    @dataclass(frozen=True)
+    class Options:
+        pass
+
+    def __init__(self, options: Options | None = None) -> None:
+        self.options = options if options is not None else self.Options()
+
+    # ---- options -------------------------------------------------------------------------------------------
+
+    @classmethod
+    def parse_options(cls, raw: dict[str, str]) -> Options:
+        """Build ``Options`` from string values (``grad_accum:steps=4``), converting to the declared types."""
+        fields = {f.name: f for f in dataclasses.fields(cls.Options)}
+        hints = typing.get_type_hints(cls.Options)
+        values: dict[str, Any] = {}
+        for key, text in raw.items():
+            if key not in fields:
+                valid = ", ".join(sorted(fields)) or "none"
+                raise OptionError(f"technique '{cls.name}' has no option '{key}' (valid options: {valid})")
+            values[key] = _convert(cls.name, key, text, hints[key])
+        try:
+            return cls.Options(**values)
+        except (TypeError, ValueError) as exc:
+            raise OptionError(f"technique '{cls.name}': {exc}") from exc
+
+    @classmethod
+    def option_help(cls) -> str:
+        parts = []
+        for f in dataclasses.fields(cls.Options):
+            default = f.default if f.default is not dataclasses.MISSING else "required"
+            parts.append(f"{f.name}={default}")
+        return ", ".join(parts)
+
+    def describe(self) -> dict[str, Any]:
+        return {"name": self.name, "options": dataclasses.asdict(self.options)}
+
+    # ---- planning ------------------------------------------------------------------------------------------
+
+    def check(self, ctx: Context) -> str | None:
+        """Why this technique cannot run in ``ctx``; None when it can."""
+        return None
+
+    # ---- hooks, in the order the loop calls them -----------------------------------------------------------
+
+    def launch(self, ctx: Context) -> int | None:
+        """Number of processes this technique needs (None: whatever the sweep asks for)."""
+        return None
+
+    def configure(self, cfg: TrainConfig) -> TrainConfig:
+        return cfg
+
+    def transform_model(self, model: nn.Module, ctx: Context) -> nn.Module:
+        return model
+
+    def build_optimizer(
+        self, params: Iterable[nn.Parameter], default: Callable[..., torch.optim.Optimizer], ctx: Context
+    ) -> torch.optim.Optimizer | None:
+        """Return an optimizer to replace the default one, or None to keep it."""
+        return None
+
+    def wrap_data(self, batches: Iterator[Any], ctx: Context) -> Iterator[Any]:
+        return batches
+
+    def forward_context(self, ctx: Context) -> contextlib.AbstractContextManager[Any]:
+        return contextlib.nullcontext()
+
+    def loss(self, out: Any, batch: Any, base_loss: torch.Tensor, ctx: Context) -> torch.Tensor:
+        return base_loss
+
+    def backward(self, loss: torch.Tensor, ctx: Context) -> bool:
+        return False
+
+    def optimizer_step(self, optimizer: torch.optim.Optimizer, ctx: Context) -> bool:
+        return False
+
+    def on_eval(self, metrics: dict[str, float], ctx: Context) -> bool:
+        return False
+
+    def finalize(self, model: nn.Module, ctx: Context) -> None:
+        return None
+
+
+def _convert(technique: str, key: str, text: str, hint: Any) -> Any:
+    origin = typing.get_origin(hint)
+    if origin in (typing.Union, types.UnionType):
+        args = [a for a in typing.get_args(hint) if a is not type(None)]
+        if text.lower() in ("none", "null", ""):
+            return None
+        hint = args[0]
+    if hint is bool:
+        low = text.lower()
+        if low in ("1", "true", "yes", "on"):
+            return True
+        if low in ("0", "false", "no", "off"):
+            return False
+        raise OptionError(f"technique '{technique}': option '{key}' wants true/false, got '{text}'")
+    if typing.get_origin(hint) is typing.Literal:
+        choices = typing.get_args(hint)
+        if text not in choices:
+            raise OptionError(
+                f"technique '{technique}': option '{key}' must be one of {', '.join(map(str, choices))}, got '{text}'"
+            )
+        return text
+    try:
+        return hint(text)
+    except (TypeError, ValueError):
+        raise OptionError(
+            f"technique '{technique}': option '{key}' wants {getattr(hint, '__name__', hint)}, got '{text}'"
+        ) from None
+
+
+# ---- registry ----------------------------------------------------------------------------------------------
+
+_REGISTRY: dict[str, type[Technique]] = {}
+
+
+def register(cls: type[Technique]) -> type[Technique]:
+    """Class decorator: add a technique to the registry. A duplicate name is an error."""
+    name = getattr(cls, "name", None)
+    if not name:
+        raise TypeError(f"{cls.__qualname__} has no 'name'")
+    if name in _REGISTRY and _REGISTRY[name] is not cls:
+        raise ValueError(f"technique name '{name}' is registered twice ({_REGISTRY[name].__module__}, {cls.__module__})")
+    _REGISTRY[name] = cls
+    return cls
+
+
+def registry() -> dict[str, type[Technique]]:
+    """All registered techniques by name (importing ``techniques`` fills it)."""
+    return dict(_REGISTRY)
+
+
+def get(name: str) -> type[Technique]:
+    try:
+        return _REGISTRY[name]
+    except KeyError:
+        known = ", ".join(sorted(_REGISTRY))
+        raise OptionError(f"unknown technique '{name}' (known: {known})") from None
