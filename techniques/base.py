@@ -33,7 +33,7 @@ import torch
 from torch import nn
 
 
-class Kind(str, enum.Enum):
+class Kind(enum.StrEnum):
     """How a technique relates to the baseline's math; decides how it is judged."""
 
     EXACT = "exact"  # same math as the baseline: losses must match (parity), judged on speed and memory
@@ -85,6 +85,7 @@ class Context:
     has_batchnorm: bool = False
     compute_dtype: torch.dtype = torch.float32  # set by precision techniques; picks the peak for MFU
     available_packages: frozenset[str] = frozenset()
+    technique_names: tuple[str, ...] = ()  # every technique of the set, so modifiers can check their partners
     state: dict[str, Any] = field(default_factory=dict)
 
     @property

@@ -1,0 +1,286 @@
+"""`python -m bench sweep --ab REV_OR_DIR`: one sweep, two versions of the code, trials interleaved.
+
+Comparing two sweeps run at different times mixes the change under test with whatever the machine did between
+them (other jobs, thermal state, a noisy neighbour). Here every trial of the plan runs twice, once with this
+checkout's code (side A) and once with the other checkout's (side B), back to back, alternating which goes first
+(ABBA: neighbouring configurations swap, and each configuration swaps from one repeat to the next), so drift hits
+both sides alike. That is what makes a CI regression gate stable on a shared machine.
+
+- REV_OR_DIR is a directory holding another checkout (``.`` for an A/A run of this one) or a git revision of this
+  repository, checked out with ``git worktree add --detach`` into a temporary directory that is removed at the end.
+- B's trial processes start with cwd = the other checkout, so ``python -m bench.trial`` imports *its* ``bench`` and
+  ``techniques`` (the interpreter and installed libraries are this one's). The plan, the trial specs and the
+  orchestration are this checkout's: the other side must understand this version's ``TrialSpec``.
+- OUT/a/ and OUT/b/ are ordinary sweep directories (results.jsonl, env.json, sweep.toml, summary.md); OUT/ab.json
+  says which code each side ran; OUT/compare.md is ``bench compare OUT/a OUT/b`` (B judged against A).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import shlex
+import shutil
+import subprocess
+import tempfile
+import time
+from collections import defaultdict
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from bench import compare as compare_mod
+from bench import summary as summary_mod
+from bench.config import ConfigError, SweepConfig, build_config
+from bench.plan import Trial, plan, resolve_device
+from bench.results import TrialRecord
+from bench.runner import REPO_DIR, SweepRunner, default_out_dir
+
+log = logging.getLogger(__name__)
+
+SIDES = ("a", "b")
+
+
+@dataclass
+class Checkout:
+    """The code one side of an A/B run executes."""
+
+    code_dir: Path
+    spec: str  # what the user gave: a directory or a revision
+    commit: str | None
+    worktree: bool = False  # created here (a temporary git worktree): removed by ``release``
+
+    def describe(self) -> dict[str, Any]:
+        return {"code_dir": str(self.code_dir), "spec": self.spec, "commit": self.commit, "worktree": self.worktree}
+
+
+def _git(repo: Path, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(["git", "-C", str(repo), *args], capture_output=True, text=True, timeout=120)
+
+
+def _commit_of(path: Path) -> str | None:
+    try:
+        proc = _git(path, "rev-parse", "HEAD")
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return proc.stdout.strip() if proc.returncode == 0 else None
+
+
+def _check_checkout(path: Path, spec: str) -> None:
+    if not (path / "bench" / "trial.py").is_file():
+        raise ConfigError(f"--ab {spec}: {path} holds no trainbench checkout (no bench/trial.py)")
+
+
+def resolve_checkout(rev_or_dir: str, repo_dir: Path = REPO_DIR) -> Checkout:
+    """A directory is used as it is; anything else must be a git revision of ``repo_dir`` and gets a worktree."""
+    path = Path(rev_or_dir).expanduser()
+    if path.is_dir():
+        path = path.resolve()
+        _check_checkout(path, rev_or_dir)
+        return Checkout(path, rev_or_dir, _commit_of(path))
+    try:
+        proc = _git(repo_dir, "rev-parse", "--verify", "--quiet", f"{rev_or_dir}^{{commit}}")
+    except (OSError, subprocess.SubprocessError) as exc:
+        raise ConfigError(f"--ab {rev_or_dir}: not a directory, and git is unavailable ({exc})") from None
+    if proc.returncode != 0:
+        raise ConfigError(f"--ab {rev_or_dir}: neither a directory nor a git revision of {repo_dir}")
+    commit = proc.stdout.strip()
+    root = Path(tempfile.mkdtemp(prefix="trainbench-ab-"))
+    target = root / "checkout"
+    added = _git(repo_dir, "worktree", "add", "--detach", str(target), commit)
+    if added.returncode != 0:
+        shutil.rmtree(root, ignore_errors=True)
+        raise ConfigError(f"--ab {rev_or_dir}: git worktree add failed: {added.stderr.strip()[:300]}")
+    checkout = Checkout(target, rev_or_dir, commit, worktree=True)
+    try:
+        _check_checkout(target, rev_or_dir)
+    except ConfigError:
+        release(checkout, repo_dir)
+        raise
+    log.info("checked out %s (%s) into %s", rev_or_dir, commit, target)
+    return checkout
+
+
+def release(checkout: Checkout, repo_dir: Path = REPO_DIR) -> None:
+    """Remove a worktree this module created (and its temporary directory); a user's directory is left alone."""
+    if not checkout.worktree:
+        return
+    proc = _git(repo_dir, "worktree", "remove", "--force", str(checkout.code_dir))
+    if proc.returncode != 0:
+        log.warning("git worktree remove %s failed: %s", checkout.code_dir, proc.stderr.strip())
+    shutil.rmtree(checkout.code_dir.parent, ignore_errors=True)
+    _git(repo_dir, "worktree", "prune")
+
+
+@dataclass
+class AbProgress:
+    done: int
+    total: int
+    side: str  # "a" | "b"
+    trial: Trial
+    record: TrialRecord | None  # None: already recorded (resume)
+
+
+@dataclass
+class AbResult:
+    out_dir: Path
+    records: dict[str, list[TrialRecord]]
+    comparison: compare_mod.Comparison
+    markdown: str
+
+
+class AbRunner:
+    """Runs the plan of ``cfg`` on two checkouts, alternating per trial, into OUT/a and OUT/b."""
+
+    def __init__(
+        self, cfg: SweepConfig, out_dir: Path, device: torch.device, other: Checkout, resume: bool = False,
+        command: str = "", threshold: float = compare_mod.DEFAULT_THRESHOLD,
+    ) -> None:
+        self.cfg = cfg
+        self.out_dir = Path(out_dir)
+        self.other = other
+        self.threshold = threshold
+        self.runners = {
+            "a": SweepRunner(cfg, self.out_dir / "a", device, resume=resume, command=command, code_dir=REPO_DIR),
+            "b": SweepRunner(cfg, self.out_dir / "b", device, resume=resume, command=command,
+                             code_dir=other.code_dir),
+        }
+        self.device = device
+        self.command = command
+
+    def run(self, on_progress: Callable[[AbProgress], None] | None = None) -> AbResult:
+        self.out_dir.mkdir(parents=True, exist_ok=True)
+        mine = Checkout(REPO_DIR, ".", _commit_of(REPO_DIR))
+        (self.out_dir / "ab.json").write_text(json.dumps(
+            {"a": mine.describe(), "b": self.other.describe(), "command": self.command,
+             "order": "per trial, alternating which side goes first (ABBA, balanced over repeats)"}, indent=2) + "\n")
+        peaks = {}
+        for side, runner in self.runners.items():
+            env = runner.prepare()
+            peaks[side] = {k: v["flops"] for k, v in env.get("peak_flops", {}).items()}
+        trials = plan(self.cfg, self.device)
+        done = {side: runner.store.done_trial_ids() for side, runner in self.runners.items()}
+        total, count = 2 * len(trials), 0
+        position: dict[int, int] = defaultdict(int)
+        for trial in trials:
+            # ABBA, balanced: consecutive configurations swap which side goes first, and each configuration swaps
+            # from one repeat to the next, so no configuration always runs its A (or B) trial first.
+            j = position[trial.repeat]
+            position[trial.repeat] += 1
+            for side in SIDES if (j + trial.repeat) % 2 == 0 else SIDES[::-1]:
+                runner = self.runners[side]
+                record = None
+                if trial.trial_id not in done[side]:
+                    # The runner's own per-trial path (one child process, timeout, soft failure), one trial at a
+                    # time so the two sides interleave.
+                    record = runner._skipped(trial) if trial.skip_reason else runner._launch(trial, peaks[side])
+                    runner.store.append(record)
+                count += 1
+                if on_progress:
+                    on_progress(AbProgress(count, total, side, trial, record))
+        return self.finish()
+
+    def finish(self) -> AbResult:
+        """Summaries of both sides and the comparison of B against A (OUT/compare.md)."""
+        records = {side: runner.store.read() for side, runner in self.runners.items()}
+        for side, recs in records.items():
+            rows = summary_mod.summarize(recs)
+            (self.out_dir / side / "summary.md").write_text(
+                summary_mod.to_markdown(rows, title=f"Sweep '{self.cfg.name}' side {side.upper()} summary"))
+        comparison = compare_mod.compare_dirs(self.out_dir / "a", self.out_dir / "b", self.threshold)
+        title = f"A/B: {self.other.spec} (B) against this checkout (A)"
+        md = compare_mod.to_markdown(comparison, title=title)
+        (self.out_dir / "compare.md").write_text(md)
+        return AbResult(self.out_dir, records, comparison, md)
+
+
+def run_ab(
+    cfg: SweepConfig, out_dir: Path, rev_or_dir: str, device: torch.device | None = None, resume: bool = False,
+    command: str = "", on_progress: Callable[[AbProgress], None] | None = None, repo_dir: Path = REPO_DIR,
+) -> AbResult:
+    """Resolve the other checkout, run both sides interleaved, compare; a temporary worktree is always removed."""
+    device = device if device is not None else resolve_device(cfg.device)
+    other = resolve_checkout(rev_or_dir, repo_dir)
+    try:
+        return AbRunner(cfg, out_dir, device, other, resume=resume, command=command).run(on_progress)
+    finally:
+        release(other, repo_dir)
+
+
+# ---- the CLI side of `sweep --ab` (cli.py dispatches here; like cli.py, this part prints) --------------------
+
+
+def _config_from_args(args: argparse.Namespace) -> SweepConfig:
+    """The same layering as ``cmd_sweep``: preset, then --config (OUT/a/sweep.toml when resuming), then flags."""
+    config_path = args.config
+    if args.resume:
+        if args.out is None:
+            raise ConfigError("--resume needs --out DIR (the A/B directory to continue)")
+        if config_path is None and (args.out / "a" / "sweep.toml").exists():
+            config_path = args.out / "a" / "sweep.toml"
+    budget = {
+        "train_steps": args.steps,
+        "max_train_seconds": args.seconds,
+        "min_steps": args.window_steps,
+        "min_seconds": args.window_seconds,
+        "timeout_s": args.timeout,
+        "memory": False if args.no_memory else None,
+    }
+    overrides = {
+        "workloads": args.workloads,
+        "techniques": args.techniques,
+        "repeats": args.repeats,
+        "seed": args.seed,
+        "device": args.device,
+        "threads": args.threads,
+        "budget": {k: v for k, v in budget.items() if v is not None} or None,
+    }
+    return build_config(args.preset or "quick", overrides, config_path)
+
+
+def cmd_sweep_ab(args: argparse.Namespace, out: Any, err: Any) -> int:
+    """``sweep --ab``: run, print the comparison, exit 0 (gate with ``bench compare OUT/a OUT/b --fail-on``)."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    cfg = _config_from_args(args)
+    device = resolve_device(cfg.device)
+    default = default_out_dir(cfg)
+    out_dir = args.out or default.with_name(default.name + "-ab")
+    if not args.resume:
+        for side in SIDES:
+            store = out_dir / side / "results.jsonl"
+            if store.exists() and store.stat().st_size:
+                raise ConfigError(f"{out_dir} already holds A/B results: pass --resume to continue it, or another --out")
+    command = "python -m bench " + shlex.join(args.argv)
+    err.print(f"[bold]trainbench[/] A/B sweep '{cfg.name}' on {device}: this checkout (A) vs {args.ab} (B) -> {out_dir}")
+    started = time.perf_counter()
+    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                  TextColumn("{task.fields[last]}"), console=err, transient=False) as bar:
+        task = bar.add_task("trials", total=None, last="measuring peak FLOP/s...")
+
+        def on_progress(p: AbProgress) -> None:
+            if p.record is None:
+                last = f"{p.side.upper()} {p.trial.trial_id}: already done"
+            else:
+                sps = p.record.timing.get("samples_per_s")
+                detail = f"{sps:,.0f} samples/s" if p.record.status == "ok" and sps else (p.record.reason or "")[:60]
+                last = f"{p.side.upper()} {p.trial.trial_id}: {p.record.status} {detail}"
+            bar.update(task, total=p.total, completed=p.done, last=last)
+
+        try:
+            result = run_ab(cfg, out_dir, args.ab, device, resume=args.resume, command=command,
+                            on_progress=on_progress)
+        except KeyboardInterrupt:
+            err.print(f"[yellow]interrupted[/]: finished trials are saved in {out_dir}/a and {out_dir}/b; continue "
+                      f"with: python -m bench sweep --ab {shlex.quote(args.ab)} --resume --out {out_dir}")
+            return 130
+    out.print(result.markdown, markup=False, highlight=False)
+    out.print(f"wall time {time.perf_counter() - started:.0f} s; A/B results in {out_dir} (compare.md)")
+    return 0
+
+
+__all__ = ["AbProgress", "AbResult", "AbRunner", "Checkout", "release", "resolve_checkout", "run_ab"]

@@ -1,0 +1,320 @@
+"""Command line: ``python -m bench {sweep,list,report,compare,env}``. The only module that prints.
+
+Bad input (unknown workload or technique, bad option, malformed TOML) gets one line on stderr naming what is
+valid, and exit code 2. Results already recorded are never lost: an interrupted sweep resumes with --resume.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import shlex
+import sys
+import time
+from pathlib import Path
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from bench import summary as summary_mod
+from bench import workloads
+from bench.config import PRESETS, ConfigError, build_config
+from bench.plan import available_packages, resolve_device
+
+EXIT_USAGE = 2
+
+# Piped output (CI logs, files) gets a wide console instead of rich's 80-column default.
+out = Console() if sys.stdout.isatty() else Console(width=180)
+err = Console(stderr=True)
+
+
+def _add_sweep(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "sweep",
+        help="run workloads x technique sets x repeats, record results.jsonl and a summary",
+        description="Run a sweep. Settings come from the preset, then --config, then the flags given here.",
+    )
+    p.add_argument("--preset", default=None, choices=list(PRESETS),
+                   help="starting settings (default: quick; smoke takes about a minute, standard is for a laptop)")
+    p.add_argument("--config", type=Path, help="TOML file with the same fields as the flags (see README)")
+    p.add_argument("--workloads", help="comma list of name[:size], e.g. mlp,gpt:small (see `python -m bench list`)")
+    p.add_argument("--techniques",
+                   help="comma list of technique sets; '+' joins a combination, ':k=v' sets options, "
+                        "e.g. bf16,grad_accum:steps=4,bf16+compile (baseline is always added)")
+    p.add_argument("--repeats", type=int, help="repeats (seeds) per configuration")
+    p.add_argument("--seed", type=int, help="seed of repeat 0 (repeat r uses seed + r)")
+    p.add_argument("--steps", type=int, help="training steps per trial (accuracy phase budget)")
+    p.add_argument("--seconds", type=float, help="wall-clock cap on each trial's training (eval excluded)")
+    p.add_argument("--window-steps", type=int, help="minimum steps in the timed window")
+    p.add_argument("--window-seconds", type=float, help="minimum seconds in the timed window")
+    p.add_argument("--timeout", type=float, help="seconds before a trial process is killed (recorded as timeout)")
+    p.add_argument("--no-memory", action="store_true", help="skip the tensor-memory breakdown pass")
+    p.add_argument("--threads", type=int, help="torch threads per trial process (default: torch's choice)")
+    p.add_argument("--nproc", type=int,
+                   help="processes per node for data-parallel / sharding sets (ddp, zero1-3, deepspeed), started "
+                        "with torchrun (gloo on CPU, NCCL on CUDA); other sets run in one process as the reference")
+    p.add_argument("--nnodes", type=int, help="nodes taking part (multi-node: run the same sweep on every node)")
+    p.add_argument("--node-rank", type=int, default=0, help="this node's rank (multi-node; node 0 records results)")
+    p.add_argument("--rdzv-endpoint", help="HOST:PORT of the rendezvous, the same on every node (multi-node)")
+    p.add_argument("--device", choices=["auto", "cpu", "cuda"], help="device for every trial (default: auto)")
+    p.add_argument("--out", type=Path, help="output directory (default: reports/<preset>-<UTC time>/)")
+    p.add_argument("--resume", action="store_true",
+                   help="continue the sweep in --out: finished trials are kept and not rerun")
+    p.add_argument("-v", "--verbose", action="store_true", help="log what the harness does")
+    p.add_argument("--ab", metavar="REV_OR_DIR",
+                   help="A/B run: every trial runs with this checkout's code (OUT/a) and with another's (OUT/b), "
+                        "alternating; REV_OR_DIR is a git revision (checked out into a temporary worktree) or a "
+                        "directory holding another checkout ('.' for an A/A run); writes OUT/compare.md")
+
+
+def _add_list(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("list", help="show workloads (with sizes) and techniques (with kind, options, availability)")
+    p.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto",
+                   help="device to check availability against")
+
+
+def _add_env(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("env", help="print this machine's fingerprint (and measured peak FLOP/s with --peaks)")
+    p.add_argument("--peaks", action="store_true", help="also measure matmul peak FLOP/s (a few seconds)")
+    p.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto")
+
+
+def _add_compare(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "compare",
+        help="compare two sweep directories: faster / slower / no significant change per configuration",
+        description="Match the trials of two sweeps by workload, technique set and options, and report per "
+                    "configuration the ratio of medians NEW/BASE with its 95%% bootstrap interval for throughput, "
+                    "peak memory and final metric. Exit code 1 when --fail-on trips, 2 on bad input.",
+    )
+    p.add_argument("base", type=Path, metavar="BASE_DIR", help="the reference sweep directory")
+    p.add_argument("new", type=Path, metavar="NEW_DIR", help="the sweep directory judged against it")
+    p.add_argument("--threshold", default="5%",
+                   help="smallest change that counts, as a percentage or fraction (default 5%%); a change counts "
+                        "when its whole 95%% interval lies beyond it")
+    p.add_argument("--fail-on", default="",
+                   help="exit 1 when any configuration is: slower, more-memory, worse-metric, failed (NEW trials "
+                        "failed where BASE ran), or regression (all of these); a comma list")
+    p.add_argument("--out", type=Path, help="also write the comparison as markdown to this file")
+    p.add_argument("-v", "--verbose", action="store_true", help="log what the harness does")
+
+
+def _add_report(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "report",
+        help="render report.md and report.html from one or more sweep directories",
+        description="Re-render a sweep's report from its results.jsonl (+ env.json): per workload speedups with 95%% "
+                    "intervals, memory, MFU, accuracy, time-to-target, parity; figures; claims check; failures; "
+                    "noise warnings; what to try next. Several directories are merged into one report (sweeps from "
+                    "different machines are kept apart).",
+    )
+    p.add_argument("dirs", type=Path, nargs="+", metavar="DIR", help="sweep directories (each holds results.jsonl)")
+    p.add_argument("--baseline", default="baseline",
+                   help="technique set every speedup and difference is measured against (default: baseline)")
+    p.add_argument("--format", default="md,html", help="comma list of formats to write: md, html (default: both)")
+    p.add_argument("--out", type=Path,
+                   help="directory to write into (default: DIR itself; required with several DIRs)")
+    p.add_argument("-v", "--verbose", action="store_true", help="log what the harness does")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m bench",
+        description="trainbench: measure training-acceleration techniques side by side.",
+    )
+    sub = parser.add_subparsers(dest="command", required=True)
+    _add_sweep(sub)
+    _add_list(sub)
+    _add_env(sub)
+    _add_compare(sub)
+    _add_report(sub)
+    return parser
+
+
+# ---- sweep --------------------------------------------------------------------------------------------------
+
+
+def cmd_sweep(args: argparse.Namespace) -> int:
+    if args.ab:  # A/B: both sides interleaved, then compared (bench/ab.py)
+        from bench.ab import cmd_sweep_ab
+
+        return cmd_sweep_ab(args, out, err)
+    from bench.runner import Launch, SweepRunner, default_out_dir
+
+    config_path = args.config
+    if args.resume:
+        if args.out is None:
+            raise ConfigError("--resume needs --out DIR (the sweep directory to continue)")
+        if config_path is None and (args.out / "sweep.toml").exists():
+            config_path = args.out / "sweep.toml"
+    budget = {
+        "train_steps": args.steps,
+        "max_train_seconds": args.seconds,
+        "min_steps": args.window_steps,
+        "min_seconds": args.window_seconds,
+        "timeout_s": args.timeout,
+        "memory": False if args.no_memory else None,
+    }
+    overrides = {
+        "workloads": args.workloads,
+        "techniques": args.techniques,
+        "repeats": args.repeats,
+        "seed": args.seed,
+        "device": args.device,
+        "threads": args.threads,
+        "nproc": args.nproc,
+        "nnodes": args.nnodes,
+        "budget": {k: v for k, v in budget.items() if v is not None} or None,
+    }
+    cfg = build_config(args.preset or "quick", overrides, config_path)
+    device = resolve_device(cfg.device)
+    out_dir = args.out or default_out_dir(cfg)
+    command = "python -m bench " + shlex.join(args.argv)
+    launch = Launch(nnodes=cfg.nnodes, node_rank=args.node_rank, rdzv_endpoint=args.rdzv_endpoint)
+    runner = SweepRunner(cfg, out_dir, device, resume=args.resume, command=command, launch=launch)
+
+    err.print(f"[bold]trainbench[/] sweep '{cfg.name}' on {device} -> {out_dir}")
+    started = time.perf_counter()
+    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                  TextColumn("{task.fields[last]}"), console=err, transient=False) as bar:
+        task = bar.add_task("trials", total=None, last="measuring peak FLOP/s...")
+
+        def on_progress(p) -> None:  # type: ignore[no-untyped-def]
+            if p.record is None:
+                last = f"{p.trial.trial_id}: already done"
+            else:
+                status = p.record.status
+                sps = p.record.timing.get("samples_per_s")
+                detail = f"{sps:,.0f} samples/s" if status == "ok" and sps else (p.record.reason or "")[:60]
+                last = f"{p.trial.trial_id}: {status} {detail}"
+            bar.update(task, total=p.total, completed=p.done, last=last)
+
+        try:
+            records = runner.run(on_progress)
+        except KeyboardInterrupt:
+            err.print(f"[yellow]interrupted[/]: finished trials are saved in {out_dir}/results.jsonl; "
+                      f"continue with: python -m bench sweep --resume --out {out_dir}")
+            return 130
+    wall = time.perf_counter() - started
+    rows = summary_mod.summarize(records)
+    md = summary_mod.to_markdown(rows, title=f"Sweep '{cfg.name}' summary")
+    md += f"\nWall time of this invocation: {wall:.0f} s. Records: {len(records)} in results.jsonl.\n"
+    (out_dir / "summary.md").write_text(md)
+    _print_summary(rows)
+    from bench.report import write_report
+
+    for path in write_report([out_dir]).values():
+        out.print(f"report: {path}", markup=False, highlight=False)
+    out.print(f"wall time {wall:.0f} s; results in {out_dir}")
+    return 0
+
+
+def _print_summary(rows: list[summary_mod.SummaryRow]) -> None:
+    # The terminal gets the columns that fit; notes go below the table (summary.md and the report have all).
+    shown = [c for c in summary_mod.COLUMNS if c not in ("notes", "peak RSS MB")]
+    table = Table(title="Summary (speedup vs baseline, ratio of medians)")
+    for col in shown:
+        table.add_column(col, overflow="fold")
+    notes = []
+    for row in rows:
+        cells = dict(zip(summary_mod.COLUMNS, summary_mod.row_cells(row), strict=True))
+        table.add_row(*(cells[c] for c in shown))
+        if cells.get("notes"):
+            notes.append(f"{cells['workload']} {cells['techniques']}: {cells['notes']}")
+    out.print(table)
+    for note in notes:
+        out.print(f"note: {note}", markup=False, highlight=False)
+
+
+# ---- list / env ---------------------------------------------------------------------------------------------
+
+
+def cmd_list(args: argparse.Namespace) -> int:
+    import techniques
+    from techniques.base import Context
+
+    device = resolve_device(args.device)
+    wl_table = Table(title="Workloads")
+    for col in ("name", "sizes", "available", "about"):
+        wl_table.add_column(col, overflow="fold")
+    for name, cls in sorted(workloads.registry().items()):
+        wl = cls()
+        reason = wl.check()
+        wl_table.add_row(name, ", ".join(cls.sizes), "yes" if reason is None else f"no: {reason}", cls.summary)
+    out.print(wl_table)
+
+    ctx = Context(device=device, available_packages=available_packages())
+    t_table = Table(title=f"Techniques (availability on {device})")
+    for col in ("name", "kind", "options", f"runs on {device}", "about"):
+        t_table.add_column(col, overflow="fold")
+    for name, cls in sorted(techniques.registry().items()):
+        reason = cls().check(ctx)
+        t_table.add_row(name, cls.kind.value, cls.option_help() or "-", "yes" if reason is None else f"no: {reason}",
+                        cls.summary)
+    out.print(t_table)
+    return 0
+
+
+def cmd_env(args: argparse.Namespace) -> int:
+    from bench import env as envmod
+
+    info = envmod.fingerprint(Path(__file__).resolve().parent.parent)
+    if args.peaks:
+        info["peak_flops"] = envmod.calibrate_peaks(resolve_device(args.device))
+    out.print_json(json.dumps(info, default=str))
+    return 0
+
+
+def cmd_compare(args: argparse.Namespace) -> int:
+    from bench import compare as compare_mod
+
+    threshold = compare_mod.parse_threshold(args.threshold)
+    fail_on = compare_mod.parse_fail_on(args.fail_on)
+    comp = compare_mod.compare_dirs(args.base, args.new, threshold)
+    md = compare_mod.to_markdown(comp, title=f"Compare {args.new} against {args.base}")
+    if args.out:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(md)
+    out.print(md, markup=False, highlight=False)
+    failing = comp.failing(fail_on)
+    if failing:
+        for key, why in failing:
+            err.print(f"regression: {key.label}: {', '.join(sorted(why))}", markup=False, highlight=False)
+        return 1
+    return 0
+
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    from bench.report import InputError, parse_formats, write_report
+
+    try:
+        paths = write_report(args.dirs, out_dir=args.out, baseline=args.baseline, formats=parse_formats(args.format))
+    except InputError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    for path in paths.values():
+        out.print(f"report: {path}", markup=False, highlight=False)
+    return 0
+
+
+COMMANDS = {"sweep": cmd_sweep, "list": cmd_list, "env": cmd_env, "compare": cmd_compare, "report": cmd_report}
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    args = build_parser().parse_args(argv)
+    args.argv = argv  # recorded in env.json: how to reproduce this run
+    logging.basicConfig(level=logging.INFO if getattr(args, "verbose", False) else logging.WARNING,
+                        format="%(levelname)s %(name)s: %(message)s")
+    try:
+        return COMMANDS[args.command](args)
+    except (ConfigError, workloads.WorkloadError) as exc:
+        print(f"error: {exc}", file=sys.stderr)  # one line, never wrapped
+        return EXIT_USAGE
+
+
+if __name__ == "__main__":
+    sys.exit(main())

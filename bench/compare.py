@@ -1,0 +1,529 @@
+"""`bench compare BASE_DIR NEW_DIR`: a regression gate that does not cry wolf on a noisy machine.
+
+Trials of the two sweep directories are matched by configuration (workload and size, technique set with its
+options, world size). For each configuration three quantities are compared as the ratio of medians NEW / BASE with
+a percentile-bootstrap interval that resamples trials (``bench.stats.ratio_of_medians``):
+
+- throughput (``timing.samples_per_s``): faster / slower / no significant change;
+- peak memory (the tensor-level or CUDA allocator peak ``memory.peak_bytes`` when both sides have it for every
+  trial, else peak RSS, and the table says which): more memory / less memory / no significant change;
+- final metric (``accuracy.final``; whether higher is better comes from the record): better / worse / ...
+
+A change counts only when the whole 95% interval lies beyond ``threshold`` (default 5%): ``bench.stats.ratio_verdict``
+must call it (interval excludes 1, estimate at least the threshold) *and* the interval must exclude 1 -/+ threshold
+(``Interval.excludes``), so the data show the change is at least that large. The second guard is what keeps an A/A
+comparison quiet. With 3 repeats a side the percentile interval of a ratio of medians spans all observed ratios and
+excludes 1 whenever the two samples do not overlap, which chance alone does to 1 configuration in 10. With the usual
+5% process-to-process noise (simulated, log-normal), the first guard alone gives a false "slower" in ~3% of
+configurations (~12% of 4-configuration CI runs); requiring the whole interval past the threshold brings that to
+~0.3% (~1.3% of runs). The price is power: with 3 repeats under 5% noise a 10% slowdown is flagged in ~30% of runs,
+a 20% one in ~95%; more repeats narrow the interval. The A/A runs measured on this project's machine are in the
+README. The spread of each side (IQR / median of the per-trial values) is reported as the measured noise.
+
+The final metric is compared only between trials that trained the same number of steps (the accuracy phase runs at
+least as many steps as the timed window took, and that depends on speed): otherwise it says "not comparable".
+
+Mismatched environments (device, torch and CUDA versions, CPU, thread counts; from each directory's env.json) and
+sweep settings (sweep.toml) are stated at the top, since a difference there can explain any verdict below.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import statistics
+import tomllib
+from collections import defaultdict
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from bench.config import ConfigError
+from bench.results import ResultStore, TrialRecord
+from bench.stats import NOISY_IQR_OVER_MEDIAN, Interval, ratio_of_medians, ratio_verdict, relative_iqr
+
+log = logging.getLogger(__name__)
+
+DEFAULT_THRESHOLD = 0.05
+NO_CHANGE = "no significant change"
+FAIL_ON = ("slower", "more-memory", "worse-metric", "failed")
+FAIL_ON_ALIASES = {"regression": FAIL_ON}
+
+# env.json (bench.env.fingerprint + the runner's device/peak_flops/command), by top-level key. A difference in an
+# "environment" key can explain any verdict and is stated at the top; "code" is expected in an A/B comparison.
+_ENV_KEYS = {
+    "device", "torch", "torch_cuda", "cudnn", "python", "cpu_model", "cpu_capability", "cpu_logical",
+    "cpu_physical", "cpu_affinity", "torch_threads", "memory_total_bytes", "cpu_flags", "gpu", "packages",
+    "hostname", "platform",
+}
+_CODE_KEYS = {"git"}
+_IGNORED_KEYS = {"timestamp_utc", "command"}
+_PEAK_TOLERANCE = 0.10  # calibrated peak FLOP/s are measurements: only a larger gap is worth a line
+
+
+class CompareError(ConfigError):
+    """A directory to compare is missing or holds no records (exit code 2 through the CLI)."""
+
+
+@dataclass(frozen=True)
+class ConfigKey:
+    """What makes two trials comparable: the same workload and size, technique set (with options), world size."""
+
+    workload: str  # "gpt:tiny"
+    techniques: str  # "bf16+grad_accum:steps=4" or "baseline"
+    world_size: int = 1
+
+    @property
+    def label(self) -> str:
+        world = f" (np{self.world_size})" if self.world_size > 1 else ""
+        return f"{self.workload} {self.techniques}{world}"
+
+    @classmethod
+    def of(cls, record: TrialRecord) -> ConfigKey:
+        return cls(f"{record.workload.get('name')}:{record.workload.get('size')}", record.technique_label,
+                   record.world_size)
+
+
+@dataclass
+class MetricComparison:
+    """One quantity of one configuration, NEW against BASE."""
+
+    quantity: str  # "throughput" | "peak memory" | "final metric"
+    unit: str  # "samples/s", "bytes (tensor peak)", "val_loss, lower is better", ...
+    base: list[float]
+    new: list[float]
+    interval: Interval | None  # ratio of medians NEW / BASE; None when not measured on both sides
+    verdict: str  # faster / slower / more memory / less memory / better / worse / no significant change / ...
+    regression: bool  # the verdict is the bad direction
+    noise: float | None  # the larger IQR / median of the two sides (None with fewer than 2 values)
+    floor: float = 0.0  # the threshold the whole interval had to clear
+
+    @property
+    def base_median(self) -> float | None:
+        return statistics.median(self.base) if self.base else None
+
+    @property
+    def new_median(self) -> float | None:
+        return statistics.median(self.new) if self.new else None
+
+
+@dataclass
+class ConfigComparison:
+    key: ConfigKey
+    n_base: int  # ok trials / all trials on each side
+    n_base_total: int
+    n_new: int
+    n_new_total: int
+    throughput: MetricComparison
+    memory: MetricComparison
+    metric: MetricComparison
+    notes: list[str] = field(default_factory=list)
+    new_failed: bool = False  # some NEW trials failed (not skipped) where BASE had ok trials
+
+    @property
+    def quantities(self) -> tuple[MetricComparison, MetricComparison, MetricComparison]:
+        return self.throughput, self.memory, self.metric
+
+    def regressions(self) -> set[str]:
+        """The --fail-on categories this configuration trips."""
+        out = set()
+        if self.throughput.regression:
+            out.add("slower")
+        if self.memory.regression:
+            out.add("more-memory")
+        if self.metric.regression:
+            out.add("worse-metric")
+        if self.new_failed:
+            out.add("failed")
+        return out
+
+
+@dataclass
+class EnvDifference:
+    key: str  # flattened env.json key, e.g. "torch" or "gpu.name"
+    base: Any
+    new: Any
+    kind: str  # "environment" (can explain any verdict) | "code" (expected in an A/B) | "measured" | "other"
+
+
+@dataclass
+class Comparison:
+    base_dir: Path | None
+    new_dir: Path | None
+    threshold: float
+    rows: list[ConfigComparison]
+    only_base: list[ConfigKey] = field(default_factory=list)
+    only_new: list[ConfigKey] = field(default_factory=list)
+    env: list[EnvDifference] = field(default_factory=list)
+    settings: list[str] = field(default_factory=list)  # sweep.toml differences, as lines
+
+    @property
+    def environment_mismatch(self) -> list[EnvDifference]:
+        return [d for d in self.env if d.kind == "environment"]
+
+    def failing(self, fail_on: Iterable[str]) -> list[tuple[ConfigKey, set[str]]]:
+        """Configurations that trip any of the ``fail_on`` categories, with the categories they trip."""
+        wanted = set(fail_on)
+        out = []
+        for row in self.rows:
+            hit = row.regressions() & wanted
+            if hit:
+                out.append((row.key, hit))
+        return out
+
+    def noise_floor(self) -> float | None:
+        """The largest per-side throughput spread (IQR / median) over all configurations: the measured noise."""
+        values = [r.throughput.noise for r in self.rows if r.throughput.noise is not None]
+        return max(values) if values else None
+
+
+# ---- inputs -------------------------------------------------------------------------------------------------
+
+
+def parse_threshold(text: str | float) -> float:
+    """``"5%"`` or ``"0.05"`` -> 0.05. Values of 1 and more without a % sign are read as percent (``5`` -> 0.05)."""
+    if isinstance(text, int | float):
+        value = float(text)
+    else:
+        raw = text.strip()
+        try:
+            value = float(raw[:-1]) / 100 if raw.endswith("%") else float(raw)
+        except ValueError:
+            raise ConfigError(f"--threshold wants a fraction or a percentage like 5% or 0.05, got '{text}'") from None
+        if not raw.endswith("%") and value >= 1:
+            value /= 100
+    if not 0 <= value < 1 or math.isnan(value):
+        raise ConfigError(f"--threshold must be between 0% and 100%, got '{text}'")
+    return value
+
+
+def parse_fail_on(text: str | Sequence[str] | None) -> set[str]:
+    """``"slower,more-memory"`` -> a set of categories; ``regression`` means all of them."""
+    if not text:
+        return set()
+    items = text.split(",") if isinstance(text, str) else list(text)
+    out: set[str] = set()
+    for item in (i.strip() for i in items):
+        if not item:
+            continue
+        if item in FAIL_ON_ALIASES:
+            out.update(FAIL_ON_ALIASES[item])
+        elif item in FAIL_ON:
+            out.add(item)
+        else:
+            valid = ", ".join((*FAIL_ON, *FAIL_ON_ALIASES))
+            raise ConfigError(f"--fail-on: unknown category '{item}' (valid: {valid})")
+    return out
+
+
+def load_records(sweep_dir: Path) -> list[TrialRecord]:
+    sweep_dir = Path(sweep_dir)
+    if not sweep_dir.is_dir():
+        raise CompareError(f"{sweep_dir} is not a directory (give two sweep directories: BASE_DIR NEW_DIR)")
+    store = ResultStore(sweep_dir / "results.jsonl")
+    if not store.path.exists():
+        raise CompareError(f"{sweep_dir} has no results.jsonl (is it a sweep directory?)")
+    try:
+        records = store.read()
+    except ValueError as exc:
+        raise CompareError(f"cannot read {store.path}: {exc}") from None
+    if not records:
+        raise CompareError(f"{store.path} holds no records")
+    return records
+
+
+def _load_json(path: Path) -> dict[str, Any]:
+    try:
+        return json.loads(path.read_text())
+    except FileNotFoundError:
+        return {}
+    except json.JSONDecodeError as exc:
+        log.warning("cannot read %s: %s", path, exc)
+        return {}
+
+
+def _load_toml(path: Path) -> dict[str, Any]:
+    try:
+        return tomllib.loads(path.read_text())
+    except FileNotFoundError:
+        return {}
+    except tomllib.TOMLDecodeError as exc:
+        log.warning("cannot read %s: %s", path, exc)
+        return {}
+
+
+# ---- statistics per configuration ---------------------------------------------------------------------------
+
+
+def _values(records: Iterable[TrialRecord], section: str, key: str) -> list[float]:
+    out = []
+    for r in records:
+        value = getattr(r, section).get(key)
+        if isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value):
+            out.append(float(value))
+    return out
+
+
+def _quantity(
+    quantity: str, unit: str, base: list[float], new: list[float], threshold: float, higher: str, lower: str,
+    bad: str, seed: int,
+) -> MetricComparison:
+    noises = [n for n in (_spread(base), _spread(new)) if n is not None]
+    noise = max(noises) if noises else None
+    floor = threshold
+    if not base or not new:
+        side = "either side" if not base and not new else ("BASE" if not base else "NEW")
+        return MetricComparison(quantity, unit, base, new, None, f"not measured on {side}", False, noise, floor)
+    if min(base) <= 0 or min(new) < 0:
+        return MetricComparison(quantity, unit, base, new, None, "not comparable (zero or negative values)", False,
+                                noise, floor)
+    iv = ratio_of_medians(new, base, seed=seed)
+    verdict = ratio_verdict(iv, floor, higher=higher, lower=lower)
+    if verdict in (higher, lower) and not iv.excludes(1 + floor if verdict == higher else 1 - floor):
+        # The estimate is past the threshold but the interval reaches back inside it: not shown to be that large.
+        verdict = "no significant difference"
+    if verdict == "no significant difference":  # bench.stats' wording; a regression gate speaks of change
+        verdict = NO_CHANGE
+    return MetricComparison(quantity, unit, base, new, iv, verdict, verdict == bad, noise, floor)
+
+
+def _spread(values: list[float]) -> float | None:
+    """IQR / median of per-trial values (``bench.stats.relative_iqr``); 0 for identical values."""
+    if len(values) < 2:
+        return None
+    return 0.0 if max(values) == min(values) else relative_iqr(values)
+
+
+def _num_key(value: Any) -> tuple[bool, float]:
+    return (value is None, float(value) if isinstance(value, int | float) else 0.0)
+
+
+def _steps_text(steps: list[Any]) -> str:
+    return "/".join(str(s) for s in steps) if len(steps) <= 3 else f"{steps[0]}..{steps[-1]}"
+
+
+def _memory_values(base: list[TrialRecord], new: list[TrialRecord]) -> tuple[str, list[float], list[float]]:
+    """Tensor/CUDA peaks when every ok trial on both sides has one, else peak RSS: the two do not compare."""
+    tb, tn = _values(base, "memory", "peak_bytes"), _values(new, "memory", "peak_bytes")
+    if tb and tn and len(tb) == len(base) and len(tn) == len(new):
+        return "bytes, tensor peak", tb, tn
+    rb, rn = _values(base, "memory", "peak_rss_bytes"), _values(new, "memory", "peak_rss_bytes")
+    return "bytes, peak RSS", rb, rn
+
+
+def _higher_is_better(records: Sequence[TrialRecord]) -> tuple[str | None, bool]:
+    for r in records:
+        metric = r.accuracy.get("metric") or r.workload.get("metric")
+        if metric is None:
+            continue
+        hib = r.accuracy.get("higher_is_better", r.workload.get("higher_is_better"))
+        if hib is None:
+            hib = "loss" not in str(metric) and "perplexity" not in str(metric)
+        return str(metric), bool(hib)
+    return None, True
+
+
+def compare_config(
+    key: ConfigKey, base: Sequence[TrialRecord], new: Sequence[TrialRecord], threshold: float = DEFAULT_THRESHOLD,
+    seed: int = 0,
+) -> ConfigComparison:
+    """Compare the trials of one configuration (all statuses; only ``ok`` trials give values)."""
+    ok_b = [r for r in base if r.status == "ok"]
+    ok_n = [r for r in new if r.status == "ok"]
+    throughput = _quantity("throughput", "samples/s", _values(ok_b, "timing", "samples_per_s"),
+                           _values(ok_n, "timing", "samples_per_s"), threshold, "faster", "slower", "slower", seed)
+    unit, mb, mn = _memory_values(ok_b, ok_n)
+    memory = _quantity("peak memory", unit, mb, mn, threshold, "more memory", "less memory", "more memory", seed)
+    name, hib = _higher_is_better([*ok_b, *ok_n])
+    good, worse = ("better", "worse")
+    steps_b = sorted({r.accuracy.get("steps_trained") for r in ok_b if r.accuracy.get("final") is not None}, key=_num_key)
+    steps_n = sorted({r.accuracy.get("steps_trained") for r in ok_n if r.accuracy.get("final") is not None}, key=_num_key)
+    metric = _quantity("final metric", f"{name}, {'higher' if hib else 'lower'} is better" if name else "-",
+                       _values(ok_b, "accuracy", "final"), _values(ok_n, "accuracy", "final"), threshold,
+                       good if hib else worse, worse if hib else good, worse, seed)
+    if steps_b and steps_n and steps_b != steps_n and metric.interval is not None:
+        metric.verdict, metric.regression = (
+            f"not comparable: trained {_steps_text(steps_b)} vs {_steps_text(steps_n)} steps", False)
+    notes = []
+    for side, recs in (("BASE", base), ("NEW", new)):
+        bad = sorted({f"{r.status}: {r.reason}" for r in recs if r.status not in ("ok",)})
+        if bad:
+            notes.append(f"{side}: " + "; ".join(bad)[:300])
+        contended = sum(1 for r in recs if r.status == "ok" and r.timing.get("contended"))
+        if contended:
+            notes.append(f"{side}: {contended} trial(s) timed while other processes used the CPU")
+        cut = sum(1 for r in recs if r.status == "ok" and r.accuracy.get("budget_cut"))
+        if cut:
+            notes.append(f"{side}: training cut short in {cut} trial(s) (final metric after fewer steps)")
+    for q in (throughput, memory, metric):
+        if q.noise is not None and q.noise > NOISY_IQR_OVER_MEDIAN:
+            notes.append(f"noisy {q.quantity}: IQR/median {q.noise:.0%}")
+    new_failed = bool(ok_b) and any(r.status not in ("ok", "skipped") for r in new)
+    return ConfigComparison(key, len(ok_b), len(base), len(ok_n), len(new), throughput, memory, metric, notes,
+                            new_failed)
+
+
+def compare_records(
+    base: Sequence[TrialRecord], new: Sequence[TrialRecord], threshold: float = DEFAULT_THRESHOLD, seed: int = 0
+) -> tuple[list[ConfigComparison], list[ConfigKey], list[ConfigKey]]:
+    """(rows for configurations on both sides, keys only in BASE, keys only in NEW), in BASE's order."""
+    groups_b: dict[ConfigKey, list[TrialRecord]] = defaultdict(list)
+    groups_n: dict[ConfigKey, list[TrialRecord]] = defaultdict(list)
+    for r in base:
+        groups_b[ConfigKey.of(r)].append(r)
+    for r in new:
+        groups_n[ConfigKey.of(r)].append(r)
+    rows = [compare_config(k, groups_b[k], groups_n[k], threshold, seed) for k in groups_b if k in groups_n]
+    return rows, [k for k in groups_b if k not in groups_n], [k for k in groups_n if k not in groups_b]
+
+
+# ---- environment and settings -------------------------------------------------------------------------------
+
+
+def _flatten(data: Any, prefix: str = "") -> dict[str, Any]:
+    if isinstance(data, dict):
+        out: dict[str, Any] = {}
+        for k, v in data.items():
+            out.update(_flatten(v, f"{prefix}.{k}" if prefix else str(k)))
+        return out
+    return {prefix: data}
+
+
+def env_differences(base: dict[str, Any], new: dict[str, Any]) -> list[EnvDifference]:
+    """Differences between two env.json documents, classified. Calibrated peak FLOP/s are measurements: only
+    their ``flops`` figure counts, and only when it differs by more than 10%."""
+    fb, fn = _flatten(base), _flatten(new)
+    out = []
+    for key in sorted(set(fb) | set(fn)):
+        a, b = fb.get(key), fn.get(key)
+        parts = key.split(".")
+        top = parts[0]
+        if a == b or top in _IGNORED_KEYS:
+            continue
+        if top == "peak_flops":
+            if parts[-1] != "flops":
+                continue
+            if isinstance(a, int | float) and isinstance(b, int | float) and a > 0 and abs(b / a - 1) <= _PEAK_TOLERANCE:
+                continue
+            kind = "measured"  # a calibration: differs with contention too, so it informs rather than warns
+        elif top in _CODE_KEYS:
+            kind = "code"
+        elif top in _ENV_KEYS:
+            kind = "environment"
+        else:
+            kind = "other"
+        out.append(EnvDifference(key, a, b, kind))
+    return out
+
+
+def settings_differences(base: dict[str, Any], new: dict[str, Any]) -> list[str]:
+    fb, fn = _flatten(base), _flatten(new)
+    return [f"{k}: {fb.get(k, '(unset)')} vs {fn.get(k, '(unset)')}" for k in sorted(set(fb) | set(fn))
+            if k != "name" and fb.get(k) != fn.get(k)]
+
+
+def compare_dirs(
+    base_dir: Path, new_dir: Path, threshold: float = DEFAULT_THRESHOLD, seed: int = 0
+) -> Comparison:
+    """Compare two sweep directories (results.jsonl, env.json, sweep.toml)."""
+    base_dir, new_dir = Path(base_dir), Path(new_dir)
+    rows, only_b, only_n = compare_records(load_records(base_dir), load_records(new_dir), threshold, seed)
+    env = env_differences(_load_json(base_dir / "env.json"), _load_json(new_dir / "env.json"))
+    settings = settings_differences(_load_toml(base_dir / "sweep.toml"), _load_toml(new_dir / "sweep.toml"))
+    return Comparison(base_dir, new_dir, threshold, rows, only_b, only_n, env, settings)
+
+
+# ---- rendering ----------------------------------------------------------------------------------------------
+
+
+def _fmt_ratio(q: MetricComparison) -> str:
+    iv = q.interval
+    if iv is None:
+        return "-"
+    text = f"{iv.estimate:.3f}"
+    if iv.lo is not None and iv.hi is not None:
+        text += f" [{iv.lo:.3f}, {iv.hi:.3f}]"
+    return text
+
+
+def _fmt_value(q: MetricComparison) -> str:
+    def one(v: float | None) -> str:
+        if v is None:
+            return "-"
+        if q.unit.startswith("bytes"):
+            return f"{v / 2**20:,.1f} MB"
+        if q.quantity == "throughput":
+            return f"{v:,.0f}"
+        return f"{v:.4g}"
+
+    return f"{one(q.base_median)} -> {one(q.new_median)}"
+
+
+def _fmt_env_value(v: Any) -> str:
+    if v is None:
+        return "(absent)"
+    if isinstance(v, float):
+        return f"{v:.4g}"
+    return str(v)
+
+
+COLUMNS = ["configuration", "n (base/new)", "throughput", "ratio [95% CI]", "noise", "samples/s",
+           "peak memory", "ratio [95% CI]", "memory", "final metric", "ratio [95% CI]", "metric", "notes"]
+
+
+def to_markdown(comp: Comparison, title: str = "Comparison") -> str:
+    esc = lambda s: str(s).replace("|", "\\|")  # noqa: E731
+    base = comp.base_dir or "BASE"
+    new = comp.new_dir or "NEW"
+    lines = [f"# {title}", "", f"BASE: `{base}`  ", f"NEW: `{new}`  ",
+             f"Threshold: {comp.threshold:.1%}. A change counts when its whole 95% interval lies beyond it (the "
+             f"data show a change at least that large); noise is the spread of a side's trials (IQR / median).",
+             ""]
+    mismatch = comp.environment_mismatch
+    if mismatch:
+        lines += ["**Environments differ** (a verdict below may come from the environment, not the code):", ""]
+        lines += [f"- `{d.key}`: {esc(_fmt_env_value(d.base))} vs {esc(_fmt_env_value(d.new))}" for d in mismatch]
+        lines.append("")
+    else:
+        lines += ["Environments match (device, library versions, CPU/GPU, threads; from env.json).", ""]
+    if comp.settings:
+        lines += ["**Sweep settings differ** (sweep.toml):", ""] + [f"- {esc(s)}" for s in comp.settings] + [""]
+    for kind, text in (("measured", "Calibrated peak FLOP/s differ by more than 10% (a measurement: contention "
+                                    "or another machine)"),
+                       ("code", "Code"), ("other", "Other env.json differences")):
+        diffs = [d for d in comp.env if d.kind == kind]
+        if diffs:
+            lines += [f"{text}: " + "; ".join(
+                f"`{d.key}` {esc(_fmt_env_value(d.base))} vs {esc(_fmt_env_value(d.new))}" for d in diffs), ""]
+    lines += ["| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
+    for row in comp.rows:
+        cells = [row.key.label, f"{row.n_base}/{row.n_new}"]
+        for q in row.quantities:
+            verdict = f"**{q.verdict}**" if q.regression else q.verdict
+            cells += [verdict, _fmt_ratio(q)]
+            if q.quantity == "throughput":
+                cells.append("-" if q.noise is None else f"{q.noise:.1%}")
+            cells.append(_fmt_value(q))
+        cells.append("; ".join(row.notes))
+        lines.append("| " + " | ".join(esc(c) for c in cells) + " |")
+    lines.append("")
+    if comp.only_base:
+        lines.append("Only in BASE (not compared): " + ", ".join(k.label for k in comp.only_base))
+    if comp.only_new:
+        lines.append("Only in NEW (not compared): " + ", ".join(k.label for k in comp.only_new))
+    floor = comp.noise_floor()
+    if floor is not None:
+        spreads = [r.throughput.noise for r in comp.rows if r.throughput.noise is not None]
+        lines.append(f"Measured noise: per-trial throughput spread (IQR / median, the larger side) is "
+                     f"{statistics.median(spreads):.1%} in the median configuration and {floor:.1%} at most.")
+    counts = defaultdict(int)
+    for row in comp.rows:
+        counts[row.throughput.verdict] += 1
+    lines.append("Throughput verdicts: " + ", ".join(f"{v} {n}" for v, n in sorted(counts.items())) + ".")
+    lines += ["", "Ratios are NEW / BASE of per-trial medians (one trial = one process = one seed) with a "
+              "percentile-bootstrap 95% interval resampling trials. Memory compares the tensor-level (or CUDA "
+              "allocator) peak when every trial has one, else peak RSS. The final metric's direction is the "
+              "workload's."]
+    return "\n".join(lines) + "\n"

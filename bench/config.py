@@ -1,0 +1,305 @@
+"""Typed sweep configuration: technique and workload specs, budgets, presets, TOML loading and validation.
+
+Every config is a dataclass validated at construction; an unknown key or value raises ``ConfigError`` with a
+message that names what is valid. The CLI turns a ``ConfigError`` into one line on stderr and exit code 2.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import tomli_w
+
+import techniques
+from bench import workloads
+from techniques.base import OptionError
+
+
+class ConfigError(ValueError):
+    """Bad user input: the message says what was wrong and what is valid."""
+
+
+# ---- techniques ---------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class TechniqueSpec:
+    """One technique with the options the user set, e.g. ``grad_accum:steps=4``."""
+
+    name: str
+    options: tuple[tuple[str, str], ...] = ()
+
+    @classmethod
+    def parse(cls, text: str) -> TechniqueSpec:
+        name, *pairs = [p.strip() for p in text.strip().split(":")]
+        options = []
+        for pair in pairs:
+            key, sep, value = pair.partition("=")
+            if not sep or not key:
+                raise ConfigError(f"bad option '{pair}' in '{text}': write options as name:key=value[:key=value]")
+            options.append((key.strip(), value.strip()))
+        spec = cls(name, tuple(sorted(options)))
+        spec.resolve()  # validates name and options now, not in the child process
+        return spec
+
+    def resolve(self) -> techniques.Technique:
+        """The technique instance this spec describes."""
+        try:
+            cls = techniques.get(self.name)
+            return cls(cls.parse_options(dict(self.options)))
+        except OptionError as exc:
+            raise ConfigError(str(exc)) from None
+
+    @property
+    def label(self) -> str:
+        return ":".join([self.name, *(f"{k}={v}" for k, v in self.options)])
+
+
+@dataclass(frozen=True)
+class TechniqueSet:
+    """Techniques applied together in one trial; the empty set is the baseline."""
+
+    specs: tuple[TechniqueSpec, ...] = ()
+
+    @classmethod
+    def parse(cls, text: str) -> TechniqueSet:
+        parts = [p for p in text.split("+") if p.strip()]
+        if not parts:
+            raise ConfigError(f"empty technique set in '{text}'")
+        specs = [TechniqueSpec.parse(p) for p in parts]
+        if any(s.name == "baseline" for s in specs):
+            if len(specs) > 1:
+                raise ConfigError(f"'{text}': baseline is the empty set and cannot be combined with other techniques")
+            return cls(())
+        names = [s.name for s in specs]
+        if len(set(names)) != len(names):
+            raise ConfigError(f"'{text}' names a technique twice")
+        return cls(tuple(specs))
+
+    @property
+    def label(self) -> str:
+        return "+".join(s.label for s in self.specs) or "baseline"
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        return tuple(s.name for s in self.specs)
+
+
+def parse_technique_sets(text: str | list[str]) -> list[TechniqueSet]:
+    """``"bf16,grad_accum:steps=4,bf16+compile"`` -> three sets. ``,`` separates sets, ``+`` joins a combination."""
+    items = text.split(",") if isinstance(text, str) else list(text)
+    sets = [TechniqueSet.parse(item) for item in items if item.strip()]
+    if not sets:
+        raise ConfigError("no technique sets given")
+    return _dedupe(sets)
+
+
+# ---- workloads ----------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class WorkloadSpec:
+    """A workload at a size preset, e.g. ``gpt:tiny``."""
+
+    name: str
+    size: str = "tiny"
+
+    @classmethod
+    def parse(cls, text: str, default_size: str = "tiny") -> WorkloadSpec:
+        name, _, size = text.strip().partition(":")
+        spec = cls(name, size or default_size)
+        try:
+            workloads.get(spec.name).size_params(spec.size)
+        except workloads.WorkloadError as exc:
+            raise ConfigError(str(exc)) from None
+        return spec
+
+    @property
+    def label(self) -> str:
+        return f"{self.name}:{self.size}"
+
+
+def parse_workloads(text: str | list[str], default_size: str = "tiny") -> list[WorkloadSpec]:
+    items = text.split(",") if isinstance(text, str) else list(text)
+    specs = [WorkloadSpec.parse(item, default_size) for item in items if item.strip()]
+    if not specs:
+        raise ConfigError("no workloads given")
+    return _dedupe(specs)
+
+
+def _dedupe(items: list[Any]) -> list[Any]:
+    return list(dict.fromkeys(items))
+
+
+# ---- budgets and the sweep ----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Budget:
+    """How long each trial measures and trains. Steps are optimizer steps."""
+
+    warmup_steps: int = 3  # excluded from timing; the first one is reported as first_step_s (compile time)
+    min_steps: int = 20  # timed window: at least this many steps ...
+    min_seconds: float = 1.0  # ... and at least this long,
+    max_seconds: float = 20.0  # but stop once this long has passed (slow configs, e.g. fp16 on CPU)
+    train_steps: int = 0  # accuracy phase: total steps to train (0: stop after the timed window)
+    max_train_seconds: float = 60.0  # wall-clock cap on training (eval excluded); records say when it cut
+    eval_points: int = 5  # evaluations spread over the accuracy phase (plus one before training)
+    parity_steps: int = 4  # first losses compared with an eager fp32 reference in the same process
+    memory: bool = True  # run the tensor-memory breakdown pass after training
+    timeout_s: float = 300.0  # a trial process running longer is killed and recorded as a timeout
+
+    def __post_init__(self) -> None:
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            if isinstance(value, bool):
+                continue
+            if value < 0:
+                raise ConfigError(f"budget.{f.name} must be >= 0, got {value}")
+        if self.min_steps < 1:
+            raise ConfigError("budget.min_steps must be >= 1")
+        if self.timeout_s <= 0:
+            raise ConfigError("budget.timeout_s must be > 0")
+
+
+@dataclass(frozen=True)
+class SweepConfig:
+    """A whole sweep: workloads x technique sets x repeats, and the budget of each trial."""
+
+    name: str
+    workloads: tuple[WorkloadSpec, ...]
+    techniques: tuple[TechniqueSet, ...]
+    repeats: int = 3
+    seed: int = 0
+    device: str = "auto"  # auto | cpu | cuda
+    nproc: int = 1  # processes per node for trials of data-parallel / sharding techniques
+    nnodes: int = 1  # nodes taking part in those trials (see README: multi-node)
+    threads: int = 0  # torch intra-op threads in each trial (0: torch's default)
+    budget: Budget = field(default_factory=Budget)
+
+    def __post_init__(self) -> None:
+        if self.repeats < 1:
+            raise ConfigError(f"repeats must be >= 1, got {self.repeats}")
+        if self.device not in ("auto", "cpu", "cuda"):
+            raise ConfigError(f"device must be one of auto, cpu, cuda; got '{self.device}'")
+        if self.nproc < 1 or self.nnodes < 1:
+            raise ConfigError(f"nproc and nnodes must be >= 1, got {self.nproc} and {self.nnodes}")
+        if not self.workloads or not self.techniques:
+            raise ConfigError("a sweep needs at least one workload and one technique set")
+
+    @property
+    def world_size(self) -> int:
+        return self.nproc * self.nnodes
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "workloads": [w.label for w in self.workloads],
+            "techniques": [t.label for t in self.techniques],
+            "repeats": self.repeats,
+            "seed": self.seed,
+            "device": self.device,
+            "nproc": self.nproc,
+            "nnodes": self.nnodes,
+            "threads": self.threads,
+            "budget": dataclasses.asdict(self.budget),
+        }
+
+    def to_toml(self) -> str:
+        return tomli_w.dumps(self.to_dict())
+
+
+_DEFAULT_WORKLOADS = ["mlp:tiny", "gpt:tiny", "cnn:tiny"]
+
+PRESETS: dict[str, dict[str, Any]] = {
+    # CI: every workload, a few technique sets, one repeat, tiny budgets. About a minute on 2 cores.
+    "smoke": {
+        "workloads": _DEFAULT_WORKLOADS,
+        "techniques": ["baseline", "bf16", "grad_accum:steps=2"],
+        "repeats": 1,
+        "budget": {"warmup_steps": 2, "min_steps": 5, "min_seconds": 0.2, "max_seconds": 5.0, "train_steps": 20,
+                   "eval_points": 2, "parity_steps": 3, "timeout_s": 120.0},
+    },
+    # The default: the six built-in techniques on the three tiny workloads, 3 repeats. <= 10 minutes on 2 cores.
+    "quick": {
+        "workloads": _DEFAULT_WORKLOADS,
+        "techniques": ["baseline", "bf16", "fp16", "grad_accum:steps=4", "checkpointing", "compile"],
+        "repeats": 3,
+        "budget": {"warmup_steps": 3, "min_steps": 15, "min_seconds": 1.0, "max_seconds": 6.0, "train_steps": 150,
+                   "max_train_seconds": 8.0, "eval_points": 3, "parity_steps": 3, "timeout_s": 240.0},
+    },
+    # A laptop: small sizes, longer training. Tens of minutes.
+    "standard": {
+        "workloads": ["mlp:small", "gpt:small", "cnn:small"],
+        "techniques": ["baseline", "bf16", "grad_accum:steps=4", "checkpointing", "compile", "bf16+compile"],
+        "repeats": 3,
+        "budget": {"warmup_steps": 5, "min_steps": 30, "min_seconds": 3.0, "max_seconds": 30.0,
+                   "train_steps": 1000, "max_train_seconds": 120.0, "eval_points": 8, "timeout_s": 900.0},
+    },
+}
+
+SWEEP_KEYS = ("preset", "workloads", "techniques", "repeats", "seed", "device", "nproc", "nnodes", "threads", "budget")
+
+
+def build_config(
+    preset: str = "quick", overrides: dict[str, Any] | None = None, toml_path: Path | None = None
+) -> SweepConfig:
+    """Preset, then the TOML file, then CLI overrides (highest priority)."""
+    layers: list[dict[str, Any]] = []
+    file_data: dict[str, Any] = {}
+    if toml_path is not None:
+        file_data = load_toml(toml_path)
+        preset = file_data.pop("preset", None) or preset
+    if preset not in PRESETS:
+        raise ConfigError(f"unknown preset '{preset}' (valid presets: {', '.join(PRESETS)})")
+    layers = [PRESETS[preset], file_data, {k: v for k, v in (overrides or {}).items() if v is not None}]
+    merged: dict[str, Any] = {"name": preset}
+    budget: dict[str, Any] = {}
+    for layer in layers:
+        for key, value in layer.items():
+            if key == "budget":
+                budget.update(value)
+            else:
+                merged[key] = value
+    if file_data.get("name"):
+        merged["name"] = file_data["name"]
+    valid_budget = {f.name for f in dataclasses.fields(Budget)}
+    unknown = set(budget) - valid_budget
+    if unknown:
+        raise ConfigError(f"unknown budget key(s) {', '.join(sorted(unknown))} (valid: {', '.join(sorted(valid_budget))})")
+    try:
+        return SweepConfig(
+            name=str(merged["name"]),
+            workloads=tuple(parse_workloads(merged["workloads"])),
+            techniques=tuple(parse_technique_sets(merged["techniques"])),
+            repeats=int(merged.get("repeats", 3)),
+            seed=int(merged.get("seed", 0)),
+            device=str(merged.get("device", "auto")),
+            nproc=int(merged.get("nproc", 1)),
+            nnodes=int(merged.get("nnodes", 1)),
+            threads=int(merged.get("threads", 0)),
+            budget=Budget(**budget),
+        )
+    except (TypeError, ValueError) as exc:
+        if isinstance(exc, ConfigError):
+            raise
+        raise ConfigError(f"invalid sweep configuration: {exc}") from None
+
+
+def load_toml(path: Path) -> dict[str, Any]:
+    try:
+        data = tomllib.loads(Path(path).read_text())
+    except FileNotFoundError:
+        raise ConfigError(f"config file not found: {path}") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"malformed TOML in {path}: {exc}") from None
+    unknown = set(data) - set(SWEEP_KEYS) - {"name"}
+    if unknown:
+        raise ConfigError(
+            f"unknown key(s) in {path}: {', '.join(sorted(unknown))} (valid: {', '.join(SWEEP_KEYS + ('name',))})"
+        )
+    return data

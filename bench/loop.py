@@ -1,0 +1,117 @@
+"""The training step: the one hot path. Hooks are resolved once, at construction, not looked up per step.
+
+One call of ``TrainLoop.step`` is one optimizer step:
+
+    zero_grad
+    for each micro-batch:
+        with forward contexts (autocast, ...):  out = model(x); loss = loss_fn(out, y); loss hooks
+        backward(loss / micro_batches)           (the backward owner, e.g. fp16's loss scaler, or loss.backward())
+    optimizer step                               (the step owner, e.g. the loss scaler, or optimizer.step())
+
+The returned loss is a detached tensor (no ``.item()``: that would sync the device every step).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+from torch import nn
+
+from techniques.base import Context, Technique
+
+
+def _overrides(tech: Technique, hook: str) -> bool:
+    return getattr(type(tech), hook) is not getattr(Technique, hook)
+
+
+class TrainLoop:
+    """Runs optimizer steps of ``model`` with the hooks of ``techniques`` in the documented order."""
+
+    def __init__(
+        self,
+        model: nn.Module,
+        optimizer: torch.optim.Optimizer,
+        loss_fn: Callable[[Any, torch.Tensor], torch.Tensor],
+        techniques: Sequence[Technique],
+        ctx: Context,
+        micro_batches: int = 1,
+    ) -> None:
+        self.model = model
+        self.optimizer = optimizer
+        self.loss_fn = loss_fn
+        self.ctx = ctx
+        self.micro_batches = micro_batches
+        self.device = ctx.device
+        self._context_techs = [t for t in techniques if _overrides(t, "forward_context")]
+        self._loss_techs = [t for t in techniques if _overrides(t, "loss")]
+        self._backward_owner = _single_owner(techniques, "backward")
+        self._step_owner = _single_owner(techniques, "optimizer_step")
+
+    def forward_context(self) -> contextlib.AbstractContextManager[Any]:
+        """The techniques' forward contexts entered together (also used around evaluation)."""
+        if not self._context_techs:
+            return contextlib.nullcontext()
+        if len(self._context_techs) == 1:
+            return self._context_techs[0].forward_context(self.ctx)
+        stack = contextlib.ExitStack()
+        for tech in self._context_techs:
+            stack.enter_context(tech.forward_context(self.ctx))
+        return stack
+
+    def step(self, batch: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+        x, y = batch
+        x = x.to(self.device, non_blocking=True)
+        y = y.to(self.device, non_blocking=True)
+        self.optimizer.zero_grad(set_to_none=True)
+        n = self.micro_batches
+        pieces = zip(x.chunk(n), y.chunk(n), strict=True) if n > 1 else ((x, y),)
+        total = None
+        for xm, ym in pieces:
+            with self.forward_context():
+                out = self.model(xm)
+                loss = self.loss_fn(out, ym)
+                for tech in self._loss_techs:
+                    loss = tech.loss(out, (xm, ym), loss, self.ctx)
+            scaled = loss / n if n > 1 else loss
+            if self._backward_owner is None or not self._backward_owner.backward(scaled, self.ctx):
+                scaled.backward()
+            detached = loss.detach()
+            total = detached if total is None else total + detached
+        if self._step_owner is None or not self._step_owner.optimizer_step(self.optimizer, self.ctx):
+            self.optimizer.step()
+        assert total is not None
+        return total / n if n > 1 else total
+
+
+def _single_owner(techniques: Sequence[Technique], hook: str) -> Technique | None:
+    owners = [t for t in techniques if _overrides(t, hook)]
+    if len(owners) > 1:
+        names = ", ".join(t.name for t in owners)
+        raise ValueError(f"several techniques want to own {hook}(): {names}; combine at most one of them")
+    return owners[0] if owners else None
+
+
+def default_optimizer(lr: float, weight_decay: float = 0.0) -> Callable[..., torch.optim.Optimizer]:
+    """AdamW, the reference optimizer of every workload (torch's default foreach implementation)."""
+
+    def make(params: Any) -> torch.optim.Optimizer:
+        return torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay)
+
+    return make
+
+
+def build_optimizer(
+    model: nn.Module, techniques: Sequence[Technique], ctx: Context, lr: float, weight_decay: float = 0.0
+) -> torch.optim.Optimizer:
+    default = default_optimizer(lr, weight_decay)
+    chosen = None
+    for tech in techniques:
+        opt = tech.build_optimizer(model.parameters(), default, ctx)
+        if opt is not None:
+            if chosen is not None:
+                raise ValueError(f"two techniques build the optimizer ({chosen[0]}, {tech.name})")
+            chosen = (tech.name, opt)
+    return chosen[1] if chosen else default(model.parameters())

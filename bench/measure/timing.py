@@ -1,0 +1,230 @@
+"""Step timing with a device sync only at the window's edges, step statistics, and CPU contention.
+
+A timed window is what nanoGPT's ``bench.py`` does: warm up elsewhere, sync, run N steps without syncing, sync. Per-step
+times inside the window come from host timestamps on CPU (the CPU executes synchronously) and from CUDA events on
+GPU (host timestamps would only measure kernel *launch* time there, since launches are asynchronous).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+import psutil
+import torch
+
+log = logging.getLogger(__name__)
+
+
+def summarize(values: Sequence[float]) -> dict[str, float | int | None]:
+    """Median, IQR (q75 - q25, numpy's linear interpolation), min, max, mean and n of ``values``.
+
+    Median and IQR come first because step times have a long right tail (GC pauses, other processes): the mean
+    alone would overstate a typical step. An empty sequence gives ``n=0`` and None elsewhere, never an exception,
+    so a failed window still produces a record.
+    """
+    n = len(values)
+    if n == 0:
+        return {"median": None, "iqr": None, "min": None, "max": None, "mean": None, "n": 0}
+    arr = np.asarray(values, dtype=np.float64)
+    q25, q50, q75 = np.percentile(arr, [25, 50, 75])
+    return {
+        "median": float(q50),
+        "iqr": float(q75 - q25),
+        "min": float(arr.min()),
+        "max": float(arr.max()),
+        "mean": float(arr.mean()),
+        "n": n,
+    }
+
+
+@dataclass
+class WindowResult:
+    """One timed window.
+
+    ``step_times_s`` are wall times per step *including* any data wait inside the step (what a user experiences);
+    ``data_wait_per_step_s`` holds the part spent waiting for data, so ``compute_step_times_s()`` can exclude it.
+    ``total_s`` is the host wall time from ``start()`` to ``stop()``, both after a device sync.
+    """
+
+    step_times_s: list[float]
+    total_s: float
+    n_steps: int
+    data_wait_s: float = 0.0
+    data_wait_per_step_s: list[float] = field(default_factory=list)
+
+    def compute_step_times_s(self) -> list[float]:
+        """Step times with the data wait of each step subtracted (clamped at 0).
+
+        Exact on CPU. On CUDA it is an approximation: the device may keep running queued kernels while the host
+        waits for data, so subtracting the host's wait can undercount a step.
+        """
+        return [max(t - w, 0.0) for t, w in zip(self.step_times_s, self.data_wait_per_step_s, strict=True)]
+
+
+class StepTimer:
+    """Per-step times inside one window; the device is synchronised only at ``start()`` and ``stop()``.
+
+    Usage::
+
+        timer = StepTimer(device)
+        timer.start()
+        for batch in ...:
+            timer.data_wait(seconds_spent_fetching)   # optional
+            step(batch)
+            timer.step_done()
+        result = timer.stop()
+
+    ``clock`` is injectable so the arithmetic can be tested with a fake clock.
+    """
+
+    def __init__(self, device: torch.device | str, clock: Callable[[], float] = time.perf_counter) -> None:
+        self.device = torch.device(device)
+        self.clock = clock
+        self._cuda = self.device.type == "cuda"
+        self._t0: float | None = None
+        self._stamps: list[float] = []
+        self._events: list[torch.cuda.Event] = []
+        self._waits: list[float] = []
+        self._pending_wait = 0.0
+
+    def _sync(self) -> None:
+        if self._cuda:
+            torch.cuda.synchronize(self.device)
+
+    def start(self) -> None:
+        """Sync the device (so earlier queued work is not billed to this window) and start the window."""
+        self._stamps, self._events, self._waits, self._pending_wait = [], [], [], 0.0
+        self._sync()
+        self._t0 = self.clock()
+        if self._cuda:
+            start = torch.cuda.Event(enable_timing=True)
+            start.record(torch.cuda.current_stream(self.device))
+            self._events.append(start)
+
+    def data_wait(self, seconds: float) -> None:
+        """Add time spent waiting for the next batch to the step in progress."""
+        self._pending_wait += float(seconds)
+
+    def step_done(self) -> None:
+        """Mark the end of one step. No sync: on CUDA an event is recorded on the current stream."""
+        if self._t0 is None:
+            raise RuntimeError("StepTimer.step_done() called before start()")
+        if self._cuda:
+            ev = torch.cuda.Event(enable_timing=True)
+            ev.record(torch.cuda.current_stream(self.device))
+            self._events.append(ev)
+        else:
+            self._stamps.append(self.clock())
+        self._waits.append(self._pending_wait)
+        self._pending_wait = 0.0
+
+    def stop(self) -> WindowResult:
+        """Sync the device, end the window and return its per-step times."""
+        if self._t0 is None:
+            raise RuntimeError("StepTimer.stop() called before start()")
+        self._sync()
+        end = self.clock()
+        total = end - self._t0
+        if self._cuda:
+            # Events can be read only after the sync above; elapsed_time is in milliseconds.
+            steps = [a.elapsed_time(b) / 1000.0 for a, b in zip(self._events, self._events[1:], strict=False)]
+        else:
+            edges = [self._t0, *self._stamps]
+            steps = [b - a for a, b in zip(edges, edges[1:], strict=False)]
+        # A data wait reported after the last step_done() belongs to no step but still happened inside the window.
+        waits = list(self._waits)
+        result = WindowResult(
+            step_times_s=steps,
+            total_s=total,
+            n_steps=len(steps),
+            data_wait_s=sum(waits) + self._pending_wait,
+            data_wait_per_step_s=waits,
+        )
+        self._t0 = None
+        return result
+
+
+@dataclass
+class ContentionResult:
+    """CPU time that processes other than this one (and, by default, its children) used during a window.
+
+    ``fraction`` = ``other_cpu_s / (window_s * ncpu)``: 0 on an otherwise idle machine, 1 if every core was busy
+    with foreign work for the whole window.
+    """
+
+    other_cpu_s: float
+    window_s: float
+    ncpu: int
+    fraction: float
+
+
+def _busy_system_cpu_s() -> float:
+    t = psutil.cpu_times()
+    # /proc/stat already counts guest time inside user (and guest_nice inside nice), so adding guest would count
+    # it twice. Steal is time the hypervisor gave our vCPUs to someone else: contention from outside the VM.
+    busy = t.user + t.nice + t.system
+    for name in ("irq", "softirq", "steal"):
+        busy += getattr(t, name, 0.0)
+    return busy
+
+
+class CpuContention:
+    """Measures the CPU time other processes took during a window (system-wide busy time minus our own).
+
+    With ``include_children=True`` (the default) the CPU time of this process's live descendants (e.g. DataLoader
+    workers) and reaped children counts as our own: they are part of the trial, not contamination. A child that was
+    alive at ``start()`` and reaped before ``stop()`` brings its whole lifetime's CPU time into the reaped-children
+    counters; that can only make the result look cleaner than it was, and the result is clamped at 0.
+    """
+
+    def __init__(self, include_children: bool = True, clock: Callable[[], float] = time.perf_counter) -> None:
+        self.include_children = include_children
+        self.clock = clock
+        self._proc = psutil.Process(os.getpid())
+        self._t0: float | None = None
+        self._busy0 = 0.0
+        self._own0 = 0.0
+        self._children0: dict[int, float] = {}
+
+    def _own_cpu_s(self) -> tuple[float, dict[int, float]]:
+        t = self._proc.cpu_times()
+        own = t.user + t.system
+        kids: dict[int, float] = {}
+        if self.include_children:
+            own += t.children_user + t.children_system
+            for child in self._proc.children(recursive=True):
+                try:
+                    ct = child.cpu_times()
+                except (psutil.NoSuchProcess, psutil.AccessDenied):
+                    continue
+                kids[child.pid] = ct.user + ct.system
+        return own, kids
+
+    def start(self) -> None:
+        """Start the window: snapshot system-wide busy time and our own CPU time."""
+        self._own0, self._children0 = self._own_cpu_s()
+        self._busy0 = _busy_system_cpu_s()
+        self._t0 = self.clock()
+
+    def stop(self) -> ContentionResult:
+        """End the window and return how much CPU time others took."""
+        if self._t0 is None:
+            raise RuntimeError("CpuContention.stop() called before start()")
+        window = self.clock() - self._t0
+        busy = _busy_system_cpu_s() - self._busy0
+        own1, kids1 = self._own_cpu_s()
+        own = own1 - self._own0
+        # Live descendants: only their CPU time inside the window (new ones since start count from 0).
+        own += sum(max(v - self._children0.get(pid, 0.0), 0.0) for pid, v in kids1.items())
+        other = max(busy - own, 0.0)
+        ncpu = psutil.cpu_count(logical=True) or 1
+        fraction = other / (window * ncpu) if window > 0 else 0.0
+        self._t0 = None
+        if fraction > 0.1:
+            log.info("other processes used %.0f%% of %d CPUs during the window", 100 * fraction, ncpu)
+        return ContentionResult(other_cpu_s=other, window_s=window, ncpu=ncpu, fraction=fraction)

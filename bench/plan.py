@@ -1,0 +1,120 @@
+"""Sweep expansion: workloads x technique sets x repeats -> an ordered list of trials.
+
+Impossible combinations stay in the plan as trials with a ``skip_reason`` so the sweep records them (and the
+report says why) instead of silently dropping them. Repeats are interleaved across configurations (repeat 0 of
+everything, then repeat 1, ...) so slow drift of the machine hits all configurations alike.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import logging
+from dataclasses import dataclass
+
+import torch
+
+from bench import workloads
+from bench.config import SweepConfig, TechniqueSet, WorkloadSpec
+from techniques.base import Context
+
+log = logging.getLogger(__name__)
+
+OPTIONAL_PACKAGES = ("deepspeed", "transformers", "torchao", "pynvml")
+
+
+@dataclass(frozen=True)
+class Trial:
+    """One workload x one technique set x one seed, run in its own process."""
+
+    trial_id: str
+    workload: WorkloadSpec
+    techniques: TechniqueSet
+    seed: int
+    repeat: int
+    world_size: int = 1
+    skip_reason: str | None = None
+
+
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name == "cuda" and not torch.cuda.is_available():
+        from bench.config import ConfigError
+
+        raise ConfigError("--device cuda was asked for, but torch sees no CUDA device (use --device cpu or auto)")
+    return torch.device(name)
+
+
+def available_packages() -> frozenset[str]:
+    return frozenset(p for p in OPTIONAL_PACKAGES if importlib.util.find_spec(p) is not None)
+
+
+def trial_id(workload: WorkloadSpec, techs: TechniqueSet, seed: int, repeat: int, world_size: int = 1) -> str:
+    world = f"/np{world_size}" if world_size > 1 else ""
+    return f"{workload.label}/{techs.label}{world}/seed{seed}/r{repeat}"
+
+
+def incompatibility(techs: TechniqueSet, workload: WorkloadSpec, device: torch.device, world_size: int) -> str | None:
+    """Why this technique set cannot run on this workload here, or None."""
+    wl = workloads.get(workload.name)
+    reason = wl.check()
+    if reason:
+        return reason
+    instances = [spec.resolve() for spec in techs.specs]
+    slots: dict[str, str] = {}
+    for tech in instances:
+        if tech.slot is not None:
+            if tech.slot in slots:
+                return f"{slots[tech.slot]} and {tech.name} both own the '{tech.slot}' slot; use one of them"
+            slots[tech.slot] = tech.name
+        clash = tech.conflicts & set(techs.names)
+        if clash:
+            return f"{tech.name} cannot be combined with {', '.join(sorted(clash))}"
+    ctx = Context(
+        device=device,
+        workload=workload.name,
+        world_size=world_size,
+        has_blocks=wl.has_blocks,
+        has_batchnorm=wl.has_batchnorm,
+        available_packages=available_packages(),
+        technique_names=techs.names,
+    )
+    for tech in instances:
+        reason = tech.check(ctx)
+        if reason:
+            return f"{tech.name}: {reason}"
+    return None
+
+
+def world_size_for(techs: TechniqueSet, world_size: int) -> int:
+    """Sets with a data-parallel / sharding technique run on every process; the others (the baseline included)
+    run in one process, so they are the single-process reference the distributed sets are compared with."""
+    distributed = any(spec.resolve().slot == "sharding" for spec in techs.specs)
+    return world_size if distributed else 1
+
+
+def plan(cfg: SweepConfig, device: torch.device) -> list[Trial]:
+    """The sweep's trials in run order. A baseline set is added when the config has none (speedups need it)."""
+    sets = list(cfg.techniques)
+    if TechniqueSet(()) not in sets:
+        log.info("adding the baseline technique set: speedups are measured against it")
+        sets.insert(0, TechniqueSet(()))
+    worlds = {t: world_size_for(t, cfg.world_size) for t in sets}
+    reasons = {(w, t): incompatibility(t, w, device, worlds[t]) for w in cfg.workloads for t in sets}
+    trials = []
+    for repeat in range(cfg.repeats):
+        for workload in cfg.workloads:
+            for techs in sets:
+                seed = cfg.seed + repeat
+                trials.append(
+                    Trial(
+                        trial_id=trial_id(workload, techs, seed, repeat, worlds[techs]),
+                        workload=workload,
+                        techniques=techs,
+                        seed=seed,
+                        repeat=repeat,
+                        world_size=worlds[techs],
+                        skip_reason=reasons[(workload, techs)],
+                    )
+                )
+    return trials

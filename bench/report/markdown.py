@@ -1,0 +1,110 @@
+"""``report.md``: the report as GitHub-flavoured markdown, figures linked from ``figures/``.
+
+Deterministic: the same records give the same bytes (no render time; bootstrap seed fixed in ``bench.analysis``),
+which is what the golden-file test relies on. Text from records is escaped so a name like ``<script>`` or ``a|b``
+stays text and cannot break a table.
+"""
+
+from __future__ import annotations
+
+import re
+
+from bench.report.content import Figure, Report, Table
+
+# "<" starts HTML, "&name;" an entity, "*" and "`" emphasis and code, "](" an inline link, "\\" an escape. ">" and
+# "[" alone are literal in GitHub-flavoured markdown and stay readable.
+_ESCAPES = {"<": "&lt;", "&": "&amp;", "*": "\\*", "`": "\\`", "](": "]\\(", "\\": "\\\\"}
+_ESCAPE_RE = re.compile(r"<|&(?=#?\w+;)|\*|`|\]\(|\\")
+
+
+def escape(text: object) -> str:
+    """Plain text for markdown: HTML, entities, emphasis, code and links neutralised; one line."""
+    s = " ".join(str(text).split())  # no newlines inside a paragraph or a cell
+    return _ESCAPE_RE.sub(lambda m: _ESCAPES[m.group(0)], s)
+
+
+def _cell(text: object) -> str:
+    return escape(text).replace("|", "\\|")
+
+
+def table(t: Table) -> list[str]:
+    lines = ["| " + " | ".join(_cell(c) for c in t.columns) + " |", "|" + "---|" * len(t.columns)]
+    lines += ["| " + " | ".join(_cell(c.text) for c in row) + " |" for row in t.rows]
+    return lines
+
+
+def _code(text: str) -> list[str]:
+    longest = max((len(m) for m in re.findall("`+", text)), default=0)
+    fence = "`" * max(3, longest + 1)
+    return [fence, text, fence]
+
+
+def _figure(fig: Figure | None) -> list[str]:
+    if fig is None:
+        return []
+    return [f"![{escape(fig.title)}]({fig.path})", "", f"*{escape(fig.caption)}*", ""]
+
+
+def render(report: Report) -> str:
+    figs = report.figures
+    out: list[str] = [f"# {escape(report.title)}", "", escape(report.subtitle), ""]
+    if report.merge_note:
+        out += [f"> {escape(report.merge_note)}", ""]
+
+    out += ["## Summary", ""]
+    for h in report.headline:
+        out.append(f"- **{escape(h.label)}**")
+        out += [f"  - {escape(p)}" for p in h.points]
+    out += [""] + _figure(figs.get("speedup"))
+
+    out += ["## Setup", ""]
+    for name, facts in report.machines:
+        if len(report.machines) > 1:
+            out += [f"### {escape(name)}", ""]
+        out += [f"- {escape(k)}: {escape(v)}" for k, v in facts]
+        out.append("")
+    if len(report.machines) > 1:
+        out += ["### Sweep", ""]
+    out += [f"- {escape(k)}: {escape(v)}" for k, v in report.sweep]
+    out += ["", "Reproduce:", ""]
+    out += _code("\n".join(report.reproduce)) + [""]
+
+    out += ["## Results per workload", ""]
+    for section in report.workloads:
+        out += [f"### {escape(section.title)}", "", escape(section.about), ""]
+        out += table(section.table) + [""]
+        out += [escape(n) for n in section.notes]
+        if section.notes:
+            out.append("")
+    for name in ("memory", "pareto", "curves"):
+        out += _figure(figs.get(name))
+
+    if report.interactions is not None:
+        out += ["## Combined techniques", "",
+                "Do the gains multiply? Each combination's observed speedup beside the product of its parts' "
+                "speedups, each measured alone on the same workload.", ""]
+        out += table(report.interactions) + [""]
+        out += _figure(figs.get("interaction"))
+
+    out += ["## Claims check", ""]
+    if report.claims is not None:
+        out += ["Each technique's published effect beside what this sweep measured on this hardware.", ""]
+        out += table(report.claims) + [""]
+        if report.claims_note:
+            out += [escape(report.claims_note), ""]
+    else:
+        out += ["No technique measured alone in this sweep carries a published claim.", ""]
+
+    out += ["## Failures and skips", ""]
+    if report.problems is not None:
+        out += table(report.problems) + [""]
+    else:
+        out += ["None: every trial finished.", ""]
+
+    out += ["## Noise warnings", ""]
+    out += [f"- {escape(n)}" for n in report.noise] + [""]
+    out += ["## What to try next", ""]
+    out += [f"- {escape(n)}" for n in report.next_steps] + [""]
+    out += ["## How to read this report", ""]
+    out += [f"- {escape(n)}" for n in report.method]
+    return "\n".join(out) + "\n"

@@ -1,0 +1,203 @@
+"""Runs a planned sweep: one child process per trial, results appended as they finish, resume, timeouts.
+
+The parent never spins: it blocks in ``Popen.wait`` (a peer harness measured here busy-waited in its parent and
+slowed training 3x on a 2-core machine). Each child gets a fresh TorchInductor cache so compile time is cold.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import datetime as dt
+import json
+import logging
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from bench import env as envmod
+from bench.config import ConfigError, SweepConfig
+from bench.plan import Trial, plan
+from bench.results import ResultStore, TrialRecord
+from bench.trial import TrialSpec
+
+log = logging.getLogger(__name__)
+
+REPO_DIR = Path(__file__).resolve().parent.parent
+
+
+@dataclass
+class Progress:
+    """What the runner reports after each trial (the CLI draws it)."""
+
+    done: int
+    total: int
+    trial: Trial
+    record: TrialRecord | None  # None: already in results.jsonl (resume)
+
+
+def default_out_dir(cfg: SweepConfig) -> Path:
+    stamp = dt.datetime.now(dt.UTC).strftime("%Y%m%d-%H%M%S")
+    return REPO_DIR / "reports" / f"{cfg.name}-{stamp}"
+
+
+@dataclass(frozen=True)
+class Launch:
+    """How multi-process trials start (torchrun). Multi-node: the same sweep runs on every node, each with its
+    own ``node_rank`` and the same ``rdzv_endpoint``; only node 0 (global rank 0) records results."""
+
+    nnodes: int = 1
+    node_rank: int = 0
+    rdzv_endpoint: str | None = None
+
+    def torchrun_args(self, nproc: int, rdzv_id: str) -> list[str]:
+        args = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc), "--max-restarts", "0"]
+        if self.nnodes == 1 and self.rdzv_endpoint is None:
+            return [*args, "--standalone"]
+        if not self.rdzv_endpoint:
+            raise ConfigError("--nnodes > 1 needs --rdzv-endpoint HOST:PORT (the same on every node)")
+        return [*args, "--nnodes", str(self.nnodes), "--node-rank", str(self.node_rank), "--rdzv-backend", "c10d",
+                "--rdzv-endpoint", self.rdzv_endpoint, "--rdzv-id", rdzv_id]
+
+
+class SweepRunner:
+    def __init__(
+        self, cfg: SweepConfig, out_dir: Path, device: torch.device, resume: bool = False, command: str = "",
+        code_dir: Path | None = None, launch: Launch | None = None,
+    ) -> None:
+        self.cfg = cfg
+        self.launch = launch or Launch()
+        # The checkout whose code the trial processes run (their cwd, so `python -m bench.trial` imports its
+        # bench/ and techniques/): this repo by default, another checkout for `sweep --ab`.
+        self.code_dir = Path(code_dir) if code_dir is not None else REPO_DIR
+        self.command = command  # how to reproduce, recorded in env.json
+        self.out_dir = Path(out_dir)
+        self.device = device
+        self.resume = resume
+        self.store = ResultStore(self.out_dir / "results.jsonl")
+
+    def prepare(self) -> dict:
+        """Create the output directory, write sweep.toml and env.json (or reuse them when resuming)."""
+        if self.store.path.exists() and self.store.path.stat().st_size and not self.resume:
+            raise ConfigError(f"{self.out_dir} already holds results: pass --resume to continue it, or another --out")
+        self.out_dir.mkdir(parents=True, exist_ok=True)
+        if self.resume:
+            self.store.repair_tail()
+        (self.out_dir / "sweep.toml").write_text(self.cfg.to_toml())
+        env_path = self.out_dir / "env.json"
+        if self.resume and env_path.exists():
+            return json.loads(env_path.read_text())
+        log.info("measuring peak matmul FLOP/s on %s", self.device)
+        env = envmod.fingerprint(self.code_dir)
+        env["device"] = str(self.device)
+        env["peak_flops"] = envmod.calibrate_peaks(self.device)
+        env["command"] = self.command
+        env_path.write_text(json.dumps(env, indent=2, sort_keys=True, default=str))
+        return env
+
+    def run(self, on_progress: Callable[[Progress], None] | None = None) -> list[TrialRecord]:
+        env = self.prepare()
+        peaks = {k: v["flops"] for k, v in env.get("peak_flops", {}).items()}
+        trials = plan(self.cfg, self.device)
+        done = self.store.done_trial_ids()
+        for index, trial in enumerate(trials, 1):
+            record = None
+            if trial.trial_id not in done:
+                record = self._skipped(trial) if trial.skip_reason else self._launch(trial, peaks)
+                if self.launch.node_rank == 0:  # other nodes take part in the trials; node 0 records them
+                    self.store.append(record)
+            if on_progress:
+                on_progress(Progress(index, len(trials), trial, record))
+        return self.store.read()
+
+    # ---- one trial ------------------------------------------------------------------------------------------
+
+    def _spec(self, trial: Trial, peaks: dict[str, float]) -> TrialSpec:
+        return TrialSpec(
+            sweep_id=self.out_dir.name,
+            trial_id=trial.trial_id,
+            workload=trial.workload.name,
+            size=trial.workload.size,
+            techniques=[s.label for s in trial.techniques.specs],
+            seed=trial.seed,
+            repeat=trial.repeat,
+            device=str(self.device),
+            budget=dataclasses.asdict(self.cfg.budget),
+            peaks=peaks,
+            world_size=trial.world_size,
+            threads=self.cfg.threads,
+        )
+
+    def _skipped(self, trial: Trial) -> TrialRecord:
+        return self._bare_record(trial, "skipped", trial.skip_reason)
+
+    def _bare_record(self, trial: Trial, status: str, reason: str | None) -> TrialRecord:
+        return TrialRecord(
+            sweep_id=self.out_dir.name,
+            trial_id=trial.trial_id,
+            workload={"name": trial.workload.name, "size": trial.workload.size},
+            techniques=[{"name": s.name, "options": dict(s.options)} for s in trial.techniques.specs],
+            technique_label=trial.techniques.label,
+            seed=trial.seed,
+            repeat=trial.repeat,
+            world_size=trial.world_size,
+            device=str(self.device),
+            status=status,
+            reason=reason,
+            timestamp_utc=dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+        )
+
+    def _launch(self, trial: Trial, peaks: dict[str, float]) -> TrialRecord:
+        timeout = self.cfg.budget.timeout_s
+        with tempfile.TemporaryDirectory(prefix="trainbench-") as tmp:
+            tmp_path = Path(tmp)
+            spec_path, record_path, log_path = tmp_path / "spec.json", tmp_path / "record.json", tmp_path / "stderr"
+            spec_path.write_text(self._spec(trial, peaks).to_json())
+            child_env = dict(os.environ, PYTHONUNBUFFERED="1", TORCHINDUCTOR_CACHE_DIR=str(tmp_path / "inductor"))
+            cmd = [sys.executable, "-m", "bench.trial", str(spec_path), str(record_path)]
+            if trial.world_size > 1:
+                # The same id on every node (a stable digest: Python's hash() differs between processes).
+                rdzv_id = "trainbench-" + hashlib.sha1(f"{self.cfg.name}/{trial.trial_id}".encode()).hexdigest()[:16]
+                cmd = [*self.launch.torchrun_args(trial.world_size // self.launch.nnodes, rdzv_id),
+                       "-m", "bench.trial", str(spec_path), str(record_path)]
+            with open(log_path, "wb") as err:
+                # A new session makes the child a process group we can kill whole (compile workers included).
+                proc = subprocess.Popen(cmd, cwd=self.code_dir, env=child_env, stdout=err, stderr=err,
+                                        start_new_session=True)
+                try:
+                    rc = proc.wait(timeout=timeout)
+                except subprocess.TimeoutExpired:
+                    _kill_group(proc)
+                    return self._bare_record(trial, "timeout", f"trial ran longer than timeout_s={timeout:g}")
+                except BaseException:
+                    _kill_group(proc)
+                    raise
+            if record_path.exists() and record_path.stat().st_size:
+                return TrialRecord.from_dict(json.loads(record_path.read_text()))
+            rank_errors = sorted(tmp_path.glob("record.json.rank*.err"), key=lambda p: int(p.name.rsplit("rank", 1)[1][:-4]))
+            if rank_errors:  # the first rank that failed says why; torchrun ended the others
+                first = json.loads(rank_errors[0].read_text())
+                return self._bare_record(trial, first["status"], f"rank {first['rank']}: {first['reason']}")
+            tail = log_path.read_text(errors="replace").strip().splitlines()[-5:]
+            if rc < 0:
+                name = signal.Signals(-rc).name
+                status = "oom" if -rc == signal.SIGKILL else "failed"
+                why = f"trial process killed by {name}" + (" (often the kernel's OOM killer)" if status == "oom" else "")
+            else:
+                status, why = "failed", f"trial process exited with code {rc}"
+            return self._bare_record(trial, status, f"{why}: {' | '.join(tail)}"[:1000])
+
+
+def _kill_group(proc: subprocess.Popen) -> None:
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    proc.wait()

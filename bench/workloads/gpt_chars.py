@@ -1,0 +1,251 @@
+"""GPT-style decoder on character-level text that ships with every CPython.
+
+The model follows nanoGPT (Karpathy, https://github.com/karpathy/nanoGPT ``model.py``) and GPT-2 (Radford et al.
+2019, "Language Models are Unsupervised Multitask Learners"): token + learned position embeddings, pre-LayerNorm
+blocks of causal self-attention (``F.scaled_dot_product_attention(is_causal=True)``) and a GELU MLP, a final
+LayerNorm and a linear head tied to the token embedding. The blocks are ``model.blocks``. Dropout defaults to 0,
+so a run is deterministic for its seed.
+
+Corpus: ``pydoc_data.topics`` (the help texts of CPython's ``pydoc``), its values joined in key order. It differs
+between Python releases, so ``dataset`` records its sha256 and the Python version. ``small`` and ``gpt2-124m``
+append the standard library's own ``.py`` sources (sorted paths under ``sysconfig.get_paths()["stdlib"]``, without
+``site-packages`` and test suites), capped at ``corpus_mb`` million characters. The vocabulary is the sorted set of
+the corpus's characters; the first 90% is for training, the last 10% is held out.
+
+``gpt2-124m`` is GPT-2-124M-class in shape (12 layers, 12 heads, d_model 768, context 1024: about 85M parameters
+outside the embeddings) but not in vocabulary: GPT-2 uses 50257 BPE tokens, this model a few hundred characters.
+It is meant for a GPU.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import os
+import sys
+import sysconfig
+from collections.abc import Iterator
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from bench.workloads.base import Batch, BuiltWorkload, Workload, register
+
+TRAIN_FRACTION = 0.9
+_SKIP_DIRS = {"site-packages", "dist-packages", "__pycache__", "test", "tests", "idle_test"}
+
+
+@dataclass(frozen=True)
+class GPTConfig:
+    vocab_size: int
+    seq_len: int
+    n_layer: int
+    n_head: int
+    d_model: int
+    dropout: float = 0.0
+    tie_weights: bool = True
+
+
+class CausalSelfAttention(nn.Module):
+    def __init__(self, cfg: GPTConfig) -> None:
+        super().__init__()
+        assert cfg.d_model % cfg.n_head == 0, "d_model must be divisible by n_head"
+        self.n_head, self.dropout = cfg.n_head, cfg.dropout
+        self.qkv = nn.Linear(cfg.d_model, 3 * cfg.d_model)
+        self.proj = nn.Linear(cfg.d_model, cfg.d_model)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        B, T, C = x.shape
+        q, k, v = (t.view(B, T, self.n_head, C // self.n_head).transpose(1, 2) for t in self.qkv(x).split(C, dim=2))
+        y = F.scaled_dot_product_attention(q, k, v, dropout_p=self.dropout if self.training else 0.0, is_causal=True)
+        return self.proj(y.transpose(1, 2).reshape(B, T, C))
+
+
+class MLP(nn.Module):
+    def __init__(self, cfg: GPTConfig) -> None:
+        super().__init__()
+        self.fc = nn.Linear(cfg.d_model, 4 * cfg.d_model)
+        self.act = nn.GELU()
+        self.proj = nn.Linear(4 * cfg.d_model, cfg.d_model)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.proj(self.act(self.fc(x)))
+
+
+class Block(nn.Module):
+    """Pre-LayerNorm transformer block: x + attn(ln(x)), then x + mlp(ln(x))."""
+
+    def __init__(self, cfg: GPTConfig) -> None:
+        super().__init__()
+        self.ln1 = nn.LayerNorm(cfg.d_model)
+        self.attn = CausalSelfAttention(cfg)
+        self.ln2 = nn.LayerNorm(cfg.d_model)
+        self.mlp = MLP(cfg)
+        self.drop = nn.Dropout(cfg.dropout)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x + self.drop(self.attn(self.ln1(x)))
+        return x + self.drop(self.mlp(self.ln2(x)))
+
+
+class GPT(nn.Module):
+    """Decoder-only transformer: ``model(idx)`` with idx (B, T) int64 returns logits (B, T, vocab_size)."""
+
+    def __init__(self, cfg: GPTConfig) -> None:
+        super().__init__()
+        self.cfg = cfg
+        self.wte = nn.Embedding(cfg.vocab_size, cfg.d_model)
+        self.wpe = nn.Embedding(cfg.seq_len, cfg.d_model)
+        self.drop = nn.Dropout(cfg.dropout)
+        self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layer))
+        self.ln_f = nn.LayerNorm(cfg.d_model)
+        self.head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
+        if cfg.tie_weights:
+            self.head.weight = self.wte.weight
+        # GPT-2 initialisation: N(0, 0.02), residual projections scaled by 1/sqrt(2 * n_layer)
+        for name, p in self.named_parameters():
+            if name.endswith("proj.weight"):
+                nn.init.normal_(p, 0.0, 0.02 / math.sqrt(2 * cfg.n_layer))
+            elif p.dim() >= 2:
+                nn.init.normal_(p, 0.0, 0.02)
+            elif name.endswith("bias"):
+                nn.init.zeros_(p)
+
+    def forward(self, idx: torch.Tensor) -> torch.Tensor:
+        pos = torch.arange(idx.shape[1], device=idx.device)
+        x = self.drop(self.wte(idx) + self.wpe(pos))
+        for block in self.blocks:
+            x = block(x)
+        return self.head(self.ln_f(x))
+
+    def num_params(self, non_embedding: bool = True) -> int:
+        """Parameter count; ``non_embedding`` leaves out the token and position embeddings (and an untied head)."""
+        n = sum(p.numel() for p in self.parameters())
+        if non_embedding:
+            n -= self.wte.weight.numel() + self.wpe.weight.numel()
+            if not self.cfg.tie_weights:
+                n -= self.head.weight.numel()
+        return n
+
+
+def _stdlib_sources(max_chars: int) -> str:
+    """The standard library's .py files in sorted path order, concatenated, up to ``max_chars`` characters."""
+    root = sysconfig.get_paths()["stdlib"]
+    paths = []
+    for dirpath, dirnames, filenames in os.walk(root):
+        dirnames[:] = [d for d in dirnames if d not in _SKIP_DIRS]
+        paths += [os.path.join(dirpath, f) for f in filenames if f.endswith(".py")]
+    parts, total = [], 0
+    for path in sorted(paths):
+        if total >= max_chars:
+            break
+        text = Path(path).read_text(encoding="utf-8", errors="replace")
+        parts.append(text[: max_chars - total])
+        total += len(parts[-1])
+    return "".join(parts)
+
+
+@lru_cache(maxsize=4)
+def load_corpus(corpus_mb: float = 0.0) -> tuple[np.ndarray, list[str], dict[str, Any]]:
+    """(token ids int64, vocabulary, dataset record): pydoc topics plus ``corpus_mb`` M chars of stdlib sources."""
+    from pydoc_data.topics import topics
+
+    text = "".join(v for _, v in sorted(topics.items()))
+    topics_sha = hashlib.sha256(text.encode("utf-8")).hexdigest()
+    source = "pydoc_data.topics"
+    if corpus_mb > 0:
+        text += _stdlib_sources(int(corpus_mb * 1e6))
+        source += f" + stdlib .py sources (sorted, first {corpus_mb:g}M chars)"
+    codes = np.frombuffer(text.encode("utf-32-le"), dtype=np.uint32)
+    uniq, ids = np.unique(codes, return_inverse=True)
+    n_train = int(len(ids) * TRAIN_FRACTION)
+    record = {
+        "name": "python-chars",
+        "source": source,
+        "sha256": hashlib.sha256(text.encode("utf-8")).hexdigest(),
+        "pydoc_topics_sha256": topics_sha,
+        "python_version": sys.version.split()[0],
+        "unit": "characters",
+        "n_train": n_train,
+        "n_eval": len(ids) - n_train,
+        "vocab_size": len(uniq),
+    }
+    return ids.astype(np.int64), [chr(c) for c in uniq], record
+
+
+def window_batches(data: torch.Tensor, batch_size: int, seq_len: int, seed: int) -> Iterator[Batch]:
+    """Endless random windows: x = data[i : i+T], y = data[i+1 : i+T+1], starts drawn from ``seed``."""
+    gen = torch.Generator().manual_seed(seed)
+    offsets = torch.arange(seq_len + 1)
+    while True:
+        starts = torch.randint(len(data) - seq_len, (batch_size,), generator=gen)
+        windows = data[starts[:, None] + offsets]
+        yield windows[:, :-1], windows[:, 1:]
+
+
+def lm_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """Mean cross-entropy over every position of every sequence."""
+    return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
+
+
+def lm_metrics(model: nn.Module, x: torch.Tensor, y: torch.Tensor, chunk: int) -> dict[str, float]:
+    """Mean held-out cross-entropy (nats per character) and bits per character, ``chunk`` windows at a time."""
+    device = next(model.parameters()).device
+    total = 0.0
+    for i in range(0, len(x), chunk):
+        logits = model(x[i : i + chunk].to(device)).float()
+        total += float(lm_loss(logits, y[i : i + chunk].to(device))) * len(x[i : i + chunk])
+    loss = total / len(x)
+    return {"val_loss": loss, "val_bpc": loss / math.log(2)}
+
+
+@register
+class GPTChars(Workload):
+    name = "gpt"
+    summary = "GPT-style decoder (SDPA) on CPython's pydoc topics (+ stdlib sources), characters; metric val_loss"
+    sizes = {
+        "tiny": {"n_layer": 2, "n_head": 2, "d_model": 64, "seq_len": 64, "batch_size": 16, "lr": 3e-3,
+                 "corpus_mb": 0, "eval_windows": 32, "target": 2.3},
+        "small": {"n_layer": 4, "n_head": 4, "d_model": 256, "seq_len": 128, "batch_size": 32, "lr": 1e-3,
+                  "corpus_mb": 4, "eval_windows": 64, "target": 1.8},
+        "gpt2-124m": {"n_layer": 12, "n_head": 12, "d_model": 768, "seq_len": 1024, "batch_size": 8, "lr": 6e-4,
+                      "corpus_mb": 16, "eval_windows": 32, "target": 1.2},
+    }
+
+    def build(self, size: str, seed: int, device: torch.device) -> BuiltWorkload:
+        p: dict[str, Any] = self.size_params(size)
+        ids, vocab, record = load_corpus(p["corpus_mb"])
+        data = torch.from_numpy(ids)
+        train, held_out = data[: record["n_train"]], data[record["n_train"] :]
+        T = p["seq_len"]
+        # Fixed held-out windows, evenly spaced: the same for every trial, no RNG involved.
+        starts = torch.linspace(0, len(held_out) - T - 1, p["eval_windows"]).long()
+        windows = held_out[starts[:, None] + torch.arange(T + 1)]
+        x_eval, y_eval = windows[:, :-1], windows[:, 1:]
+        p["vocab_size"] = len(vocab)
+
+        cfg = GPTConfig(vocab_size=len(vocab), seq_len=T, n_layer=p["n_layer"], n_head=p["n_head"],
+                        d_model=p["d_model"])
+        torch.manual_seed(seed)
+        model = GPT(cfg).to(device)
+
+        return BuiltWorkload(
+            model=model,
+            batches=lambda batch_size, bseed: window_batches(train, batch_size, T, bseed),
+            loss_fn=lm_loss,
+            evaluate=lambda m: lm_metrics(m, x_eval, y_eval, chunk=p["batch_size"]),
+            metric="val_loss",
+            higher_is_better=False,
+            batch_size=p["batch_size"],
+            tokens_per_sample=T,
+            lr=p["lr"],
+            target=p["target"],
+            dataset=dict(record),
+            params=p,
+        )

@@ -1,0 +1,24 @@
+"""Training-acceleration techniques. Importing this package registers every built-in technique.
+
+The import list is explicit on purpose: a technique exists when it is listed here, and a duplicate name fails.
+"""
+
+from techniques import (  # noqa: F401  (imported for registration)
+    baseline,
+    bf16,
+    checkpointing,
+    compile,
+    ddp,
+    deepspeed,
+    fp16,
+    fused_adamw,
+    grad_accum,
+    offload,
+    tf32,
+    zero1,
+    zero2,
+    zero3,
+)
+from techniques.base import Context, Kind, OptionError, Phase, Technique, TrainConfig, get, register, registry
+
+__all__ = ["Context", "Kind", "OptionError", "Phase", "Technique", "TrainConfig", "get", "register", "registry"]

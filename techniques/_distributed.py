@@ -1,0 +1,111 @@
+"""Shared pieces of the data-parallel and sharding techniques (ddp, zero1, zero2, zero3, offload, deepspeed).
+
+Everything here runs on torch.distributed, initialised by the trial process that torchrun started; no collective
+communication of our own. Each rank trains on its slice of the global batch, so the global batch (and with it the
+math) matches a single process with the same batch size: that is what the parity check compares.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from techniques.base import Context
+
+SHARDING_TECHNIQUES = ("ddp", "zero1", "zero2", "zero3", "deepspeed")
+
+
+def needs_world(ctx: Context, name: str) -> str | None:
+    """The common check: a data-parallel technique needs several processes."""
+    if ctx.world_size < 2:
+        return f"{name} needs several processes: run the sweep with --nproc 2 or more"
+    return None
+
+
+def shard_batches(batches: Iterator[Any], ctx: Context) -> Iterator[Any]:
+    """Each rank keeps its contiguous slice of every global batch (the batch must divide by the world size)."""
+    for x, y in batches:
+        if len(x) % ctx.world_size:
+            raise ValueError(f"global batch {len(x)} does not divide by world size {ctx.world_size}")
+        yield x.chunk(ctx.world_size)[ctx.rank], y.chunk(ctx.world_size)[ctx.rank]
+
+
+def _local(t: torch.Tensor) -> torch.Tensor:
+    return t.to_local() if hasattr(t, "to_local") else t  # FSDP2 parameters are DTensors
+
+
+def _bytes(tensors: Any) -> int:
+    seen: set[int] = set()
+    total = 0
+    for t in tensors:
+        if t is None:
+            continue
+        local = _local(t)
+        key = (local.data_ptr(), local.numel()) if local.numel() else id(local)  # views of one buffer count apart
+        if key in seen:
+            continue
+        seen.add(key)
+        total += local.numel() * local.element_size()
+    return total
+
+
+def _optimizer_state(optimizer: torch.optim.Optimizer) -> list[dict[str, Any]]:
+    inner = getattr(optimizer, "optim", None)  # ZeroRedundancyOptimizer keeps the local shard's optimizer here
+    source = inner if isinstance(inner, torch.optim.Optimizer) else optimizer
+    return list(source.state.values())
+
+
+def model_state_bytes(model: nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, int]:
+    """Bytes of parameters, gradients and optimizer state held by THIS rank (local shards only).
+
+    Per-element optimizer state (AdamW's exp_avg, exp_avg_sq) is what the ZeRO formula counts; the scalar ``step``
+    counters (4 bytes per parameter tensor) are reported apart so the comparison with the formula stays exact.
+    """
+    for module in model.modules():  # FSDP2 leaves parameters gathered after a forward without backward (eval)
+        if hasattr(module, "reshard") and type(module).__name__.startswith("FSDP"):
+            module.reshard()
+    params = list(model.parameters())
+    states = _optimizer_state(optimizer)
+    elementwise = [v for s in states for v in s.values() if torch.is_tensor(v) and _local(v).dim() > 0]
+    scalars = [v for s in states for v in s.values() if torch.is_tensor(v) and _local(v).dim() == 0]
+    return {
+        "params": _bytes(params),
+        "grads": _bytes(p.grad for p in params),
+        "optimizer": _bytes(elementwise),
+        "optimizer_scalars": sum(_local(v).element_size() for v in scalars),
+    }
+
+
+# Bytes per parameter of fp32 AdamW model state (params 4 + grads 4 + Adam moments 8) on each rank, by ZeRO stage
+# (Rajbhandari et al., "ZeRO: Memory Optimizations Toward Training Trillion Parameter Models", SC 2020, sec. 5;
+# with fp32 parameters instead of the paper's mixed-precision 2 + 2 + 12 bytes).
+def zero_formula_bytes(stage: int, n_params: int, world: int, param_bytes: int = 4, state_bytes: int = 8) -> dict:
+    grads = param_bytes
+    shard = {0: (1, 1, 1), 1: (1, 1, world), 2: (1, world, world), 3: (world, world, world)}[stage]
+    p, g, o = (n_params * b / d for b, d in zip((param_bytes, grads, state_bytes), shard, strict=True))
+    return {"params": p, "grads": g, "optimizer": o, "total": p + g + o}
+
+
+def is_initialized() -> bool:
+    return dist.is_available() and dist.is_initialized()
+
+
+def apply_fsdp(model: nn.Module, ctx: Context, reshard_after_forward: bool) -> nn.Module:
+    """FSDP2 ``fully_shard`` on every block, then on the root (so blocks gather their parameters one at a time).
+
+    CPU offload (``offload`` in the same set) keeps sharded parameters, gradients and optimizer state in host
+    memory; pinned memory is asked for only where CUDA exists (pinning needs an accelerator).
+    """
+    from torch.distributed.fsdp import CPUOffloadPolicy, OffloadPolicy, fully_shard
+
+    policy = CPUOffloadPolicy(pin_memory=ctx.is_cuda) if "offload" in ctx.technique_names else OffloadPolicy()
+    blocks = getattr(model, "blocks", None)
+    if isinstance(blocks, nn.ModuleList):
+        for block in blocks:
+            fully_shard(block, reshard_after_forward=reshard_after_forward, offload_policy=policy)
+    fully_shard(model, reshard_after_forward=reshard_after_forward, offload_policy=policy)
+    return model

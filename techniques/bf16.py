@@ -1,0 +1,46 @@
+"""bf16 mixed precision: run forward and loss under ``torch.autocast(dtype=torch.bfloat16)``.
+
+Method card
+- What: matmuls and convolutions run in bfloat16, reductions and the optimizer stay fp32; parameters stay fp32.
+  bf16 keeps fp32's exponent range, so no loss scaling is needed (unlike fp16).
+- When it helps: on hardware with fast bf16 matrix units (NVIDIA Ampere and newer; CPUs with AVX512-BF16 or AMX).
+  On a CPU without them autocast adds casts and can be slower.
+- Measured here (2-core AMD EPYC with avx512_bf16, torch 2.13 CPU): see the closing notes and the example report;
+  DESIGN.md's probes found 1.7-1.9x on the tiny MLP, CNN and GPT.
+- Sources: Micikevicius et al., "Mixed Precision Training", ICLR 2018; Kalamkar et al., "A Study of BFLOAT16 for
+  Deep Learning Training", arXiv:1905.12322; PyTorch AMP docs.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Any
+
+import torch
+
+from techniques.base import Claim, Context, Kind, Phase, Technique, register
+
+
+@register
+class BF16(Technique):
+    name = "bf16"
+    summary = "bf16 autocast for forward and loss; fp32 master weights"
+    kind = Kind.NUMERIC
+    phase = Phase.PRECISION
+    slot = "precision"
+    claims = (
+        Claim("speedup", 1.5, 2.0, "NVIDIA V100/A100 mixed precision vs fp32",
+              "NVIDIA, Train With Mixed Precision (docs.nvidia.com/deeplearning/performance/mixed-precision-training)"),
+    )
+
+    def check(self, ctx: Context) -> str | None:
+        if ctx.is_cuda and not torch.cuda.is_bf16_supported():
+            return "this GPU has no bf16 support (needs compute capability 8.0+)"
+        return None
+
+    def transform_model(self, model: torch.nn.Module, ctx: Context) -> torch.nn.Module:
+        ctx.compute_dtype = torch.bfloat16
+        return model
+
+    def forward_context(self, ctx: Context) -> contextlib.AbstractContextManager[Any]:
+        return torch.autocast(device_type=ctx.device.type, dtype=torch.bfloat16)

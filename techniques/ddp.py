@@ -1,0 +1,48 @@
+"""Data parallelism: DistributedDataParallel across the processes torchrun starts.
+
+Method card
+- What: every rank holds the full model, trains on its slice of the global batch, and gradients are averaged
+  across ranks with all-reduce during backward (bucketed, overlapping communication with computation). The global
+  batch and the math equal one process with the same batch: parity checks that.
+- When it helps: more devices than one, compute-bound steps. Per-rank model state is unchanged (16 bytes/param for
+  fp32 AdamW), plus DDP's gradient buckets (another 4 bytes/param: gradients are copied into buckets unless
+  ``gradient_as_bucket_view``). On one CPU, several ranks only split the same cores: expect no gain there.
+- Gradient accumulation under DDP still all-reduces after each micro-batch here (no ``no_sync``), so it is exact
+  but pays the communication once per micro-batch.
+- Sources: Li et al., "PyTorch Distributed: Experiences on Accelerating Data Parallel Training", VLDB 2020;
+  torch.nn.parallel.DistributedDataParallel docs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel
+
+from techniques._distributed import needs_world, shard_batches
+from techniques.base import Claim, Context, Kind, Phase, Technique, register
+
+
+@register
+class DDP(Technique):
+    name = "ddp"
+    summary = "DistributedDataParallel: replicate the model, all-reduce gradients"
+    kind = Kind.EXACT
+    phase = Phase.SHARDING
+    slot = "sharding"
+    claims = (
+        Claim("scaling", 0.9, 1.0, "ResNet/BERT on up to 256 GPUs: near-linear scaling efficiency",
+              "Li et al., PyTorch Distributed, VLDB 2020"),
+    )
+
+    def check(self, ctx: Context) -> str | None:
+        return needs_world(ctx, self.name)
+
+    def transform_model(self, model: nn.Module, ctx: Context) -> nn.Module:
+        ids = [ctx.device.index] if ctx.is_cuda else None
+        return DistributedDataParallel(model, device_ids=ids)
+
+    def wrap_data(self, batches: Iterator[Any], ctx: Context) -> Iterator[Any]:
+        return shard_batches(batches, ctx)

@@ -1,0 +1,64 @@
+"""fp16 mixed precision with dynamic loss scaling (``torch.autocast`` + ``torch.amp.GradScaler``).
+
+Method card
+- What: matmuls run in float16; because fp16's range is narrow, the loss is multiplied by a scale before backward
+  so small gradients do not flush to zero, gradients are unscaled before the step, and steps with inf/NaN
+  gradients are skipped while the scale backs off (Micikevicius et al. 2018).
+- When it helps: GPUs with fp16 tensor cores (Volta and newer). On GPUs with bf16 prefer bf16 (no scaler).
+  On CPUs there is usually no fast fp16 matmul: on this project's 2-core CI CPU fp16 matmul runs at ~2.7 GFLOP/s
+  against ~210 for fp32, so fp16 autocast is 20-30x slower here. It runs and is measured as it is; the report
+  shows the slowdown rather than hiding it.
+- Sources: Micikevicius et al., "Mixed Precision Training", ICLR 2018 (arXiv:1710.03740); PyTorch AMP docs.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from techniques.base import Claim, Context, Kind, Phase, Technique, register
+
+
+@register
+class FP16(Technique):
+    name = "fp16"
+    summary = "fp16 autocast with dynamic loss scaling (GradScaler)"
+    kind = Kind.NUMERIC
+    phase = Phase.PRECISION
+    slot = "precision"
+    claims = (
+        Claim("speedup", 1.5, 3.0, "NVIDIA V100 tensor cores, mixed precision vs fp32",
+              "Micikevicius et al., Mixed Precision Training, ICLR 2018; NVIDIA mixed-precision training guide"),
+    )
+
+    @dataclass(frozen=True)
+    class Options:
+        init_scale: float = 2.0**16
+        growth_interval: int = 2000
+
+        def __post_init__(self) -> None:
+            if self.init_scale <= 0 or self.growth_interval < 1:
+                raise ValueError("init_scale must be > 0 and growth_interval >= 1")
+
+    def transform_model(self, model: torch.nn.Module, ctx: Context) -> torch.nn.Module:
+        ctx.compute_dtype = torch.float16
+        ctx.state["grad_scaler"] = torch.amp.GradScaler(
+            ctx.device.type, init_scale=self.options.init_scale, growth_interval=self.options.growth_interval
+        )
+        return model
+
+    def forward_context(self, ctx: Context) -> contextlib.AbstractContextManager[Any]:
+        return torch.autocast(device_type=ctx.device.type, dtype=torch.float16)
+
+    def backward(self, loss: torch.Tensor, ctx: Context) -> bool:
+        ctx.state["grad_scaler"].scale(loss).backward()
+        return True
+
+    def optimizer_step(self, optimizer: torch.optim.Optimizer, ctx: Context) -> bool:
+        scaler: torch.amp.GradScaler = ctx.state["grad_scaler"]
+        scaler.step(optimizer)  # unscales first; skips the step when a gradient is inf/NaN
+        scaler.update()
+        return True

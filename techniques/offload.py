@@ -1,0 +1,33 @@
+"""CPU offload of sharded state (FSDP2 ``CPUOffloadPolicy``); a modifier of zero2 / zero3.
+
+Method card
+- What: sharded parameters, gradients and optimizer state live in host memory; parameters are copied to the device
+  for compute and gradients copied back; the optimizer step runs on the CPU.
+- When it helps: GPU memory is the limit and the host has memory and PCIe bandwidth to spare; it trades step time
+  for device memory (ZeRO-Offload reports 10B+ parameter models on one GPU).
+- On a CPU-only machine the "device" already is host memory: the policy runs (without pinned memory, which needs an
+  accelerator) and what it measures is its bookkeeping overhead, not a memory saving. The report says so.
+- Sources: Ren et al., "ZeRO-Offload: Democratizing Billion-Scale Model Training", USENIX ATC 2021;
+  torch.distributed.fsdp.CPUOffloadPolicy docs.
+"""
+
+from __future__ import annotations
+
+from techniques.base import Claim, Context, Kind, Phase, Technique, register
+
+
+@register
+class Offload(Technique):
+    name = "offload"
+    summary = "CPU offload of sharded params, grads and optimizer state (with zero2 or zero3)"
+    kind = Kind.EXACT
+    phase = Phase.SHARDING
+    claims = (
+        Claim("speedup", 0.5, 1.0, "GPU training with state in host memory: slower steps for a larger model",
+              "Ren et al., ZeRO-Offload, USENIX ATC 2021"),
+    )
+
+    def check(self, ctx: Context) -> str | None:
+        if not {"zero2", "zero3"} & set(ctx.technique_names):
+            return "offload modifies FSDP sharding: combine it with zero2 or zero3 (e.g. zero3+offload)"
+        return None

@@ -1,0 +1,43 @@
+"""One training step per registered technique on each tiny workload (pytest-benchmark, grouped by workload).
+
+Each group's ``baseline`` row is the reference: the ratio of medians is the in-process speedup of the technique's
+step (no process isolation, no statistics over seeds: ``bench sweep`` is the measurement of record; this is the
+quick regression signal for the step functions themselves). Techniques that refuse this device (``check``) are
+skipped with their reason.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import techniques
+from bench import workloads
+from bench.config import TechniqueSet
+from techniques.base import Context
+from tests.helpers import build_loop
+from tests.technique_settings import TECHNIQUE_SETTINGS
+
+WORKLOADS = ("mlp", "gpt", "cnn")
+WARMUP = 3  # compile pays its compilation here, outside the timed rounds
+
+
+@pytest.mark.parametrize("workload", WORKLOADS)
+@pytest.mark.parametrize("name", sorted(TECHNIQUE_SETTINGS))
+def test_technique_step(benchmark, name, workload):
+    wl = workloads.get(workload)
+    if reason := wl.check():
+        pytest.skip(f"{workload}: {reason}")
+    label = TECHNIQUE_SETTINGS[name][0]
+    ctx = Context(device=torch.device("cpu"), workload=workload, has_blocks=wl.has_blocks,
+                  has_batchnorm=wl.has_batchnorm)
+    for spec in TechniqueSet.parse(label).specs:
+        if reason := techniques.get(spec.name)().check(ctx):
+            pytest.skip(f"{name}: {reason}")
+    loop, batches, _ = build_loop(workload, label)
+    batch = next(batches)
+    for _ in range(WARMUP):
+        loop.step(batch)
+    benchmark.group = f"step {workload}:tiny"
+    benchmark.extra_info.update(workload=f"{workload}:tiny", techniques=label, threads=torch.get_num_threads())
+    benchmark(loop.step, batch)

@@ -1,0 +1,53 @@
+"""Shared fixtures: tiny budgets, a CLI runner, and the GPU marker's skip."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+REPO = Path(__file__).resolve().parent.parent
+
+# A budget small enough for a trial to take a few seconds on 2 cores.
+TINY_BUDGET = {
+    "warmup_steps": 2,
+    "min_steps": 4,
+    "min_seconds": 0.05,
+    "max_seconds": 5.0,
+    "train_steps": 0,
+    "max_train_seconds": 10.0,
+    "eval_points": 1,
+    "parity_steps": 2,
+    "memory": True,
+    "timeout_s": 120.0,
+}
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA device; none is visible to torch")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)
+
+
+def run_cli(*args: str, timeout: float = 600, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    """``python -m bench ARGS`` in a subprocess, as a user would run it."""
+    return subprocess.run(
+        [sys.executable, "-m", "bench", *args],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env={**os.environ, **(env or {})},
+    )
+
+
+@pytest.fixture
+def cli():
+    return run_cli

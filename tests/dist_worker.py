@@ -1,0 +1,86 @@
+"""Run under torchrun by tests/test_distributed.py: train with one data-parallel technique, save what to compare.
+
+    torchrun --standalone --nproc-per-node 2 tests/dist_worker.py TECHNIQUES OUT_DIR [balanced|mlp [STEPS]]
+
+TECHNIQUES is a set like ``zero3+offload``.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from bench import workloads
+from bench.loop import TrainLoop, build_optimizer
+from techniques import get
+from techniques._distributed import model_state_bytes
+from techniques.base import Context
+
+STEPS = 10
+BATCH = 64
+
+
+class Balanced(nn.Module):
+    """Four equal bias-free layers: every sharding scheme splits it evenly, so per-rank bytes are exact."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.blocks = nn.ModuleList(nn.Linear(64, 64, bias=False) for _ in range(4))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for block in self.blocks:
+            x = torch.relu(block(x))
+        return x
+
+
+def build(balanced: bool):
+    if balanced:
+        torch.manual_seed(0)
+        model = Balanced()
+        gen = torch.Generator().manual_seed(0)
+
+        def batches(batch_size, seed):
+            while True:
+                yield torch.randn(batch_size, 64, generator=gen), torch.randn(batch_size, 64, generator=gen)
+
+        return model, batches, nn.functional.mse_loss, 1e-3
+    built = workloads.get("mlp").build("tiny", 0, torch.device("cpu"))
+    return built.model, built.batches, built.loss_fn, built.lr
+
+
+def main() -> None:
+    name, out = sys.argv[1], Path(sys.argv[2])
+    balanced = len(sys.argv) > 3 and sys.argv[3] == "balanced"
+    dist.init_process_group("gloo")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    model, batches, loss_fn, lr = build(balanced)
+    steps = int(sys.argv[4]) if len(sys.argv) > 4 else STEPS
+    techs = [get(n)() for n in name.split("+")]
+    ctx = Context(device=torch.device("cpu"), rank=rank, world_size=world, technique_names=tuple(name.split("+")))
+    for tech in techs:
+        model = tech.transform_model(model, ctx)
+    opt = build_optimizer(model, techs, ctx, lr)
+    loop = TrainLoop(model, opt, loss_fn, techs, ctx)
+    data = batches(BATCH, 0)
+    for tech in techs:
+        data = tech.wrap_data(data, ctx)
+    for _ in range(steps if not balanced else 1):
+        loop.step(next(data))
+    (out / f"state_rank{rank}.json").write_text(json.dumps(model_state_bytes(model, opt)))
+    full = {}
+    for key, p in model.named_parameters():
+        tensor = p.full_tensor() if hasattr(p, "full_tensor") else p.detach()
+        full[key.removeprefix("module.")] = tensor.clone()
+    if rank == 0:
+        torch.save(full, out / "params.pt")
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,59 @@
+"""The command line as a user runs it: the smoke sweep end to end, `list`, and bad input (exit 2)."""
+
+import json
+
+import pytest
+
+from bench.results import ResultStore
+
+
+@pytest.mark.slow
+def test_smoke_sweep_end_to_end(cli, tmp_path):
+    out = tmp_path / "smoke"
+    proc = cli("sweep", "--preset", "smoke", "--out", str(out))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    records = ResultStore(out / "results.jsonl").read()
+    assert len(records) == 9  # 3 workloads x 3 sets x 1 repeat
+    assert {r.status for r in records} == {"ok"}, [(r.trial_id, r.reason) for r in records if r.status != "ok"]
+    env = json.loads((out / "env.json").read_text())
+    assert env["peak_flops"]["float32"]["flops"] > 0 and env["command"].startswith("python -m bench sweep")
+    assert "preset" not in (out / "sweep.toml").read_text() and "smoke" in (out / "sweep.toml").read_text()
+    summary = (out / "summary.md").read_text()
+    assert "| gpt:tiny | bf16 |" in summary and "speedup" in summary
+    assert "Summary" in proc.stdout
+
+
+def test_list_shows_workloads_and_techniques(cli):
+    proc = cli("list")
+    assert proc.returncode == 0, proc.stderr
+    for word in ("mlp", "gpt", "cnn", "tiny", "grad_accum", "steps=4", "numeric", "checkpointing"):
+        assert word in proc.stdout
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--workloads", "resnet"], "unknown workload 'resnet' (known: cnn, gpt, mlp"),
+        (["--techniques", "bf17"], "unknown technique 'bf17' (known: baseline, bf16"),
+        (["--techniques", "grad_accum:stepz=2"], "has no option 'stepz' (valid options: steps)"),
+        (["--repeats", "0"], "repeats must be >= 1"),
+        (["--resume"], "--resume needs --out"),
+    ],
+)
+def test_bad_input_exits_2_with_one_clear_line(cli, args, message):
+    proc = cli("sweep", *args)
+    assert proc.returncode == 2
+    assert message in proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1
+
+
+def test_malformed_toml_exits_2(cli, tmp_path):
+    bad = tmp_path / "sweep.toml"
+    bad.write_text("repeats = [")
+    proc = cli("sweep", "--config", str(bad))
+    assert proc.returncode == 2 and "malformed TOML" in proc.stderr
+
+
+def test_unknown_flag_exits_2(cli):
+    proc = cli("sweep", "--bogus")
+    assert proc.returncode == 2 and "unrecognized arguments: --bogus" in proc.stderr

@@ -1,0 +1,96 @@
+"""Data-parallel and sharding techniques with 2 real gloo ranks (torchrun) on CPU.
+
+- parameters after 10 fp32 AdamW steps match one process with the same global batch (atol 1e-4);
+- per-rank model-state bytes (local shards) equal the ZeRO formula exactly on an evenly divisible model;
+- a rank that raises ends the trial as a failed record carrying that rank's error, leaving no processes behind.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+
+import psutil
+import pytest
+import torch
+
+from bench import workloads
+from bench.config import build_config
+from bench.loop import TrainLoop, build_optimizer
+from bench.runner import SweepRunner
+from techniques._distributed import zero_formula_bytes
+from techniques.base import Context
+from tests.conftest import REPO, TINY_BUDGET
+from tests.dist_worker import BATCH, STEPS
+
+pytestmark = pytest.mark.distributed
+
+
+def torchrun(*args: str, timeout: float = 240) -> None:
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+           str(REPO / "tests" / "dist_worker.py"), *args]
+    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=timeout,
+                          env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin", "OMP_NUM_THREADS": "1"})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+
+
+@pytest.fixture(scope="module")
+def single_process_params():
+    built = workloads.get("mlp").build("tiny", 0, torch.device("cpu"))
+    ctx = Context(device=torch.device("cpu"))
+    loop = TrainLoop(built.model, build_optimizer(built.model, [], ctx, built.lr), built.loss_fn, [], ctx)
+    batches = built.batches(BATCH, 0)
+    for _ in range(STEPS):
+        loop.step(next(batches))
+    return {k: v.detach().clone() for k, v in built.model.named_parameters()}
+
+
+@pytest.mark.parametrize("technique", ["ddp", "zero1", "zero3"])
+def test_parameters_match_a_single_process(technique, tmp_path, single_process_params):
+    torchrun(technique, str(tmp_path))
+    params = torch.load(tmp_path / "params.pt")
+    assert params.keys() == single_process_params.keys()
+    for key, expected in single_process_params.items():
+        assert torch.allclose(params[key], expected, atol=1e-4), key
+        assert not torch.equal(expected, workloads.get("mlp").build("tiny", 0, torch.device("cpu")).model
+                               .state_dict()[key]), "training moved nothing"
+
+
+@pytest.mark.parametrize(("technique", "stage"), [("ddp", 0), ("zero1", 1), ("zero3", 3)])
+def test_per_rank_model_state_equals_the_zero_formula(technique, stage, tmp_path):
+    torchrun(technique, str(tmp_path), "balanced")
+    n_params = 4 * 64 * 64
+    expected = zero_formula_bytes(stage, n_params, world=2)
+    for rank in (0, 1):
+        got = json.loads((tmp_path / f"state_rank{rank}.json").read_text())
+        assert got["params"] == expected["params"]
+        assert got["grads"] == expected["grads"]
+        assert got["optimizer"] == expected["optimizer"]
+    total = sum(expected[k] for k in ("params", "grads", "optimizer"))
+    per_param = {0: 16, 1: 8 + 8 / 2, 3: 16 / 2}[stage]
+    assert total == per_param * n_params
+
+
+def test_a_raising_rank_becomes_a_failed_record(tmp_path, monkeypatch):
+    monkeypatch.setenv("TRAINBENCH_FAULT_RANK", "1")
+    cfg = build_config("smoke", {"workloads": "mlp", "techniques": "ddp", "repeats": 1, "nproc": 2,
+                                 "budget": {**TINY_BUDGET, "timeout_s": 120}})
+    started = time.monotonic()
+    records = SweepRunner(cfg, tmp_path / "s", torch.device("cpu")).run()
+    ddp = [r for r in records if r.technique_label == "ddp"]
+    assert len(ddp) == 1 and ddp[0].status == "failed"
+    assert "rank 1: RuntimeError: injected fault on rank 1" in ddp[0].reason
+    assert time.monotonic() - started < 120
+    leftovers = [p for p in psutil.process_iter(["cmdline"]) if "bench.trial" in " ".join(p.info["cmdline"] or [])]
+    assert leftovers == []
+
+
+def test_world_size_one_skips_with_the_fix():
+    cfg = build_config("smoke", {"workloads": "mlp", "techniques": "ddp,zero3+offload,offload", "repeats": 1})
+    from bench.plan import plan
+
+    reasons = {t.techniques.label: t.skip_reason for t in plan(cfg, torch.device("cpu"))}
+    assert "needs several processes: run the sweep with --nproc 2" in reasons["ddp"]
+    assert "offload modifies FSDP sharding: combine it with zero2 or zero3" in reasons["offload"]

@@ -1,0 +1,69 @@
+"""The loop calls hooks in the documented order and lets one technique own backward / optimizer step."""
+
+import contextlib
+
+import pytest
+import torch
+
+from bench.loop import TrainLoop
+from techniques.base import Context, Technique
+
+
+class Recorder(Technique):
+    name = "recorder"
+
+    def __init__(self, log):
+        super().__init__()
+        self.log = log
+
+    def forward_context(self, ctx):
+        @contextlib.contextmanager
+        def cm():
+            self.log.append("enter")
+            yield
+            self.log.append("exit")
+
+        return cm()
+
+    def loss(self, out, batch, base_loss, ctx):
+        self.log.append("loss")
+        return base_loss * 2
+
+    def backward(self, loss, ctx):
+        self.log.append("backward")
+        loss.backward()
+        return True
+
+    def optimizer_step(self, opt, ctx):
+        self.log.append("step")
+        opt.step()
+        return True
+
+
+def make_loop(techs, micro=1):
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    return TrainLoop(model, opt, torch.nn.functional.mse_loss, techs, Context(torch.device("cpu")), micro)
+
+
+def test_hook_order_per_micro_batch():
+    log = []
+    loop = make_loop([Recorder(log)], micro=2)
+    batch = (torch.randn(4, 4), torch.randn(4, 1))
+    loss = loop.step(batch)
+    assert log == ["enter", "loss", "exit", "backward", "enter", "loss", "exit", "backward", "step"]
+    plain = make_loop([], micro=2).step(batch)
+    assert torch.allclose(loss, 2 * plain)  # the loss hook's change is what the loop returns
+
+
+def test_two_backward_owners_are_refused():
+    with pytest.raises(ValueError, match="several techniques want to own backward"):
+        make_loop([Recorder([]), Recorder([])])
+
+
+def test_step_returns_a_detached_mean_over_micro_batches():
+    batch = (torch.randn(8, 4), torch.randn(8, 1))
+    one, four = make_loop([]).step(batch), make_loop([], micro=4).step(batch)
+    assert not one.requires_grad
+    assert torch.allclose(one, four, rtol=1e-5)

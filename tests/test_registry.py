@@ -1,0 +1,60 @@
+"""Registry-wide: every registered technique has test settings and runs two steps on a tiny workload."""
+
+import math
+
+import pytest
+import torch
+
+import techniques
+from techniques.base import Kind, Phase, Technique, register
+from tests.helpers import build_loop
+from tests.technique_settings import DISTRIBUTED_SETTINGS, TECHNIQUE_SETTINGS
+
+
+def test_every_technique_has_test_settings():
+    assert set(techniques.registry()) == set(TECHNIQUE_SETTINGS) | set(DISTRIBUTED_SETTINGS)
+    assert not set(TECHNIQUE_SETTINGS) & set(DISTRIBUTED_SETTINGS)
+
+
+@pytest.mark.distributed
+@pytest.mark.parametrize("name", sorted(DISTRIBUTED_SETTINGS))
+def test_distributed_technique_runs_two_steps_on_two_ranks(name, tmp_path):
+    if name == "deepspeed":
+        pytest.importorskip("deepspeed", reason="optional extra trainbench[deepspeed] is not installed")
+    from tests.test_distributed import torchrun
+
+    torchrun(DISTRIBUTED_SETTINGS[name], str(tmp_path), "mlp", "2")
+    assert (tmp_path / "params.pt").exists()
+
+
+@pytest.mark.parametrize("name", sorted(TECHNIQUE_SETTINGS))
+def test_technique_runs_two_steps(name):
+    label, workload = TECHNIQUE_SETTINGS[name]
+    loop, batches, _ = build_loop(workload, label)
+    losses = [float(loop.step(next(batches))) for _ in range(2)]
+    assert all(math.isfinite(x) for x in losses)
+
+
+@pytest.mark.parametrize("name", sorted(set(TECHNIQUE_SETTINGS) | set(DISTRIBUTED_SETTINGS)))
+def test_technique_declares_its_card(name):
+    cls = techniques.get(name)
+    assert cls.summary and isinstance(cls.kind, Kind) and isinstance(cls.phase, Phase)
+    assert cls.__module__ != "techniques.base"
+    assert len((__import__(cls.__module__, fromlist=["_"]).__doc__ or "").strip()) > 80, "method card missing"
+
+
+def test_duplicate_names_are_an_error():
+    with pytest.raises(ValueError, match="registered twice"):
+
+        @register
+        class Another(Technique):
+            name = "bf16"
+
+
+def test_hooks_default_to_no_ops():
+    tech = Technique()
+    model = torch.nn.Linear(2, 2)
+    ctx = techniques.Context(device=torch.device("cpu"))
+    assert tech.transform_model(model, ctx) is model
+    assert tech.backward(torch.tensor(1.0), ctx) is False
+    assert tech.check(ctx) is None

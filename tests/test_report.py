@@ -1,0 +1,156 @@
+"""The markdown report against a golden file, its figures, escaping, the summary and `python -m bench report`.
+
+The golden file is ``tests/fixtures/report/expected_report.md``, rendered from the fixture sweep beside it
+(``results.jsonl`` + ``env.json``, written by ``make_fixture.py``). When a change to the report is intended, refresh
+it and review the diff:
+
+    TRAINBENCH_UPDATE_GOLDEN=1 .venv/bin/python -m pytest tests/test_report.py -k golden
+    git diff tests/fixtures/report/expected_report.md
+"""
+
+from __future__ import annotations
+
+import difflib
+import json
+import os
+import re
+import shutil
+from pathlib import Path
+
+import pytest
+
+from bench import cli as cli_mod
+from bench import summary
+from bench.report import InputError, build, markdown, parse_formats, write_report
+from bench.results import ResultStore, TrialRecord
+
+FIXTURE = Path(__file__).resolve().parent / "fixtures" / "report"
+GOLDEN = FIXTURE / "expected_report.md"
+FIGURES = ["speedup", "memory", "pareto", "curves", "interaction"]
+
+
+@pytest.fixture(scope="module")
+def rendered(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("report")
+    write_report([FIXTURE], out_dir=out, formats=["md"])
+    return out
+
+
+def test_markdown_report_matches_the_golden_file(rendered):
+    text = (rendered / "report.md").read_text(encoding="utf-8")
+    if os.environ.get("TRAINBENCH_UPDATE_GOLDEN") == "1":
+        GOLDEN.write_text(text, encoding="utf-8")
+        pytest.skip(f"golden file rewritten: {GOLDEN}")
+    expected = GOLDEN.read_text(encoding="utf-8")
+    if text != expected:
+        diff = "".join(difflib.unified_diff(expected.splitlines(True), text.splitlines(True), "expected", "rendered"))
+        pytest.fail("report.md differs from the golden file (if intended, refresh it with "
+                    "TRAINBENCH_UPDATE_GOLDEN=1, see this module's docstring):\n" + diff[:6000])
+
+
+def _markdown(dirs: list[Path], **kwargs) -> str:
+    """The markdown report without rendering figures (fast; figure links are left out)."""
+    return markdown.render(build(dirs, with_figures=False, **kwargs)[1])
+
+
+def test_markdown_report_is_deterministic():
+    assert _markdown([FIXTURE]) == _markdown([FIXTURE])
+
+
+def test_every_linked_figure_is_written_as_png(rendered):
+    text = (rendered / "report.md").read_text()
+    links = re.findall(r"!\[[^\]]*\]\((figures/[^)]+)\)", text)
+    assert links == [f"figures/{name}.png" for name in FIGURES]
+    for link in links:
+        data = (rendered / link).read_bytes()
+        assert data.startswith(b"\x89PNG\r\n\x1a\n") and len(data) > 5000
+
+
+def test_report_says_what_the_fixture_holds(rendered):
+    text = (rendered / "report.md").read_text()
+    # the headline numbers, the failed and the skipped trial, the noise warning and the claims check
+    assert "fastest: bf16 at 1.90x [1.83, 1.97] faster" in text
+    assert "| gpt:tiny | bf16+grad_accum:steps=4 | 2 | failed | RuntimeError: simulated failure" in text
+    assert "| mlp:tiny | checkpointing | 0 | skipped | checkpointing: workload 'mlp' exposes no model.blocks" in text
+    assert "bf16 on gpt:tiny: IQR/median of samples/s over repeats is 12% (warning above 10%)" in text
+    assert "| 1.36x | 1.21x [1.19, 1.23] | 0.89 | gains partly cancel |" in text
+    assert "| 1.33x | 1.30x [1.26, 1.34] | 0.98 | gains multiply |" in text
+    assert "| bf16 | mlp:tiny | speedup 1.5-2x on NVIDIA V100/A100" in text and "within the claim" in text
+    assert "python -m bench sweep --workloads mlp,gpt" in text
+
+
+def _hostile_copy(tmp_path: Path) -> Path:
+    """The fixture sweep with a workload and a technique set named like an attack on the renderers."""
+    out = tmp_path / "hostile"
+    out.mkdir()
+    shutil.copy(FIXTURE / "env.json", out / "env.json")
+    store = ResultStore(out / "results.jsonl")
+    for r in ResultStore(FIXTURE / "results.jsonl").read():
+        d = r.to_dict()
+        if d["workload"]["name"] == "mlp":
+            d["workload"]["name"] = "<script>alert(1)</script>"
+        if d["technique_label"] == "bf16":
+            d["technique_label"] = "bf16|<b>x</b>*y*[l](javascript:alert(2))"
+        store.append(TrialRecord.from_dict(d))
+    return out
+
+
+def test_markdown_escapes_names_from_records(tmp_path):
+    text = _markdown([_hostile_copy(tmp_path)])
+    assert "<script>" not in text and "<b>" not in text and "](javascript" not in text
+    assert "### &lt;script>alert(1)&lt;/script>:tiny" in text
+    row = next(line for line in text.splitlines() if line.startswith("| bf16\\|"))
+    assert row.startswith("| bf16\\|&lt;b>x&lt;/b>\\*y\\*[l]\\(javascript:alert(2)) |")
+    assert len(re.findall(r"(?<!\\)\|", row)) == 13  # 12 columns: the name's '|' does not add a cell
+    assert markdown.escape("a\nb  c") == "a b c"
+
+
+def test_summary_rows_come_from_the_analysis():
+    rows = summary.summarize(ResultStore(FIXTURE / "results.jsonl").read())
+    by = {(r.workload, r.techniques): r for r in rows}
+    bf = by[("mlp:tiny", "bf16")]
+    assert (bf.n_ok, bf.n_total, bf.samples_per_s, bf.speedup) == (3, 3, 1900.0, pytest.approx(1.9))
+    assert (bf.memory_ratio, bf.memory_ratio_source, bf.parity_ok) == (pytest.approx(6.5 / 8.5), "tensors", True)
+    assert by[("mlp:tiny", "baseline")].speedup == 1.0
+    assert by[("mlp:tiny", "checkpointing")].note.startswith("skipped: checkpointing: workload 'mlp'")
+    assert by[("gpt:tiny", "bf16")].note == "other processes used the CPU during timing"
+    md = summary.to_markdown(rows)
+    assert "| mlp:tiny | bf16 | 3/3 | 1,900 | 1.90x |" in md
+    assert summary.summarize([]) == []
+
+
+def test_formats_are_validated():
+    assert parse_formats("md, HTML") == ("md", "html")
+    with pytest.raises(InputError, match=r"unknown report format 'pdf' \(valid formats: md, html\)"):
+        parse_formats("md,pdf")
+
+
+def test_cli_report_rerenders_and_rejects_bad_input(tmp_path, capsys):
+    # In-process (bench.cli.main): the same code path as `python -m bench report`, without a second torch import.
+    assert cli_mod.main(["report", str(FIXTURE), "--out", str(tmp_path), "--format", "html"]) == 0
+    assert (tmp_path / "report.html").exists() and not (tmp_path / "report.md").exists()
+    assert f"report: {tmp_path / 'report.html'}" in capsys.readouterr().out
+    assert cli_mod.main(["report", str(FIXTURE), "--baseline", "fp32", "--out", str(tmp_path)]) == 2
+    assert capsys.readouterr().err.strip() == (
+        "error: reference technique set 'fp32' is not in these records (sets here: baseline, bf16, "
+        "grad_accum:steps=4, bf16+grad_accum:steps=4, checkpointing)")
+    assert cli_mod.main(["report", str(tmp_path / "nowhere")]) == 2
+    assert "has no results.jsonl" in capsys.readouterr().err
+    assert cli_mod.main(["report", str(FIXTURE), "--format", "pdf"]) == 2
+    assert capsys.readouterr().err.strip() == "error: unknown report format 'pdf' (valid formats: md, html)"
+
+
+def test_merging_two_machines_keeps_them_apart(tmp_path):
+    other = tmp_path / "other"
+    other.mkdir()
+    shutil.copy(FIXTURE / "results.jsonl", other / "results.jsonl")
+    env = json.loads((FIXTURE / "env.json").read_text())
+    env.update(hostname="laptop", cpu_model="Other CPU")
+    (other / "env.json").write_text(json.dumps(env))
+    text = _markdown([FIXTURE, other])
+    assert "ran on 2 different machines or software stacks. Their numbers are kept apart" in text
+    assert "### machine 1" in text and "### machine 2" in text
+    assert "### mlp:tiny (machine 1)" in text and "### mlp:tiny (machine 2)" in text
+    assert "- **mlp:tiny (machine 2)**\n  - fastest: bf16 at 1.90x [1.83, 1.97] faster" in text
+    with pytest.raises(InputError, match="several sweep directories need an output directory"):
+        write_report([FIXTURE, other])

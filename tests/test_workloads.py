@@ -1,0 +1,144 @@
+"""Every registered workload at size tiny: seeded builds, deterministic batches, a real learning signal, metrics."""
+
+import math
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+from bench import workloads
+from bench.workloads import cnn_fashion, gpt_chars, mlp_mnist1d
+
+CPU = torch.device("cpu")
+NAMES = sorted(workloads.registry())
+
+
+def build(name: str, seed: int = 0) -> workloads.BuiltWorkload:
+    wl = workloads.get(name)
+    if wl.check():
+        pytest.skip(wl.check())
+    return wl.build("tiny", seed, CPU)
+
+
+def test_the_three_reference_workloads_are_registered():
+    assert {"mlp", "gpt", "cnn"} <= set(NAMES)
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_same_seed_same_parameters(name):
+    a, b = build(name, 3).model.state_dict(), build(name, 3).model.state_dict()
+    assert a.keys() == b.keys()
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    c = build(name, 4).model.state_dict()
+    assert any(not torch.equal(a[k], c[k]) for k in a if a[k].is_floating_point())
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_batches_are_deterministic_per_seed_and_of_the_declared_size(name):
+    built = build(name)
+    first = [next(built.batches(built.batch_size, 7)) for _ in range(2)]
+    torch.manual_seed(123)  # global RNG state must not matter
+    it = built.batches(built.batch_size, 7)
+    again = [next(it), next(it)]
+    assert torch.equal(first[0][0], again[0][0]) and torch.equal(first[0][1], again[0][1])
+    assert not torch.equal(again[0][0], again[1][0])  # the iterator moves on
+    other = next(built.batches(built.batch_size, 8))
+    assert not torch.equal(first[0][0], other[0])
+    x, y = again[0]
+    assert x.device.type == "cpu" and y.device.type == "cpu"
+    assert len(x) == len(y) == built.batch_size
+    if built.tokens_per_sample:
+        assert x.shape == y.shape == (built.batch_size, built.tokens_per_sample)
+    assert len(next(built.batches(5, 0))[0]) == 5
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_declared_fields(name):
+    wl, built = workloads.get(name), build(name)
+    assert built.metric and built.lr > 0 and built.target is not None and built.params
+    assert {"name", "source", "sha256", "n_train", "n_eval"} <= set(built.dataset)
+    assert len(built.dataset["sha256"]) == 64
+    if wl.has_blocks:
+        assert isinstance(built.model.blocks, nn.ModuleList) and len(built.model.blocks) > 0
+    assert wl.has_batchnorm == any(isinstance(m, nn.modules.batchnorm._BatchNorm) for m in built.model.modules())
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_training_lowers_the_loss_and_evaluate_reports_the_metric(name):
+    torch.manual_seed(0)
+    built = build(name)
+    model = built.model
+    opt = torch.optim.AdamW(model.parameters(), lr=built.lr)
+    batches = built.batches(built.batch_size, 0)
+    fixed = next(batches)
+
+    def loss_on(batch):
+        return built.loss_fn(model(batch[0]), batch[1])
+
+    with torch.no_grad():
+        before = float(loss_on(fixed))
+    assert math.isfinite(before)
+    for _ in range(30):
+        loss = loss_on(next(batches))
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        assert all(p.grad is not None for p in model.parameters())
+        opt.step()
+    with torch.no_grad():
+        after = float(loss_on(fixed))
+    assert after < 0.9 * before, (before, after)
+
+    model.eval()
+    with torch.no_grad():
+        metrics = built.evaluate(model)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            metrics_bf16 = built.evaluate(model)
+    assert isinstance(metrics[built.metric], float) and math.isfinite(metrics[built.metric])
+    assert all(isinstance(v, float) for v in metrics.values())
+    assert metrics_bf16[built.metric] == pytest.approx(metrics[built.metric], rel=0.1, abs=0.05)
+
+
+def test_mnist1d_is_deterministic_balanced_and_40_long():
+    x, y = mlp_mnist1d.make_mnist1d(500, seed=0)
+    x2, y2 = mlp_mnist1d.make_mnist1d(500, seed=0)
+    assert x.shape == (500, 40) and x.dtype == np.float32 and y.dtype == np.int64
+    assert np.array_equal(x, x2) and np.array_equal(y, y2)
+    assert np.array_equal(np.bincount(y), np.full(10, 50))
+    assert not np.array_equal(x, mlp_mnist1d.make_mnist1d(500, seed=1)[0])
+    assert abs(float(x.mean())) < 1e-4 and float(x.std()) == pytest.approx(1.0, rel=1e-3)
+
+
+def test_mnist1d_gaussian_filter_matches_scipy():
+    ndimage = pytest.importorskip("scipy.ndimage")
+    a = np.random.default_rng(0).standard_normal((4, 72))
+    assert np.allclose(mlp_mnist1d._gaussian_filter(a, 2.0), ndimage.gaussian_filter1d(a, 2.0, axis=1))
+
+
+def test_cnn_names_the_debian_package_when_data_is_missing(tmp_path, monkeypatch):
+    monkeypatch.setenv(cnn_fashion.ENV_VAR, str(tmp_path))
+    wl = workloads.get("cnn")
+    reason = wl.check()
+    assert reason and "dataset-fashion-mnist" in reason and str(tmp_path) in reason
+    with pytest.raises(workloads.WorkloadError, match="apt-get install dataset-fashion-mnist") as info:
+        wl.build("tiny", 0, CPU)
+    assert "\n" not in str(info.value)
+
+
+def test_gpt_dataset_records_corpus_hash_and_python_version():
+    built = build("gpt")
+    ds = built.dataset
+    assert ds["python_version"] and ds["vocab_size"] == built.params["vocab_size"]
+    assert ds["sha256"] == ds["pydoc_topics_sha256"]  # tiny: pydoc topics only
+    assert ds["n_train"] > 9 * ds["n_eval"] * 0.99
+    logits = built.model(next(built.batches(2, 0))[0])
+    assert logits.shape == (2, built.tokens_per_sample, ds["vocab_size"])
+
+
+def test_gpt2_124m_preset_has_85m_non_embedding_parameters():
+    p = workloads.get("gpt").size_params("gpt2-124m")
+    cfg = gpt_chars.GPTConfig(vocab_size=256, seq_len=p["seq_len"], n_layer=p["n_layer"], n_head=p["n_head"],
+                              d_model=p["d_model"])
+    with torch.device("meta"):
+        model = gpt_chars.GPT(cfg)
+    assert model.num_params(non_embedding=True) == pytest.approx(85e6, rel=0.01)
