@@ -7,8 +7,8 @@ slowed training 3x on a 2-core machine). Each child gets a fresh TorchInductor c
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import datetime as dt
+import hashlib
 import json
 import logging
 import os
