@@ -224,18 +224,20 @@ PRESETS: dict[str, dict[str, Any]] = {
         "budget": {"warmup_steps": 2, "min_steps": 5, "min_seconds": 0.2, "max_seconds": 5.0, "train_steps": 20,
                    "eval_points": 2, "parity_steps": 3, "timeout_s": 120.0},
     },
-    # The default: the six built-in techniques on the three tiny workloads, 3 repeats. <= 10 minutes on 2 cores.
+    # The default: the core techniques on the three tiny workloads, 2 repeats: <= 10 minutes on 2 cores.
+    # Measured there: a cold torch.compile costs 12-34 s per trial and 3 repeats with fp16 took ~15 minutes, so
+    # fp16 (no fast fp16 matmul on CPUs) moved to `standard` and quick runs 2 repeats.
     "quick": {
         "workloads": _DEFAULT_WORKLOADS,
-        "techniques": ["baseline", "bf16", "fp16", "grad_accum:steps=4", "checkpointing", "compile"],
-        "repeats": 3,
+        "techniques": ["baseline", "bf16", "grad_accum:steps=4", "checkpointing", "compile"],
+        "repeats": 2,
         "budget": {"warmup_steps": 3, "min_steps": 15, "min_seconds": 1.0, "max_seconds": 6.0, "train_steps": 150,
                    "max_train_seconds": 8.0, "eval_points": 3, "parity_steps": 3, "timeout_s": 240.0},
     },
     # A laptop: small sizes, longer training. Tens of minutes.
     "standard": {
         "workloads": ["mlp:small", "gpt:small", "cnn:small"],
-        "techniques": ["baseline", "bf16", "grad_accum:steps=4", "checkpointing", "compile", "bf16+compile"],
+        "techniques": ["baseline", "bf16", "fp16", "grad_accum:steps=4", "checkpointing", "compile", "bf16+compile"],
         "repeats": 3,
         "budget": {"warmup_steps": 5, "min_steps": 30, "min_seconds": 3.0, "max_seconds": 30.0,
                    "train_steps": 1000, "max_train_seconds": 120.0, "eval_points": 8, "timeout_s": 900.0},
