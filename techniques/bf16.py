@@ -5,8 +5,9 @@ Method card
   bf16 keeps fp32's exponent range, so no loss scaling is needed (unlike fp16).
 - When it helps: on hardware with fast bf16 matrix units (NVIDIA Ampere and newer; CPUs with AVX512-BF16 or AMX).
   On a CPU without them autocast adds casts and can be slower.
-- Measured here (2-core AMD EPYC with avx512_bf16, torch 2.13 CPU): see the closing notes and the example report;
-  DESIGN.md's probes found 1.7-1.9x on the tiny MLP, CNN and GPT.
+- Measured here (2-core AMD EPYC VM, AVX2 only: no avx512_bf16/AMX; torch 2.13 CPU; quick sweep, 2-3 repeats):
+  bf16 is SLOWER: mlp:tiny ~0.17x, gpt:tiny ~0.13x, cnn:tiny ~0.42x of fp32 throughput, because bf16 matmul runs at
+  ~1-5 GFLOP/s here against ~65-96 for fp32. DESIGN.md's probe machine (with avx512_bf16) measured 1.7-1.9x.
 - Sources: Micikevicius et al., "Mixed Precision Training", ICLR 2018; Kalamkar et al., "A Study of BFLOAT16 for
   Deep Learning Training", arXiv:1905.12322; PyTorch AMP docs.
 """
