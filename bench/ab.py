@@ -35,7 +35,7 @@ import torch
 
 from bench import compare as compare_mod
 from bench import summary as summary_mod
-from bench.config import ConfigError, SweepConfig, build_config
+from bench.config import ConfigError, SweepConfig
 from bench.plan import Trial, plan, resolve_device
 from bench.results import TrialRecord
 from bench.runner import REPO_DIR, SweepRunner, default_out_dir
@@ -214,39 +214,14 @@ def run_ab(
 # ---- the CLI side of `sweep --ab` (cli.py dispatches here; like cli.py, this part prints) --------------------
 
 
-def _config_from_args(args: argparse.Namespace) -> SweepConfig:
-    """The same layering as ``cmd_sweep``: preset, then --config (OUT/a/sweep.toml when resuming), then flags."""
-    config_path = args.config
-    if args.resume:
-        if args.out is None:
-            raise ConfigError("--resume needs --out DIR (the A/B directory to continue)")
-        if config_path is None and (args.out / "a" / "sweep.toml").exists():
-            config_path = args.out / "a" / "sweep.toml"
-    budget = {
-        "train_steps": args.steps,
-        "max_train_seconds": args.seconds,
-        "min_steps": args.window_steps,
-        "min_seconds": args.window_seconds,
-        "timeout_s": args.timeout,
-        "memory": False if args.no_memory else None,
-    }
-    overrides = {
-        "workloads": args.workloads,
-        "techniques": args.techniques,
-        "repeats": args.repeats,
-        "seed": args.seed,
-        "device": args.device,
-        "threads": args.threads,
-        "budget": {k: v for k, v in budget.items() if v is not None} or None,
-    }
-    return build_config(args.preset or "quick", overrides, config_path)
-
-
 def cmd_sweep_ab(args: argparse.Namespace, out: Any, err: Any) -> int:
     """``sweep --ab``: run, print the comparison, exit 0 (gate with ``bench compare OUT/a OUT/b --fail-on``)."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    cfg = _config_from_args(args)
+    from bench.cli import sweep_config_from_args
+
+    # The same layering as a plain sweep; when resuming, side a's resolved sweep.toml is the config.
+    cfg = sweep_config_from_args(args, args.out / "a" if args.out is not None else None)
     device = resolve_device(cfg.device)
     default = default_out_dir(cfg)
     out_dir = args.out or default.with_name(default.name + "-ab")

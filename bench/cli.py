@@ -20,7 +20,7 @@ from rich.table import Table
 
 from bench import summary as summary_mod
 from bench import workloads
-from bench.config import PRESETS, ConfigError, build_config
+from bench.config import PRESETS, ConfigError, SweepConfig, build_config
 from bench.plan import available_packages, resolve_device
 
 EXIT_USAGE = 2
@@ -136,19 +136,14 @@ def build_parser() -> argparse.ArgumentParser:
 # ---- sweep --------------------------------------------------------------------------------------------------
 
 
-def cmd_sweep(args: argparse.Namespace) -> int:
-    if args.ab:  # A/B: both sides interleaved, then compared (bench/ab.py)
-        from bench.ab import cmd_sweep_ab
-
-        return cmd_sweep_ab(args, out, err)
-    from bench.runner import Launch, SweepRunner, default_out_dir
-
+def sweep_config_from_args(args: argparse.Namespace, resume_dir: Path | None) -> SweepConfig:
+    """Preset, then --config (or ``resume_dir/sweep.toml`` when resuming), then the flags given."""
     config_path = args.config
     if args.resume:
         if args.out is None:
             raise ConfigError("--resume needs --out DIR (the sweep directory to continue)")
-        if config_path is None and (args.out / "sweep.toml").exists():
-            config_path = args.out / "sweep.toml"
+        if config_path is None and resume_dir is not None and (resume_dir / "sweep.toml").exists():
+            config_path = resume_dir / "sweep.toml"
     budget = {
         "train_steps": args.steps,
         "max_train_seconds": args.seconds,
@@ -168,7 +163,17 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         "nnodes": args.nnodes,
         "budget": {k: v for k, v in budget.items() if v is not None} or None,
     }
-    cfg = build_config(args.preset or "quick", overrides, config_path)
+    return build_config(args.preset or "quick", overrides, config_path)
+
+
+def cmd_sweep(args: argparse.Namespace) -> int:
+    if args.ab:  # A/B: both sides interleaved, then compared (bench/ab.py)
+        from bench.ab import cmd_sweep_ab
+
+        return cmd_sweep_ab(args, out, err)
+    from bench.runner import Launch, SweepRunner, default_out_dir
+
+    cfg = sweep_config_from_args(args, args.out)
     device = resolve_device(cfg.device)
     out_dir = args.out or default_out_dir(cfg)
     command = "python -m bench " + shlex.join(args.argv)
