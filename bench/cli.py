@@ -50,7 +50,7 @@ def _add_sweep(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--window-steps", type=int, help="minimum steps in the timed window")
     p.add_argument("--window-seconds", type=float, help="minimum seconds in the timed window")
     p.add_argument("--timeout", type=float, help="seconds before a trial process is killed (recorded as timeout)")
-    p.add_argument("--no-memory", action="store_true", help="skip the tensor-memory breakdown pass")
+    p.add_argument("--no-memory", action="store_true", help="skip the memory passes after training (clean RSS pass, tensor-memory breakdown)")
     p.add_argument("--threads", type=int, help="torch threads per trial process (default: torch's choice)")
     p.add_argument("--nproc", type=int,
                    help="processes per node for data-parallel / sharding sets (ddp, zero1-3, deepspeed), started "

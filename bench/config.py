@@ -150,7 +150,7 @@ class Budget:
     max_train_seconds: float = 60.0  # wall-clock cap on training (eval excluded); records say when it cut
     eval_points: int = 5  # evaluations spread over the accuracy phase (plus one before training)
     parity_steps: int = 4  # first losses compared with an eager fp32 reference in the same process
-    memory: bool = True  # run the tensor-memory breakdown pass after training
+    memory: bool = True  # run the memory passes after training (clean RSS, tensor breakdown)
     timeout_s: float = 300.0  # a trial process running longer is killed and recorded as a timeout
 
     def __post_init__(self) -> None:

@@ -9,7 +9,9 @@ clean and a crash takes down one trial, not the sweep. Order of work (each secti
 3. warm-up steps (the first one timed on its own: compile time lands there), then peak trackers are reset;
 4. the timed window: a device sync only at its edges, data-wait timed apart, other processes' CPU time measured;
 5. the accuracy phase: training goes on to the step budget, evaluated at a few points (eval time excluded);
-6. the memory breakdown: one more step under the tensor tracker (which slows steps, so never inside the window).
+6. memory: the timed window's peak RSS (glibc's default malloc, which keeps freed blocks), then a clean RSS pass
+   with malloc set to return freed memory at once (it slows steps, and stays set, so it comes last), then one
+   more step under the tensor tracker (which slows steps too).
 """
 
 from __future__ import annotations
@@ -36,7 +38,14 @@ from bench.config import Budget, TechniqueSet, TechniqueSpec
 from bench.loop import TrainLoop, build_optimizer
 from bench.measure.energy import EnergyMeter
 from bench.measure.flops import count_flops, mfu
-from bench.measure.memory import PeakRss, TensorMemoryTracker, cuda_peak_bytes, cuda_peak_reset
+from bench.measure.memory import (
+    PeakRss,
+    TensorMemoryTracker,
+    cuda_peak_bytes,
+    cuda_peak_reset,
+    return_freed_memory_to_os,
+    trim_heap,
+)
 from bench.measure.timing import CpuContention, StepTimer, summarize
 from bench.results import TrialRecord, sanitize
 from techniques._distributed import model_state_bytes, zero_formula_bytes
@@ -117,8 +126,12 @@ def reference_run(spec: TrialSpec, device: torch.device, steps: int, batch_size:
     return losses, flops
 
 
-def run(spec: TrialSpec) -> TrialRecord:
-    """Run the trial; any error becomes a record with a status and reason instead of an exception."""
+def run(spec: TrialSpec, own_process: bool = False) -> TrialRecord:
+    """Run the trial; any error becomes a record with a status and reason instead of an exception.
+
+    ``own_process``: this process exists for this trial alone (``main``), so the clean RSS pass may change
+    process-wide malloc settings for good; called in-process (tests), that pass is skipped with a reason.
+    """
     started = dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
     base: dict[str, Any] = dict(
         sweep_id=spec.sweep_id,
@@ -134,7 +147,7 @@ def run(spec: TrialSpec) -> TrialRecord:
     )
     sections: dict[str, Any] = {}
     try:
-        _measure(spec, base, sections)
+        _measure(spec, base, sections, own_process)
         status, reason = "ok", None
     except Diverged as exc:
         status, reason = "diverged", str(exc)
@@ -154,7 +167,7 @@ def run(spec: TrialSpec) -> TrialRecord:
     return TrialRecord(status=status, reason=reason, **base, **sanitize(sections))
 
 
-def _measure(spec: TrialSpec, base: dict[str, Any], out: dict[str, Any]) -> None:
+def _measure(spec: TrialSpec, base: dict[str, Any], out: dict[str, Any], own_process: bool) -> None:
     budget = Budget(**spec.budget)
     device = _rank_device(spec.device)
     if spec.threads:
@@ -225,7 +238,9 @@ def _measure(spec: TrialSpec, base: dict[str, Any], out: dict[str, Any]) -> None
     cuda_peak_reset(device)
 
     # 4. the timed window.
-    timer, contention, energy = StepTimer(device), CpuContention(), EnergyMeter(device)
+    # Under torchrun the sibling ranks share the session the runner made: they are the trial, not contention.
+    timer, energy = StepTimer(device), EnergyMeter(device)
+    contention = CpuContention(include_session=spec.world_size > 1)
     contention.start()
     energy.start()
     timer.start()
@@ -338,16 +353,24 @@ def _measure(spec: TrialSpec, base: dict[str, Any], out: dict[str, Any]) -> None
     else:
         out["parity"] = {"kind": kind.value, "reference": not techs}
 
-    # 6. memory: RSS/CUDA peaks from the timed window, tensor breakdown from one tracked step.
+    # 6. memory: RSS/CUDA peaks from the timed window, a clean RSS pass, tensor breakdown from one tracked step.
+    if not budget.memory:
+        clean_rss = {"skipped": "memory passes off (budget.memory = false)"}
+    elif not own_process:
+        clean_rss = {"skipped": "not in a trial process of its own: the malloc settings would outlive the trial"}
+    else:
+        clean_rss = _clean_rss_pass(loop, batches, device)
     out["memory"] = {
         "peak_rss_bytes": peak_rss,
+        "clean_rss": clean_rss,
         "peak_bytes": cuda_peaks["allocated"] if cuda_peaks else None,
         "peak_reserved_bytes": cuda_peaks["reserved"] if cuda_peaks else None,
         "peak_source": "torch.cuda.max_memory_allocated" if cuda_peaks else "tensor tracker (RSS beside it)",
         "breakdown": None,
     }
     if spec.world_size > 1:
-        out["memory"].update(_per_rank_memory(model, optimizer, techs, peak_rss, cuda_peaks, spec.world_size))
+        out["memory"].update(_per_rank_memory(model, optimizer, techs, peak_rss, clean_rss, cuda_peaks,
+                                              spec.world_size))
     elif budget.memory and ctx.state.get("compiled"):
         out["memory"]["breakdown_skipped"] = "the tensor tracker cannot see inside torch.compile graphs"
     elif budget.memory:
@@ -361,6 +384,34 @@ def _measure(spec: TrialSpec, base: dict[str, Any], out: dict[str, Any]) -> None
             out["memory"]["peak_bytes"] = breakdown["peak_bytes"]
     for tech in techs:
         tech.finalize(model, ctx)
+
+
+CLEAN_RSS_STEPS = 2
+
+
+def _clean_rss_pass(loop: TrainLoop, batches: Any, device: torch.device) -> dict[str, Any]:
+    """RSS at rest and its peak over a few steps with glibc returning freed memory at once.
+
+    The timed window's peak RSS includes whatever glibc kept from earlier steps, so it hides savings that free
+    memory (sharded gradients, freed activations). Here RSS follows live memory instead, so the at-rest value shows
+    the model state and the peak shows a step's transient on top. Every rank runs it (collectives inside).
+    """
+    why = return_freed_memory_to_os()
+    if why is not None:
+        return {"skipped": why}
+    loop.step(next(batches))  # one step to move the step's blocks into their own mappings
+    _sync(device)
+    trim_heap()
+    rss = PeakRss()
+    at_rest = rss.rss_bytes()
+    rss.reset()
+    for _ in range(CLEAN_RSS_STEPS):
+        loop.step(next(batches))
+    _sync(device)
+    peak = rss.peak_bytes()
+    rss.close()
+    return {"at_rest_bytes": at_rest, "peak_bytes": peak, "steps": CLEAN_RSS_STEPS, "method": rss.method,
+            "malloc": "glibc mallopt M_MMAP_THRESHOLD=64KiB, M_TRIM_THRESHOLD=0"}
 
 
 # ---- multi-process trials (torchrun) ------------------------------------------------------------------------
@@ -422,9 +473,11 @@ ZERO_STAGE = {"ddp": 0, "zero1": 1, "zero2": 2, "zero3": 3}
 
 
 def _per_rank_memory(model: torch.nn.Module, optimizer: torch.optim.Optimizer, techs: list[Technique],
-                     peak_rss: int, cuda_peaks: dict | None, world: int) -> dict[str, Any]:
+                     peak_rss: int, clean_rss: dict[str, Any], cuda_peaks: dict | None,
+                     world: int) -> dict[str, Any]:
     """Per-rank peaks and local model-state bytes, gathered to every rank, beside the ZeRO formula."""
-    mine = {"peak_rss_bytes": peak_rss, "cuda_peak_bytes": cuda_peaks["allocated"] if cuda_peaks else None,
+    mine = {"peak_rss_bytes": peak_rss, "clean_rss": clean_rss,
+            "cuda_peak_bytes": cuda_peaks["allocated"] if cuda_peaks else None,
             "model_state": model_state_bytes(model, optimizer)}
     ranks: list[Any] = [None] * world
     dist.all_gather_object(ranks, mine)
@@ -442,6 +495,9 @@ def _per_rank_memory(model: torch.nn.Module, optimizer: torch.optim.Optimizer, t
                                  for r in ranks),
         "breakdown_skipped": "multi-process trial: per-rank model-state bytes from local shards are reported instead",
     }
+    clean = [r["clean_rss"].get("peak_bytes") for r in ranks]
+    if all(c is not None for c in clean):
+        result["clean_rss_peak_bytes"] = max(clean)
     if cuda_peaks:
         result["peak_bytes"] = max(r["cuda_peak_bytes"] for r in ranks)
     if stage is not None:
@@ -474,7 +530,7 @@ def main(argv: list[str] | None = None) -> int:
                         format="%(levelname)s %(name)s: %(message)s")
     spec = TrialSpec.from_json(Path(argv[0]).read_text())
     if spec.world_size == 1:
-        record = run(spec)
+        record = run(spec, own_process=True)
         Path(argv[1]).write_text(record.to_json() + "\n")
         return 0
     # Under torchrun: rank 0 writes the record. A rank whose trial failed writes its error beside it and exits
@@ -484,7 +540,7 @@ def main(argv: list[str] | None = None) -> int:
         _init_distributed(spec)
         if os.environ.get("TRAINBENCH_FAULT_RANK") == str(rank):  # test hook: prove a failing rank ends the trial
             raise RuntimeError(f"injected fault on rank {rank} (TRAINBENCH_FAULT_RANK)")
-        record = run(spec)
+        record = run(spec, own_process=True)
     except Exception as exc:  # init failed: there is no record yet
         Path(f"{argv[1]}.rank{rank}.err").write_text(json.dumps(
             {"rank": rank, "status": "failed", "reason": f"{type(exc).__name__}: {exc}"[:500]}))

@@ -143,6 +143,30 @@ def test_cpu_contention_sees_busy_process():
     assert r.fraction >= 0.25, r
 
 
+_SESSION_CHILD = """
+import subprocess, sys, time
+from bench.measure.timing import CpuContention
+busy = "import time\\nprint('go', flush=True)\\nt = time.time()\\nwhile time.time() - t < 3.0: pass"
+peer = subprocess.Popen([sys.executable, "-c", busy], stdout=subprocess.PIPE, text=True)
+assert peer.stdout.readline().strip() == "go"
+# include_children=False: the peer stands for a sibling rank (under torchrun ranks are siblings, not children)
+apart, together = CpuContention(include_children=False), CpuContention(include_children=False, include_session=True)
+apart.start(); together.start()
+time.sleep(1.0)
+a, t = apart.stop(), together.stop()
+peer.kill()
+print(a.other_cpu_s - t.other_cpu_s)
+"""
+
+
+def test_cpu_contention_counts_own_session_as_own():
+    # A new session, as the runner gives each trial; the busy peer in it is ours only with include_session=True.
+    out = subprocess.run([sys.executable, "-c", _SESSION_CHILD], capture_output=True, text=True, check=True,
+                         start_new_session=True, cwd=Path(__file__).parents[1])
+    peer_cpu_s = float(out.stdout)
+    assert 0.5 <= peer_cpu_s <= 1.5  # the peer's second of busy CPU moved from "other" to "own"
+
+
 # ---- memory: RSS and CUDA helpers ----------------------------------------------------------------------------------
 
 MB = 1_000_000
@@ -179,6 +203,41 @@ def test_peak_rss_sampling_fallback(tmp_path, monkeypatch):
         assert rss.peak_bytes() - before >= 190 * MB
     finally:
         rss.close()
+
+
+# Run in a child: the thresholds are process-wide and would slow every later test in this process.
+_FREED_RSS_CHILD = """
+import sys, psutil, torch
+from bench.measure.memory import return_freed_memory_to_os
+if sys.argv[1] == "clean":
+    assert return_freed_memory_to_os() is None
+p = psutil.Process()
+del_me = [torch.ones(4_000_000) for _ in range(2)]  # 16 MB blocks, freed: glibc's default raises its mmap
+del del_me  # threshold past them, so the next blocks come from the heap
+before = p.memory_info().rss
+blocks, kept = [], []
+for _ in range(400):  # 160 MB in 400 KB tensors, each followed by a 4 KB one that stays alive, as long-lived
+    blocks.append(torch.ones(100_000))  # tensors sit between short-lived ones in training: the heap cannot
+    kept.append(torch.ones(1000))  # shrink past them
+during = p.memory_info().rss
+del blocks
+after = p.memory_info().rss
+print((during - before) // 2**20, (during - after) // 2**20)
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc malloc")
+def test_return_freed_memory_to_os_makes_rss_follow_frees():
+    def run(mode: str) -> tuple[int, int]:
+        out = subprocess.run([sys.executable, "-c", _FREED_RSS_CHILD, mode], capture_output=True, text=True,
+                             check=True, cwd=Path(__file__).parents[1])
+        grew, released = map(int, out.stdout.split())
+        return grew, released
+
+    grew, released = run("default")
+    assert grew >= 140 and released < 0.25 * grew  # glibc's default keeps the freed blocks: RSS stays up
+    grew, released = run("clean")
+    assert grew >= 140 and released > 0.9 * grew  # with the thresholds set, freeing shows in RSS at once
 
 
 def test_cuda_helpers_are_noops_on_cpu():

@@ -2,7 +2,10 @@
 
 import dataclasses
 import json
+import subprocess
+import sys
 import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -113,3 +116,19 @@ def test_diverged_loss_is_recorded(monkeypatch):
     monkeypatch.setattr(trial_mod.TrainLoop, "step", poisoned)
     rec = run(spec())
     assert rec.status == "diverged" and "nan" in rec.reason
+
+
+def test_clean_rss_pass_runs_only_in_a_process_of_its_own(tmp_path):
+    # In-process (as above) the pass is skipped: its malloc settings would outlive the trial in pytest's process.
+    rec = run(spec(memory=True))
+    assert "not in a trial process of its own" in rec.memory["clean_rss"]["skipped"]
+    # As the runner starts it: python -m bench.trial SPEC RECORD.
+    spec_path, record_path = tmp_path / "spec.json", tmp_path / "record.json"
+    spec_path.write_text(spec(memory=True).to_json())
+    subprocess.run([sys.executable, "-m", "bench.trial", str(spec_path), str(record_path)], check=True,
+                   cwd=Path(__file__).parents[1], timeout=120)
+    rec = TrialRecord.from_dict(json.loads(record_path.read_text()))
+    assert rec.status == "ok", rec.reason
+    clean = rec.memory["clean_rss"]
+    assert clean["steps"] == trial_mod.CLEAN_RSS_STEPS and "M_MMAP_THRESHOLD" in clean["malloc"]
+    assert 100e6 < clean["at_rest_bytes"] <= clean["peak_bytes"]  # import torch alone is ~220 MB

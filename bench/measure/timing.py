@@ -173,6 +173,21 @@ def _busy_system_cpu_s() -> float:
     return busy
 
 
+def _session_cpu_s(exclude: int) -> dict[int, float]:
+    """CPU seconds of every process in this process's session but ``exclude``, by pid."""
+    sid = os.getsid(0)
+    out: dict[int, float] = {}
+    for proc in psutil.process_iter():
+        try:
+            if proc.pid == exclude or os.getsid(proc.pid) != sid:
+                continue
+            ct = proc.cpu_times()
+        except (psutil.NoSuchProcess, psutil.AccessDenied, ProcessLookupError, PermissionError):
+            continue
+        out[proc.pid] = ct.user + ct.system
+    return out
+
+
 class CpuContention:
     """Measures the CPU time other processes took during a window (system-wide busy time minus our own).
 
@@ -180,10 +195,16 @@ class CpuContention:
     workers) and reaped children counts as our own: they are part of the trial, not contamination. A child that was
     alive at ``start()`` and reaped before ``stop()`` brings its whole lifetime's CPU time into the reaped-children
     counters; that can only make the result look cleaner than it was, and the result is clamped at 0.
+
+    With ``include_session=True`` every process of this process's session counts as our own too: the runner starts
+    each trial in a session of its own, so under torchrun the sibling ranks (and the torchrun agent) are part of
+    the trial, not contamination. Off by default: a process started from a shell shares the shell's session.
     """
 
-    def __init__(self, include_children: bool = True, clock: Callable[[], float] = time.perf_counter) -> None:
+    def __init__(self, include_children: bool = True, include_session: bool = False,
+                 clock: Callable[[], float] = time.perf_counter) -> None:
         self.include_children = include_children
+        self.include_session = include_session
         self.clock = clock
         self._proc = psutil.Process(os.getpid())
         self._t0: float | None = None
@@ -203,6 +224,8 @@ class CpuContention:
                 except (psutil.NoSuchProcess, psutil.AccessDenied):
                     continue
                 kids[child.pid] = ct.user + ct.system
+        if self.include_session:
+            kids.update(_session_cpu_s(exclude=self._proc.pid))
         return own, kids
 
     def start(self) -> None:
