@@ -139,6 +139,13 @@ def machine_label(env: dict[str, Any], device: str) -> str:
 
 # ---- the tidy frame -----------------------------------------------------------------------------------------
 
+# Multi-process trials: per-rank memory and model state beside the ZeRO formula (None for one-process trials, where
+# the clean RSS values are this process's own).
+DISTRIBUTED_COLUMNS = [
+    "world_size", "samples_per_s_per_device", "rank_peak_rss_bytes", "clean_rss_at_rest_bytes",
+    "clean_rss_peak_bytes", "model_state_bytes", "zero_stage", "zero_formula_bytes", "zero_note",
+]
+
 RECORD_COLUMNS = [
     "source", "machine", "sweep_id", "trial_id", "timestamp_utc", "workload", "technique", "names", "components",
     "seed", "repeat", "device", "status", "reason",
@@ -149,6 +156,7 @@ RECORD_COLUMNS = [
     "metric", "higher_is_better", "final", "target", "time_to_target_s", "train_time_s", "steps_trained",
     "budget_cut", "curve",
     "parity_kind", "parity_ok", "parity_diff", "parity_tol", "parity_note", "energy_j",
+    *DISTRIBUTED_COLUMNS,
 ]
 
 
@@ -206,6 +214,30 @@ def _record_row(r: TrialRecord, source: str, machine: str) -> dict[str, Any]:
         "parity_tol": par.get("tolerance"),
         "parity_note": par.get("note"),
         "energy_j": (r.energy or {}).get("joules"),
+        **_distributed_fields(r.world_size, timing, mem),
+    }
+
+
+def _distributed_fields(world_size: int | None, timing: dict[str, Any], mem: dict[str, Any]) -> dict[str, Any]:
+    """Per-rank memory (the maximum over ranks where one number stands for all) and the ZeRO formula's total."""
+    ranks = mem.get("per_rank") or []
+    cleans = [r.get("clean_rss") or {} for r in ranks] or [mem.get("clean_rss") or {}]
+
+    def worst(key: str) -> int | None:
+        values = [c.get(key) for c in cleans]
+        return max(values) if values and all(v is not None for v in values) else None
+
+    formula = mem.get("zero_formula_bytes") or {}
+    return {
+        "world_size": world_size or 1,
+        "samples_per_s_per_device": timing.get("samples_per_s_per_device"),
+        "rank_peak_rss_bytes": tuple(r.get("peak_rss_bytes") for r in ranks) or None,
+        "clean_rss_at_rest_bytes": worst("at_rest_bytes"),
+        "clean_rss_peak_bytes": worst("peak_bytes"),
+        "model_state_bytes": mem.get("model_state_bytes"),
+        "zero_stage": mem.get("zero_stage"),
+        "zero_formula_bytes": formula.get("total"),
+        "zero_note": mem.get("zero_note"),
     }
 
 
@@ -235,6 +267,14 @@ def _values(series: pd.Series) -> list[float]:
 def _median(series: pd.Series) -> float | None:
     v = _values(series)
     return float(np.median(v)) if v else None
+
+
+def _per_rank_medians(series: pd.Series) -> tuple[float, ...] | None:
+    """Rank by rank, the median over trials of per-rank values (trials of one configuration share a world size)."""
+    lists = [v for v in series if v]
+    if not lists or len({len(v) for v in lists}) != 1 or any(x is None for v in lists for x in v):
+        return None
+    return tuple(float(np.median(col)) for col in zip(*lists, strict=True))
 
 
 def _interval_cols(prefix: str, iv: stats.Interval | None, verdict: str | None) -> dict[str, Any]:
@@ -321,6 +361,15 @@ def _configuration(machine: str, workload: str, technique: str, g: pd.DataFrame,
         "train_time_s": _median(ok["train_time_s"]),
         "steps_trained": _median(ok["steps_trained"]),
         "n_budget_cut": int(sum(bool(c) for c in ok["budget_cut"])),
+        "world_size": g["world_size"].iloc[0],
+        "sps_per_device_median": _median(ok["samples_per_s_per_device"]),
+        "rank_peak_rss_bytes": _per_rank_medians(ok["rank_peak_rss_bytes"]),
+        "clean_rss_at_rest_bytes": _median(ok["clean_rss_at_rest_bytes"]),
+        "clean_rss_peak_bytes": _median(ok["clean_rss_peak_bytes"]),
+        "model_state_bytes": _median(ok["model_state_bytes"]),
+        "zero_stage": next((z for z in ok["zero_stage"] if z is not None), None),
+        "zero_formula_bytes": next((z for z in ok["zero_formula_bytes"] if z is not None), None),
+        "zero_note": next((n for n in ok["zero_note"] if n), None),
     }
     row["noisy"] = row["sps_rel_iqr"] is not None and row["sps_rel_iqr"] > stats.NOISY_IQR_OVER_MEDIAN
 

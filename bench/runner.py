@@ -20,6 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+import psutil
 import torch
 
 from bench import env as envmod
@@ -196,8 +197,24 @@ class SweepRunner:
 
 
 def _kill_group(proc: subprocess.Popen) -> None:
+    """Kill the trial process and every process below it, then reap them.
+
+    The process group alone is not enough: torchrun starts each rank in a session of its own, so ranks outlive a
+    killed launcher unless they are found by ancestry first (collected before anything dies, since a dead
+    parent's children are reparented and no longer found below it).
+    """
+    try:
+        tree = [psutil.Process(proc.pid), *psutil.Process(proc.pid).children(recursive=True)]
+    except psutil.NoSuchProcess:
+        tree = []
     try:
         os.killpg(proc.pid, signal.SIGKILL)
     except ProcessLookupError:
         pass
+    for p in tree:
+        try:
+            p.kill()
+        except psutil.NoSuchProcess:
+            pass
     proc.wait()
+    psutil.wait_procs(tree, timeout=10)

@@ -238,9 +238,9 @@ def _measure(spec: TrialSpec, base: dict[str, Any], out: dict[str, Any], own_pro
     cuda_peak_reset(device)
 
     # 4. the timed window.
-    # Under torchrun the sibling ranks share the session the runner made: they are the trial, not contention.
+    # Under torchrun the other ranks are this rank's siblings (the launcher's children): the trial, not contention.
     timer, energy = StepTimer(device), EnergyMeter(device)
-    contention = CpuContention(include_session=spec.world_size > 1)
+    contention = CpuContention(include_siblings=spec.world_size > 1)
     contention.start()
     energy.start()
     timer.start()
@@ -539,6 +539,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         _init_distributed(spec)
         if os.environ.get("TRAINBENCH_FAULT_RANK") == str(rank):  # test hook: prove a failing rank ends the trial
+            if os.environ.get("TRAINBENCH_FAULT") == "hang":  # ... or a hanging one, through the runner's timeout
+                while True:
+                    time.sleep(60)
             raise RuntimeError(f"injected fault on rank {rank} (TRAINBENCH_FAULT_RANK)")
         record = run(spec, own_process=True)
     except Exception as exc:  # init failed: there is no record yet

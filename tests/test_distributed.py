@@ -2,7 +2,9 @@
 
 - parameters after 10 fp32 AdamW steps match one process with the same global batch (atol 1e-4);
 - per-rank model-state bytes (local shards) equal the ZeRO formula exactly on an evenly divisible model;
-- a rank that raises ends the trial as a failed record carrying that rank's error, leaving no processes behind.
+- a rank that raises ends the trial as a failed record carrying that rank's error, leaving no processes behind;
+- a rank that hangs ends the trial at the runner's timeout, every rank killed (each is a session leader of its own
+  under torchrun, so killing the launcher's process group alone would leave them running).
 """
 
 from __future__ import annotations
@@ -83,8 +85,25 @@ def test_a_raising_rank_becomes_a_failed_record(tmp_path, monkeypatch):
     assert len(ddp) == 1 and ddp[0].status == "failed"
     assert "rank 1: RuntimeError: injected fault on rank 1" in ddp[0].reason
     assert time.monotonic() - started < 120
-    leftovers = [p for p in psutil.process_iter(["cmdline"]) if "bench.trial" in " ".join(p.info["cmdline"] or [])]
-    assert leftovers == []
+    assert _trial_processes() == []
+
+
+def _trial_processes() -> list[psutil.Process]:
+    return [p for p in psutil.process_iter(["cmdline"]) if "bench.trial" in " ".join(p.info["cmdline"] or [])]
+
+
+def test_a_hanging_rank_times_out_and_leaves_no_process(tmp_path, monkeypatch):
+    monkeypatch.setenv("TRAINBENCH_FAULT_RANK", "1")
+    monkeypatch.setenv("TRAINBENCH_FAULT", "hang")
+    timeout = 45  # rank 0 meanwhile starts its trial and waits for rank 1 in the first collective
+    cfg = build_config("smoke", {"workloads": "mlp", "techniques": "ddp", "repeats": 1, "nproc": 2,
+                                 "budget": {**TINY_BUDGET, "timeout_s": timeout}})
+    started = time.monotonic()
+    records = SweepRunner(cfg, tmp_path / "s", torch.device("cpu")).run()
+    ddp = [r for r in records if r.technique_label == "ddp"]
+    assert len(ddp) == 1 and ddp[0].status == "timeout", ddp[0].reason
+    assert time.monotonic() - started < 2 * timeout + 60  # the baseline trial runs too
+    assert _trial_processes() == []
 
 
 def test_world_size_one_skips_with_the_fix():

@@ -143,14 +143,14 @@ def test_cpu_contention_sees_busy_process():
     assert r.fraction >= 0.25, r
 
 
-_SESSION_CHILD = """
+_SIBLING_CHILD = """
 import subprocess, sys, time
 from bench.measure.timing import CpuContention
 busy = "import time\\nprint('go', flush=True)\\nt = time.time()\\nwhile time.time() - t < 3.0: pass"
 peer = subprocess.Popen([sys.executable, "-c", busy], stdout=subprocess.PIPE, text=True)
 assert peer.stdout.readline().strip() == "go"
-# include_children=False: the peer stands for a sibling rank (under torchrun ranks are siblings, not children)
-apart, together = CpuContention(include_children=False), CpuContention(include_children=False, include_session=True)
+# include_children=False: the peer stands for a sibling rank (another descendant of our parent, the launcher)
+apart, together = CpuContention(include_children=False), CpuContention(include_children=False, include_siblings=True)
 apart.start(); together.start()
 time.sleep(1.0)
 a, t = apart.stop(), together.stop()
@@ -159,10 +159,10 @@ print(a.other_cpu_s - t.other_cpu_s)
 """
 
 
-def test_cpu_contention_counts_own_session_as_own():
-    # A new session, as the runner gives each trial; the busy peer in it is ours only with include_session=True.
-    out = subprocess.run([sys.executable, "-c", _SESSION_CHILD], capture_output=True, text=True, check=True,
-                         start_new_session=True, cwd=Path(__file__).parents[1])
+def test_cpu_contention_counts_sibling_ranks_as_own():
+    # The busy peer is a descendant of the measuring process's parent: ours only with include_siblings=True.
+    out = subprocess.run([sys.executable, "-c", _SIBLING_CHILD], capture_output=True, text=True, check=True,
+                         cwd=Path(__file__).parents[1])
     peer_cpu_s = float(out.stdout)
     assert 0.5 <= peer_cpu_s <= 1.5  # the peer's second of busy CPU moved from "other" to "own"
 

@@ -173,16 +173,19 @@ def _busy_system_cpu_s() -> float:
     return busy
 
 
-def _session_cpu_s(exclude: int) -> dict[int, float]:
-    """CPU seconds of every process in this process's session but ``exclude``, by pid."""
-    sid = os.getsid(0)
+def _sibling_cpu_s(exclude: int) -> dict[int, float]:
+    """CPU seconds of every descendant of this process's parent but ``exclude``, by pid."""
     out: dict[int, float] = {}
-    for proc in psutil.process_iter():
+    try:
+        peers = psutil.Process(os.getppid()).children(recursive=True)
+    except psutil.Error:
+        return out
+    for proc in peers:
+        if proc.pid == exclude:
+            continue
         try:
-            if proc.pid == exclude or os.getsid(proc.pid) != sid:
-                continue
             ct = proc.cpu_times()
-        except (psutil.NoSuchProcess, psutil.AccessDenied, ProcessLookupError, PermissionError):
+        except psutil.Error:
             continue
         out[proc.pid] = ct.user + ct.system
     return out
@@ -196,15 +199,16 @@ class CpuContention:
     alive at ``start()`` and reaped before ``stop()`` brings its whole lifetime's CPU time into the reaped-children
     counters; that can only make the result look cleaner than it was, and the result is clamped at 0.
 
-    With ``include_session=True`` every process of this process's session counts as our own too: the runner starts
-    each trial in a session of its own, so under torchrun the sibling ranks (and the torchrun agent) are part of
-    the trial, not contamination. Off by default: a process started from a shell shares the shell's session.
+    With ``include_siblings=True`` every other descendant of this process's parent counts as our own too: under
+    torchrun the parent is the launcher, so the other local ranks (and their workers) are part of the trial, not
+    contamination. (Each rank is a session leader of its own there, so sessions cannot tell.) Off by default: the
+    parent of a one-process trial is the sweep runner, whose other children are not ours.
     """
 
-    def __init__(self, include_children: bool = True, include_session: bool = False,
+    def __init__(self, include_children: bool = True, include_siblings: bool = False,
                  clock: Callable[[], float] = time.perf_counter) -> None:
         self.include_children = include_children
-        self.include_session = include_session
+        self.include_siblings = include_siblings
         self.clock = clock
         self._proc = psutil.Process(os.getpid())
         self._t0: float | None = None
@@ -224,8 +228,8 @@ class CpuContention:
                 except (psutil.NoSuchProcess, psutil.AccessDenied):
                     continue
                 kids[child.pid] = ct.user + ct.system
-        if self.include_session:
-            kids.update(_session_cpu_s(exclude=self._proc.pid))
+        if self.include_siblings:
+            kids.update(_sibling_cpu_s(exclude=self._proc.pid))
         return own, kids
 
     def start(self) -> None:

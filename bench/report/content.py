@@ -79,6 +79,8 @@ class Report:
     headline: list[Headline]
     workloads: list[WorkloadSection]
     interactions: Table | None
+    distributed: Table | None
+    distributed_notes: list[str]
     claims: Table | None
     claims_note: str | None
     problems: Table | None
@@ -434,6 +436,54 @@ def _interactions_table(analysis: Analysis, names: dict[str, str]) -> Table | No
                   "observed / product", "verdict"], rows, wrap=(6,))
 
 
+def _per_rank(values: tuple[float, ...] | None) -> str:
+    return " / ".join(fmt_bytes(v) for v in values) if values else "-"
+
+
+def _distributed_table(analysis: Analysis, names: dict[str, str]) -> tuple[Table | None, list[str]]:
+    """Multi-process sets (and their reference) per workload: throughput counted both ways, per-rank memory, and
+    the per-rank model state beside the ZeRO paper's formula."""
+    configs = analysis.configs
+    multi = configs[configs["world_size"].map(lambda w: (w or 1) > 1)]
+    if multi.empty:
+        return None, []
+    keys = set(zip(multi["machine"], multi["workload"], strict=True))
+    rows, notes = [], []
+    for c in configs.itertuples():
+        if (c.machine, c.workload) not in keys or not ((c.world_size or 1) > 1 or c.is_reference):
+            continue
+        state, formula = c.model_state_bytes, c.zero_formula_bytes
+        match = Cell("-")
+        if _ok(state) and _ok(formula) and formula:
+            ratio = state / formula
+            match = Cell(f"{ratio:.3f}", "good" if abs(ratio - 1) <= 0.01 else "warn")
+        clean = (f"{fmt_bytes(c.clean_rss_at_rest_bytes)} / {fmt_bytes(c.clean_rss_peak_bytes)}"
+                 if _ok(c.clean_rss_at_rest_bytes) else "-")
+        window_rss = _per_rank(c.rank_peak_rss_bytes) if c.rank_peak_rss_bytes else fmt_bytes(c.peak_rss_bytes)
+        stage = "" if not _ok(c.zero_stage) else (f"ZeRO-{int(c.zero_stage)}" if c.zero_stage else "DDP")
+        step = c.step_time_s
+        step_text = f"{step * 1000:.1f} ms" if _ok(step) and step < 1 else fmt_secs(step)
+        rows.append([Cell(_where(c.workload, names[c.machine])), Cell(c.technique), Cell(str(c.world_size or 1)),
+                     Cell(fmt_num(c.sps_median)), Cell(fmt_num(c.sps_per_device_median)), Cell(step_text),
+                     Cell(window_rss), Cell(clean), Cell(fmt_bytes(state)),
+                     Cell(f"{fmt_bytes(formula)} ({stage})" if _ok(formula) else "-"), match, _status(c)])
+        if c.zero_note:
+            notes.append(f"{c.technique}: {c.zero_note}.")
+    notes = list(dict.fromkeys(notes))
+    notes.insert(0, "samples/s counts every rank's samples (the global batch); per device divides it by the ranks. "
+                    "Peak RSS per rank is the timed window's (glibc keeps freed blocks, so it shows the largest "
+                    "footprint so far); the clean RSS pass after it returns freed memory at once, so at rest shows "
+                    "what is held between steps and peak a step's transient on top (the larger over ranks). Model "
+                    "state is params + grads + optimizer state from each rank's local shards (the larger over "
+                    "ranks), beside the ZeRO paper's formula for that stage, world size and fp32 AdamW.")
+    if any(str(m).startswith("cpu") for m in multi["machine"]):
+        notes.append("On one CPU machine the ranks share its cores (torchrun gives each rank one thread unless "
+                     "--threads says otherwise): expect no speedup there; the memory columns are the point.")
+    return Table(["workload", "set", "ranks", "samples/s", "per device", "step time", "peak RSS per rank",
+                  "clean RSS at rest / peak", "model state per rank", "ZeRO formula", "measured / formula",
+                  "status"], rows), notes
+
+
 def fmt_ratio(v: float | None) -> str:
     return f"{v:.2f}x" if _ok(v) else "-"
 
@@ -574,6 +624,7 @@ def build(analysis: Analysis, figures: dict[str, Figure] | None = None) -> Repor
         claims_note = (f"Published claims are stated against plain fp32 training; this report's reference is "
                        f"'{analysis.baseline}', so the measured side of each claim is relative to it.")
     sweep_ids = ", ".join(dict.fromkeys(str(s) for s in analysis.frame["sweep_id"]))
+    distributed, distributed_notes = _distributed_table(analysis, names)
     return Report(
         title=f"trainbench report: {sweep_ids}",
         subtitle=(f"{len(analysis.frame)} trials, {analysis.frame['workload'].nunique()} workloads, "
@@ -585,6 +636,8 @@ def build(analysis: Analysis, figures: dict[str, Figure] | None = None) -> Repor
         headline=_headline(analysis, names),
         workloads=sections,
         interactions=_interactions_table(analysis, names),
+        distributed=distributed,
+        distributed_notes=distributed_notes,
         claims=_claims_table(analysis, names),
         claims_note=claims_note,
         problems=_problems_table(analysis, names),

@@ -86,6 +86,11 @@ def render(report: Report) -> str:
         out += table(report.interactions) + [""]
         out += _figure(figs.get("interaction"))
 
+    if report.distributed is not None:
+        out += ["## Data-parallel and sharded trials", ""]
+        out += table(report.distributed) + [""]
+        out += [escape(n) + "\n" for n in report.distributed_notes]
+
     out += ["## Claims check", ""]
     if report.claims is not None:
         out += ["Each technique's published effect beside what this sweep measured on this hardware.", ""]
