@@ -6,6 +6,10 @@ Method card
   AdamW: 16/N bytes per parameter.
 - When it helps: models whose state does not fit one device. Costs an extra all-gather per block in backward
   compared with zero2; on a single CPU host with gloo it is pure overhead.
+- Measured (2 gloo ranks, 2-core CPU, reports/example-cpu-2rank): mlp:large 0.37x, model state per rank 386 MiB =
+  the formula's 16/N exactly, clean RSS at rest 712 MiB vs DDP's 1.26 GiB; gpt:tiny 0.27x.
+- Combines with bf16, fp16, grad_accum, checkpointing and offload; refuses compile, with the reason (FSDP2 after a
+  whole-model torch.compile fails: 'got mixed torch.Tensor and DTensor'; per-block compile is not built yet).
 - Sources: Rajbhandari et al., ZeRO, SC 2020; Zhao et al., "PyTorch FSDP: Experiences on Scaling Fully Sharded
   Data Parallel", VLDB 2023; torch.distributed.fsdp.fully_shard docs.
 """
@@ -17,7 +21,7 @@ from typing import Any
 
 from torch import nn
 
-from techniques._distributed import apply_fsdp, needs_world, shard_batches
+from techniques._distributed import apply_fsdp, fsdp_check, shard_batches
 from techniques.base import Claim, Context, Kind, Phase, Technique, register
 
 
@@ -34,7 +38,7 @@ class Zero3(Technique):
     )
 
     def check(self, ctx: Context) -> str | None:
-        return needs_world(ctx, self.name)
+        return fsdp_check(ctx, self.name)
 
     def transform_model(self, model: nn.Module, ctx: Context) -> nn.Module:
         return apply_fsdp(model, ctx, reshard_after_forward=True)

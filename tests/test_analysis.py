@@ -17,7 +17,7 @@ def rec(label: str = "baseline", seed: int = 0, sps: float | None = 100.0, *, wo
         peak: int | None = None, rss: int | None = None, ttt: float | None = None, target: float | None = None,
         first: float | None = None, step: float | None = None, steps: int | None = None,
         data_wait: float | None = None, contended: bool = False, mfu: float | None = None, dtype: str = "float32",
-        parity: dict | None = None, breakdown: dict | None = None) -> TrialRecord:
+        parity: dict | None = None, breakdown: dict | None = None, cut: str | None = None) -> TrialRecord:
     """One record with only the fields a test sets; the rest empty, as a real record of that status would be."""
     techs = [] if label == "baseline" else [{"name": p.split(":")[0], "options": {}} for p in label.split("+")]
     base = dict(sweep_id="s", trial_id=f"{workload}:tiny/{label}/seed{seed}/r{seed}",
@@ -33,7 +33,7 @@ def rec(label: str = "baseline", seed: int = 0, sps: float | None = 100.0, *, wo
         memory={"peak_bytes": peak, "peak_rss_bytes": rss, "breakdown": breakdown},
         compute={"mfu": mfu, "compute_dtype": dtype},
         accuracy={"metric": "acc", "higher_is_better": higher, "final": final, "time_to_target_s": ttt,
-                  "target": target, "steps_trained": steps},
+                  "target": target, "steps_trained": steps, "budget_cut": cut},
         parity=parity or {},
     )
 
@@ -283,3 +283,18 @@ def test_diagnosis_flags_parity_accuracy_and_noise():
     assert texts["accuracy"] == ("x changes acc on mlp:tiny by -0.2 [-0.2133, -0.1867]: check its numerics before "
                                  "adopting it")
     assert texts["noise"].startswith("timings are noisy for 1 of 2 configurations")
+
+
+def test_a_worse_metric_after_fewer_steps_is_blamed_on_time_not_numerics():
+    exact = {"kind": "exact", "ok": True, "max_rel_loss_diff": 0.0, "tolerance": 1e-3}
+    records = [rec("baseline", s, 100.0 + s, final=0.9 + s / 100, steps=150) for s in range(3)]
+    records += [rec("zero3", s, 40.0 + s, final=0.7 + s / 100, steps=60, cut="max_train_seconds", parity=exact)
+                for s in range(3)]
+    records += [rec("bf16", s, 40.0 + s, final=0.7 + s / 100, steps=60, cut="max_train_seconds",
+                    parity={**exact, "kind": "numeric"}) for s in range(3)]
+    records += [rec("fp16", s, 99.0 + s, final=0.7 + s / 100, steps=150, parity=exact) for s in range(3)]
+    configs = configs_of(records)
+    text = {f.technique: f.text for f in analysis.diagnose(configs) if f.topic == "accuracy"}
+    assert "trained 60 of the reference's 150 steps" in text["zero3"] and "not numerics" in text["zero3"]
+    assert "compare at equal steps" in text["bf16"] and "not numerics" not in text["bf16"]
+    assert text["fp16"].endswith("check its numerics before adopting it")  # same steps: nothing to blame but it

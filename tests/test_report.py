@@ -154,3 +154,45 @@ def test_merging_two_machines_keeps_them_apart(tmp_path):
     assert "- **mlp:tiny (machine 2)**\n  - fastest: bf16 at 1.90x [1.83, 1.97] faster" in text
     with pytest.raises(InputError, match="several sweep directories need an output directory"):
         write_report([FIXTURE, other])
+
+
+def _rank(rss: int, at_rest: int, peak: int, state: dict) -> dict:
+    return {"peak_rss_bytes": rss, "clean_rss": {"at_rest_bytes": at_rest, "peak_bytes": peak}, "model_state": state}
+
+
+def test_sharded_trials_get_a_table_beside_the_zero_formula(tmp_path):
+    out = tmp_path / "dist"
+    out.mkdir()
+    shutil.copy(FIXTURE / "env.json", out / "env.json")
+    store = ResultStore(out / "results.jsonl")
+    n = 1_000_000  # parameters: ZeRO-3 with 2 ranks holds 16/2 bytes each
+    formula = {"params": 2 * n, "grads": 2 * n, "optimizer": 4 * n, "total": 8 * n}
+    for seed in (0, 1):
+        for label, world in (("baseline", 1), ("zero3", 2)):
+            ranks = [_rank(500 * 2**20, 400 * 2**20, 450 * 2**20,
+                           {"params": 2 * n, "grads": 2 * n, "optimizer": 4 * n, "optimizer_scalars": 8})] * world
+            memory = {"peak_rss_bytes": 600 * 2**20, "clean_rss": {"at_rest_bytes": 420 * 2**20,
+                                                                   "peak_bytes": 520 * 2**20}}
+            if world > 1:
+                memory.update(per_rank=ranks, model_state_bytes=8 * n, zero_stage=3, zero_formula_bytes=formula)
+            store.append(TrialRecord(
+                sweep_id="d", trial_id=f"mlp:large/{label}/seed{seed}",
+                workload={"name": "mlp", "size": "large", "n_params": n},
+                techniques=[] if world == 1 else [{"name": "zero3", "options": {}}], technique_label=label,
+                seed=seed, repeat=seed, world_size=world, device="cpu", status="ok",
+                timing={"samples_per_s": 300.0 / world, "samples_per_s_per_device": 300.0 / world / world,
+                        "step_time_s": {"median": 0.5 * world}},
+                memory=memory, accuracy={"metric": "acc", "final": 0.5}))
+    text = _markdown([out])
+    section = text.split("## Data-parallel and sharded trials", 1)[1].split("## Claims check", 1)[0]
+    rows = [line for line in section.splitlines() if line.startswith("| mlp:large")]
+    assert rows[0].split(" | ")[1:6] == ["baseline", "1", "300", "300", "500.0 ms"]
+    assert rows[0].split(" | ")[7] == "420 MiB / 520 MiB"  # one process: its own clean RSS pass
+    assert rows[1].split(" | ")[1:11] == ["zero3", "2", "150", "75.0", "1.00 s", "500 MiB / 500 MiB",
+                                          "400 MiB / 450 MiB", "7.6 MiB", "7.6 MiB (ZeRO-3)", "1.000"]
+    assert "expect no speedup there" in section
+    # The claims check reads the same bytes: ZeRO-3 on 2 ranks holds half of a full replica's 16 bytes/param.
+    claim = next(line for line in text.splitlines() if line.startswith("| zero3 | mlp:large | model state"))
+    assert "| 0.50x | within the claim |" in claim
+    # No multi-process trial, no section.
+    assert "## Data-parallel" not in _markdown([FIXTURE])

@@ -14,7 +14,7 @@ from typing import Any
 import pandas as pd
 
 from bench import stats
-from bench.analysis import BREAKDOWN, Analysis
+from bench.analysis import BREAKDOWN, Analysis, fewer_steps
 
 # ---- data ---------------------------------------------------------------------------------------------------
 
@@ -408,8 +408,11 @@ def _headline(analysis: Analysis, names: dict[str, str]) -> list[Headline]:
                 f"{r.technique} ({r.speedup:.2f}x)" for r in slower.itertuples()))
         worse = others[others["delta_verdict"] == "worse"]
         if len(worse):
+            ref = next((r for r in rows.itertuples() if r.is_reference), None)
+            fewer = {r.technique: fewer_steps(r, ref) for r in worse.itertuples()}
             parts.append("worse final metric: " + ", ".join(
-                f"{r.technique} ({r.metric} {r.delta:+.4f} [{r.delta_lo:+.4f}, {r.delta_hi:+.4f}])"
+                f"{r.technique} ({r.metric} {r.delta:+.4f} [{r.delta_lo:+.4f}, {r.delta_hi:+.4f}]"
+                + (f"; {fewer[r.technique]})" if fewer[r.technique] else ")")
                 for r in worse.itertuples()))
         problems = [r for r in rows.itertuples() if r.problems or r.skip_reason]
         if problems:
@@ -498,7 +501,8 @@ def _claims_table(analysis: Analysis, names: dict[str, str]) -> Table | None:
         return None
     rows = []
     for cl in claims.itertuples():
-        metric = "speedup" if cl.metric == "speedup" else "peak memory ratio"
+        metric = {"speedup": "speedup", "model_state_ratio": "model state per rank vs a full replica"}.get(
+            cl.metric, "peak memory ratio")
         measured = (_ratio_ci(cl.measured, cl.measured_lo, cl.measured_hi, "").strip() if _ok(cl.measured)
                     else "-")
         verdict = {"within": "within the claim", "below": "below the claim", "above": "above the claim"}.get(
