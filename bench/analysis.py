@@ -39,6 +39,7 @@ log = logging.getLogger(__name__)
 BASELINE = "baseline"
 SEED = 0  # bootstrap seed: the same records always give the same intervals
 BREAKDOWN = ("params", "grads", "optimizer", "activations", "other")
+MODEL_STATE = ("params", "grads", "optimizer")  # per-rank model state of multi-process trials, from local shards
 PROBLEM_STATUSES = ("failed", "oom", "timeout", "diverged")
 REPLICA_BYTES_PER_PARAM = 16  # model state of a full replica with fp32 AdamW: params 4 + grads 4 + two moments 8
 
@@ -144,7 +145,8 @@ def machine_label(env: dict[str, Any], device: str) -> str:
 # the clean RSS values are this process's own).
 DISTRIBUTED_COLUMNS = [
     "world_size", "n_params", "samples_per_s_per_device", "rank_peak_rss_bytes", "clean_rss_at_rest_bytes",
-    "clean_rss_peak_bytes", "model_state_bytes", "zero_stage", "zero_formula_bytes", "zero_note",
+    "clean_rss_peak_bytes", "model_state_bytes", *(f"state_{c}_bytes" for c in MODEL_STATE), "zero_stage",
+    "zero_formula_bytes", "zero_note",
 ]
 
 RECORD_COLUMNS = [
@@ -230,6 +232,8 @@ def _distributed_fields(world_size: int | None, timing: dict[str, Any], mem: dic
         return max(values) if values and all(v is not None for v in values) else None
 
     formula = mem.get("zero_formula_bytes") or {}
+    states = [r.get("model_state") or {} for r in ranks]
+    largest = max(states, key=lambda st: sum(st.get(c) or 0 for c in MODEL_STATE), default={})
     return {
         "world_size": world_size or 1,
         "samples_per_s_per_device": timing.get("samples_per_s_per_device"),
@@ -237,6 +241,7 @@ def _distributed_fields(world_size: int | None, timing: dict[str, Any], mem: dic
         "clean_rss_at_rest_bytes": worst("at_rest_bytes"),
         "clean_rss_peak_bytes": worst("peak_bytes"),
         "model_state_bytes": mem.get("model_state_bytes"),
+        **{f"state_{c}_bytes": largest.get(c) for c in MODEL_STATE},
         "zero_stage": mem.get("zero_stage"),
         "zero_formula_bytes": formula.get("total"),
         "zero_note": mem.get("zero_note"),
@@ -369,6 +374,7 @@ def _configuration(machine: str, workload: str, technique: str, g: pd.DataFrame,
         "clean_rss_at_rest_bytes": _median(ok["clean_rss_at_rest_bytes"]),
         "clean_rss_peak_bytes": _median(ok["clean_rss_peak_bytes"]),
         "model_state_bytes": _median(ok["model_state_bytes"]),
+        **{f"state_{c}_bytes": _median(ok[f"state_{c}_bytes"]) for c in MODEL_STATE},
         "zero_stage": next((z for z in ok["zero_stage"] if z is not None), None),
         "zero_formula_bytes": next((z for z in ok["zero_formula_bytes"] if z is not None), None),
         "zero_note": next((n for n in ok["zero_note"] if n), None),

@@ -194,5 +194,8 @@ def test_sharded_trials_get_a_table_beside_the_zero_formula(tmp_path):
     # The claims check reads the same bytes: ZeRO-3 on 2 ranks holds half of a full replica's 16 bytes/param.
     claim = next(line for line in text.splitlines() if line.startswith("| zero3 | mlp:large | model state"))
     assert "| 0.50x | within the claim |" in claim
+    # The memory figure draws the largest rank's model state for the sharded set, and says so.
+    figures = build([out])[1].figures
+    assert "Hatched bars: multi-process sets" in figures["memory"].caption
     # No multi-process trial, no section.
     assert "## Data-parallel" not in _markdown([FIXTURE])

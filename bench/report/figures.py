@@ -22,7 +22,7 @@ from matplotlib.axes import Axes
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure as MplFigure
 
-from bench.analysis import BREAKDOWN, Analysis
+from bench.analysis import BREAKDOWN, MODEL_STATE, Analysis
 from bench.report.content import Figure
 
 DPI = 100
@@ -157,6 +157,7 @@ def memory_figure(analysis: Analysis) -> Figure | None:
         return None
     most = max(len(p[2]) for p in panels)
     fig, axes = _grid(len(panels), max(2.4, 0.5 * most + 1.6))
+    any_sharded = False
     for ax, (_, title, rows) in zip(axes, panels, strict=False):
         rows = rows.iloc[::-1]
         y = list(range(len(rows)))
@@ -165,23 +166,38 @@ def memory_figure(analysis: Analysis) -> Figure | None:
             vals = [float(v) / MIB if _ok(v) else 0.0 for v in rows[f"mem_{cat}_bytes"]]
             ax.barh(y, vals, left=left, color=CATEGORY_COLORS[cat], height=0.6, label=cat)
             left = [a + b for a, b in zip(left, vals, strict=True)]
+        # Multi-process sets: the largest rank's model state (no activations measured there), hatched.
+        sharded = [not any(_ok(getattr(r, f"mem_{c}_bytes")) for c in BREAKDOWN) and _ok(r.state_params_bytes)
+                   for r in rows.itertuples()]
+        any_sharded = any_sharded or any(sharded)
+        for cat in MODEL_STATE if any(sharded) else ():
+            vals = [float(v) / MIB if _ok(v) and s else 0.0 for v, s in zip(rows[f"state_{cat}_bytes"], sharded,
+                                                                             strict=True)]
+            ax.barh(y, vals, left=left, color=CATEGORY_COLORS[cat], height=0.6, hatch="//", edgecolor="white")
+            left = [a + b for a, b in zip(left, vals, strict=True)]
         top = max(left) if max(left) > 0 else 1.0
-        for yi, total, r in zip(y, left, rows.itertuples(), strict=True):
-            if total > 0:
+        for yi, total, r, s in zip(y, left, rows.itertuples(), sharded, strict=True):
+            if total > 0 and s:
+                ax.text(total + top * 0.02, yi, f"{total:.1f} MiB per rank (model state only)", va="center",
+                        fontsize=9)
+            elif total > 0:
                 ax.text(total + top * 0.02, yi, f"{total:.1f} MiB", va="center", fontsize=9)
             elif _ok(r.peak_rss_bytes):
                 ax.text(top * 0.02, yi, f"no tensor breakdown; peak RSS {r.peak_rss_bytes / MIB:.0f} MiB",
                         va="center", fontsize=9, color="#555555")
         ax.set_yticks(y, [_t(t) for t in rows["technique"]])
-        ax.set_xlim(0, top * 1.3)
+        ax.set_xlim(0, top * (1.9 if any(sharded) else 1.3))
         ax.set_xlabel("tensor memory at the step's peak (MiB)", fontsize=9)
         _style(ax, title)
     handles, labels = axes[0].get_legend_handles_labels()
     fig.legend(handles, labels, loc="outside upper center", ncols=len(BREAKDOWN), fontsize=8, frameon=False)
-    return _finish(fig, "memory", "Peak memory by category",
-                   "Live tensor bytes at the peak of one tracked training step, by category (medians over repeats). "
-                   "Compiled sets have no tensor breakdown (the tracker cannot see inside torch.compile graphs); "
-                   "their peak RSS is given instead.")
+    caption = ("Live tensor bytes at the peak of one tracked training step, by category (medians over repeats). "
+               "Compiled sets have no tensor breakdown (the tracker cannot see inside torch.compile graphs); "
+               "their peak RSS is given instead.")
+    if any_sharded:
+        caption += (" Hatched bars: multi-process sets, the largest rank's model state (params, grads, optimizer "
+                    "state of its local shards) between steps; activations are not tracked there.")
+    return _finish(fig, "memory", "Peak memory by category", caption)
 
 
 # ---- accuracy vs time ---------------------------------------------------------------------------------------
