@@ -141,3 +141,19 @@ def test_fsdp_refuses_compile_with_the_reason():
     assert "got mixed torch.Tensor and DTensor" in reasons["zero3+compile"]
     assert "zero2 cannot follow torch.compile" in reasons["zero2+compile"]
     assert reasons["ddp+compile"] is None  # DDP runs a compiled model (measured on gpt:tiny: ok, parity ok)
+
+
+def test_ddp_bucket_view_option_reaches_ddp():
+    import torch.distributed as dist
+
+    from bench.config import TechniqueSpec
+
+    store = dist.HashStore()
+    dist.init_process_group("gloo", store=store, rank=0, world_size=1)
+    try:
+        ctx = Context(device=torch.device("cpu"), world_size=1)
+        for label, expected in (("ddp", False), ("ddp:bucket_view=true", True)):
+            model = TechniqueSpec.parse(label).resolve().transform_model(torch.nn.Linear(4, 4), ctx)
+            assert model.gradient_as_bucket_view is expected
+    finally:
+        dist.destroy_process_group()
