@@ -4,6 +4,7 @@ One call of ``TrainLoop.step`` is one optimizer step:
 
     zero_grad
     for each micro-batch:
+      with micro-batch contexts (only with several micro-batches; e.g. DDP's no_sync before the last one):
         with forward contexts (autocast, ...):  out = model(x); loss = loss_fn(out, y); loss hooks
         backward(loss / micro_batches)           (the backward owner, e.g. fp16's loss scaler, or loss.backward())
     optimizer step                               (the step owner, e.g. the loss scaler, or optimizer.step())
@@ -46,6 +47,7 @@ class TrainLoop:
         self.micro_batches = micro_batches
         self.device = ctx.device
         self._context_techs = [t for t in techniques if _overrides(t, "forward_context")]
+        self._micro_techs = [t for t in techniques if _overrides(t, "micro_batch_context")]
         self._loss_techs = [t for t in techniques if _overrides(t, "loss")]
         self._backward_owner = _single_owner(techniques, "backward")
         self._step_owner = _single_owner(techniques, "optimizer_step")
@@ -61,6 +63,14 @@ class TrainLoop:
             stack.enter_context(tech.forward_context(self.ctx))
         return stack
 
+    def _micro_batch_context(self, last: bool) -> contextlib.AbstractContextManager[Any]:
+        if self.micro_batches == 1 or not self._micro_techs:
+            return contextlib.nullcontext()
+        stack = contextlib.ExitStack()
+        for tech in self._micro_techs:
+            stack.enter_context(tech.micro_batch_context(self.model, last, self.ctx))
+        return stack
+
     def step(self, batch: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
         x, y = batch
         x = x.to(self.device, non_blocking=True)
@@ -69,15 +79,16 @@ class TrainLoop:
         n = self.micro_batches
         pieces = zip(x.chunk(n), y.chunk(n), strict=True) if n > 1 else ((x, y),)
         total = None
-        for xm, ym in pieces:
-            with self.forward_context():
-                out = self.model(xm)
-                loss = self.loss_fn(out, ym)
-                for tech in self._loss_techs:
-                    loss = tech.loss(out, (xm, ym), loss, self.ctx)
-            scaled = loss / n if n > 1 else loss
-            if self._backward_owner is None or not self._backward_owner.backward(scaled, self.ctx):
-                scaled.backward()
+        for i, (xm, ym) in enumerate(pieces):
+            with self._micro_batch_context(last=i == n - 1):
+                with self.forward_context():
+                    out = self.model(xm)
+                    loss = self.loss_fn(out, ym)
+                    for tech in self._loss_techs:
+                        loss = tech.loss(out, (xm, ym), loss, self.ctx)
+                scaled = loss / n if n > 1 else loss
+                if self._backward_owner is None or not self._backward_owner.backward(scaled, self.ctx):
+                    scaled.backward()
             detached = loss.detach()
             total = detached if total is None else total + detached
         if self._step_owner is None or not self._step_owner.optimizer_step(self.optimizer, self.ctx):

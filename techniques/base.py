@@ -8,6 +8,8 @@ loop (``bench/loop.py``) calls the hooks in one documented order; a technique ov
     transform_model(model, ctx)         -> in phase order: surgery, precision, checkpointing, compile, sharding
     build_optimizer(params, default, ctx)
     wrap_data(batches, ctx)
+    micro_batch_context(model, last, ctx) -> context manager around each micro-batch's forward + backward
+                                           (with grad_accum; e.g. DDP's no_sync for all but the last one)
     forward_context(ctx)                -> context manager entered around each forward + loss
     loss(out, batch, base_loss, ctx)    -> may replace the loss (distillation, multi-token, ...)
     backward(loss, ctx) -> bool         -> True if it ran backward itself (one owner: loss scaling)
@@ -170,6 +172,11 @@ class Technique:
 
     def wrap_data(self, batches: Iterator[Any], ctx: Context) -> Iterator[Any]:
         return batches
+
+    def micro_batch_context(self, model: nn.Module, last: bool, ctx: Context) -> contextlib.AbstractContextManager[Any]:
+        """Entered around each micro-batch's forward and backward when a step has several (``last``: the final one
+        before the optimizer step)."""
+        return contextlib.nullcontext()
 
     def forward_context(self, ctx: Context) -> contextlib.AbstractContextManager[Any]:
         return contextlib.nullcontext()

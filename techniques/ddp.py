@@ -8,8 +8,10 @@ Method card
   fp32 AdamW), plus DDP's gradient buckets (another 4 bytes/param: gradients are copied into buckets unless
   ``gradient_as_bucket_view``, the ``bucket_view=true`` option). On one CPU, several ranks only split the same
   cores: expect no gain there.
-- Gradient accumulation under DDP still all-reduces after each micro-batch here (no ``no_sync``), so it is exact
-  but pays the communication once per micro-batch.
+- With gradient accumulation the micro-batches before the last run under ``no_sync``: gradients accumulate
+  locally and are all-reduced once per optimizer step (a test counts the bucket reductions). Measured against
+  all-reducing every micro-batch (A/B, 2 gloo ranks, grad_accum:steps=4, 2 repeats): mlp:large 55 -> 68 samples/s
+  (1.25x), gpt:tiny 274 -> 370 (1.35x), memory unchanged.
 - Measured (2 gloo ranks x 1 thread vs 1 process x 2 threads, the 2-core CPU CI machine, reports/example-cpu-2rank):
   mlp:large 0.79x, gpt:tiny 0.67x; per-rank model state 771 MiB for mlp:large, the formula exactly, and the
   clean RSS at rest 1.26 GiB (the buckets add 193 MiB). With ``bucket_view=true`` (one repeat): 1.07 GiB at rest
@@ -20,6 +22,7 @@ Method card
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -55,6 +58,11 @@ class DDP(Technique):
     def transform_model(self, model: nn.Module, ctx: Context) -> nn.Module:
         ids = [ctx.device.index] if ctx.is_cuda else None
         return DistributedDataParallel(model, device_ids=ids, gradient_as_bucket_view=self.options.bucket_view)
+
+    def micro_batch_context(self, model: nn.Module, last: bool, ctx: Context) -> contextlib.AbstractContextManager[Any]:
+        # With gradient accumulation, all-reduce once per optimizer step: the micro-batches before the last one
+        # accumulate local gradients under no_sync (no extra memory under DDP: .grad exists either way).
+        return contextlib.nullcontext() if last else model.no_sync()
 
     def wrap_data(self, batches: Iterator[Any], ctx: Context) -> Iterator[Any]:
         return shard_batches(batches, ctx)

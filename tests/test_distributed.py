@@ -143,17 +143,47 @@ def test_fsdp_refuses_compile_with_the_reason():
     assert reasons["ddp+compile"] is None  # DDP runs a compiled model (measured on gpt:tiny: ok, parity ok)
 
 
-def test_ddp_bucket_view_option_reaches_ddp():
+@pytest.fixture
+def one_rank_group():
+    """A one-process gloo group in this process (DDP runs its reducer and hooks as with more ranks)."""
     import torch.distributed as dist
+
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        yield
+    finally:
+        dist.destroy_process_group()
+
+
+def test_ddp_bucket_view_option_reaches_ddp(one_rank_group):
+    from bench.config import TechniqueSpec
+
+    ctx = Context(device=torch.device("cpu"), world_size=1)
+    for label, expected in (("ddp", False), ("ddp:bucket_view=true", True)):
+        model = TechniqueSpec.parse(label).resolve().transform_model(torch.nn.Linear(4, 4), ctx)
+        assert model.gradient_as_bucket_view is expected
+
+
+@pytest.mark.parametrize("label", ["ddp", "zero1"])
+def test_grad_accum_under_ddp_all_reduces_once_per_step(label, one_rank_group):
+    from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
 
     from bench.config import TechniqueSpec
 
-    store = dist.HashStore()
-    dist.init_process_group("gloo", store=store, rank=0, world_size=1)
-    try:
-        ctx = Context(device=torch.device("cpu"), world_size=1)
-        for label, expected in (("ddp", False), ("ddp:bucket_view=true", True)):
-            model = TechniqueSpec.parse(label).resolve().transform_model(torch.nn.Linear(4, 4), ctx)
-            assert model.gradient_as_bucket_view is expected
-    finally:
-        dist.destroy_process_group()
+    ctx = Context(device=torch.device("cpu"), world_size=1)
+    techs = [TechniqueSpec.parse(label).resolve()]
+    model = techs[0].transform_model(torch.nn.Linear(8, 2), ctx)
+    reductions = []
+
+    def counting_hook(state, bucket):  # DDP calls it once per gradient bucket it all-reduces
+        reductions.append(bucket.index())
+        return allreduce_hook(state, bucket)
+
+    model.register_comm_hook(None, counting_hook)
+    loop = TrainLoop(model, build_optimizer(model, techs, ctx, 1e-3), torch.nn.functional.cross_entropy, techs,
+                     ctx, micro_batches=4)
+    x, y = torch.randn(16, 8), torch.randint(0, 2, (16,))
+    loop.step((x, y))
+    assert reductions == [0]  # one bucket, reduced once: the first three micro-batches ran under no_sync
+    loop.step((x, y))
+    assert reductions == [0, 0]
