@@ -28,12 +28,12 @@ def needs_world(ctx: Context, name: str) -> str | None:
 
 def fsdp_check(ctx: Context, name: str) -> str | None:
     """What FSDP2 sharding (zero2 / zero3) cannot run with, and why."""
-    if "compile" in ctx.technique_names:
+    if "compile" in ctx.technique_names and not ctx.has_blocks:
         # Measured (torch 2.13, gloo): compiling the whole model and then fully_shard-ing it fails in the first
-        # forward with "aten.embedding.default got mixed torch.Tensor and DTensor". torchtitan instead compiles
-        # each block before sharding; this harness compiles the whole model, so it refuses the pair.
-        return (f"{name} cannot follow torch.compile of the whole model (FSDP2 then meets plain tensors in the "
-                "compiled graph: 'got mixed torch.Tensor and DTensor'); per-block compile is not built yet")
+        # forward with "aten.embedding.default got mixed torch.Tensor and DTensor". With FSDP, compile therefore
+        # compiles block by block (torchtitan's order), which needs a model with blocks.
+        return (f"{name} with compile needs a model with blocks (compiled one by one before sharding); "
+                "FSDP2 after a whole-model torch.compile fails: 'got mixed torch.Tensor and DTensor'")
     return needs_world(ctx, name)
 
 

@@ -6,6 +6,8 @@ Method card
 - When it helps: models dominated by small elementwise ops that fuse (normalisation, activations), and on GPUs
   with CUDA graphs (``mode=reduce-overhead``). On CPUs the gain is usually small, and compile time can exceed
   the whole budget's gain: the report compares them.
+- With FSDP (zero2 / zero3) each block is compiled on its own before sharding, torchtitan's order; the rest of
+  the model stays eager (a whole-model graph compiled before fully_shard fails on DTensor parameters).
 - Measurement: every trial runs in its own process with a fresh ``TORCHINDUCTOR_CACHE_DIR`` so compile time is a
   cold-cache figure. The tensor-level memory tracker cannot see inside compiled graphs: compiled trials report RSS
   (and CUDA allocator peaks) only.
@@ -22,6 +24,8 @@ import torch
 from torch import nn
 
 from techniques.base import Claim, Context, Kind, Phase, Technique, register
+
+FSDP_NAMES = frozenset({"zero2", "zero3"})
 
 
 @register
@@ -44,4 +48,11 @@ class Compile(Technique):
 
     def transform_model(self, model: nn.Module, ctx: Context) -> nn.Module:
         ctx.state["compiled"] = True
-        return torch.compile(model, mode=self.options.mode, fullgraph=self.options.fullgraph, dynamic=self.options.dynamic)
+        opts = {"mode": self.options.mode, "fullgraph": self.options.fullgraph, "dynamic": self.options.dynamic}
+        if FSDP_NAMES & set(ctx.technique_names) and ctx.has_blocks:
+            # FSDP2 shards after this: compile block by block (torchtitan's order), so each block's fully_shard
+            # hooks gather its parameters around the compiled code; a whole-model graph would meet DTensors.
+            for i, block in enumerate(model.blocks):
+                model.blocks[i] = torch.compile(block, **opts)
+            return model
+        return torch.compile(model, **opts)

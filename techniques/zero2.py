@@ -12,8 +12,8 @@ Method card
   rank at rest (ZeRO-3's figure, the ZeRO-2 formula says 482 MiB) and 712 MiB clean RSS at rest vs DDP's 1.26 GiB;
   its steps are faster than zero3's (2.10 vs 3.38 s: one all-gather per step fewer); gpt:tiny 0.30x.
 - When it helps: large models on several devices where gradients and optimizer state dominate memory.
-- Combines with bf16, fp16, grad_accum, checkpointing and offload; refuses compile, with the reason (FSDP2 after a
-  whole-model torch.compile fails: 'got mixed torch.Tensor and DTensor'; per-block compile is not built yet).
+- Combines with bf16, fp16, grad_accum, checkpointing, offload and compile (compiled block by block before
+  sharding: FSDP2 after a whole-model torch.compile fails with 'got mixed torch.Tensor and DTensor').
 - Sources: Rajbhandari et al., ZeRO, SC 2020; Zhao et al., "PyTorch FSDP", VLDB 2023; torch FSDP2 docs.
 """
 

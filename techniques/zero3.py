@@ -8,8 +8,8 @@ Method card
   compared with zero2; on a single CPU host with gloo it is pure overhead.
 - Measured (2 gloo ranks, 2-core CPU, reports/example-cpu-2rank): mlp:large 0.37x, model state per rank 386 MiB =
   the formula's 16/N exactly, clean RSS at rest 712 MiB vs DDP's 1.26 GiB; gpt:tiny 0.27x.
-- Combines with bf16, fp16, grad_accum, checkpointing and offload; refuses compile, with the reason (FSDP2 after a
-  whole-model torch.compile fails: 'got mixed torch.Tensor and DTensor'; per-block compile is not built yet).
+- Combines with bf16, fp16, grad_accum, checkpointing, offload and compile (compiled block by block before
+  sharding: FSDP2 after a whole-model torch.compile fails with 'got mixed torch.Tensor and DTensor').
 - Sources: Rajbhandari et al., ZeRO, SC 2020; Zhao et al., "PyTorch FSDP: Experiences on Scaling Fully Sharded
   Data Parallel", VLDB 2023; torch.distributed.fsdp.fully_shard docs.
 """

@@ -2,7 +2,7 @@
 
 - parameters after 10 fp32 AdamW steps match one process with the same global batch (atol 1e-4);
 - per-rank model-state bytes (local shards) equal the ZeRO formula exactly on an evenly divisible model;
-- ddp / zero1-3 combine with bf16, grad_accum and checkpointing (trials finish, parity holds);
+- ddp / zero1-3 combine with bf16, grad_accum, checkpointing and compile (trials finish, parity holds);
 - a rank that raises ends the trial as a failed record carrying that rank's error, leaving no processes behind;
 - a rank that hangs ends the trial at the runner's timeout, every rank killed (each is a session leader of its own
   under torchrun, so killing the launcher's process group alone would leave them running).
@@ -91,10 +91,10 @@ def test_a_raising_rank_becomes_a_failed_record(tmp_path, monkeypatch):
 
 # Each sharding technique with the single-process techniques it must combine with (the README's promise).
 COMBINATIONS = ["ddp+bf16", "zero1+grad_accum:steps=2", "zero2+checkpointing", "zero3+bf16+checkpointing",
-                "zero3+grad_accum:steps=2"]
+                "zero3+grad_accum:steps=2", "zero3+compile"]
 
 
-def test_sharding_combines_with_bf16_grad_accum_and_checkpointing(tmp_path):
+def test_sharding_combines_with_bf16_grad_accum_checkpointing_and_compile(tmp_path):
     cfg = build_config("smoke", {"workloads": "gpt", "techniques": ",".join(COMBINATIONS), "repeats": 1,
                                  "nproc": 2, "budget": {**TINY_BUDGET, "timeout_s": 180}})
     records = {r.technique_label: r for r in SweepRunner(cfg, tmp_path / "s", torch.device("cpu")).run()}
@@ -132,15 +132,17 @@ def test_world_size_one_skips_with_the_fix():
     assert "offload modifies FSDP sharding: combine it with zero2 or zero3" in reasons["offload"]
 
 
-def test_fsdp_refuses_compile_with_the_reason():
-    cfg = build_config("smoke", {"workloads": "gpt", "techniques": "zero3+compile,zero2+compile,ddp+compile",
-                                 "repeats": 1, "nproc": 2})
+def test_fsdp_with_compile_needs_blocks():
     from bench.plan import plan
 
+    cfg = build_config("smoke", {"workloads": "gpt", "techniques": "zero3+compile,ddp+compile", "repeats": 1,
+                                 "nproc": 2})
     reasons = {t.techniques.label: t.skip_reason for t in plan(cfg, torch.device("cpu"))}
-    assert "got mixed torch.Tensor and DTensor" in reasons["zero3+compile"]
-    assert "zero2 cannot follow torch.compile" in reasons["zero2+compile"]
-    assert reasons["ddp+compile"] is None  # DDP runs a compiled model (measured on gpt:tiny: ok, parity ok)
+    assert reasons["zero3+compile"] is None and reasons["ddp+compile"] is None
+    ctx = Context(device=torch.device("cpu"), world_size=2, has_blocks=False, technique_names=("zero3", "compile"))
+    from techniques._distributed import fsdp_check
+
+    assert "got mixed torch.Tensor and DTensor" in fsdp_check(ctx, "zero3")
 
 
 @pytest.fixture
