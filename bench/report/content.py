@@ -474,9 +474,9 @@ def _distributed_table(analysis: Analysis, names: dict[str, str]) -> tuple[Table
             notes.append(f"{c.technique}: {c.zero_note}.")
     notes = list(dict.fromkeys(notes))
     notes.insert(0, "samples/s counts every rank's samples (the global batch); per device divides it by the ranks. "
-                    "Peak RSS per rank is the timed window's (glibc keeps freed blocks, so it shows the largest "
-                    "footprint so far); the clean RSS pass after it returns freed memory at once, so at rest shows "
-                    "what is held between steps and peak a step's transient on top (the larger over ranks). Model "
+                    "Peak RSS per rank is the timed window's high-water mark under glibc's default malloc, which "
+                    "keeps freed blocks; the clean RSS pass after it returns freed memory at once, so at rest shows "
+                    "what a rank holds between steps and peak a step's transient on top (the larger over ranks). Model "
                     "state is params + grads + optimizer state from each rank's local shards (the larger over "
                     "ranks), beside the ZeRO paper's formula for that stage, world size and fp32 AdamW.")
     if any(str(m).startswith("cpu") for m in multi["machine"]):
