@@ -7,6 +7,7 @@ math) matches a single process with the same batch size: that is what the parity
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Iterator
 from typing import Any
 
@@ -24,6 +25,15 @@ def needs_world(ctx: Context, name: str) -> str | None:
     if ctx.world_size < 2:
         return f"{name} needs several processes: run the sweep with --nproc 2 or more"
     return None
+
+
+FSDP_TECHNIQUES = frozenset({"zero2", "zero3"})  # the techniques that shard with FSDP2's fully_shard
+
+
+def no_sync_until_last(model: nn.Module, last: bool) -> contextlib.AbstractContextManager[Any]:
+    """DDP under gradient accumulation: all-reduce once per optimizer step. The micro-batches before the last one
+    accumulate local gradients under ``no_sync`` (no extra memory under DDP: ``.grad`` exists either way)."""
+    return contextlib.nullcontext() if last else model.no_sync()
 
 
 def fsdp_check(ctx: Context, name: str) -> str | None:

@@ -23,9 +23,8 @@ from typing import Literal
 import torch
 from torch import nn
 
+from techniques._distributed import FSDP_TECHNIQUES
 from techniques.base import Claim, Context, Kind, Phase, Technique, register
-
-FSDP_NAMES = frozenset({"zero2", "zero3"})
 
 
 @register
@@ -49,7 +48,7 @@ class Compile(Technique):
     def transform_model(self, model: nn.Module, ctx: Context) -> nn.Module:
         ctx.state["compiled"] = True
         opts = {"mode": self.options.mode, "fullgraph": self.options.fullgraph, "dynamic": self.options.dynamic}
-        if FSDP_NAMES & set(ctx.technique_names) and ctx.has_blocks:
+        if FSDP_TECHNIQUES & set(ctx.technique_names) and ctx.has_blocks:
             # FSDP2 shards after this: compile block by block (torchtitan's order), so each block's fully_shard
             # hooks gather its parameters around the compiled code; a whole-model graph would meet DTensors.
             for i, block in enumerate(model.blocks):

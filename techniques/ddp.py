@@ -30,7 +30,7 @@ from typing import Any
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
-from techniques._distributed import needs_world, shard_batches
+from techniques._distributed import needs_world, no_sync_until_last, shard_batches
 from techniques.base import Claim, Context, Kind, Phase, Technique, register
 
 
@@ -60,9 +60,7 @@ class DDP(Technique):
         return DistributedDataParallel(model, device_ids=ids, gradient_as_bucket_view=self.options.bucket_view)
 
     def micro_batch_context(self, model: nn.Module, last: bool, ctx: Context) -> contextlib.AbstractContextManager[Any]:
-        # With gradient accumulation, all-reduce once per optimizer step: the micro-batches before the last one
-        # accumulate local gradients under no_sync (no extra memory under DDP: .grad exists either way).
-        return contextlib.nullcontext() if last else model.no_sync()
+        return no_sync_until_last(model, last)
 
     def wrap_data(self, batches: Iterator[Any], ctx: Context) -> Iterator[Any]:
         return shard_batches(batches, ctx)

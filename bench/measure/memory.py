@@ -124,8 +124,9 @@ def return_freed_memory_to_os() -> str | None:
     By default glibc keeps freed memory for reuse: its mmap threshold grows to the largest block freed (up to
     32 MiB on 64-bit), so after the first step most tensors come from the heap, and the heap shrinks only when
     128 KiB are free at its top. RSS then shows the largest footprint seen so far, not what is live (a test here:
-    all 152 MB of freed, fragmented 400 KB tensors stayed resident). With a fixed 64 KiB mmap threshold every tensor of 64 KiB or more gets its own
-    mapping, unmapped on free, and a zero trim threshold returns the heap's free top. The price: a page fault per
+    all 152 MB of freed, fragmented 400 KB tensors stayed resident). With a fixed 64 KiB mmap threshold every
+    tensor of 64 KiB or more gets its own mapping, unmapped on free, and a zero trim threshold returns the heap's
+    free top. The price: a page fault per
     fresh page, which doubled the step time of the tiny workloads here (gpt:tiny 11.8 -> 21.5 ms), so trials set
     this only for the memory pass after the timed window, never while timing. A fixed threshold also stops glibc's
     dynamic adjustment for the rest of the process, which is why the pass comes last.
