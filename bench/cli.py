@@ -45,8 +45,16 @@ def _add_sweep(sub: argparse._SubParsersAction) -> None:
                         "e.g. bf16,grad_accum:steps=4,bf16+compile (baseline is always added)")
     p.add_argument("--repeats", type=int, help="repeats (seeds) per configuration")
     p.add_argument("--seed", type=int, help="seed of repeat 0 (repeat r uses seed + r)")
-    p.add_argument("--steps", type=int, help="training steps per trial (accuracy phase budget)")
-    p.add_argument("--seconds", type=float, help="wall-clock cap on each trial's training (eval excluded)")
+    p.add_argument("--mode", choices=["speed", "quality", "both"],
+                   help="what each trial measures: speed (timed window and memory), quality (the quality run: "
+                        "metric at equal samples, time-to-target), or both (default)")
+    p.add_argument("--steps", type=int,
+                   help="quality budget: optimizer steps at the workload's batch, the same samples for every set "
+                        "(default: each workload size's documented budget, the one its target was set for)")
+    p.add_argument("--eval-points", type=int,
+                   help="evaluations over the quality budget (default: the workload size's)")
+    p.add_argument("--seconds", type=float,
+                   help="safety cap on a quality run's training clock; a run it cuts is marked and not compared")
     p.add_argument("--window-steps", type=int, help="minimum steps in the timed window")
     p.add_argument("--window-seconds", type=float, help="minimum seconds in the timed window")
     p.add_argument("--timeout", type=float, help="seconds before a trial process is killed (recorded as timeout)")
@@ -114,6 +122,9 @@ def _add_report(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--baseline", default="baseline",
                    help="technique set every speedup and difference is measured against (default: baseline)")
     p.add_argument("--format", default="md,html", help="comma list of formats to write: md, html (default: both)")
+    p.add_argument("--threshold", default="5%",
+                   help="smallest speed change that counts, as a percentage or fraction (default 5%%); a change "
+                        "counts when its whole 95%% interval lies beyond it")
     p.add_argument("--out", type=Path,
                    help="directory to write into (default: DIR itself; required with several DIRs)")
     p.add_argument("-v", "--verbose", action="store_true", help="log what the harness does")
@@ -146,6 +157,7 @@ def sweep_config_from_args(args: argparse.Namespace, resume_dir: Path | None) ->
             config_path = resume_dir / "sweep.toml"
     budget = {
         "train_steps": args.steps,
+        "eval_points": args.eval_points,
         "max_train_seconds": args.seconds,
         "min_steps": args.window_steps,
         "min_seconds": args.window_seconds,
@@ -159,6 +171,7 @@ def sweep_config_from_args(args: argparse.Namespace, resume_dir: Path | None) ->
         "seed": args.seed,
         "device": args.device,
         "threads": args.threads,
+        "mode": args.mode,
         "nproc": args.nproc,
         "nnodes": args.nnodes,
         "budget": {k: v for k, v in budget.items() if v is not None} or None,
@@ -191,7 +204,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
                 last = f"{p.trial.trial_id}: already done"
             else:
                 status = p.record.status
-                sps = p.record.timing.get("samples_per_s")
+                sps = p.record.speed.samples_per_s if p.record.speed else None
                 detail = f"{sps:,.0f} samples/s" if status == "ok" and sps else (p.record.reason or "")[:60]
                 last = f"{p.trial.trial_id}: {status} {detail}"
             bar.update(task, total=p.total, completed=p.done, last=last)
@@ -218,8 +231,8 @@ def cmd_sweep(args: argparse.Namespace) -> int:
 
 def _print_summary(rows: list[summary_mod.SummaryRow]) -> None:
     # The terminal gets the columns that fit; notes go below the table (summary.md and the report have all).
-    shown = [c for c in summary_mod.COLUMNS if c not in ("notes", "peak RSS MB")]
-    table = Table(title="Summary (speedup vs baseline, ratio of medians)")
+    shown = [c for c in summary_mod.COLUMNS if c != "notes"]
+    table = Table(title="Summary (against baseline; see summary.md for the legend)")
     for col in shown:
         table.add_column(col, overflow="fold")
     notes = []
@@ -295,8 +308,13 @@ def cmd_compare(args: argparse.Namespace) -> int:
 def cmd_report(args: argparse.Namespace) -> int:
     from bench.report import InputError, parse_formats, write_report
 
+    from bench.analysis import Thresholds
+    from bench.compare import parse_threshold
+
     try:
-        paths = write_report(args.dirs, out_dir=args.out, baseline=args.baseline, formats=parse_formats(args.format))
+        thresholds = Thresholds(speed=parse_threshold(args.threshold))
+        paths = write_report(args.dirs, out_dir=args.out, baseline=args.baseline, formats=parse_formats(args.format),
+                             thresholds=thresholds)
     except InputError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_USAGE

@@ -35,6 +35,7 @@ class Zero2(Technique):
     kind = Kind.EXACT
     phase = Phase.SHARDING
     slot = "sharding"
+    zero_stage = 2
     claims = (
         Claim("model_state_ratio", 0.125, 0.5, "ZeRO paper, Pos+g: up to 8x smaller model state",
               "Rajbhandari et al., ZeRO, SC 2020, Figure 1"),

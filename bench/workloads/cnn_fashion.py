@@ -133,9 +133,11 @@ class CNNFashion(Workload):
     has_batchnorm = True
     sizes = {
         "tiny": {"widths": [8, 16, 32], "blocks_per_stage": 1, "stem_stride": 2, "batch_size": 32, "lr": 2e-3,
-                 "n_train": 6000, "n_eval": 1000, "target": 0.75},
+                 "n_train": 6000, "n_eval": 1000, "target": 0.75,
+                 "quality_steps": 150, "eval_points": 10},
         "small": {"widths": [32, 64, 128], "blocks_per_stage": 2, "stem_stride": 1, "batch_size": 128, "lr": 1e-3,
-                  "n_train": 60000, "n_eval": 10000, "target": 0.9},
+                  "n_train": 60000, "n_eval": 10000, "target": 0.9,
+                  "quality_steps": 400, "eval_points": 8},
     }
 
     def check(self) -> str | None:
@@ -168,6 +170,8 @@ class CNNFashion(Workload):
             batch_size=p["batch_size"],
             lr=p["lr"],
             target=p["target"],
+            quality_steps=p["quality_steps"],
+            eval_points=p["eval_points"],
             dataset={
                 "name": "fashion-mnist",
                 "source": f"{directory} (Debian package dataset-fashion-mnist; Xiao et al. 2017, arXiv:1708.07747)",

@@ -211,11 +211,14 @@ class GPTChars(Workload):
     summary = "GPT-style decoder (SDPA) on CPython's pydoc topics (+ stdlib sources), characters; metric val_loss"
     sizes = {
         "tiny": {"n_layer": 2, "n_head": 2, "d_model": 64, "seq_len": 64, "batch_size": 16, "lr": 3e-3,
-                 "corpus_mb": 0, "eval_windows": 32, "target": 2.3},
+                 "corpus_mb": 0, "eval_windows": 32, "target": 2.3,
+                 "quality_steps": 150, "eval_points": 10},
         "small": {"n_layer": 4, "n_head": 4, "d_model": 256, "seq_len": 128, "batch_size": 32, "lr": 1e-3,
-                  "corpus_mb": 4, "eval_windows": 64, "target": 1.8},
+                  "corpus_mb": 4, "eval_windows": 64, "target": 1.8,
+                  "quality_steps": 600, "eval_points": 12},
         "gpt2-124m": {"n_layer": 12, "n_head": 12, "d_model": 768, "seq_len": 1024, "batch_size": 8, "lr": 6e-4,
-                      "corpus_mb": 16, "eval_windows": 32, "target": 1.2},
+                      "corpus_mb": 16, "eval_windows": 32, "target": 1.2,
+                      "quality_steps": 1000, "eval_points": 10},
     }
 
     def build(self, size: str, seed: int, device: torch.device) -> BuiltWorkload:
@@ -246,6 +249,8 @@ class GPTChars(Workload):
             tokens_per_sample=T,
             lr=p["lr"],
             target=p["target"],
+            quality_steps=p["quality_steps"],
+            eval_points=p["eval_points"],
             dataset=dict(record),
             params=p,
         )

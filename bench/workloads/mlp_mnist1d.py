@@ -162,9 +162,12 @@ class MLPMnist1D(Workload):
     name = "mlp"
     summary = "MLP on MNIST-1D (procedural, Greydanus 2020), metric accuracy"
     sizes = {
-        "tiny": {"width": 256, "depth": 3, "batch_size": 64, "lr": 2e-3, "target": 0.5},
-        "small": {"width": 1024, "depth": 4, "batch_size": 256, "lr": 1e-3, "target": 0.6},
-        "large": {"width": 4096, "depth": 4, "batch_size": 256, "lr": 3e-4, "target": 0.6},
+        "tiny": {"width": 256, "depth": 3, "batch_size": 64, "lr": 2e-3, "target": 0.5,
+                 "quality_steps": 150, "eval_points": 10},
+        "small": {"width": 1024, "depth": 4, "batch_size": 256, "lr": 1e-3, "target": 0.6,
+                  "quality_steps": 600, "eval_points": 12},
+        "large": {"width": 4096, "depth": 4, "batch_size": 256, "lr": 3e-4, "target": 0.6,
+                  "quality_steps": 60, "eval_points": 6},
     }
 
     def build(self, size: str, seed: int, device: torch.device) -> BuiltWorkload:
@@ -186,6 +189,8 @@ class MLPMnist1D(Workload):
             batch_size=p["batch_size"],
             lr=p["lr"],
             target=p["target"],
+            quality_steps=p["quality_steps"],
+            eval_points=p["eval_points"],
             dataset={
                 "name": "mnist1d",
                 "source": f"generated: make_mnist1d(seed={DATASET_SEED}) after Greydanus 2020, arXiv:2011.14439",
