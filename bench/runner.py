@@ -134,9 +134,14 @@ class SweepRunner:
 
     def prepare_references(self, trials: list[Trial]) -> None:
         """Compute, in one child process, the parity references these trials need and the cache lacks."""
-        keys = [reference_key(t, self.cfg.budget) for t in trials if not t.skip_reason]
-        reference_mod.ensure([k for k in keys if k is not None], self.reference_dir, self.device.type,
-                             self.code_dir, timeout_s=self.cfg.budget.timeout_s * max(len(keys), 1))
+        keys = [k for k in (reference_key(t, self.cfg.budget) for t in trials if not t.skip_reason) if k]
+        try:
+            reference_mod.ensure(keys, self.reference_dir, self.device.type, self.code_dir,
+                                 timeout_s=max(self.cfg.budget.timeout_s, 120.0) * max(len(keys), 1))
+        except (RuntimeError, subprocess.TimeoutExpired) as exc:
+            # Not fatal here: each trial asks for its reference again and, if that fails too, is recorded as
+            # failed with the reason, like any other trial error.
+            log.warning("parity references could not be computed up front: %s", exc)
 
     # ---- one trial ------------------------------------------------------------------------------------------
 
