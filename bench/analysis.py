@@ -577,12 +577,9 @@ def interactions(frame: pd.DataFrame, configs: pd.DataFrame, baseline: str = BAS
             rows.append(row)
             continue
         here = ok[(ok["machine"] == c.machine) & (ok["workload"] == c.workload)]
-
-        def sps(label: str) -> dict[Any, float]:
-            return keyed(here[here["technique"] == label], "samples_per_s")
-
-        terms = [(sps(c.technique), 1.0), *((sps(p), -1.0) for p in c.components),
-                 (sps(baseline), float(len(c.components) - 1))]
+        sps = {label: keyed(rows, "samples_per_s") for label, rows in here.groupby("technique")}
+        terms = [(sps.get(c.technique, {}), 1.0), *((sps.get(p, {}), -1.0) for p in c.components),
+                 (sps.get(baseline, {}), float(len(c.components) - 1))]
         est = stats.contrast(terms, log=True)
         v = stats.verdict(est, 0.0, "more than multiplicative", "gains partly cancel")
         row.update(ratio=est.value, ratio_lo=est.lo, ratio_hi=est.hi,

@@ -306,10 +306,9 @@ def cmd_compare(args: argparse.Namespace) -> int:
 
 
 def cmd_report(args: argparse.Namespace) -> int:
-    from bench.report import InputError, parse_formats, write_report
-
     from bench.analysis import Thresholds
     from bench.compare import parse_threshold
+    from bench.report import InputError, parse_formats, write_report
 
     try:
         thresholds = Thresholds(speed=parse_threshold(args.threshold))

@@ -68,6 +68,7 @@ class ReferenceResult:
     flops_per_step: int
     torch: str
     seconds: float
+    dataset: str | None = None  # the workload's dataset sha256: a reference of other data is refused
 
 
 class Trajectory:
@@ -124,7 +125,8 @@ def compute(key: ReferenceKey, device: torch.device) -> ReferenceResult:
         distances.append(trajectory.distance())
     batch = next(batches)
     flops = count_flops(lambda: loop.step(batch))
-    return ReferenceResult(key.name, losses, distances, flops, torch.__version__, time.perf_counter() - started)
+    return ReferenceResult(key.name, losses, distances, flops, torch.__version__, time.perf_counter() - started,
+                           built.dataset.get("sha256"))
 
 
 def path_of(cache_dir: Path, key: ReferenceKey) -> Path:

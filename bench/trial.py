@@ -23,14 +23,18 @@ first; the speed window does not care what the weights are.
 
 from __future__ import annotations
 
+import atexit
 import dataclasses
 import datetime as dt
+import functools
 import gc
 import json
 import logging
 import math
 import os
+import shutil
 import sys
+import tempfile
 import time
 import traceback
 from collections.abc import Iterator
@@ -191,8 +195,7 @@ def reference(session: Session) -> ReferenceResult:
     runner computes a sweep's references before its first trial, so this is for direct use of ``run``)."""
     key = reference_key(session)
     spec = session.spec
-    cache = Path(spec.reference_dir) if spec.reference_dir else Path(os.environ.get("TMPDIR", "/tmp")) / \
-        "trainbench-references"
+    cache = Path(spec.reference_dir) if spec.reference_dir else _private_reference_dir()
     found = reference_mod.load(cache, key)
     if found is None and _rank() == 0:
         reference_mod.ensure([key], cache, session.device.type)
@@ -201,7 +204,20 @@ def reference(session: Session) -> ReferenceResult:
     found = found or reference_mod.load(cache, key)
     if found is None:
         raise RuntimeError(f"no parity reference {key.name} in {cache}")
+    dataset = session.built.dataset.get("sha256")
+    if found.dataset and dataset and found.dataset != dataset:
+        raise RuntimeError(f"the parity reference {reference_mod.path_of(cache, key)} was computed on other data "
+                           f"(sha256 {found.dataset[:12]}, this trial's {dataset[:12]}): delete it to recompute")
     return found
+
+
+@functools.cache
+def _private_reference_dir() -> Path:
+    """A reference cache of this process's own (direct calls of ``run``), removed at exit: a shared one could
+    outlive a change of the code that computes references."""
+    path = Path(tempfile.mkdtemp(prefix="trainbench-references-"))
+    atexit.register(shutil.rmtree, path, ignore_errors=True)
+    return path
 
 
 # ---- parity -----------------------------------------------------------------------------------------------------
@@ -287,7 +303,7 @@ def quality_run(session: Session) -> QualityResult:
     contention.start()
 
     def evaluate(step: int) -> None:
-        loss = float(torch.stack(pending).float().mean()) if pending else None
+        loss = float(_mean_over_ranks(torch.stack(pending).float().mean())) if pending else None
         pending.clear()
         curve.append([step * batch, step, clock, loss, _evaluate(session)[built.metric]])
 

@@ -17,10 +17,9 @@ Method card
 
 from __future__ import annotations
 
-from typing import Any
-
 import contextlib
 from collections.abc import Iterator
+from typing import Any
 
 import torch
 from torch import nn

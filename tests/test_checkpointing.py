@@ -1,8 +1,8 @@
 """Activation checkpointing lowers the tracked activation bytes of the tiny GPT by at least 30%."""
 
 import torch
-from bench.measure.memory import TensorMemoryTracker
 
+from bench.measure.memory import TensorMemoryTracker
 from techniques.checkpointing import CheckpointedBlock, apply_checkpointing
 from tests.helpers import build_loop
 

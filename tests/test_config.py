@@ -97,3 +97,11 @@ def test_budget_validates():
         Budget(min_steps=0)
     with pytest.raises(ConfigError, match="budget.max_seconds must be >= 0"):
         Budget(max_seconds=-1)
+
+
+def test_mode_is_validated_and_recorded_in_sweep_toml():
+    cfg = build_config("quick", {"mode": "quality"})
+    assert cfg.mode == "quality" and 'mode = "quality"' in cfg.to_toml()
+    with pytest.raises(ConfigError, match="mode must be one of speed, quality, both; got 'fast'"):
+        build_config("quick", {"mode": "fast"})
+    assert build_config("quick").mode == "both" and build_config("quick").repeats == 3

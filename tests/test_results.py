@@ -78,3 +78,11 @@ def test_a_bad_record_in_the_middle_names_its_line(tmp_path: Path):
     store.append(record("bf16"))
     with pytest.raises(ValueError, match=r"results.jsonl:2: record is missing the field 'sweep_id'"):
         store.read()
+
+
+def test_the_records_documentation_is_generated_from_the_dataclasses():
+    from bench import records_doc
+
+    assert records_doc.main(["--check"]) == 0, "docs/records.md is out of date: run python -m bench.records_doc"
+    text = records_doc.render()
+    assert "## QualityResult" in text and "| `time_to_target_with_one_off_s` |" in text

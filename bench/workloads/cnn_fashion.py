@@ -133,7 +133,7 @@ class CNNFashion(Workload):
     has_batchnorm = True
     sizes = {
         "tiny": {"widths": [8, 16, 32], "blocks_per_stage": 1, "stem_stride": 2, "batch_size": 32, "lr": 2e-3,
-                 "n_train": 6000, "n_eval": 1000, "target": 0.75,
+                 "n_train": 6000, "n_eval": 1000, "target": 0.72,
                  "quality_steps": 150, "eval_points": 10},
         "small": {"widths": [32, 64, 128], "blocks_per_stage": 2, "stem_stride": 1, "batch_size": 128, "lr": 1e-3,
                   "n_train": 60000, "n_eval": 10000, "target": 0.9,
