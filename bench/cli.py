@@ -254,13 +254,14 @@ def cmd_list(args: argparse.Namespace) -> int:
     from techniques.base import Context
 
     device = resolve_device(args.device)
-    wl_table = Table(title="Workloads")
+    wl_table = Table(title="Workloads (sizes with their quality budget and validation target)")
     for col in ("name", "sizes", "available", "about"):
         wl_table.add_column(col, overflow="fold")
     for name, cls in sorted(workloads.registry().items()):
         wl = cls()
         reason = wl.check()
-        wl_table.add_row(name, ", ".join(cls.sizes), "yes" if reason is None else f"no: {reason}", cls.summary)
+        sizes = "; ".join(_size_text(size, params) for size, params in cls.sizes.items())
+        wl_table.add_row(name, sizes, "yes" if reason is None else f"no: {reason}", cls.summary)
     out.print(wl_table)
 
     ctx = Context(device=device, available_packages=available_packages())
@@ -273,6 +274,13 @@ def cmd_list(args: argparse.Namespace) -> int:
                         cls.summary)
     out.print(t_table)
     return 0
+
+
+def _size_text(size: str, params: dict) -> str:
+    budget = f"{params['quality_steps']} steps x batch {params.get('batch_size', '?')}" \
+        if params.get("quality_steps") else "no budget"
+    target = f"target {params['target']:g}" if params.get("target") is not None else "no target yet"
+    return f"{size} ({budget}, {target})"
 
 
 def cmd_env(args: argparse.Namespace) -> int:

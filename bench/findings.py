@@ -82,7 +82,8 @@ def claims_check(configs: pd.DataFrame, machines: dict[str, dict[str, Any]] | No
                 else:
                     row["verdict"] = "below" if est < claim.low else "above"
                 if lo is not None and hi is not None:
-                    row["certain"] = row["verdict"] == "within" or hi < claim.low or lo > claim.high
+                    inside = claim.low <= lo and hi <= claim.high
+                    row["certain"] = inside if row["verdict"] == "within" else (hi < claim.low or lo > claim.high)
                 if row["verdict"] != "within":
                     ref = refs.get((c.machine, c.workload))
                     row["why"] = why_hardware_differs(c.names[0], claim, c, ref, machines.get(c.machine, {}))
@@ -183,8 +184,11 @@ def _one_off_finding(c: Any, ref: Any) -> str | None:
         return f"{head} and it trains the quality budget no faster ({c.train_time_s:.2f} s vs {ref.train_time_s:.2f} s)"
     if saved < c.one_off_s:
         runs = math.ceil(c.one_off_s / saved)
-        return (f"{head}, more than the {saved:.2f} s it saves over the quality budget ({c.train_time_s:.2f} vs "
+        text = (f"{head}, more than the {saved:.2f} s it saves over the quality budget ({c.train_time_s:.2f} vs "
                 f"{ref.train_time_s:.2f} s): it pays off only for runs about {runs}x longer")
+        if c.speedup_verdict != "faster":
+            text += ", and only if its speedup, not significant here, is real"
+        return text
     return None
 
 
@@ -265,7 +269,8 @@ def diagnose(configs: pd.DataFrame, interactions_: pd.DataFrame | None = None,
                                f"{len(where)} configuration{'s' if len(where) > 1 else ''} had trials end in "
                                f"{problem} ({', '.join(where)}): fix that before reading their numbers"))
     if claims is not None and not claims.empty:
-        below = claims[(claims["verdict"] == "below") & (claims["metric"] == "speedup")]
+        below = claims[(claims["verdict"] == "below") & (claims["metric"] == "speedup") &
+                       claims["certain"].map(lambda v: v is True)]
         for (machine, technique), rows in below.groupby(["machine", "technique"], sort=False):
             first = rows.iloc[0]
             measured = ", ".join(f"{r.measured:.2f}x on {r.workload}" for r in rows.itertuples())
@@ -286,7 +291,8 @@ def diagnose(configs: pd.DataFrame, interactions_: pd.DataFrame | None = None,
             out.append(Finding(machine, None, None, "noise",
                                f"timings are noisy for {len(noisy)} of {len(ran)} configurations (spread above "
                                f"{stats.NOISY_IQR_OVER_MEDIAN:.0%} of the median, or other processes using the "
-                               "CPU): rerun with more repeats on an idle machine before trusting small differences"))
+                               "CPU): differences of that size need more repeats (--repeats 5 or more), longer timed "
+                               "windows (--window-seconds) or a quieter machine"))
     return out
 
 

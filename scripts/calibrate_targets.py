@@ -3,12 +3,14 @@
     .venv/bin/python scripts/calibrate_targets.py --workloads mlp:tiny,gpt:tiny,cnn:tiny --seeds 5
 
 For each workload size: the plain baseline trains its documented quality budget (``quality_steps`` at its batch)
-once per seed, in this process, and the target is the median over the seeds of the metric at the evaluation
-nearest ``--fraction`` (default 0.7) of the budget: a target the baseline reaches in about 70% of its budget in
-the median run, so time-to-target is measured inside the budget and a set that learns more slowly can miss it
-(the AlgoPerf and MLPerf practice of targets set from reference runs). The metric is deterministic for a seed, so
-this can run on a busy machine. It prints each seed's curve and the proposed target, rounded to 3 significant
-digits; copy the target into the workload's ``sizes`` and its docstring.
+once per seed, in this process. The target is the less demanding of two values: the median over the seeds of the
+metric at the evaluation nearest ``--fraction`` (default 0.7) of the budget (the median run reaches it with 30% of
+its budget to spare), and the worst seed's best evaluation (every calibration run reaches it within the budget, so
+a baseline seed that learns slowly is not scored as a miss). Time-to-target is then measured inside the budget, and
+a set that learns more slowly than every baseline seed misses it (the AlgoPerf and MLPerf practice of targets set
+from reference runs). The metric is deterministic for a seed, so this can run on a busy machine. It prints each
+seed's curve and the proposed target, rounded to 3 significant digits; copy the target into the workload's
+``sizes`` and its docstring.
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ from bench.trial import TrialSpec, run  # noqa: E402
 
 def calibrate(workload: str, size: str, seeds: int, fraction: float, reference_dir: str) -> None:
     budget = {"train_steps": 0, "eval_points": 0, "parity_steps": 0, "max_train_seconds": 1e9, "memory": False}
-    at_fraction, higher = [], True
+    at_fraction, best, higher = [], [], True
     print(f"\n## {workload}:{size}\n")
     for seed in range(seeds):
         spec = TrialSpec(sweep_id="calibrate", trial_id=f"{workload}:{size}/baseline/seed{seed}", workload=workload,
@@ -43,15 +45,20 @@ def calibrate(workload: str, size: str, seeds: int, fraction: float, reference_d
         wanted = fraction * q.steps_trained
         point = min(q.curve[1:], key=lambda p: abs(p[1] - wanted))
         at_fraction.append(point[-1])
+        metrics = [p[-1] for p in q.curve[1:]]
+        best.append(max(metrics) if higher else min(metrics))
         curve = ", ".join(f"{p[-1]:.4g}" for p in q.curve)
         print(f"seed {seed}: {q.metric} at steps {[p[1] for p in q.curve]}: {curve}; at step {point[1]}: "
               f"{point[-1]:.4g} ({q.train_time_s:.1f} s of training)")
     if not at_fraction:
         return
     median = statistics.median(at_fraction)
-    digits = 3 - int(math.floor(math.log10(abs(median)))) - 1 if median else 3
+    worst_best = min(best) if higher else max(best)
+    target = min(median, worst_best) if higher else max(median, worst_best)
+    digits = 3 - int(math.floor(math.log10(abs(target)))) - 1 if target else 3
     print(f"\ntarget ({'higher' if higher else 'lower'} is better): median over {len(at_fraction)} seeds of the "
-          f"metric at {fraction:.0%} of the budget = {median:.5g} -> {round(median, digits):g}")
+          f"metric at {fraction:.0%} of the budget {median:.5g}; the worst seed's best evaluation {worst_best:.5g}; "
+          f"the less demanding: {target:.5g} -> {round(target, digits):g}")
 
 
 def main(argv: list[str] | None = None) -> int:

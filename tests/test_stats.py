@@ -122,3 +122,19 @@ def test_t_interval_keeps_its_coverage_at_three_pairs_where_a_percentile_bootstr
     boot_cover = np.mean((lo <= 0) & (0 <= hi))
     assert 0.93 < t_cover < 0.97
     assert boot_cover < 0.85
+
+
+def test_the_report_and_compare_read_their_verdicts_from_this_one_function(monkeypatch):
+    from bench import analysis, compare
+    from tests.records import record
+
+    monkeypatch.setattr(stats, "verdict", lambda est, threshold, higher="higher", lower="lower", min_repeats=3:
+                        stats.Verdict("sentinel"))
+    base = [record(seed=i, sps=100.0 + i, final=0.8) for i in range(3)]
+    new = [record("bf16", seed=i, sps=50.0 + i, final=0.8) for i in range(3)]
+    configs = analysis.configurations(analysis.records_frame(base + new)).set_index("technique")
+    assert {configs.loc["bf16", c] for c in ("speedup_verdict", "mem_ratio_verdict", "delta_verdict")} <= {
+        "sentinel", None}
+    assert configs.loc["bf16", "speedup_verdict"] == "sentinel"
+    rows, _, _ = compare.compare_records(base, [record(seed=i, sps=50.0 + i, final=0.8) for i in range(3)])
+    assert rows[0].throughput.verdict == "sentinel" and rows[0].metric.verdict == "sentinel"

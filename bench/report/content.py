@@ -232,7 +232,7 @@ def quality_cell(c: Any) -> Cell:
     if c.is_reference:
         return Cell(f"{value} (reference)", "muted")
     if c.quality_same_exact:
-        within = "identical to" if c.curve_max_rel_diff == 0 else f"within {c.curve_max_rel_diff:.1%} of"
+        within = "identical to" if c.curve_max_rel_diff == 0 else f"within {c.curve_max_rel_diff:.1%} (of its range) of"
         return Cell(f"same: exact (eval curves {within} the reference's at {c.curve_points} evaluations over "
                     f"{c.curve_pairs} seeds)", "good")
     delta = delta_cell(c.delta, c.delta_lo, c.delta_hi, c.delta_verdict, c.delta_why)
@@ -250,7 +250,7 @@ def exact_drift(c: Any) -> str:
     """Why an exact set's eval curve is not the reference's: float-level drift (its first steps match the
     reference), an expected mismatch (BatchNorm under accumulation), or a bug."""
     head = (f"exact by design, yet its eval curve differs from the reference's by up to {c.curve_max_rel_diff:.1%} "
-            f"(tolerance {EXACT_CURVE_RTOL:.0%})")
+            f"of the metric's range (tolerance {EXACT_CURVE_RTOL:.0%})")
     if c.parity_note:
         return f"{head}: {c.parity_note}"
     if c.parity_ok:
@@ -617,7 +617,9 @@ def _claims_table(analysis: Analysis, names: dict[str, str]) -> Table | None:
                     else "-")
         verdict = {"within": "within the claim", "below": "below the claim", "above": "above the claim"}.get(
             cl.verdict, cl.verdict)
-        if cl.certain is False:
+        if cl.certain is False and cl.verdict == "within":
+            verdict += " (not certain: the interval reaches beyond the claimed range)"
+        elif cl.certain is False:
             verdict += " (not significant: the interval reaches the claimed range)"
         elif cl.certain is None and cl.verdict in ("below", "above"):
             verdict += " (no interval)"
@@ -699,7 +701,8 @@ def _method(analysis: Analysis) -> list[str]:
         "other temporaries) where it exists, with the process's peak RSS over the timed window beside it; "
         "torch.compile hides tensors from the tracker, so compiled sets have RSS only and their ratio says (RSS).",
         f"Quality at equal samples, by kind: an exact set must reproduce the reference's eval curve seed by seed "
-        f"(every evaluation within {EXACT_CURVE_RTOL:.0%} of the reference's value) and then reads 'same'; a "
+        f"(every evaluation within {EXACT_CURVE_RTOL:.0%} of the range the reference's metric covered) and then "
+        "reads 'same'; a "
         "numeric or algorithmic set shows the metric at the full budget, mean ± std over seeds, and its paired "
         "difference; an algorithmic set also the metric at the reference's training time.",
         "Time to target: the training clock (evaluation and one-off excluded) at the first evaluation that "

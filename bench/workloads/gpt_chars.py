@@ -211,7 +211,7 @@ class GPTChars(Workload):
     summary = "GPT-style decoder (SDPA) on CPython's pydoc topics (+ stdlib sources), characters; metric val_loss"
     sizes = {
         "tiny": {"n_layer": 2, "n_head": 2, "d_model": 64, "seq_len": 64, "batch_size": 16, "lr": 3e-3,
-                 "corpus_mb": 0, "eval_windows": 32, "target": 2.36,
+                 "corpus_mb": 0, "eval_windows": 32, "target": 2.47,
                  "quality_steps": 150, "eval_points": 10},
         "small": {"n_layer": 4, "n_head": 4, "d_model": 256, "seq_len": 128, "batch_size": 32, "lr": 1e-3,
                   "corpus_mb": 4, "eval_windows": 64, "target": 1.8,
