@@ -356,6 +356,7 @@ def configurations(frame: pd.DataFrame, baseline: str = BASELINE, thresholds: Th
         row.update(_quality(ok, ref_ok, row["kind"], th))
         row.update(_time_to_target(ok, ref_ok, th))
         row.update(_parity(ok))
+        row["exact_quality"] = exact_quality(row)
         row.update(_distributed(g, ok))
         rows.append(row)
     return frame_of(rows)
@@ -445,6 +446,33 @@ def _quality(ok: pd.DataFrame, ref: pd.DataFrame | None, kind: str, th: Threshol
     row["quality_same_exact"] = same
     row.update(_equal_time(complete, ref_complete, words, th))
     return row
+
+
+EXACT_QUALITY = {
+    "identical": "its eval curves match the reference's seed by seed",
+    "drift": "its first steps match the reference (parity ok) and its metric at the full budget does not differ "
+             "significantly, but its eval curves drift apart: floating-point rounding amplified over the run",
+    "expected mismatch": "its eval curves differ for a known reason (the parity note says which)",
+    "drift changes quality": "its first steps match the reference, yet its metric at the full budget differs: "
+                             "floating-point rounding amplified into a real difference",
+    "bug": "its first steps do not match the reference: it does not compute the same thing",
+}
+
+
+def exact_quality(c: dict[str, Any]) -> str | None:
+    """How an exact set's quality compares with the reference's (a key of ``EXACT_QUALITY``), or None for other
+    kinds or without curves on both sides."""
+    if c["kind"] != "exact" or c["is_reference"] or not c["curve_pairs"]:
+        return None
+    if c["quality_same_exact"]:
+        return "identical"
+    if c["parity_note"]:
+        return "expected mismatch"
+    if c["parity_ok"] is False:
+        return "bug"
+    if c["delta_verdict"] in ("better", "worse"):
+        return "drift changes quality"
+    return "drift"
 
 
 def _curve_match(mine: pd.DataFrame, ref: pd.DataFrame | None) -> dict[str, Any]:

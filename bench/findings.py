@@ -82,7 +82,7 @@ def claims_check(configs: pd.DataFrame, machines: dict[str, dict[str, Any]] | No
                 else:
                     row["verdict"] = "below" if est < claim.low else "above"
                 if lo is not None and hi is not None:
-                    inside = claim.low <= lo and hi <= claim.high
+                    inside = claim.low * (1 - slack) <= lo and hi <= claim.high * (1 + slack)
                     row["certain"] = inside if row["verdict"] == "within" else (hi < claim.low or lo > claim.high)
                 if row["verdict"] != "within":
                     ref = refs.get((c.machine, c.workload))
@@ -196,7 +196,7 @@ def _quality_finding(c: Any) -> tuple[str, str] | None:
     if c.n_cut:
         return ("quality", f"{c.n_cut} quality run(s) of {c.technique} on {c.workload} were cut by the wall-clock "
                            "safety cap (max_train_seconds): raise it, or their quality is not compared")
-    if c.kind == "exact" and c.curve_pairs and not c.quality_same_exact and not c.parity_ok and not c.parity_note:
+    if c.exact_quality == "bug":
         return ("quality", f"{c.technique} is exact by design, but its eval curve on {c.workload} differs from the "
                            f"reference's by up to {c.curve_max_rel_diff:.1%} at equal samples and its first steps "
                            "do not match the reference: it is not computing the same thing; check it")

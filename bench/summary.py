@@ -58,8 +58,10 @@ def quality_text(c: Any) -> str:
         return f"not compared: {c.n_cut} run(s) cut by the safety cap"
     if c.is_reference:
         return f"{c.metric} {c.final_mean:.4g} ± {c.final_std:.2g}"
-    if c.quality_same_exact:
+    if c.exact_quality == "identical":
         return "same (exact: curves match)"
+    if c.exact_quality == "drift":
+        return f"same (exact; curves drift {c.curve_max_rel_diff:.0%} by rounding)"
     if c.delta is None:
         return f"{c.metric} {c.final_mean:.4g}"
     text = f"{c.delta:+.4f}"

@@ -394,22 +394,7 @@ class WindowPeaks:
 def speed_window(session: Session, ref: ReferenceResult) -> tuple[SpeedResult, WindowPeaks, EnergyResult]:
     """Warm-up (covering the parity steps when this stage runs first), then the timed window."""
     budget, spec, device = session.budget, session.spec, session.device
-    warmup = max(budget.warmup_steps, 1)
-    if session.probe is not None and session.probe.active:
-        warmup = max(warmup, session.probe.steps - session.steps_done)
-    warmup_times = []
-    for _ in range(warmup):
-        _sync(device)
-        t0 = time.perf_counter()
-        loss = session.loop.step(next(session.batches))
-        _sync(device)
-        warmup_times.append(time.perf_counter() - t0)
-        session.steps_done += 1
-        if session.first_step_s is None:
-            session.first_step_s = warmup_times[-1]
-        if session.probe is not None and session.probe.active:
-            session.probe.after_step(loss)
-    _check_finite(loss, session.steps_done)
+    warmup_times = _warm_up(session)
     gc.collect()
     rss = PeakRss()
     rss.reset()
@@ -455,7 +440,7 @@ def speed_window(session: Session, ref: ReferenceResult) -> tuple[SpeedResult, W
     sheet = datasheet_peak(torch.cuda.get_device_name(device), dtype) if device.type == "cuda" else None
     tokens = session.built.tokens_per_sample
     result = SpeedResult(
-        warmup_steps=warmup,
+        warmup_steps=len(warmup_times),
         steps=window.n_steps,
         window_s=window.total_s,
         step_time_s=step_stats,
@@ -475,6 +460,27 @@ def speed_window(session: Session, ref: ReferenceResult) -> tuple[SpeedResult, W
         mfu_datasheet=achieved / (sheet * ranks) if achieved and sheet else None,
     )
     return result, peaks, EnergyResult(**dataclasses.asdict(energy_result))
+
+
+def _warm_up(session: Session) -> list[float]:
+    """Untimed steps before the window, each synced and timed alone (the first of the process is its one-off)."""
+    warmup = max(session.budget.warmup_steps, 1)
+    if session.probe is not None and session.probe.active:
+        warmup = max(warmup, session.probe.steps - session.steps_done)
+    times = []
+    for _ in range(warmup):
+        _sync(session.device)
+        t0 = time.perf_counter()
+        loss = session.loop.step(next(session.batches))
+        _sync(session.device)
+        times.append(time.perf_counter() - t0)
+        session.steps_done += 1
+        if session.first_step_s is None:
+            session.first_step_s = times[-1]
+        if session.probe is not None and session.probe.active:
+            session.probe.after_step(loss)
+    _check_finite(loss, session.steps_done)
+    return times
 
 
 # ---- stage: memory ----------------------------------------------------------------------------------------------
@@ -567,9 +573,7 @@ def _per_rank_memory(session: Session, peaks: WindowPeaks, clean_rss: dict[str, 
     if stage is not None:
         result["zero_stage"] = stage
         result["zero_formula_bytes"] = zero_formula_bytes(stage, n_params, world)
-        if stage == 2 and "deepspeed" not in session.ctx.technique_names:
-            result["zero_note"] = ("FSDP2 keeps parameters sharded between steps, so at rest zero2 holds ZeRO-3's "
-                                   "16/N bytes per parameter; the full parameters exist only during the step")
+        result["zero_note"] = next((t.memory_note for t in session.techs if t.memory_note), None)
     return result
 
 

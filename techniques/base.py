@@ -20,7 +20,8 @@ loop (``bench/loop.py``) calls the hooks in one documented order; a technique ov
 
 Facts the harness needs about a technique are typed class attributes, never name checks in the core:
 ``kind`` (how quality is judged), ``compute_dtype`` (the matmul dtype it switches to: MFU's peak), ``hides_tensors``
-(the tensor-memory tracker cannot see inside it), ``zero_stage`` (the ZeRO stage of a sharding technique).
+(the tensor-memory tracker cannot see inside it), ``zero_stage`` (the ZeRO stage of a sharding technique) and
+``memory_note`` (how its per-rank memory departs from the ZeRO formula).
 
 Register with ``@register`` and add the module to the explicit import list in ``techniques/__init__.py``.
 """
@@ -116,6 +117,7 @@ class Technique:
     compute_dtype: ClassVar[str | None] = None  # matmul dtype it switches to: "bfloat16", "float16", "tfloat32"
     hides_tensors: ClassVar[bool] = False  # True: the tensor tracker cannot see what it runs (compiled graphs)
     zero_stage: int | None = None  # ZeRO stage of a data-parallel/sharding technique (0 = DDP); None otherwise
+    memory_note: ClassVar[str | None] = None  # how its per-rank memory departs from the ZeRO formula, if it does
 
     @dataclass(frozen=True)
     class Options:

@@ -109,6 +109,20 @@ def test_an_exact_set_whose_curve_drifts_is_judged_by_its_difference():
     c = configs_of(base + drift).loc["compile"]
     assert not c["quality_same_exact"] and c["curve_max_rel_diff"] == pytest.approx(0.02 / 0.7)  # of the range 0.1-0.8
     assert c["delta"] == pytest.approx(0.02) and c["delta_verdict"] == "better"
+    assert c["exact_quality"] == "drift changes quality"
+
+
+@pytest.mark.parametrize(("finals", "parity_result", "expected"), [
+    ([0.82, 0.79, 0.81], parity(), "drift"),  # parity ok, no significant difference: rounding amplified
+    ([0.82, 0.79, 0.81], parity(loss=0.02, note="expected mismatch: BatchNorm"), "expected mismatch"),
+    ([0.82, 0.79, 0.81], parity(loss=0.02, distance=0.1), "bug"),
+    ([0.80, 0.81, 0.82], parity(), "identical"),
+])
+def test_exact_sets_are_classified_by_how_their_quality_compares(finals, parity_result, expected):
+    base = [record(seed=i, final=0.8 + i / 100, start=0.1) for i in range(3)]
+    mine = [record("compile", seed=i, final=v, start=0.1, parity_result=parity_result) for i, v in enumerate(finals)]
+    assert configs_of(base + mine).loc["compile", "exact_quality"] == expected
+    assert configs_of(base + mine).loc["baseline", "exact_quality"] is None
 
 
 def test_quality_difference_is_paired_by_seed_and_respects_the_metric_direction():

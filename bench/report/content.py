@@ -14,7 +14,7 @@ from typing import Any
 import pandas as pd
 
 from bench import stats
-from bench.analysis import BREAKDOWN, EXACT_CURVE_RTOL, Analysis
+from bench.analysis import BREAKDOWN, EXACT_CURVE_RTOL, EXACT_QUALITY, Analysis
 from bench.results import PARITY_TOLERANCES
 
 # ---- data ---------------------------------------------------------------------------------------------------
@@ -237,8 +237,10 @@ def quality_cell(c: Any) -> Cell:
                     f"{c.curve_pairs} seeds)", "good")
     delta = delta_cell(c.delta, c.delta_lo, c.delta_hi, c.delta_verdict, c.delta_why)
     text = f"{value}; {delta.text}"
-    if c.kind == "exact" and c.curve_pairs:
-        return Cell(f"{text}; {exact_drift(c)}", "warn" if c.parity_ok or c.parity_note else "bad")
+    if c.exact_quality == "drift":
+        return Cell(f"same within noise: {text}; {exact_drift(c)}", "good")
+    if c.exact_quality:
+        return Cell(f"{text}; {exact_drift(c)}", "bad" if c.exact_quality == "bug" else "warn")
     if c.kind == "algorithmic" and _ok(c.delta_at_time):
         at = delta_cell(c.delta_at_time, c.delta_at_time_lo, c.delta_at_time_hi, c.delta_at_time_verdict,
                         c.delta_at_time_why)
@@ -247,16 +249,14 @@ def quality_cell(c: Any) -> Cell:
 
 
 def exact_drift(c: Any) -> str:
-    """Why an exact set's eval curve is not the reference's: float-level drift (its first steps match the
-    reference), an expected mismatch (BatchNorm under accumulation), or a bug."""
-    head = (f"exact by design, yet its eval curve differs from the reference's by up to {c.curve_max_rel_diff:.1%} "
-            f"of the metric's range (tolerance {EXACT_CURVE_RTOL:.0%})")
-    if c.parity_note:
+    """Why an exact set's eval curve is not the reference's (``analysis.EXACT_QUALITY``)."""
+    head = (f"exact by design, its eval curves differ from the reference's by up to {c.curve_max_rel_diff:.1%} of "
+            f"the metric's range (tolerance {EXACT_CURVE_RTOL:.0%})")
+    if c.exact_quality == "expected mismatch":
         return f"{head}: {c.parity_note}"
-    if c.parity_ok:
-        return (f"{head}: its first steps match the reference (parity ok), so this is floating-point rounding "
-                "amplified over the run")
-    return f"{head} and its first steps do not match the reference: check it"
+    if c.exact_quality == "bug":
+        return f"{head} and its first steps do not match the reference: check it"
+    return f"{head}; {EXACT_QUALITY[c.exact_quality]}"
 
 
 def ttt_cell(c: Any) -> Cell:
@@ -405,6 +405,15 @@ def _sweep_facts(analysis: Analysis) -> list[tuple[str, str]]:
     facts.append(("repeats", f"{int(per.max())} per configuration (seeds {', '.join(map(str, seeds))})"))
     facts.append(("device", ", ".join(dict.fromkeys(frame["device"]))))
     facts.append(("trials", f"{len(frame)} ({int((frame['status'] == 'ok').sum())} ok)"))
+    modes = ", ".join(dict.fromkeys(frame["mode"]))
+    facts.append(("measured", {"both": "speed and quality", "speed": "speed only (no quality runs)",
+                               "quality": "quality only (no speed windows)"}.get(modes, modes)))
+    notes: dict[str, int] = {}
+    for ns in frame["notes"]:
+        for note in ns:
+            notes[note] = notes.get(note, 0) + 1
+    for note, count in notes.items():
+        facts.append(("note", f"{count} of {len(frame)} records: {note}"))
     for s in sources:
         budget = (s.settings or {}).get("budget")
         if budget:
@@ -470,14 +479,21 @@ def _quality_word(c: Any) -> str:
 
 def _quality_points(others: pd.DataFrame) -> list[str]:
     parts = []
-    same = [r.technique for r in others.itertuples() if r.quality_same_exact]
-    if same:
-        parts.append("same quality at equal samples (exact: eval curves match the reference's seed by seed): "
-                     + ", ".join(same))
-    mismatch = [r for r in others.itertuples() if r.kind == "exact" and r.curve_pairs and not r.quality_same_exact]
-    for r in mismatch:
-        parts.append(f"{r.technique}: {exact_drift(r)}")
-    judged = [r for r in others.itertuples() if not r.quality_same_exact and r.n_final and _ok(r.delta)]
+    same = [r.technique for r in others.itertuples() if r.exact_quality == "identical"]
+    drift = [f"{r.technique} (up to {r.curve_max_rel_diff:.1%})" for r in others.itertuples()
+             if r.exact_quality == "drift"]
+    if same or drift:
+        text = "same quality at equal samples (exact): " + ", ".join(same + drift)
+        if drift:
+            text += ("; the eval curves of the sets with a figure drift from the reference's by floating-point "
+                     "rounding amplified over the run (their first steps match it and their metric at the full "
+                     "budget does not differ significantly)")
+        parts.append(text)
+    for r in others.itertuples():
+        if r.exact_quality in ("expected mismatch", "bug", "drift changes quality"):
+            parts.append(f"{r.technique}: {exact_drift(r)}")
+    judged = [r for r in others.itertuples() if r.exact_quality not in ("identical", "drift") and r.n_final
+              and _ok(r.delta)]
     changed = [r for r in judged if r.delta_verdict in ("better", "worse")]
     if changed:
         parts.append("quality differs at equal samples: " + ", ".join(

@@ -10,6 +10,16 @@ numbers differently, so the samples are statistically alike but not bit-identica
 The dataset seed is fixed (``DATASET_SEED``), so every trial sees the same data; the trial seed sets the model's
 initialisation and the batch order. The model is a plain MLP whose hidden blocks (Linear + ReLU) are
 ``model.blocks``; ``large`` (about 50M parameters) exists for the distributed techniques.
+
+Quality budgets and validation targets (``quality_steps`` at ``batch_size``; see docs/methodology.md): each target is
+the less demanding of the median over seeds of the baseline's accuracy at the evaluation nearest 70% of the budget
+and the worst seed's best evaluation, from ``scripts/calibrate_targets.py`` on the project's 2-core CPU machine.
+
+- ``tiny``: 150 steps, 10 evaluations; seeds 0-6 at step 105: 0.423, 0.436, 0.423, 0.416, 0.442, 0.411, 0.378
+  (median 0.423); their best evaluations 0.447-0.493. Target 0.423.
+- ``small``: 600 steps, 12 evaluations; seeds 0-4 at step 400: 0.695, 0.698, 0.688, 0.674, 0.706 (median 0.695);
+  their best evaluations 0.701-0.712. Target 0.695.
+- ``large``: 60 steps, 6 evaluations; LARGE_CALIBRATION
 """
 
 from __future__ import annotations
