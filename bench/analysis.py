@@ -172,8 +172,8 @@ def _record_row(r: TrialRecord, source: str, machine: str) -> dict[str, Any]:
     return {
         "source": source, "machine": machine, "key": (source, r.seed), "sweep_id": r.sweep_id,
         "trial_id": r.trial_id, "timestamp_utc": r.timestamp_utc, "workload": r.workload_label,
-        "technique": r.technique_label, "names": tuple(t.get("name") for t in r.techniques),
-        "components": tuple(r.technique_label.split("+")) if r.techniques else (), "kind": r.kind,
+        "technique": r.technique_label, "names": tuple(p.split(":")[0] for p in _components(r.technique_label)),
+        "components": _components(r.technique_label), "kind": r.kind,
         "mode": r.mode, "seed": r.seed, "repeat": r.repeat, "position": r.position, "device": r.device,
         "status": r.status, "reason": r.reason, "notes": tuple(r.notes),
         "batch_size": b.batch_size if b else wl.get("batch_size"),
@@ -205,6 +205,12 @@ def _record_row(r: TrialRecord, source: str, machine: str) -> dict[str, Any]:
         "n_params": b.n_params if b else wl.get("n_params"),
         **_distributed_fields(r.world_size, s, m),
     }
+
+
+def _components(label: str) -> tuple[str, ...]:
+    """The parts of a technique set's label ("bf16+grad_accum:steps=4"); the empty set (baseline) has none. Read
+    from the label, which every record has, even one of a trial killed before it built anything."""
+    return () if label == BASELINE else tuple(label.split("+"))
 
 
 def _distributed_fields(world_size: int | None, speed: Any, mem: Any) -> dict[str, Any]:
@@ -364,10 +370,11 @@ def configurations(frame: pd.DataFrame, baseline: str = BASELINE, thresholds: Th
 
 def _identity(machine: str, workload: str, technique: str, g: pd.DataFrame, ok: pd.DataFrame,
               is_ref: bool) -> dict[str, Any]:
+    first = (ok if len(ok) else g).iloc[0]  # a record that ran knows its set best (a killed trial's is bare)
     return {
         "machine": machine, "workload": workload, "technique": technique, "is_reference": is_ref,
-        "names": g["names"].iloc[0], "components": g["components"].iloc[0],
-        "kind": next((k for k in g["kind"] if k), "exact"),
+        "names": first["names"], "components": first["components"],
+        "kind": first["kind"] or "exact",
         "n_total": len(g), "n_ok": len(ok), "status": _status_text(g),
         "skip_reason": next((r for r in g.loc[g["status"] == "skipped", "reason"] if r), None),
         "problems": sorted({f"{s}: {r}" for s, r in zip(g["status"], g["reason"], strict=True)
@@ -452,6 +459,8 @@ EXACT_QUALITY = {
     "identical": "its eval curves match the reference's seed by seed",
     "drift": "its first steps match the reference (parity ok) and its metric at the full budget does not differ "
              "significantly, but its eval curves drift apart: floating-point rounding amplified over the run",
+    "unverified drift": "its eval curves drift apart, and without parity or a verdict on its metric difference "
+                        "(fewer than 3 seeds) rounding cannot be told from a real change",
     "expected mismatch": "its eval curves differ for a known reason (the parity note says which)",
     "drift changes quality": "its first steps match the reference, yet its metric at the full budget differs: "
                              "floating-point rounding amplified into a real difference",
@@ -472,6 +481,8 @@ def exact_quality(c: dict[str, Any]) -> str | None:
         return "bug"
     if c["delta_verdict"] in ("better", "worse"):
         return "drift changes quality"
+    if c["parity_ok"] is None or c["delta_verdict"] != stats.SAME:
+        return "unverified drift"
     return "drift"
 
 

@@ -279,16 +279,17 @@ def _values(records: Iterable[TrialRecord], get: Any) -> dict[str, float]:
 
 
 def _quantity(quantity: str, unit: str, base: dict[str, float], new: dict[str, float], threshold: float,
-              higher: str, lower: str, bad: str) -> MetricComparison:
+              higher: str, lower: str, bad: str, log: bool = True) -> MetricComparison:
+    """NEW against BASE through the statistics engine: a ratio (``log``) or a difference, paired by trial id."""
     noises = [n for n in (_spread(list(base.values())), _spread(list(new.values()))) if n is not None]
     noise = max(noises) if noises else None
     if not base or not new:
         side = "either side" if not base and not new else ("BASE" if not base else "NEW")
         return MetricComparison(quantity, unit, base, new, None, f"not measured on {side}", None, False, noise)
-    if min(base.values()) <= 0 or min(new.values()) <= 0:
+    if log and (min(base.values()) <= 0 or min(new.values()) <= 0):
         return MetricComparison(quantity, unit, base, new, None, "not comparable", "zero or negative values",
                                 False, noise)
-    est = stats.ratio(new, base)
+    est = stats.ratio(new, base) if log else stats.difference(new, base)
     v = stats.verdict(est, threshold, higher, lower)
     return MetricComparison(quantity, unit, base, new, est, v.word, v.why, v.word == bad, noise)
 
@@ -332,7 +333,9 @@ def _final(r: TrialRecord) -> float | None:
 
 def compare_config(key: ConfigKey, base: Sequence[TrialRecord], new: Sequence[TrialRecord],
                    threshold: float = DEFAULT_THRESHOLD) -> ConfigComparison:
-    """Compare the trials of one configuration (all statuses; only ``ok`` trials give values)."""
+    """Compare the trials of one configuration (all statuses; only ``ok`` trials give values). ``threshold`` is
+    throughput's; memory and the metric use the report's (``bench.stats.THRESHOLDS``), the metric as a difference
+    at equal samples, as the report compares it."""
     ok_b = [r for r in base if r.status == "ok"]
     ok_n = [r for r in new if r.status == "ok"]
 
@@ -342,12 +345,13 @@ def compare_config(key: ConfigKey, base: Sequence[TrialRecord], new: Sequence[Tr
     throughput = _quantity("throughput", "samples/s", _values(ok_b, sps), _values(ok_n, sps), threshold,
                            "faster", "slower", "slower")
     unit, mb, mn = _memory_values(ok_b, ok_n)
-    memory = _quantity("peak memory", unit, mb, mn, threshold, "more memory", "less memory", "more memory")
+    memory = _quantity("peak memory", unit, mb, mn, stats.THRESHOLDS["memory"], "more memory", "less memory",
+                       "more memory")
     name, hib = _higher_is_better([*ok_b, *ok_n])
     good, worse = "better", "worse"
     metric = _quantity("final metric", f"{name}, {'higher' if hib else 'lower'} is better" if name else "-",
-                       _values(ok_b, _final), _values(ok_n, _final), threshold,
-                       good if hib else worse, worse if hib else good, worse)
+                       _values(ok_b, _final), _values(ok_n, _final), stats.THRESHOLDS["metric"],
+                       good if hib else worse, worse if hib else good, worse, log=False)
     budgets_b = sorted({r.quality.samples_trained for r in ok_b if r.quality and not r.quality.cut})
     budgets_n = sorted({r.quality.samples_trained for r in ok_n if r.quality and not r.quality.cut})
     if budgets_b and budgets_n and budgets_b != budgets_n and metric.estimate is not None:
@@ -380,18 +384,18 @@ _OVERALL_CATEGORY = {"throughput": "slower", "peak memory": "more-memory", "fina
 
 
 def overall_verdicts(rows: Sequence[ConfigComparison], threshold: float) -> list[Overall]:
-    """Throughput and peak memory across configurations (geometric mean of NEW / BASE with a stratified interval);
-    the metric only where every configuration's metric is comparable and shares a direction."""
+    """Throughput and peak memory across configurations: the geometric mean of NEW / BASE with a stratified
+    interval (metrics of different workloads have different units and directions, so they get no overall)."""
     out = []
-    for index, (quantity, higher, lower, bad) in enumerate((("throughput", "faster", "slower", "slower"),
-                                                            ("peak memory", "more memory", "less memory",
-                                                             "more memory"))):
+    for index, (quantity, th, higher, lower, bad) in enumerate((
+            ("throughput", threshold, "faster", "slower", "slower"),
+            ("peak memory", stats.THRESHOLDS["memory"], "more memory", "less memory", "more memory"))):
         pairs = [(r.quantities[index].new, r.quantities[index].base) for r in rows
                  if r.quantities[index].estimate is not None]
         if len(pairs) < 2:
             continue
         est = stats.overall(pairs)
-        v = stats.verdict(est, threshold, higher, lower, min_repeats=2)
+        v = stats.verdict(est, th, higher, lower, min_repeats=2)
         out.append(Overall(quantity, est, v.word, v.why, v.word == bad))
     return out
 
@@ -470,9 +474,10 @@ def compare_dirs(base_dir: Path, new_dir: Path, threshold: float = DEFAULT_THRES
 def _fmt_estimate(est: Estimate | None) -> str:
     if est is None or est.value is None:
         return "-"
-    text = f"{est.value:.3f}"
+    fmt = ".3f" if est.log else "+.4f"
+    text = format(est.value, fmt)
     if est.has_interval:
-        text += f" [{est.lo:.3f}, {est.hi:.3f}]"
+        text += f" [{est.lo:{fmt}}, {est.hi:{fmt}}]"
     return text + (f" ({est.n} pairs)" if est.paired else "")
 
 
@@ -503,7 +508,8 @@ def _fmt_env_value(v: Any) -> str:
 
 
 COLUMNS = ["configuration", "n (base/new)", "throughput", "ratio [95% CI]", "noise", "samples/s",
-           "peak memory", "ratio [95% CI]", "memory", "final metric", "ratio [95% CI]", "metric", "notes"]
+           "peak memory", "ratio [95% CI]", "memory", "metric at equal samples", "difference [95% CI]", "metric",
+           "notes"]
 
 
 def to_markdown(comp: Comparison, title: str = "Comparison") -> str:
@@ -511,9 +517,9 @@ def to_markdown(comp: Comparison, title: str = "Comparison") -> str:
     base = comp.base_dir or "BASE"
     new = comp.new_dir or "NEW"
     lines = [f"# {title}", "", f"BASE: `{base}`  ", f"NEW: `{new}`  ",
-             f"Threshold: {comp.threshold:.1%}. A change counts when its whole 95% interval lies beyond it (the "
-             f"data show a change at least that large); noise is the spread of a side's trials (IQR / median).",
-             ""]
+             f"Thresholds: throughput {comp.threshold:.1%}, peak memory {stats.THRESHOLDS['memory']:.0%}, the metric "
+             "any difference. A change counts when its whole 95% interval lies beyond its threshold (the data show "
+             "a change at least that large); noise is the spread of a side's trials (IQR / median).", ""]
     mismatch = comp.environment_mismatch
     if mismatch:
         lines += ["**Environments differ** (a verdict below may come from the environment, not the code):", ""]
@@ -563,5 +569,6 @@ def to_markdown(comp: Comparison, title: str = "Comparison") -> str:
               "with a 95% t interval on their logs, paired by trial id where both sides ran the same trials (in "
               "`sweep --ab`, the two runs of a trial back to back), Welch otherwise; no verdict below 3 trials. "
               "Memory compares the tensor-level (or CUDA allocator) peak when every trial has one, else peak RSS. "
-              "The final metric is the metric at the full sample budget, in the workload's direction."]
+              "The metric is the quality run's metric at the full sample budget, compared as a difference NEW - BASE "
+              "in the workload's direction."]
     return "\n".join(lines) + "\n"

@@ -155,7 +155,7 @@ class Budget:
     max_seconds: float = 20.0  # but stop once this long has passed (slow configs, e.g. fp16 on CPU)
     train_steps: int = 0  # quality run: optimizer steps at the workload's global batch (0: the size's budget)
     eval_points: int = 0  # quality run: evaluations over the budget, plus one before training (0: the size's)
-    max_train_seconds: float = 600.0  # quality run: a safety cap on its training clock; a run it cuts is marked
+    max_train_seconds: float = 240.0  # quality run: a safety cap on its training clock; a run it cuts is marked
     parity_steps: int = 8  # first optimizer steps compared with the eager fp32 reference (losses, distance)
     memory: bool = True  # run the memory passes after the speed window (clean RSS, tensor breakdown)
     timeout_s: float = 300.0  # a trial process running longer is killed and recorded as a timeout
@@ -171,6 +171,10 @@ class Budget:
             raise ConfigError("budget.min_steps must be >= 1")
         if self.timeout_s <= 0:
             raise ConfigError("budget.timeout_s must be > 0")
+        if self.max_train_seconds >= self.timeout_s:
+            raise ConfigError(f"budget.max_train_seconds ({self.max_train_seconds:g}) must be below budget.timeout_s "
+                              f"({self.timeout_s:g}): the trial would be killed before its safety cap could mark the "
+                              "quality run as cut (lower --seconds or raise --timeout)")
 
 
 @dataclass(frozen=True)
@@ -233,7 +237,7 @@ PRESETS: dict[str, dict[str, Any]] = {
         "techniques": ["baseline", "bf16", "grad_accum:steps=2"],
         "repeats": 1,
         "budget": {"warmup_steps": 2, "min_steps": 5, "min_seconds": 0.2, "max_seconds": 5.0, "train_steps": 20,
-                   "eval_points": 2, "parity_steps": 4, "timeout_s": 120.0},
+                   "eval_points": 2, "parity_steps": 4, "max_train_seconds": 60.0, "timeout_s": 120.0},
     },
     # The default: the core techniques on the three tiny workloads, each trained its size's documented quality
     # budget, 3 repeats (the fewest that give a verdict). Goal: <= 10 minutes on 2 cores.

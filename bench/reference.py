@@ -102,10 +102,16 @@ class Trajectory:
 
 
 def _local(t: torch.Tensor) -> torch.Tensor:
+    """This rank's part of a parameter: a DTensor's local shard (FSDP2), DeepSpeed ZeRO-3's ``ds_tensor`` (the
+    parameter itself is an empty placeholder at rest there), or the tensor."""
+    if hasattr(t, "ds_tensor"):
+        return t.ds_tensor
     return t.to_local() if hasattr(t, "to_local") else t
 
 
 def _is_sharded(t: torch.Tensor) -> bool:
+    if hasattr(t, "ds_tensor"):
+        return True
     return any(p.is_shard() for p in getattr(t, "placements", ()))  # DTensor placements: Shard, Replicate, ...
 
 

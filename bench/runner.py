@@ -31,6 +31,7 @@ from bench.config import ConfigError, SweepConfig
 from bench.plan import Trial, plan, reference_key
 from bench.results import ResultStore, TrialRecord
 from bench.trial import TrialSpec
+from techniques.base import set_kind
 
 log = logging.getLogger(__name__)
 
@@ -192,6 +193,7 @@ class SweepRunner:
             device=str(self.device),
             status=status,
             reason=reason,
+            kind=set_kind(s.resolve() for s in trial.techniques.specs).value,
             mode=self.cfg.mode,
             position=trial.position,
             timestamp_utc=dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),

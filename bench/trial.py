@@ -172,7 +172,7 @@ def build(spec: TrialSpec, budget: Budget, device: torch.device) -> Session:
 
 def build_info(session: Session) -> BuildInfo:
     return BuildInfo(
-        n_params=sum(p.numel() for p in session.built.model.parameters()),
+        n_params=sum(getattr(p, "ds_numel", p.numel()) for p in session.built.model.parameters()),
         batch_size=session.cfg.batch_size,
         micro_batches=session.cfg.micro_batches,
         tokens_per_sample=session.built.tokens_per_sample,
@@ -297,7 +297,7 @@ def quality_run(session: Session) -> QualityResult:
     plan, budget, built = quality_plan(session), session.budget, session.built
     batch = session.cfg.batch_size
     curve: list[list[Any]] = []
-    clock, pending, cut = 0.0, [], None
+    clock, pending, cut, stopped = 0.0, [], None, None
     evals = set(plan.eval_steps)
     contention = CpuContention(include_siblings=session.spec.world_size > 1)
     contention.start()
@@ -326,9 +326,13 @@ def quality_run(session: Session) -> QualityResult:
             if step in evals:
                 _check_finite(loss, session.steps_done)
                 evaluate(step)
-                if _agree(clock > budget.max_train_seconds) and step < plan.steps:
+                if step < plan.steps and _agree(clock > budget.max_train_seconds):
                     cut = (f"stopped at step {step} of {plan.steps}: the training clock passed "
                            f"max_train_seconds={budget.max_train_seconds:g} (a safety cap, not a budget)")
+                    break
+                asked = [t.name for t in session.techs if t.on_eval({built.metric: curve[-1][-1]}, session.ctx)]
+                if step < plan.steps and _agree(bool(asked)):
+                    stopped = f"{', '.join(asked) or 'another rank'} stopped the run at step {step} of {plan.steps}"
                     break
             _sync(session.device)
             seg_start = time.perf_counter()
@@ -337,7 +341,7 @@ def quality_run(session: Session) -> QualityResult:
     session.one_off_s = one_off = _one_off(session.first_step_s, clock, steps)
     for point in curve[1:]:
         point[2] = max(point[2] - one_off, 0.0)
-    return _quality_result(session, plan, curve, steps, one_off, cut, busy)
+    return _quality_result(session, plan, curve, steps, one_off, cut, stopped, busy)
 
 
 def _one_off(first_step_s: float | None, clock: float, steps: int) -> float:
@@ -349,16 +353,16 @@ def _one_off(first_step_s: float | None, clock: float, steps: int) -> float:
 
 
 def _quality_result(session: Session, plan: QualityPlan, curve: list[list[Any]], steps: int, one_off: float,
-                    cut: str | None, busy: Any) -> QualityResult:
+                    cut: str | None, stopped: str | None, busy: Any) -> QualityResult:
     built = session.built
     target = built.target
-    hit = next((p for p in curve if target is not None and p[4] is not None and
+    hit = next((p for p in curve[1:] if target is not None and p[4] is not None and
                 (p[4] >= target if built.higher_is_better else p[4] <= target)), None)
     return QualityResult(
         metric=built.metric, higher_is_better=built.higher_is_better, target=target,
         budget_samples=plan.budget_samples, budget_steps=plan.steps,
         samples_trained=steps * session.cfg.batch_size, steps_trained=steps,
-        train_time_s=curve[-1][2], cut=cut,
+        train_time_s=curve[-1][2], cut=cut, stopped_by=stopped,
         curve_columns=["samples", "steps", "train_time_s", "train_loss", built.metric], curve=curve,
         final=None if cut else curve[-1][4],
         samples_to_target=hit[0] if hit else None, steps_to_target=hit[1] if hit else None,
@@ -405,9 +409,9 @@ def speed_window(session: Session, ref: ReferenceResult) -> tuple[SpeedResult, W
     contention = CpuContention(include_siblings=spec.world_size > 1)
     contention.start()
     energy.start()
+    planned = _planned_window_steps(budget, warmup_times) if spec.world_size > 1 else None  # before the clock
     timer.start()
     window_start = time.perf_counter()
-    planned = _planned_window_steps(budget, warmup_times) if spec.world_size > 1 else None
     steps = 0
     while True:
         t_fetch = time.perf_counter()
@@ -660,7 +664,9 @@ def _init_distributed(spec: TrialSpec) -> None:
     device = _rank_device(spec.device)
     if device.type == "cuda":
         torch.cuda.set_device(device)
-    dist.init_process_group(backend="nccl" if device.type == "cuda" else "gloo")
+    # NCCL carries CUDA tensors only; the harness's own small collectives (agreeing to stop, the window's planned
+    # steps, parity distances) use CPU tensors, so gloo serves those beside it.
+    dist.init_process_group(backend="cpu:gloo,cuda:nccl" if device.type == "cuda" else "gloo")
     if dist.get_world_size() != spec.world_size:
         raise RuntimeError(f"torchrun started {dist.get_world_size()} processes, the trial expects {spec.world_size}")
 
@@ -712,6 +718,8 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=os.environ.get("TRAINBENCH_LOG", "WARNING"), stream=sys.stderr,
                         format="%(levelname)s %(name)s: %(message)s")
     spec = TrialSpec.from_json(Path(argv[0]).read_text())
+    if spec.reference_dir is None:  # every rank must look in the same place: beside the record
+        spec.reference_dir = str(Path(argv[1]).resolve().parent / "references")
     if spec.world_size == 1:
         record = run(spec, own_process=True)
         Path(argv[1]).write_text(record.to_json() + "\n")

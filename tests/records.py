@@ -86,7 +86,7 @@ def record(label: str = "baseline", seed: int = 0, *, workload: str = "mlp", siz
         quality = QualityResult(
             metric=metric, higher_is_better=higher, target=target, budget_samples=budget_samples,
             budget_steps=budget_samples // batch, samples_trained=curve[-1][0], steps_trained=curve[-1][1],
-            train_time_s=curve[-1][2], cut=cut, curve_columns=["samples", "steps", "train_time_s", "train_loss", metric],
+            train_time_s=curve[-1][2], cut=cut, stopped_by=None, curve_columns=["samples", "steps", "train_time_s", "train_loss", metric],
             curve=curve, final=None if cut else curve[-1][-1], samples_to_target=stt,
             steps_to_target=stt // batch if stt is not None else None, time_to_target_s=ttt,
             time_to_target_with_one_off_s=(ttt + (one_off or 0.0)) if ttt is not None else None, contention=IDLE)

@@ -86,6 +86,17 @@ def test_a_worse_metric_at_equal_samples_trips_the_gate():
     assert row.metric.verdict == "worse" and row.regressions() == {"worse-metric"}
 
 
+def test_compare_judges_the_metric_as_the_report_does():
+    # a consistent 0.014 drop in every pair: the report's difference says worse, so must the gate
+    base = [record(repeat=r, final=v) for r, v in enumerate([0.70, 0.71, 0.69])]
+    new = [record(repeat=r, final=v) for r, v in enumerate([0.686, 0.696, 0.676])]
+    metric = compare.compare_records(base, new)[0][0].metric
+    assert metric.verdict == "worse" and metric.estimate.value == pytest.approx(-0.014) and not metric.estimate.log
+    assert stats.verdict(stats.difference({r: v for r, v in enumerate([0.686, 0.696, 0.676])},
+                                          {r: v for r, v in enumerate([0.70, 0.71, 0.69])}),
+                         stats.THRESHOLDS["metric"], "better", "worse").word == "worse"
+
+
 def test_memory_and_metric_verdicts_follow_their_direction():
     row = rows_by_label(compare.compare_dirs(BASE, NEW))["gpt:tiny bf16"]
     assert row.throughput.verdict == stats.SAME

@@ -54,6 +54,6 @@ def test_existing_results_are_not_overwritten(tmp_path):
 
 
 def test_a_trial_past_its_timeout_is_killed_and_recorded(tmp_path):
-    records = SweepRunner(config(budget={"timeout_s": 0.5}), tmp_path / "s", CPU).run()
+    records = SweepRunner(config(budget={"timeout_s": 0.5, "max_train_seconds": 0.4}), tmp_path / "s", CPU).run()
     assert [r.status for r in records] == ["timeout"]
     assert "timeout_s=0.5" in records[0].reason

@@ -248,3 +248,32 @@ def test_clean_rss_pass_runs_only_in_a_process_of_its_own(spec, tmp_path):
     clean = rec.memory.clean_rss
     assert clean["steps"] == trial_mod.CLEAN_RSS_STEPS and "M_MMAP_THRESHOLD" in clean["malloc"]
     assert 100e6 < clean["at_rest_bytes"] <= clean["peak_bytes"]  # import torch alone is ~220 MB
+
+
+class StopAtSecondEval(Technique):
+    """An algorithmic set whose on_eval hook asks to stop: the early-stopping contract."""
+
+    name = "stop_early"
+    kind = Kind.ALGORITHMIC
+
+    def on_eval(self, metrics, ctx):
+        ctx.state["evals"] = ctx.state.get("evals", 0) + 1
+        return ctx.state["evals"] == 2
+
+
+def test_a_technique_can_end_the_quality_run_through_on_eval(spec):
+    with registered(StopAtSecondEval):
+        rec = run(spec(techniques=["stop_early"], mode="quality"))
+    assert rec.status == "ok" and rec.kind == "algorithmic" and rec.parity is None
+    q = rec.quality
+    assert q.stopped_by == "stop_early stopped the run at step 10 of 20" and q.cut is None
+    assert q.steps_trained == 10 and q.final == q.curve[-1][-1] and len(q.curve) == 3
+
+
+def test_a_target_met_before_training_counts_at_the_first_evaluation_after_it(spec, monkeypatch):
+    real_build = workloads.get("mlp").__class__.build
+    monkeypatch.setattr(workloads.get("mlp").__class__, "build",
+                        lambda self, size, seed, device: dataclasses.replace(real_build(self, size, seed, device),
+                                                                             target=0.0))
+    q = run(spec(mode="quality")).quality
+    assert q.samples_to_target == 320 and q.time_to_target_s > 0  # never 0 s: a ratio of times needs both > 0

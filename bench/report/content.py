@@ -490,7 +490,7 @@ def _quality_points(others: pd.DataFrame) -> list[str]:
                      "budget does not differ significantly)")
         parts.append(text)
     for r in others.itertuples():
-        if r.exact_quality in ("expected mismatch", "bug", "drift changes quality"):
+        if r.exact_quality in ("expected mismatch", "bug", "drift changes quality", "unverified drift"):
             parts.append(f"{r.technique}: {exact_drift(r)}")
     judged = [r for r in others.itertuples() if r.exact_quality not in ("identical", "drift") and r.n_final
               and _ok(r.delta)]
