@@ -126,8 +126,6 @@ class QualityResult:
                               "cost excluded (the first step counts as a steady one)")
     cut: str | None = doc("why the run stopped before its budget (the wall-clock safety cap); a cut run is never "
                           "compared as complete")
-    stopped_by: str | None = doc("a technique that ended the run early through its on_eval hook (early stopping): "
-                                 "the run is complete at that point")
     curve_columns: list[str] = doc("names of the curve's columns")
     curve: list[list[float | int | None]] = doc("one row per evaluation: samples, steps, train_time_s, "
                                                 "train_loss (mean since the previous evaluation), metric")
@@ -137,6 +135,8 @@ class QualityResult:
     time_to_target_s: float | None = doc("training clock at that evaluation")
     time_to_target_with_one_off_s: float | None = doc("time_to_target_s + build.one_off_s")
     contention: Contention | None = doc("other processes' CPU time during the quality run")
+    stopped_by: str | None = doc("a technique that ended the run early through its on_eval hook (early stopping): "
+                                 "the run is complete at that point", None)
 
 
 @dataclass(frozen=True)

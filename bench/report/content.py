@@ -237,10 +237,15 @@ def quality_cell(c: Any) -> Cell:
                     f"{c.curve_pairs} seeds)", "good")
     delta = delta_cell(c.delta, c.delta_lo, c.delta_hi, c.delta_verdict, c.delta_why)
     text = f"{value}; {delta.text}"
-    if c.exact_quality == "drift":
-        return Cell(f"same within noise: {text}; {exact_drift(c)}", "good")
     if c.exact_quality:
-        return Cell(f"{text}; {exact_drift(c)}", "bad" if c.exact_quality == "bug" else "warn")
+        apart = f"eval curves {c.curve_max_rel_diff:.1%} of the range apart"
+        why = {"drift": f"same within noise (exact; {apart}: rounding, first steps match)",
+               "expected mismatch": f"{apart}: an expected mismatch (see parity)",
+               "drift changes quality": f"{apart}: rounding, first steps match, yet the final metric differs",
+               "unverified drift": f"{apart}: no parity or fewer than 3 seeds, so rounding is not shown",
+               "bug": f"{apart} and the first steps differ from the reference: check it"}[c.exact_quality]
+        tone = {"drift": "good", "bug": "bad"}.get(c.exact_quality, "warn")
+        return Cell(f"{why}; {text}" if c.exact_quality == "drift" else f"{text}; {why}", tone)
     if c.kind == "algorithmic" and _ok(c.delta_at_time):
         at = delta_cell(c.delta_at_time, c.delta_at_time_lo, c.delta_at_time_hi, c.delta_at_time_verdict,
                         c.delta_at_time_why)
@@ -480,15 +485,13 @@ def _quality_word(c: Any) -> str:
 def _quality_points(others: pd.DataFrame) -> list[str]:
     parts = []
     same = [r.technique for r in others.itertuples() if r.exact_quality == "identical"]
-    drift = [f"{r.technique} (up to {r.curve_max_rel_diff:.1%})" for r in others.itertuples()
-             if r.exact_quality == "drift"]
+    drift = [f"{r.technique}, whose eval curves drift up to {r.curve_max_rel_diff:.1%} of the metric's range from "
+             "the reference's (floating-point rounding amplified over the run: its first steps match the reference "
+             "and its metric at the full budget does not differ significantly)"
+             for r in others.itertuples() if r.exact_quality == "drift"]
     if same or drift:
-        text = "same quality at equal samples (exact): " + ", ".join(same + drift)
-        if drift:
-            text += ("; the eval curves of the sets with a figure drift from the reference's by floating-point "
-                     "rounding amplified over the run (their first steps match it and their metric at the full "
-                     "budget does not differ significantly)")
-        parts.append(text)
+        parts.append("same quality at equal samples (exact): " + "; ".join(
+            ([", ".join(same)] if same else []) + drift))
     for r in others.itertuples():
         if r.exact_quality in ("expected mismatch", "bug", "drift changes quality", "unverified drift"):
             parts.append(f"{r.technique}: {exact_drift(r)}")
