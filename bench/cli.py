@@ -38,7 +38,7 @@ def _add_sweep(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--preset", default=None, choices=list(PRESETS),
                    help="starting settings (default: quick; smoke takes about a minute, standard is for a laptop)")
-    p.add_argument("--config", type=Path, help="TOML file with the same fields as the flags (see README)")
+    p.add_argument("--config", type=Path, help="TOML file with the same fields as the flags (see docs/commands.md)")
     p.add_argument("--workloads", help="comma list of name[:size], e.g. mlp,gpt:small (see `python -m bench list`)")
     p.add_argument("--techniques",
                    help="comma list of technique sets; '+' joins a combination, ':k=v' sets options, "
@@ -92,16 +92,19 @@ def _add_env(sub: argparse._SubParsersAction) -> None:
 def _add_compare(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "compare",
-        help="compare two sweep directories: faster / slower / no significant change per configuration",
-        description="Match the trials of two sweeps by workload, technique set and options, and report per "
-                    "configuration the ratio of medians NEW/BASE with its 95%% bootstrap interval for throughput, "
-                    "peak memory and final metric. Exit code 1 when --fail-on trips, 2 on bad input.",
+        help="compare two sweep directories: faster / slower / no significant difference per configuration",
+        description="Match the trials of two sweeps by workload, technique set and options (and trials by id, so "
+                    "the comparison is paired), and report per configuration throughput and peak memory as "
+                    "geometric-mean ratios NEW/BASE and the metric at equal samples as a difference, each with its "
+                    "95% t interval, and an overall verdict across configurations. Exit code 1 when --fail-on trips, "
+                    "2 on bad input. See docs/regression.md.",
     )
     p.add_argument("base", type=Path, metavar="BASE_DIR", help="the reference sweep directory")
     p.add_argument("new", type=Path, metavar="NEW_DIR", help="the sweep directory judged against it")
     p.add_argument("--threshold", default="5%",
-                   help="smallest change that counts, as a percentage or fraction (default 5%%); a change counts "
-                        "when its whole 95%% interval lies beyond it")
+                   help="smallest throughput change that counts, as a percentage or fraction (default 5%%); a "
+                        "change counts when its whole 95%% interval lies beyond it (memory: 1%%; the metric: any "
+                        "difference)")
     p.add_argument("--fail-on", default="",
                    help="exit 1 when any configuration is: slower, more-memory, worse-metric, failed (NEW trials "
                         "failed where BASE ran), or regression (all of these); a comma list")
@@ -113,8 +116,9 @@ def _add_report(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "report",
         help="render report.md and report.html from one or more sweep directories",
-        description="Re-render a sweep's report from its results.jsonl (+ env.json): per workload speedups with 95%% "
-                    "intervals, memory, MFU, accuracy, time-to-target, parity; figures; claims check; failures; "
+        description="Re-render a sweep's report from its results.jsonl (+ env.json): per workload speedups with 95% "
+                    "intervals, memory, MFU, one-off costs, quality at equal samples, time-to-target, parity; "
+                    "figures; claims check; failures; "
                     "noise warnings; what to try next. Several directories are merged into one report (sweeps from "
                     "different machines are kept apart).",
     )

@@ -148,7 +148,7 @@ class CNNFashion(Workload):
                  "quality_steps": 150, "eval_points": 10},
         "small": {"widths": [32, 64, 128], "blocks_per_stage": 2, "stem_stride": 1, "batch_size": 128, "lr": 1e-3,
                   "n_train": 60000, "n_eval": 10000, "target": 0.9,
-                  "quality_steps": 400, "eval_points": 8},
+                  "quality_steps": 200, "eval_points": 8},
     }
 
     def check(self) -> str | None:
