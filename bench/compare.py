@@ -436,7 +436,7 @@ def env_differences(base: dict[str, Any], new: dict[str, Any]) -> list[EnvDiffer
         top = parts[0]
         if a == b or top in _IGNORED_KEYS:
             continue
-        if top == "peak_flops":
+        if top in ("peak_flops", "peak_flops_by_threads"):
             if parts[-1] != "flops":
                 continue
             if isinstance(a, int | float) and isinstance(b, int | float) and a > 0 and abs(b / a - 1) <= _PEAK_TOLERANCE:

@@ -223,9 +223,9 @@ def _technique_findings(c: Any, ref: Any) -> list[tuple[str, str]]:
     if quality:
         out.append(quality)
     if c.parity_ok is False:
-        head = (f"{c.technique} on {c.workload}: its first {c.parity_kind} steps differ from the fp32 reference "
-                f"(losses by {c.parity_loss_diff:.2g}, parameter distance by {c.parity_distance_diff:.2g}; "
-                f"tolerances {c.parity_loss_tol:.0e} and {c.parity_distance_tol:.0e})")
+        head = (f"{c.technique} on {c.workload}: its first steps differ from the fp32 reference (losses by "
+                f"{c.parity_loss_diff:.2g}, parameter distance by {c.parity_distance_diff:.2g}; tolerances for "
+                f"{c.parity_kind} sets {c.parity_loss_tol:.0e} and {c.parity_distance_tol:.0e})")
         if c.parity_note:
             out.append(("parity", f"{head}; {c.parity_note}"))
         else:

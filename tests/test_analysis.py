@@ -347,9 +347,9 @@ def test_diagnosis_flags_parity_quality_and_noise():
                 for i, v in enumerate([70, 100, 130])]
     texts = {f.topic: f.text for f in findings.diagnose(configs_of(records).reset_index(drop=True))}
     assert texts["parity"] == (
-        "x on mlp:tiny: its first exact steps differ from the fp32 reference (losses by 0.02, parameter distance by "
-        "0.1; tolerances 1e-03 and 1e-03): it does not compute the same thing here; check it before trusting its "
-        "speed")
+        "x on mlp:tiny: its first steps differ from the fp32 reference (losses by 0.02, parameter distance by 0.1; "
+        "tolerances for exact sets 1e-03 and 1e-03): it does not compute the same thing here; check it "
+        "before trusting its speed")
     assert texts["quality"] == ("x changes acc on mlp:tiny by -0.2 [-0.2, -0.2] at equal samples: check its "
                                 "numerics before adopting it")
     assert texts["noise"].startswith("timings are noisy for 1 of 2 configurations")

@@ -232,7 +232,8 @@ def quality_cell(c: Any) -> Cell:
     if c.is_reference:
         return Cell(f"{value} (reference)", "muted")
     if c.quality_same_exact:
-        within = "identical to" if c.curve_max_rel_diff == 0 else f"within {c.curve_max_rel_diff:.1%} (of its range) of"
+        within = "identical to" if c.curve_max_rel_diff == 0 else \
+            f"at most {c.curve_max_rel_diff:.1%} of the metric's range from"
         return Cell(f"same: exact (eval curves {within} the reference's at {c.curve_points} evaluations over "
                     f"{c.curve_pairs} seeds)", "good")
     delta = delta_cell(c.delta, c.delta_lo, c.delta_hi, c.delta_verdict, c.delta_why)
