@@ -158,12 +158,11 @@ class AbRunner:
         (self.out_dir / "ab.json").write_text(json.dumps(
             {"a": mine.describe(), "b": self.other.describe(), "command": self.command,
              "order": "per trial, alternating which side goes first (ABBA, balanced over repeats)"}, indent=2) + "\n")
-        peaks = {}
-        for side, runner in self.runners.items():
-            env = runner.prepare()
-            peaks[side] = {k: v["flops"] for k, v in env.get("peak_flops", {}).items()}
+        envs = {side: runner.prepare() for side, runner in self.runners.items()}
         trials = plan(self.cfg, self.device)
         done = {side: runner.store.done_trial_ids() for side, runner in self.runners.items()}
+        for side, runner in self.runners.items():  # each side's references come from its own code
+            runner.prepare_references([t for t in trials if t.trial_id not in done[side]])
         total, count = 2 * len(trials), 0
         position: dict[int, int] = defaultdict(int)
         for trial in trials:
@@ -177,7 +176,7 @@ class AbRunner:
                 if trial.trial_id not in done[side]:
                     # The runner's own per-trial path (one child process, timeout, soft failure), one trial at a
                     # time so the two sides interleave.
-                    record = runner._skipped(trial) if trial.skip_reason else runner._launch(trial, peaks[side])
+                    record = runner._skipped(trial) if trial.skip_reason else runner._launch(trial, envs[side])
                     runner.store.append(record)
                 count += 1
                 if on_progress:
@@ -241,7 +240,7 @@ def cmd_sweep_ab(args: argparse.Namespace, out: Any, err: Any) -> int:
             if p.record is None:
                 last = f"{p.side.upper()} {p.trial.trial_id}: already done"
             else:
-                sps = p.record.timing.get("samples_per_s")
+                sps = p.record.speed.samples_per_s if p.record.speed else None
                 detail = f"{sps:,.0f} samples/s" if p.record.status == "ok" and sps else (p.record.reason or "")[:60]
                 last = f"{p.side.upper()} {p.trial.trial_id}: {p.record.status} {detail}"
             bar.update(task, total=p.total, completed=p.done, last=last)

@@ -1,20 +1,25 @@
-"""Statistics over trial records: what sped up, by how much, with what certainty, at what cost.
+"""Statistics over trial records: what sped up, by how much, with what certainty, and how fast each set learns.
 
-Everything the report shows is computed here, once, from records (``results.jsonl``) and their environment
-(``env.json``); the report only formats it. The pipeline:
+Everything the report and the summary show is computed here, once, from records (``results.jsonl``) and their
+environment (``env.json``); the renderers only format it. Every interval and verdict comes from ``bench.stats``
+(the one engine ``bench compare`` uses too). The pipeline:
 
 - ``load(dirs)``: records of one or more sweep directories, each with its ``env.json`` (machine fingerprint);
-- ``records_frame(sweep)``: a tidy DataFrame, one row per trial, units in the column names;
-- ``configurations(frame)``: one row per machine x workload x technique set: throughput median/IQR, speedup vs the
-  reference set with a bootstrap interval (ratio of medians, resampling trials), memory and memory ratio, the
-  memory breakdown, MFU, final metric (mean +- std over seeds) and its difference from the reference with an
-  interval, time-to-target, parity, status, noise flags;
-- ``interactions(configs)``: for combined sets, the observed speedup against the product of the single ones;
-- ``claims_check(configs, envs)``: each technique's published claim beside what this sweep measured;
-- ``diagnose(...)``: short "what to try next" findings derived from the numbers.
+- ``records_frame(sweep)``: a tidy DataFrame, one row per trial (``RECORD_COLUMNS``);
+- ``configurations(frame)``: one row per machine x workload x technique set:
+  - speed: median samples/s and its spread; speedup against the reference set, paired by seed;
+  - memory: peaks and the memory ratio; the breakdown; MFU; one-off costs;
+  - quality at equal samples, judged by the set's kind: an ``exact`` set must reproduce the reference's eval curve
+    seed by seed (``EXACT_CURVE_RTOL``), ``numeric`` and ``algorithmic`` sets get the metric's difference at the
+    full budget, paired by seed; algorithmic sets also the metric at equal training time;
+  - time-to-target: censored medians (a miss is +inf and stays in), miss rate, samples-to-target, and the ratio to
+    the reference when neither missed;
+  - parity and status;
+- ``interactions(frame, configs)``: for combined sets, one paired contrast per seed: log(a+b) - log(a) - log(b) +
+  log(reference);
+- ``bench.findings``: claims check and "what to try next".
 
-Intervals and verdict wording come from ``bench.stats`` with a fixed bootstrap seed, so the same records always
-give the same report. Machines are never pooled: a speedup compares trials on the same machine only.
+Machines are never pooled: a comparison uses trials of the same machine (and, for pairing, the same sweep).
 """
 
 from __future__ import annotations
@@ -23,7 +28,7 @@ import json
 import logging
 import math
 import tomllib
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -31,27 +36,22 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from bench import stats
+from bench import findings, stats
+from bench.findings import REPLICA_BYTES_PER_PARAM, frame_of
 from bench.results import ResultStore, TrialRecord
 
 log = logging.getLogger(__name__)
 
 BASELINE = "baseline"
-SEED = 0  # bootstrap seed: the same records always give the same intervals
 BREAKDOWN = ("params", "grads", "optimizer", "activations", "other")
 MODEL_STATE = ("params", "grads", "optimizer")  # per-rank model state of multi-process trials, from local shards
 PROBLEM_STATUSES = ("failed", "oom", "timeout", "diverged")
-REPLICA_BYTES_PER_PARAM = 16  # model state of a full replica with fp32 AdamW: params 4 + grads 4 + two moments 8
 
-# Thresholds of the diagnosis ("what to try next"); each finding says the number it saw.
-DATA_WAIT_HIGH = 0.20  # data loading takes more than this fraction of the timed window
-LOW_MFU = 0.05  # below this the reference is bound by per-op overhead rather than matmul throughput
-ACTIVATIONS_DOMINANT = 0.50  # activations above this share of the tensor peak
-OPTIMIZER_DOMINANT = 0.40  # optimizer state above this share of the tensor peak
-ONE_OFF_COST_S = 0.5  # a first step longer than the reference's by more than this (and 3x) is worth a remark
-MEMORY_THRESHOLD = 0.01  # a memory ratio within 1% of 1 is "no significant difference" (allocator granularity)
-
-GPU_WORDS = ("gpu", "nvidia", "v100", "a100", "h100", "h200", "tensor core", "cuda", "tpu")
+# An exact set's eval curve must match the reference set's at every evaluation, seed by seed, within this fraction
+# of how far the reference's metric moved over the run (its range: a fraction of the value itself would blow up
+# where the metric starts near 0, an accuracy of 0.1 before training). Exact techniques reorder floating-point sums,
+# and some models amplify that over a run: see docs/methodology.md for what was measured.
+EXACT_CURVE_RTOL = 0.01
 
 
 class InputError(ValueError):
@@ -99,7 +99,7 @@ def load(dirs: Sequence[Path | str]) -> Sweep:
         try:
             records = ResultStore(results).read()
         except ValueError as exc:
-            raise InputError(f"{results}: {exc}") from None
+            raise InputError(str(exc)) from None
         env: dict[str, Any] = {}
         if (path / "env.json").is_file():
             env = json.loads((path / "env.json").read_text())
@@ -150,130 +150,126 @@ DISTRIBUTED_COLUMNS = [
 ]
 
 RECORD_COLUMNS = [
-    "source", "machine", "sweep_id", "trial_id", "timestamp_utc", "workload", "technique", "names", "components",
-    "seed", "repeat", "device", "status", "reason",
-    "samples_per_s", "tokens_per_s", "step_time_s", "step_time_iqr_s", "window_steps", "first_step_s",
-    "data_wait_frac", "contention_frac", "contended",
+    "source", "machine", "key", "sweep_id", "trial_id", "timestamp_utc", "workload", "technique", "names",
+    "components", "kind", "mode", "seed", "repeat", "position", "device", "status", "reason", "notes",
+    "batch_size", "first_step_s", "one_off_s",
+    "samples_per_s", "tokens_per_s", "step_time_s", "step_time_iqr_s", "window_steps", "data_wait_frac",
+    "contention_frac", "contended", "flops_per_step", "achieved_flops", "compute_dtype", "peak_flops", "mfu",
+    "mfu_datasheet",
     "peak_bytes", "peak_rss_bytes", *(f"mem_{c}_bytes" for c in BREAKDOWN), "breakdown_skipped",
-    "flops_per_step", "achieved_flops", "compute_dtype", "peak_flops", "mfu",
-    "metric", "higher_is_better", "final", "target", "time_to_target_s", "train_time_s", "steps_trained",
-    "budget_cut", "curve",
-    "parity_kind", "parity_ok", "parity_diff", "parity_tol", "parity_note", "energy_j",
+    "metric", "higher_is_better", "target", "budget_samples", "samples_trained", "final", "train_time_s", "cut",
+    "curve", "samples_to_target", "steps_to_target", "time_to_target_s", "time_to_target_one_off_s",
+    "parity_kind", "parity_ok", "parity_loss_diff", "parity_distance_diff", "parity_loss_tol",
+    "parity_distance_tol", "parity_note", "energy_j",
     *DISTRIBUTED_COLUMNS,
 ]
 
 
 def _record_row(r: TrialRecord, source: str, machine: str) -> dict[str, Any]:
-    timing, mem, comp, acc, par = r.timing or {}, r.memory or {}, r.compute or {}, r.accuracy or {}, r.parity or {}
-    step = timing.get("step_time_s") or {}
-    bd = mem.get("breakdown") or {}
-    contention = timing.get("contention") or {}
+    b, s, q, p, m = r.build, r.speed, r.quality, r.parity, r.memory
+    bd = (m.breakdown if m else None) or {}
     wl = r.workload or {}
     return {
-        "source": source,
-        "machine": machine,
-        "sweep_id": r.sweep_id,
-        "trial_id": r.trial_id,
-        "timestamp_utc": r.timestamp_utc,
-        "workload": f"{wl.get('name')}:{wl.get('size')}",
-        "technique": r.technique_label,
-        "names": tuple(t.get("name") for t in r.techniques),
-        "components": tuple(p for p in r.technique_label.split("+")) if r.techniques else (),
-        "seed": r.seed,
-        "repeat": r.repeat,
-        "device": r.device,
-        "status": r.status,
-        "reason": r.reason,
-        "samples_per_s": timing.get("samples_per_s"),
-        "tokens_per_s": timing.get("tokens_per_s"),
-        "step_time_s": step.get("median"),
-        "step_time_iqr_s": step.get("iqr"),
-        "window_steps": timing.get("steps"),
-        "first_step_s": timing.get("first_step_s"),
-        "data_wait_frac": timing.get("data_wait_frac"),
-        "contention_frac": contention.get("fraction"),
-        "contended": bool(timing.get("contended")),
-        "peak_bytes": mem.get("peak_bytes"),
-        "peak_rss_bytes": mem.get("peak_rss_bytes"),
+        "source": source, "machine": machine, "key": (source, r.seed), "sweep_id": r.sweep_id,
+        "trial_id": r.trial_id, "timestamp_utc": r.timestamp_utc, "workload": r.workload_label,
+        "technique": r.technique_label, "names": tuple(p.split(":")[0] for p in _components(r.technique_label)),
+        "components": _components(r.technique_label), "kind": r.kind,
+        "mode": r.mode, "seed": r.seed, "repeat": r.repeat, "position": r.position, "device": r.device,
+        "status": r.status, "reason": r.reason, "notes": tuple(r.notes),
+        "batch_size": b.batch_size if b else wl.get("batch_size"),
+        "first_step_s": b.first_step_s if b else None, "one_off_s": b.one_off_s if b else None,
+        "samples_per_s": s.samples_per_s if s else None, "tokens_per_s": s.tokens_per_s if s else None,
+        "step_time_s": s.step_time_s.median if s else None, "step_time_iqr_s": s.step_time_s.iqr if s else None,
+        "window_steps": s.steps if s else None, "data_wait_frac": s.data_wait_frac if s else None,
+        "contention_frac": s.contention.fraction if s else None, "contended": bool(s and s.contended),
+        "flops_per_step": s.flops_per_step if s else None, "achieved_flops": s.achieved_flops if s else None,
+        "compute_dtype": s.compute_dtype if s else None, "peak_flops": s.peak_flops if s else None,
+        "mfu": s.mfu if s else None, "mfu_datasheet": s.mfu_datasheet if s else None,
+        "peak_bytes": m.peak_bytes if m else None, "peak_rss_bytes": m.peak_rss_bytes if m else None,
         **{f"mem_{c}_bytes": bd.get(c) for c in BREAKDOWN},
-        "breakdown_skipped": mem.get("breakdown_skipped"),
-        "flops_per_step": comp.get("flops_per_step"),
-        "achieved_flops": comp.get("achieved_flops"),
-        "compute_dtype": comp.get("compute_dtype"),
-        "peak_flops": comp.get("peak_flops"),
-        "mfu": comp.get("mfu"),
-        "metric": acc.get("metric") or wl.get("metric"),
-        "higher_is_better": acc.get("higher_is_better", wl.get("higher_is_better")),
-        "final": acc.get("final"),
-        "target": acc.get("target"),
-        "time_to_target_s": acc.get("time_to_target_s"),
-        "train_time_s": acc.get("train_time_s"),
-        "steps_trained": acc.get("steps_trained"),
-        "budget_cut": acc.get("budget_cut"),
-        "curve": acc.get("curve") or [],
-        "parity_kind": par.get("kind"),
-        "parity_ok": par.get("ok"),
-        "parity_diff": par.get("max_rel_loss_diff"),
-        "parity_tol": par.get("tolerance"),
-        "parity_note": par.get("note"),
-        "energy_j": (r.energy or {}).get("joules"),
-        "n_params": wl.get("n_params"),
-        **_distributed_fields(r.world_size, timing, mem),
+        "breakdown_skipped": m.breakdown_skipped if m else None,
+        "metric": q.metric if q else wl.get("metric"),
+        "higher_is_better": q.higher_is_better if q else wl.get("higher_is_better"),
+        "target": q.target if q else wl.get("target"),
+        "budget_samples": q.budget_samples if q else None, "samples_trained": q.samples_trained if q else None,
+        "final": q.final if q else None, "train_time_s": q.train_time_s if q else None, "cut": q.cut if q else None,
+        "curve": q.curve if q else [], "samples_to_target": q.samples_to_target if q else None,
+        "steps_to_target": q.steps_to_target if q else None,
+        "time_to_target_s": q.time_to_target_s if q else None,
+        "time_to_target_one_off_s": q.time_to_target_with_one_off_s if q else None,
+        "parity_kind": p.kind if p else None, "parity_ok": p.ok if p else None,
+        "parity_loss_diff": p.loss_rel_diff if p else None, "parity_distance_diff": p.distance_rel_diff if p else None,
+        "parity_loss_tol": p.loss_tolerance if p else None, "parity_distance_tol": p.distance_tolerance if p else None,
+        "parity_note": p.note if p else None,
+        "energy_j": r.energy.joules if r.energy else None,
+        "n_params": b.n_params if b else wl.get("n_params"),
+        **_distributed_fields(r.world_size, s, m),
     }
 
 
-def _distributed_fields(world_size: int | None, timing: dict[str, Any], mem: dict[str, Any]) -> dict[str, Any]:
+def _components(label: str) -> tuple[str, ...]:
+    """The parts of a technique set's label ("bf16+grad_accum:steps=4"); the empty set (baseline) has none. Read
+    from the label, which every record has, even one of a trial killed before it built anything."""
+    return () if label == BASELINE else tuple(label.split("+"))
+
+
+def _distributed_fields(world_size: int | None, speed: Any, mem: Any) -> dict[str, Any]:
     """Per-rank memory (the maximum over ranks where one number stands for all) and the ZeRO formula's total."""
-    ranks = mem.get("per_rank") or []
-    cleans = [r.get("clean_rss") or {} for r in ranks] or [mem.get("clean_rss") or {}]
+    ranks = (mem.per_rank if mem else None) or []
+    cleans = [r.get("clean_rss") or {} for r in ranks] or [(mem.clean_rss if mem else None) or {}]
 
     def worst(key: str) -> int | None:
         values = [c.get(key) for c in cleans]
         return max(values) if values and all(v is not None for v in values) else None
 
-    formula = mem.get("zero_formula_bytes") or {}
+    formula = (mem.zero_formula_bytes if mem else None) or {}
     states = [r.get("model_state") or {} for r in ranks]
     largest = max(states, key=lambda st: sum(st.get(c) or 0 for c in MODEL_STATE), default={})
     return {
         "world_size": world_size or 1,
-        "samples_per_s_per_device": timing.get("samples_per_s_per_device"),
+        "samples_per_s_per_device": speed.samples_per_s_per_device if speed else None,
         "rank_peak_rss_bytes": tuple(r.get("peak_rss_bytes") for r in ranks) or None,
         "clean_rss_at_rest_bytes": worst("at_rest_bytes"),
         "clean_rss_peak_bytes": worst("peak_bytes"),
-        "model_state_bytes": mem.get("model_state_bytes"),
+        "model_state_bytes": mem.model_state_bytes if mem else None,
         **{f"state_{c}_bytes": largest.get(c) for c in MODEL_STATE},
-        "zero_stage": mem.get("zero_stage"),
+        "zero_stage": mem.zero_stage if mem else None,
         "zero_formula_bytes": formula.get("total"),
-        "zero_note": mem.get("zero_note"),
+        "zero_note": mem.zero_note if mem else None,
     }
 
 
 def records_frame(sweep: Sweep | Sequence[TrialRecord]) -> pd.DataFrame:
-    """One row per trial with the fields the analysis uses (see ``RECORD_COLUMNS``); missing values are None."""
+    """One row per trial with the fields the analysis uses (see ``RECORD_COLUMNS``); missing values are None.
+    ``key`` = (sweep directory, seed): what pairs trials of different sets."""
     if isinstance(sweep, Sweep):
         rows = [_record_row(r, s.name, s.machine) for s in sweep.sources for r in s.records]
     else:
         rows = [_record_row(r, "", "") for r in sweep]
-    return _frame(rows, RECORD_COLUMNS)
+    return frame_of(rows, RECORD_COLUMNS)
 
 
-def _frame(rows: list[dict[str, Any]], columns: list[str] | None = None) -> pd.DataFrame:
-    """A DataFrame of Python objects where missing values are None (never NaN), so formatting code can test
-    ``is None`` and tuples/lists survive."""
-    frame = pd.DataFrame(rows, columns=columns).astype(object)
-    return frame.where(frame.notna(), None)
+# ---- helpers ------------------------------------------------------------------------------------------------
 
 
-# ---- per-configuration aggregates ---------------------------------------------------------------------------
+def _ok(v: Any) -> bool:
+    return v is not None and not (isinstance(v, float) and math.isnan(v))
 
 
 def _values(series: pd.Series) -> list[float]:
-    return [float(v) for v in series if v is not None and not (isinstance(v, float) and math.isnan(v))]
+    return [float(v) for v in series if _ok(v)]
 
 
 def _median(series: pd.Series) -> float | None:
     v = _values(series)
     return float(np.median(v)) if v else None
+
+
+def keyed(rows: pd.DataFrame | None, column: str) -> dict[Any, float]:
+    """{(source, seed): value} of the rows that have one: what the statistics engine pairs on."""
+    if rows is None:
+        return {}
+    return {k: float(v) for k, v in zip(rows["key"], rows[column], strict=True) if _ok(v)}
 
 
 def _per_rank_medians(series: pd.Series) -> tuple[float, ...] | None:
@@ -284,13 +280,34 @@ def _per_rank_medians(series: pd.Series) -> tuple[float, ...] | None:
     return tuple(float(np.median(col)) for col in zip(*lists, strict=True))
 
 
-def _interval_cols(prefix: str, iv: stats.Interval | None, verdict: str | None) -> dict[str, Any]:
+def _estimate_cols(prefix: str, est: stats.Estimate | None, verdict: stats.Verdict | None) -> dict[str, Any]:
     return {
-        prefix: iv.estimate if iv else None,
-        f"{prefix}_lo": iv.lo if iv else None,
-        f"{prefix}_hi": iv.hi if iv else None,
-        f"{prefix}_verdict": verdict,
+        prefix: est.value if est else None,
+        f"{prefix}_lo": est.lo if est else None,
+        f"{prefix}_hi": est.hi if est else None,
+        f"{prefix}_n": est.n if est else None,
+        f"{prefix}_paired": est.paired if est else None,
+        f"{prefix}_verdict": verdict.word if verdict else None,
+        f"{prefix}_why": verdict.why if verdict else None,
     }
+
+
+def _compare(prefix: str, mine: Mapping[Any, float], ref: Mapping[Any, float], log: bool, threshold: float,
+             words: tuple[str, str]) -> dict[str, Any]:
+    if not mine or not ref:
+        return _estimate_cols(prefix, None, None)
+    est = stats.ratio(mine, ref) if log else stats.difference(mine, ref)
+    return _estimate_cols(prefix, est, stats.verdict(est, threshold, *words))
+
+
+def _rows(frame: pd.DataFrame, mask: Sequence[bool]) -> pd.DataFrame:
+    """The rows where ``mask`` is true (a plain list of booleans would select columns when empty)."""
+    return frame[pd.Series(list(mask), index=frame.index, dtype=bool)]
+
+
+def _complete(frame: pd.DataFrame) -> pd.DataFrame:
+    """Trials whose quality run trained the whole budget (not cut)."""
+    return _rows(frame, [bool(c) and not cut for c, cut in zip(frame["curve"], frame["cut"], strict=True)])
 
 
 def _status_text(group: pd.DataFrame) -> str:
@@ -302,73 +319,256 @@ def _status_text(group: pd.DataFrame) -> str:
 
 def _ordered_groups(frame: pd.DataFrame, baseline: str) -> list[tuple[str, str, str]]:
     """(machine, workload, technique) keys: machines in order of appearance, workloads sorted, the reference set
-    first, then technique sets in the order the sweep ran them."""
-    machines = list(dict.fromkeys(frame["machine"]))
+    first, then technique sets in the order the sweep first ran them."""
     keys = []
-    for m in machines:
+    for m in dict.fromkeys(frame["machine"]):
         fm = frame[frame["machine"] == m]
         for w in sorted(set(fm["workload"])):
-            labels = list(dict.fromkeys(fm[fm["workload"] == w]["technique"]))
+            labels = list(dict.fromkeys(fm[fm["workload"] == w].sort_values("position", kind="stable")["technique"]))
             labels.sort(key=lambda label: label != baseline)  # stable: the reference first
             keys += [(m, w, t) for t in labels]
     return keys
 
 
-def configurations(frame: pd.DataFrame, baseline: str = BASELINE, seed: int = SEED) -> pd.DataFrame:
-    """One row per machine x workload x technique set with every number of the report's main tables.
+# ---- per-configuration aggregates ---------------------------------------------------------------------------
 
-    Speedup and memory ratio are ratios of medians against the ``baseline`` set on the same machine and workload,
-    with percentile-bootstrap intervals over trials (``bench.stats``); the final metric's difference is a difference
-    of means with its interval. Only ``ok`` trials count; the status column says how many there were.
-    """
+
+@dataclass(frozen=True)
+class Thresholds:
+    """The smallest change that counts, by quantity (``bench.stats.THRESHOLDS`` by default)."""
+
+    speed: float = stats.THRESHOLDS["speed"]
+    memory: float = stats.THRESHOLDS["memory"]
+    time_to_target: float = stats.THRESHOLDS["time_to_target"]
+    metric: float = stats.THRESHOLDS["metric"]
+
+
+def configurations(frame: pd.DataFrame, baseline: str = BASELINE, thresholds: Thresholds | None = None
+                   ) -> pd.DataFrame:
+    """One row per machine x workload x technique set with every number of the report's main tables; only ``ok``
+    trials count (the status column says how many there were)."""
+    th = thresholds or Thresholds()
     rows = []
     groups = {k: g for k, g in frame.groupby(["machine", "workload", "technique"], sort=False)}
-    for key in _ordered_groups(frame, baseline):
-        machine, workload, technique = key
-        g = groups[key]
-        ok = g[g["status"] == "ok"]
+    for machine, workload, technique in _ordered_groups(frame, baseline):
+        g = groups[(machine, workload, technique)]
         ref = groups.get((machine, workload, baseline))
-        ref_ok = ref[ref["status"] == "ok"] if ref is not None else ref
         is_ref = technique == baseline
-        rows.append(_configuration(machine, workload, technique, g, ok, ref_ok, is_ref, seed))
-    return _frame(rows)
+        ok = g[g["status"] == "ok"]
+        ref_ok = ref[ref["status"] == "ok"] if ref is not None and not is_ref else None
+        row = _identity(machine, workload, technique, g, ok, is_ref)
+        row.update(_speed(ok, ref_ok, th))
+        row.update(_memory(ok, ref_ok, th))
+        row.update(_quality(ok, ref_ok, row["kind"], th))
+        row.update(_time_to_target(ok, ref_ok, th))
+        row.update(_parity(ok))
+        row["exact_quality"] = exact_quality(row)
+        row.update(_distributed(g, ok))
+        rows.append(row)
+    return frame_of(rows)
 
 
-def _configuration(machine: str, workload: str, technique: str, g: pd.DataFrame, ok: pd.DataFrame,
-                   ref: pd.DataFrame | None, is_ref: bool, seed: int) -> dict[str, Any]:
-    have_ref = ref is not None and len(ref) > 0
-    sps = _values(ok["samples_per_s"])
-    row: dict[str, Any] = {
-        "machine": machine,
-        "workload": workload,
-        "technique": technique,
-        "is_reference": is_ref,
-        "names": g["names"].iloc[0],
-        "components": g["components"].iloc[0],
-        "n_total": len(g),
-        "n_ok": len(ok),
-        "status": _status_text(g),
+def _identity(machine: str, workload: str, technique: str, g: pd.DataFrame, ok: pd.DataFrame,
+              is_ref: bool) -> dict[str, Any]:
+    first = (ok if len(ok) else g).iloc[0]  # a record that ran knows its set best (a killed trial's is bare)
+    return {
+        "machine": machine, "workload": workload, "technique": technique, "is_reference": is_ref,
+        "names": first["names"], "components": first["components"],
+        "kind": first["kind"] or "exact",
+        "n_total": len(g), "n_ok": len(ok), "status": _status_text(g),
         "skip_reason": next((r for r in g.loc[g["status"] == "skipped", "reason"] if r), None),
         "problems": sorted({f"{s}: {r}" for s, r in zip(g["status"], g["reason"], strict=True)
                             if s in PROBLEM_STATUSES}),
+        "notes": sorted({n for ns in g["notes"] for n in ns}),
+        "batch_size": next((b for b in g["batch_size"] if b), None),
+        "first_step_s": _median(ok["first_step_s"]), "one_off_s": _median(ok["one_off_s"]),
+        "world_size": g["world_size"].iloc[0],
+    }
+
+
+def _speed(ok: pd.DataFrame, ref: pd.DataFrame | None, th: Thresholds) -> dict[str, Any]:
+    sps = _values(ok["samples_per_s"])
+    row = {
         "sps_median": float(np.median(sps)) if sps else None,
         "sps_iqr": float(np.subtract(*np.percentile(sps, [75, 25]))) if sps else None,
         "sps_rel_iqr": stats.relative_iqr(sps),
+        "n_speed": len(sps),
         "n_contended": int(sum(bool(c) for c in ok["contended"])),
         "step_time_s": _median(ok["step_time_s"]),
-        "first_step_s": _median(ok["first_step_s"]),
         "data_wait_frac": _median(ok["data_wait_frac"]),
         "mfu": _median(ok["mfu"]),
+        "mfu_datasheet": _median(ok["mfu_datasheet"]),
         "compute_dtype": next((d for d in ok["compute_dtype"] if d), None),
         "flops_per_step": _median(ok["flops_per_step"]),
-        "peak_bytes": _median(ok["peak_bytes"]),
-        "peak_rss_bytes": _median(ok["peak_rss_bytes"]),
-        **{f"mem_{c}_bytes": _median(ok[f"mem_{c}_bytes"]) for c in BREAKDOWN},
-        "breakdown_skipped": next((s for s in ok["breakdown_skipped"] if s), None),
-        "train_time_s": _median(ok["train_time_s"]),
-        "steps_trained": _median(ok["steps_trained"]),
-        "n_budget_cut": int(sum(bool(c) for c in ok["budget_cut"])),
-        "world_size": g["world_size"].iloc[0],
+    }
+    row["noisy"] = row["sps_rel_iqr"] is not None and row["sps_rel_iqr"] > stats.NOISY_IQR_OVER_MEDIAN
+    row.update(_compare("speedup", keyed(ok, "samples_per_s"), keyed(ref, "samples_per_s"), True, th.speed,
+                        ("faster", "slower")))
+    return row
+
+
+def _memory(ok: pd.DataFrame, ref: pd.DataFrame | None, th: Thresholds) -> dict[str, Any]:
+    """Peaks, and the ratio on the tensor-level peak where both sides have it for every trial, else on peak RSS
+    (the two are not comparable)."""
+    row = {"peak_bytes": _median(ok["peak_bytes"]), "peak_rss_bytes": _median(ok["peak_rss_bytes"]),
+           **{f"mem_{c}_bytes": _median(ok[f"mem_{c}_bytes"]) for c in BREAKDOWN},
+           "breakdown_skipped": next((s for s in ok["breakdown_skipped"] if s), None)}
+    source, column = None, None
+    if ref is not None:
+        for name, col in (("tensors", "peak_bytes"), ("RSS", "peak_rss_bytes")):
+            mine, theirs = keyed(ok, col), keyed(ref, col)
+            if mine and theirs and len(mine) == len(ok) and len(theirs) == len(ref):
+                source, column = name, col
+                break
+    if column is None:
+        row.update(_estimate_cols("mem_ratio", None, None))
+    else:
+        row.update(_compare("mem_ratio", keyed(ok, column), keyed(ref, column), True, th.memory, ("more", "less")))
+    row["mem_ratio_source"] = source
+    return row
+
+
+def _quality(ok: pd.DataFrame, ref: pd.DataFrame | None, kind: str, th: Thresholds) -> dict[str, Any]:
+    """Quality at equal samples. Runs cut by the safety cap are counted and left out."""
+    with_quality = _rows(ok, [bool(c) for c in ok["curve"]])
+    complete = _complete(ok)
+    finals = _values(complete["final"])
+    metric = next((m for m in ok["metric"] if m), None)
+    hib = next((h for h in ok["higher_is_better"] if h is not None), None)
+    row: dict[str, Any] = {
+        "metric": metric, "higher_is_better": hib, "n_final": len(finals),
+        "n_cut": int(sum(bool(c) for c in with_quality["cut"])),
+        "budget_samples": next((b for b in with_quality["budget_samples"] if b), None),
+        "final_mean": float(np.mean(finals)) if finals else None,
+        "final_std": float(np.std(finals, ddof=1)) if len(finals) > 1 else (0.0 if finals else None),
+        "train_time_s": _median(complete["train_time_s"]),
+    }
+    ref_complete = _complete(ref) if ref is not None else None
+    words = ("better", "worse") if hib is not False else ("worse", "better")
+    row.update(_compare("delta", keyed(complete, "final"), keyed(ref_complete, "final"), False, th.metric, words))
+    row.update(_curve_match(complete, ref_complete) if kind == "exact" else
+               {"curve_max_rel_diff": None, "curve_pairs": 0, "curve_points": 0})
+    same = (kind == "exact" and row["curve_pairs"] > 0 and row["curve_max_rel_diff"] is not None
+            and row["curve_max_rel_diff"] <= EXACT_CURVE_RTOL)
+    row["quality_same_exact"] = same
+    row.update(_equal_time(complete, ref_complete, words, th))
+    return row
+
+
+EXACT_QUALITY = {
+    "identical": "its eval curves match the reference's seed by seed",
+    "drift": "its first steps match the reference (parity ok) and its metric at the full budget does not differ "
+             "significantly, but its eval curves drift apart: floating-point rounding amplified over the run",
+    "unverified drift": "its eval curves drift apart, and without parity or a verdict on its metric difference "
+                        "(fewer than 3 seeds) rounding cannot be told from a real change",
+    "expected mismatch": "its eval curves differ for a known reason (the parity note says which)",
+    "drift changes quality": "its first steps match the reference, yet its metric at the full budget differs: "
+                             "floating-point rounding amplified into a real difference",
+    "bug": "its first steps do not match the reference: it does not compute the same thing",
+}
+
+
+def exact_quality(c: dict[str, Any]) -> str | None:
+    """How an exact set's quality compares with the reference's (a key of ``EXACT_QUALITY``), or None for other
+    kinds or without curves on both sides."""
+    if c["kind"] != "exact" or c["is_reference"] or not c["curve_pairs"]:
+        return None
+    if c["quality_same_exact"]:
+        return "identical"
+    if c["parity_note"]:
+        return "expected mismatch"
+    if c["parity_ok"] is False:
+        return "bug"
+    if c["delta_verdict"] in ("better", "worse"):
+        return "drift changes quality"
+    if c["parity_ok"] is None or c["delta_verdict"] != stats.SAME:
+        return "unverified drift"
+    return "drift"
+
+
+def _curve_match(mine: pd.DataFrame, ref: pd.DataFrame | None) -> dict[str, Any]:
+    """The largest difference between an exact set's eval curve and the reference's, over the seeds both ran and
+    the sample counts both evaluated at, as a fraction of the range the reference's metric covered in that seed."""
+    out = {"curve_max_rel_diff": None, "curve_pairs": 0, "curve_points": 0}
+    if ref is None or ref.empty:
+        return out
+    ref_curves = {k: c for k, c in zip(ref["key"], ref["curve"], strict=True)}
+    worst, pairs, points = 0.0, 0, 0
+    for key, curve in zip(mine["key"], mine["curve"], strict=True):
+        theirs = {p[0]: p[-1] for p in ref_curves.get(key, []) if _ok(p[-1])}
+        shared = [(p[-1], theirs[p[0]]) for p in curve if p[0] in theirs and _ok(p[-1])]
+        if not shared:
+            continue
+        pairs += 1
+        points += len(shared)
+        scale = max(max(theirs.values()) - min(theirs.values()), 1e-12)
+        worst = max(worst, *(abs(a - b) / scale for a, b in shared))
+    if pairs:
+        out.update(curve_max_rel_diff=worst, curve_pairs=pairs, curve_points=points)
+    return out
+
+
+def metric_at_time(curve: Sequence[Sequence[Any]], seconds: float) -> float | None:
+    """The metric of the last evaluation whose training clock is at most ``seconds``."""
+    reached = [p for p in curve if _ok(p[2]) and p[2] <= seconds and _ok(p[-1])]
+    return float(reached[-1][-1]) if reached else None
+
+
+def _equal_time(mine: pd.DataFrame, ref: pd.DataFrame | None, words: tuple[str, str], th: Thresholds
+                ) -> dict[str, Any]:
+    """The metric at equal training time: at the reference's median training clock (for sets that change how
+    fast a model learns, the other half of the question)."""
+    budget = _median(ref["train_time_s"]) if ref is not None and not ref.empty else None
+    if budget is None or mine.empty:
+        return {"equal_time_s": None, **_estimate_cols("delta_at_time", None, None)}
+    at = {k: metric_at_time(c, budget) for k, c in zip(mine["key"], mine["curve"], strict=True)}
+    ref_at = {k: metric_at_time(c, budget) for k, c in zip(ref["key"], ref["curve"], strict=True)}
+    at = {k: v for k, v in at.items() if v is not None}
+    ref_at = {k: v for k, v in ref_at.items() if v is not None}
+    return {"equal_time_s": budget, **_compare("delta_at_time", at, ref_at, False, th.metric, words)}
+
+
+def _time_to_target(ok: pd.DataFrame, ref: pd.DataFrame | None, th: Thresholds) -> dict[str, Any]:
+    """Censored medians (a miss is +inf), the miss rate, and the ratio to the reference's time-to-target when
+    neither side missed in any trial."""
+    runs = _complete(ok)
+    target = next((t for t in ok["target"] if t is not None), None)
+    ttt = list(runs["time_to_target_s"])
+    row: dict[str, Any] = {
+        "target": target, "n_ttt": len(ttt),
+        "ttt_median": stats.censored_median(ttt), "ttt_miss_rate": stats.miss_rate(ttt),
+        "ttt_one_off_median": stats.censored_median(list(runs["time_to_target_one_off_s"])),
+        "stt_median": stats.censored_median(list(runs["samples_to_target"])),
+    }
+    mine = keyed(runs, "time_to_target_s")
+    ref_runs = None if ref is None else _complete(ref)
+    theirs = keyed(ref_runs, "time_to_target_s")
+    missed = (len(mine) < len(runs)) or (ref_runs is not None and len(theirs) < len(ref_runs))
+    if ref_runs is None or target is None or missed or not mine or not theirs:
+        row.update(_estimate_cols("ttt_ratio", None, None))
+        if ref_runs is not None and missed:
+            row["ttt_ratio_why"] = "misses on one side: compare the censored medians and miss rates"
+        return row
+    row.update(_compare("ttt_ratio", mine, theirs, True, th.time_to_target, ("later", "sooner")))
+    return row
+
+
+def _parity(ok: pd.DataFrame) -> dict[str, Any]:
+    oks = [o for o in ok["parity_ok"] if o is not None]
+    loss, distance = _values(ok["parity_loss_diff"]), _values(ok["parity_distance_diff"])
+    return {
+        "parity_kind": next((k for k in ok["parity_kind"] if k), None),
+        "parity_ok": all(oks) if oks else None,
+        "parity_loss_diff": max(loss) if loss else None,
+        "parity_distance_diff": max(distance) if distance else None,
+        "parity_loss_tol": next((t for t in ok["parity_loss_tol"] if t is not None), None),
+        "parity_distance_tol": next((t for t in ok["parity_distance_tol"] if t is not None), None),
+        "parity_note": next((n for n in ok["parity_note"] if n), None),
+    }
+
+
+def _distributed(g: pd.DataFrame, ok: pd.DataFrame) -> dict[str, Any]:
+    row = {
         "sps_per_device_median": _median(ok["samples_per_s_per_device"]),
         "rank_peak_rss_bytes": _per_rank_medians(ok["rank_peak_rss_bytes"]),
         "clean_rss_at_rest_bytes": _median(ok["clean_rss_at_rest_bytes"]),
@@ -385,70 +585,23 @@ def _configuration(machine: str, workload: str, technique: str, g: pd.DataFrame,
     state = row["model_state_bytes"]
     ratio = state / (REPLICA_BYTES_PER_PARAM * n_params) if state and n_params else None
     row.update(n_params=n_params, model_state_ratio=ratio, model_state_ratio_lo=ratio, model_state_ratio_hi=ratio)
-    row["noisy"] = row["sps_rel_iqr"] is not None and row["sps_rel_iqr"] > stats.NOISY_IQR_OVER_MEDIAN
-
-    # Speedup: ratio of median throughputs, interval over trials.
-    ref_sps = _values(ref["samples_per_s"]) if have_ref else []
-    iv = stats.ratio_of_medians(sps, ref_sps, seed=seed) if sps and ref_sps and not is_ref else None
-    row.update(_interval_cols("speedup", iv, stats.ratio_verdict(iv, 0.0, "faster", "slower") if iv else None))
-
-    # Memory ratio: the tensor-level peak where both sides have it, else peak RSS (the two are not comparable).
-    mine_t, ref_t = _values(ok["peak_bytes"]), _values(ref["peak_bytes"]) if have_ref else []
-    mine_r, ref_r = _values(ok["peak_rss_bytes"]), _values(ref["peak_rss_bytes"]) if have_ref else []
-    miv, source = None, None
-    if not is_ref and mine_t and ref_t:
-        miv, source = stats.ratio_of_medians(mine_t, ref_t, seed=seed), "tensors"
-    elif not is_ref and mine_r and ref_r:
-        miv, source = stats.ratio_of_medians(mine_r, ref_r, seed=seed), "RSS"
-    mverdict = stats.ratio_verdict(miv, MEMORY_THRESHOLD, "more", "less") if miv else None
-    row.update(_interval_cols("mem_ratio", miv, mverdict))
-    row["mem_ratio_source"] = source
-
-    # Final metric: mean +- std over seeds; difference of means against the reference.
-    finals = _values(ok["final"])
-    metric = next((m for m in g["metric"] if m), None)
-    hib = next((h for h in g["higher_is_better"] if h is not None), None)
-    row.update(metric=metric, higher_is_better=hib, n_final=len(finals),
-               final_mean=float(np.mean(finals)) if finals else None,
-               final_std=float(np.std(finals, ddof=1)) if len(finals) > 1 else (0.0 if finals else None))
-    ref_finals = _values(ref["final"]) if have_ref else []
-    div = stats.difference_of_means(finals, ref_finals, seed=seed) if finals and ref_finals and not is_ref else None
-    better, worse = ("better", "worse") if hib is not False else ("worse", "better")
-    row.update(_interval_cols("delta", div, stats.difference_verdict(div, better, worse) if div else None))
-
-    # Time to target: median over the trials that reached it; against the reference as "x times sooner".
-    target = next((t for t in g["target"] if t is not None), None)
-    ttt = _values(ok["time_to_target_s"])
-    ref_ttt = _values(ref["time_to_target_s"]) if have_ref else []
-    row.update(target=target, n_reached=len(ttt), ttt_median=float(np.median(ttt)) if ttt else None)
-    tiv = stats.ratio_of_medians(ref_ttt, ttt, seed=seed) if ttt and ref_ttt and not is_ref else None
-    row.update(_interval_cols("ttt_speedup", tiv, stats.ratio_verdict(tiv, 0.0, "sooner", "later") if tiv else None))
-
-    # Parity: every ok trial's first losses against the eager fp32 reference.
-    oks = [o for o in ok["parity_ok"] if o is not None]
-    diffs = _values(ok["parity_diff"])
-    row.update(
-        parity_kind=next((k for k in ok["parity_kind"] if k), None),
-        parity_ok=all(oks) if oks else None,
-        parity_diff=max(diffs) if diffs else None,
-        parity_tol=next((t for t in ok["parity_tol"] if t is not None), None),
-        parity_note=next((n for n in ok["parity_note"] if n), None),
-    )
     return row
 
 
 # ---- combined techniques ------------------------------------------------------------------------------------
 
 
-def interactions(configs: pd.DataFrame) -> pd.DataFrame:
-    """For each combined set (``a+b``): the observed speedup beside the product of its parts' speedups.
+def interactions(frame: pd.DataFrame, configs: pd.DataFrame, baseline: str = BASELINE) -> pd.DataFrame:
+    """For each combined set (``a+b``): the observed speedup beside the product of its parts', and the paired
+    contrast log(a+b) - log(a) - log(b) + log(reference) per seed (one joint estimate, so the uncertainty of all
+    four sets is counted once).
 
-    ``verdict``: "gains multiply" when the product lies inside the observed interval, "gains partly cancel" when
-    the combination is below it, "more than multiplicative" when above; "cannot tell" when a part was not measured
-    alone (or without an interval).
+    ``verdict``: "gains multiply" (the contrast's interval contains 1), "gains partly cancel" (below 1), "more than
+    multiplicative" (above 1), or "no verdict" with the reason.
     """
     rows = []
     by_key = {(r.machine, r.workload, r.technique): r for r in configs.itertuples()}
+    ok = frame[frame["status"] == "ok"]
     for c in configs.itertuples():
         if len(c.components) < 2 or c.is_reference:
             continue
@@ -458,268 +611,24 @@ def interactions(configs: pd.DataFrame) -> pd.DataFrame:
         row = {"machine": c.machine, "workload": c.workload, "technique": c.technique,
                "components": c.components, "parts": [None if r is None else r.speedup for r in parts],
                "observed": c.speedup, "observed_lo": c.speedup_lo, "observed_hi": c.speedup_hi,
-               "product": product, "ratio": None, "verdict": None}
+               "product": product, "ratio": None, "ratio_lo": None, "ratio_hi": None, "verdict": None, "why": None}
         if missing or c.speedup is None:
-            what = ", ".join(missing) if missing else c.technique
-            row["verdict"] = f"cannot tell: {what} has no speedup measured"
-        else:
-            row["ratio"] = c.speedup / product
-            if c.speedup_lo is None:
-                row["verdict"] = "cannot tell: not enough repeats for an interval"
-            elif product > c.speedup_hi:
-                row["verdict"] = "gains partly cancel"
-            elif product < c.speedup_lo:
-                row["verdict"] = "more than multiplicative"
-            else:
-                row["verdict"] = "gains multiply"
+            row["verdict"] = stats.NONE
+            row["why"] = f"{', '.join(missing) if missing else c.technique} has no speedup measured"
+            rows.append(row)
+            continue
+        here = ok[(ok["machine"] == c.machine) & (ok["workload"] == c.workload)]
+        sps = {label: keyed(rows, "samples_per_s") for label, rows in here.groupby("technique")}
+        terms = [(sps.get(c.technique, {}), 1.0), *((sps.get(p, {}), -1.0) for p in c.components),
+                 (sps.get(baseline, {}), float(len(c.components) - 1))]
+        est = stats.contrast(terms, log=True)
+        v = stats.verdict(est, 0.0, "more than multiplicative", "gains partly cancel")
+        row.update(ratio=est.value, ratio_lo=est.lo, ratio_hi=est.hi,
+                   verdict="gains multiply" if v.word == stats.SAME else v.word, why=v.why)
         rows.append(row)
     cols = ["machine", "workload", "technique", "components", "parts", "observed", "observed_lo", "observed_hi",
-            "product", "ratio", "verdict"]
-    return _frame(rows, cols)
-
-
-# ---- claims check -------------------------------------------------------------------------------------------
-
-
-def registered_claims() -> dict[str, tuple[Any, ...]]:
-    """Each registered technique's published claims, by technique name."""
-    import techniques
-
-    return {name: tuple(cls.claims) for name, cls in techniques.registry().items() if cls.claims}
-
-
-_CLAIM_FIELDS = {"speedup": "speedup", "memory_ratio": "mem_ratio", "model_state_ratio": "model_state_ratio"}
-
-
-def claims_check(configs: pd.DataFrame, machines: dict[str, dict[str, Any]] | None = None,
-                 claims: dict[str, tuple[Any, ...]] | None = None) -> pd.DataFrame:
-    """Each single technique's published claim beside this sweep's measurement, with a verdict and, when the two
-    disagree, why this hardware may differ from the claim's.
-
-    ``verdict``: "within" (the estimate lies in the claimed range), "below" or "above"; ``certain`` is False when
-    the estimate is outside the range but its interval still reaches it, None without an interval.
-    """
-    claims = registered_claims() if claims is None else claims
-    machines = machines or {}
-    rows = []
-    refs = {(r.machine, r.workload): r for r in configs.itertuples() if r.is_reference}
-    for c in configs.itertuples():
-        if c.is_reference or len(c.names) != 1 or c.names[0] not in claims:
-            continue
-        for claim in claims[c.names[0]]:
-            col = _CLAIM_FIELDS.get(claim.metric)
-            if col is None:
-                continue
-            est, lo, hi = getattr(c, col), getattr(c, f"{col}_lo"), getattr(c, f"{col}_hi")
-            row = {"machine": c.machine, "workload": c.workload, "technique": c.technique,
-                   "name": c.names[0], "metric": claim.metric, "low": claim.low, "high": claim.high,
-                   "setting": claim.setting, "source": claim.source, "measured": est, "measured_lo": lo,
-                   "measured_hi": hi, "verdict": None, "certain": None, "why": []}
-            if est is None:
-                row["verdict"] = "not measured"
-                row["why"] = [c.skip_reason] if c.skip_reason else list(c.problems)
-            else:
-                # Exact bytes may miss a range's edge by shard padding (uneven tensors): allow 1% there.
-                slack = MEMORY_THRESHOLD if claim.metric == "model_state_ratio" else 0.0
-                if claim.low * (1 - slack) <= est <= claim.high * (1 + slack):
-                    row["verdict"] = "within"
-                else:
-                    row["verdict"] = "below" if est < claim.low else "above"
-                if lo is not None and hi is not None:
-                    row["certain"] = row["verdict"] == "within" or hi < claim.low or lo > claim.high
-                if row["verdict"] != "within":
-                    ref = refs.get((c.machine, c.workload))
-                    row["why"] = why_hardware_differs(c.names[0], claim, c, ref, machines.get(c.machine, {}))
-            rows.append(row)
-    cols = ["machine", "workload", "technique", "name", "metric", "low", "high", "setting", "source", "measured",
-            "measured_lo", "measured_hi", "verdict", "certain", "why"]
-    return _frame(rows, cols)
-
-
-def _peak(env: dict[str, Any], dtype: str) -> float | None:
-    entry = (env.get("peak_flops") or {}).get(dtype) or {}
-    return entry.get("flops") if isinstance(entry, dict) else entry
-
-
-def why_hardware_differs(name: str, claim: Any, config: Any, ref: Any, env: dict[str, Any]) -> list[str]:
-    """Reasons, read off this sweep's own measurements, why a result may differ from a published claim; the most
-    specific first (the dtype's measured matmul peak, then where the claim was made, then the model's scale)."""
-    reasons = []
-    dtype = config.compute_dtype
-    fp32, low = _peak(env, "float32"), _peak(env, dtype) if dtype else None
-    if dtype and dtype != "float32" and fp32 and low:
-        ratio = low / fp32
-        speed = f"{dtype} matmul peaks at {low / 1e9:,.0f} GFLOP/s here vs {fp32 / 1e9:,.0f} for float32 ({ratio:.2g}x)"
-        if ratio < 1:
-            flags = env.get("cpu_flags") or {}
-            wanted = {"bfloat16": ("avx512_bf16", "amx_bf16"), "float16": ("avx512_fp16",)}.get(dtype, ())
-            absent = [f for f in wanted if flags.get(f) is False]
-            unit = f" (no {' / '.join(absent)})" if absent and not str(config.machine).startswith("cuda") else ""
-            reasons.append(f"{speed}: no fast {dtype} matmul units{unit}")
-        else:
-            reasons.append(speed)
-    device = str(config.machine).split(",")[0] if config.machine else ""
-    if any(w in claim.setting.lower() for w in GPU_WORDS) and not device.startswith("cuda"):
-        reasons.append(f"the claim comes from GPUs; this ran on a CPU ({env.get('cpu_model') or 'unknown'})")
-    if ref is not None and ref.mfu is not None and ref.mfu < LOW_MFU:
-        reasons.append(f"the reference reaches {ref.mfu:.1%} MFU: a model this small is bound by per-op overhead, "
-                       "so faster arithmetic helps less")
-    if ref is not None and ref.data_wait_frac is not None and ref.data_wait_frac > DATA_WAIT_HIGH:
-        reasons.append(f"data loading takes {ref.data_wait_frac:.0%} of the reference's timed window")
-    if claim.metric == "model_state_ratio" and config.world_size and config.zero_formula_bytes and config.n_params:
-        predicted = config.zero_formula_bytes / (REPLICA_BYTES_PER_PARAM * config.n_params)
-        reasons.append(f"with {config.world_size} ranks and fp32 AdamW the ZeRO formula itself predicts "
-                       f"{predicted:.2f}x; the claim's ratio needs more ranks (and mixed precision, where the "
-                       "fp32 master copy counts as optimizer state)")
-    if name == "compile" and config.first_step_s is not None:
-        reasons.append(f"compile time is kept out of the speedup (first step {config.first_step_s:.1f} s)")
-    if not reasons:
-        reasons.append("no hardware difference measured; the workload (model size, batch) differs from the claim's")
-    return reasons
-
-
-# ---- diagnosis ----------------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Finding:
-    """One "what to try next" item: where it applies and what the numbers say."""
-
-    machine: str
-    workload: str | None  # None: across workloads
-    technique: str | None  # None: the workload (or the machine) as a whole
-    topic: str  # data, overhead, memory, compile, slower, accuracy, parity, claim, interaction, noise
-    text: str
-
-
-def _reference_findings(c: Any) -> list[tuple[str, str]]:
-    out = []
-    if c.mfu is not None and c.mfu < LOW_MFU:
-        out.append(("overhead", f"{c.workload} reaches {c.mfu:.1%} MFU at {c.technique}: per-op overhead dominates "
-                                "a model this small; a larger batch or model, or torch.compile (fuses ops), shows "
-                                "technique effects closer to published ones"))
-    peak = c.peak_bytes
-    if peak and c.mem_activations_bytes is not None and c.mem_activations_bytes / peak > ACTIVATIONS_DOMINANT:
-        out.append(("memory", f"activations are {c.mem_activations_bytes / peak:.0%} of {c.workload}'s tensor "
-                              "peak: activation checkpointing or gradient accumulation cut the peak most"))
-    if peak and c.mem_optimizer_bytes is not None and c.mem_optimizer_bytes / peak > OPTIMIZER_DOMINANT:
-        out.append(("memory", f"optimizer state is {c.mem_optimizer_bytes / peak:.0%} of {c.workload}'s tensor "
-                              "peak: a sharded (ZeRO) or 8-bit optimizer saves most"))
-    return out
-
-
-def fewer_steps(c: Any, ref: Any) -> str | None:
-    """'trained 40 of the reference's 61 steps in the time budget' when the time cap cut ``c`` short of ``ref``."""
-    if ref is None or not c.n_budget_cut or not c.steps_trained or not ref.steps_trained:
-        return None
-    if c.steps_trained >= ref.steps_trained:
-        return None
-    return f"trained {c.steps_trained:.0f} of the reference's {ref.steps_trained:.0f} steps in the time budget"
-
-
-def _technique_findings(c: Any, ref: Any) -> list[tuple[str, str]]:
-    out = []
-    if ref is not None and c.first_step_s is not None and ref.first_step_s is not None:
-        extra = c.first_step_s - ref.first_step_s
-        saved_per_step = (ref.step_time_s - c.step_time_s) if ref.step_time_s and c.step_time_s else None
-        steps = c.steps_trained or 0
-        gain = saved_per_step * steps if saved_per_step is not None else None
-        if extra > ONE_OFF_COST_S and c.first_step_s > 3 * ref.first_step_s and (gain is None or gain < extra):
-            head = f"{c.technique}'s first step on {c.workload} takes {extra:.1f} s longer than {ref.technique}'s"
-            if saved_per_step and saved_per_step > 0:
-                even = math.ceil(extra / saved_per_step)
-                out.append(("compile", f"{head}, more than the {gain:.1f} s it saves over the {steps:.0f} steps "
-                                       f"trained here; it pays off after about {even:,} steps"))
-            else:
-                out.append(("compile", f"{head} and its steps are not faster here: it does not pay off"))
-    if c.speedup_verdict == "slower":
-        mem = ""
-        if c.mem_ratio_verdict == "less":
-            mem = (f"; it cuts peak memory to {c.mem_ratio:.2f}x ({c.mem_ratio_source}), so use it only when memory "
-                   "is the limit")
-        out.append(("slower", f"{c.technique} is {1 - c.speedup:.0%} slower than {ref.technique} on {c.workload} "
-                              f"({c.speedup:.2f}x){mem}"))
-    if c.delta_verdict == "worse":
-        head = (f"{c.technique} changes {c.metric} on {c.workload} by {c.delta:+.4g} "
-                f"[{c.delta_lo:+.4g}, {c.delta_hi:+.4g}]")
-        fewer = fewer_steps(c, ref)
-        if fewer and c.parity_ok and c.parity_kind == "exact":
-            out.append(("accuracy", f"{head}, but it {fewer} and its first losses match the reference: the gap is "
-                                    "training time, not numerics (raise --seconds to compare at equal steps)"))
-        elif fewer:
-            out.append(("accuracy", f"{head}, but it {fewer}: compare at equal steps (raise --seconds) before "
-                                    "judging its numerics"))
-        else:
-            out.append(("accuracy", f"{head}: check its numerics before adopting it"))
-    if c.parity_ok is False:
-        head = (f"{c.technique} on {c.workload}: the first losses differ from the fp32 reference by "
-                f"{c.parity_diff:.2g} (tolerance {c.parity_tol:.0e})")
-        if c.parity_note:
-            out.append(("parity", f"{head}; {c.parity_note}"))
-        else:
-            out.append(("parity", f"{head}: it does not compute the same thing here; check it before trusting "
-                                  "its speed"))
-    return out
-
-
-def diagnose(configs: pd.DataFrame, interactions_: pd.DataFrame | None = None,
-             claims: pd.DataFrame | None = None) -> list[Finding]:
-    """Short, number-backed suggestions: bottlenecks (data wait, per-op overhead, the largest memory category),
-    one-off costs larger than their gain, techniques slower than the reference or than claimed, accuracy loss,
-    parity failures, gains that cancel when combined, and noisy timings."""
-    out: list[Finding] = []
-    refs = {(r.machine, r.workload): r for r in configs.itertuples() if r.is_reference}
-    for (machine, workload), rows in configs.groupby(["machine", "workload"], sort=False):
-        waits = [(r.technique, r.data_wait_frac) for r in rows.itertuples()
-                 if r.n_ok and r.data_wait_frac is not None and r.data_wait_frac > DATA_WAIT_HIGH]
-        if waits:
-            lo, hi = min(w for _, w in waits), max(w for _, w in waits)
-            share = f"{lo:.0%}" if f"{lo:.0%}" == f"{hi:.0%}" else f"{lo:.0%}-{hi:.0%}"
-            sets = "every technique set" if len(waits) == int((rows["n_ok"].astype(int) > 0).sum()) else \
-                ", ".join(t for t, _ in waits)
-            out.append(Finding(machine, workload, None, "data",
-                               f"{workload} waits for data {share} of the timed window ({sets}): the input "
-                               "pipeline limits throughput; prefetch or cache batches before tuning the model"))
-    for c in configs.itertuples():
-        if c.n_ok == 0:
-            continue
-        ref = refs.get((c.machine, c.workload))
-        found = _reference_findings(c) if c.is_reference else _technique_findings(c, ref)
-        out += [Finding(c.machine, c.workload, None if c.is_reference else c.technique, t, x) for t, x in found]
-
-    for machine, rows in configs.groupby("machine", sort=False):
-        by_reason: dict[str, list[str]] = {}
-        for c in rows.itertuples():
-            for problem in c.problems:
-                by_reason.setdefault(problem, []).append(f"{c.technique} on {c.workload}")
-        for problem, where in by_reason.items():
-            out.append(Finding(machine, None, None, "failure",
-                               f"{len(where)} configuration{'s' if len(where) > 1 else ''} had trials end in "
-                               f"{problem} ({', '.join(where)}): fix that before reading their numbers"))
-    if claims is not None and not claims.empty:
-        below = claims[(claims["verdict"] == "below") & (claims["metric"] == "speedup")]
-        for (machine, technique), rows in below.groupby(["machine", "technique"], sort=False):
-            first = rows.iloc[0]
-            measured = ", ".join(f"{r.measured:.2f}x on {r.workload}" for r in rows.itertuples())
-            why = f": {first['why'][0]}" if first["why"] else ""
-            out.append(Finding(machine, None, technique, "claim",
-                               f"{technique} is slower here than claimed ({measured}; claimed {first['low']:g}-"
-                               f"{first['high']:g}x on {first['setting']}){why}"))
-    if interactions_ is not None:
-        for it in interactions_.itertuples():
-            if it.verdict == "gains partly cancel":
-                out.append(Finding(it.machine, it.workload, it.technique, "interaction",
-                                   f"{it.technique} on {it.workload} gives {it.observed:.2f}x, less than the "
-                                   f"{it.product:.2f}x product of its parts: the gains partly cancel"))
-    for machine, rows in configs.groupby("machine", sort=False):
-        ran = rows[rows["n_ok"].astype(int) > 0]
-        noisy = ran[ran["noisy"].astype(bool) | (ran["n_contended"].astype(int) > 0)]
-        if len(noisy):
-            out.append(Finding(machine, None, None, "noise",
-                               f"timings are noisy for {len(noisy)} of {len(ran)} configurations (spread above "
-                               f"{stats.NOISY_IQR_OVER_MEDIAN:.0%} of the median, or other processes using the "
-                               "CPU): rerun with more repeats on an idle machine before trusting small differences"))
-    return out
+            "product", "ratio", "ratio_lo", "ratio_hi", "verdict", "why"]
+    return frame_of(rows, cols)
 
 
 # ---- everything at once -------------------------------------------------------------------------------------
@@ -735,7 +644,8 @@ class Analysis:
     configs: pd.DataFrame
     interactions: pd.DataFrame
     claims: pd.DataFrame
-    findings: list[Finding]
+    findings: list[findings.Finding]
+    thresholds: Thresholds = field(default_factory=Thresholds)
 
     @property
     def machines(self) -> list[str]:
@@ -747,7 +657,7 @@ class Analysis:
         return self.frame[self.frame["status"] != "ok"]
 
 
-def analyze(sweep: Sweep, baseline: str = BASELINE, seed: int = SEED,
+def analyze(sweep: Sweep, baseline: str = BASELINE, thresholds: Thresholds | None = None,
             claims: dict[str, tuple[Any, ...]] | None = None) -> Analysis:
     frame = records_frame(sweep)
     if frame.empty:
@@ -756,7 +666,8 @@ def analyze(sweep: Sweep, baseline: str = BASELINE, seed: int = SEED,
     if baseline not in set(frame["technique"]):
         known = ", ".join(dict.fromkeys(frame["technique"]))
         raise InputError(f"reference technique set '{baseline}' is not in these records (sets here: {known})")
-    configs = configurations(frame, baseline, seed)
-    inter = interactions(configs)
-    checked = claims_check(configs, sweep.machines, claims)
-    return Analysis(sweep, baseline, frame, configs, inter, checked, diagnose(configs, inter, checked))
+    th = thresholds or Thresholds()
+    configs = configurations(frame, baseline, th)
+    inter = interactions(frame, configs, baseline)
+    checked = findings.claims_check(configs, sweep.machines, claims)
+    return Analysis(sweep, baseline, frame, configs, inter, checked, findings.diagnose(configs, inter, checked), th)

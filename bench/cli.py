@@ -38,15 +38,23 @@ def _add_sweep(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--preset", default=None, choices=list(PRESETS),
                    help="starting settings (default: quick; smoke takes about a minute, standard is for a laptop)")
-    p.add_argument("--config", type=Path, help="TOML file with the same fields as the flags (see README)")
+    p.add_argument("--config", type=Path, help="TOML file with the same fields as the flags (see docs/commands.md)")
     p.add_argument("--workloads", help="comma list of name[:size], e.g. mlp,gpt:small (see `python -m bench list`)")
     p.add_argument("--techniques",
                    help="comma list of technique sets; '+' joins a combination, ':k=v' sets options, "
                         "e.g. bf16,grad_accum:steps=4,bf16+compile (baseline is always added)")
     p.add_argument("--repeats", type=int, help="repeats (seeds) per configuration")
     p.add_argument("--seed", type=int, help="seed of repeat 0 (repeat r uses seed + r)")
-    p.add_argument("--steps", type=int, help="training steps per trial (accuracy phase budget)")
-    p.add_argument("--seconds", type=float, help="wall-clock cap on each trial's training (eval excluded)")
+    p.add_argument("--mode", choices=["speed", "quality", "both"],
+                   help="what each trial measures: speed (timed window and memory), quality (the quality run: "
+                        "metric at equal samples, time-to-target), or both (default)")
+    p.add_argument("--steps", type=int,
+                   help="quality budget: optimizer steps at the workload's batch, the same samples for every set "
+                        "(default: each workload size's documented budget, the one its target was set for)")
+    p.add_argument("--eval-points", type=int,
+                   help="evaluations over the quality budget (default: the workload size's)")
+    p.add_argument("--seconds", type=float,
+                   help="safety cap on a quality run's training clock; a run it cuts is marked and not compared")
     p.add_argument("--window-steps", type=int, help="minimum steps in the timed window")
     p.add_argument("--window-seconds", type=float, help="minimum seconds in the timed window")
     p.add_argument("--timeout", type=float, help="seconds before a trial process is killed (recorded as timeout)")
@@ -84,16 +92,19 @@ def _add_env(sub: argparse._SubParsersAction) -> None:
 def _add_compare(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "compare",
-        help="compare two sweep directories: faster / slower / no significant change per configuration",
-        description="Match the trials of two sweeps by workload, technique set and options, and report per "
-                    "configuration the ratio of medians NEW/BASE with its 95%% bootstrap interval for throughput, "
-                    "peak memory and final metric. Exit code 1 when --fail-on trips, 2 on bad input.",
+        help="compare two sweep directories: faster / slower / no significant difference per configuration",
+        description="Match the trials of two sweeps by workload, technique set and options (and trials by id, so "
+                    "the comparison is paired), and report per configuration throughput and peak memory as "
+                    "geometric-mean ratios NEW/BASE and the metric at equal samples as a difference, each with its "
+                    "95% t interval, and an overall verdict across configurations. Exit code 1 when --fail-on trips, "
+                    "2 on bad input. See docs/regression.md.",
     )
     p.add_argument("base", type=Path, metavar="BASE_DIR", help="the reference sweep directory")
     p.add_argument("new", type=Path, metavar="NEW_DIR", help="the sweep directory judged against it")
     p.add_argument("--threshold", default="5%",
-                   help="smallest change that counts, as a percentage or fraction (default 5%%); a change counts "
-                        "when its whole 95%% interval lies beyond it")
+                   help="smallest throughput change that counts, as a percentage or fraction (default 5%%); a "
+                        "change counts when its whole 95%% interval lies beyond it (memory: 1%%; the metric: any "
+                        "difference)")
     p.add_argument("--fail-on", default="",
                    help="exit 1 when any configuration is: slower, more-memory, worse-metric, failed (NEW trials "
                         "failed where BASE ran), or regression (all of these); a comma list")
@@ -105,8 +116,9 @@ def _add_report(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "report",
         help="render report.md and report.html from one or more sweep directories",
-        description="Re-render a sweep's report from its results.jsonl (+ env.json): per workload speedups with 95%% "
-                    "intervals, memory, MFU, accuracy, time-to-target, parity; figures; claims check; failures; "
+        description="Re-render a sweep's report from its results.jsonl (+ env.json): per workload speedups with 95% "
+                    "intervals, memory, MFU, one-off costs, quality at equal samples, time-to-target, parity; "
+                    "figures; claims check; failures; "
                     "noise warnings; what to try next. Several directories are merged into one report (sweeps from "
                     "different machines are kept apart).",
     )
@@ -114,6 +126,9 @@ def _add_report(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--baseline", default="baseline",
                    help="technique set every speedup and difference is measured against (default: baseline)")
     p.add_argument("--format", default="md,html", help="comma list of formats to write: md, html (default: both)")
+    p.add_argument("--threshold", default="5%",
+                   help="smallest speed change that counts, as a percentage or fraction (default 5%%); a change "
+                        "counts when its whole 95%% interval lies beyond it")
     p.add_argument("--out", type=Path,
                    help="directory to write into (default: DIR itself; required with several DIRs)")
     p.add_argument("-v", "--verbose", action="store_true", help="log what the harness does")
@@ -146,6 +161,7 @@ def sweep_config_from_args(args: argparse.Namespace, resume_dir: Path | None) ->
             config_path = resume_dir / "sweep.toml"
     budget = {
         "train_steps": args.steps,
+        "eval_points": args.eval_points,
         "max_train_seconds": args.seconds,
         "min_steps": args.window_steps,
         "min_seconds": args.window_seconds,
@@ -159,6 +175,7 @@ def sweep_config_from_args(args: argparse.Namespace, resume_dir: Path | None) ->
         "seed": args.seed,
         "device": args.device,
         "threads": args.threads,
+        "mode": args.mode,
         "nproc": args.nproc,
         "nnodes": args.nnodes,
         "budget": {k: v for k, v in budget.items() if v is not None} or None,
@@ -191,7 +208,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
                 last = f"{p.trial.trial_id}: already done"
             else:
                 status = p.record.status
-                sps = p.record.timing.get("samples_per_s")
+                sps = p.record.speed.samples_per_s if p.record.speed else None
                 detail = f"{sps:,.0f} samples/s" if status == "ok" and sps else (p.record.reason or "")[:60]
                 last = f"{p.trial.trial_id}: {status} {detail}"
             bar.update(task, total=p.total, completed=p.done, last=last)
@@ -218,8 +235,8 @@ def cmd_sweep(args: argparse.Namespace) -> int:
 
 def _print_summary(rows: list[summary_mod.SummaryRow]) -> None:
     # The terminal gets the columns that fit; notes go below the table (summary.md and the report have all).
-    shown = [c for c in summary_mod.COLUMNS if c not in ("notes", "peak RSS MB")]
-    table = Table(title="Summary (speedup vs baseline, ratio of medians)")
+    shown = [c for c in summary_mod.COLUMNS if c != "notes"]
+    table = Table(title="Summary (against baseline; see summary.md for the legend)")
     for col in shown:
         table.add_column(col, overflow="fold")
     notes = []
@@ -241,13 +258,14 @@ def cmd_list(args: argparse.Namespace) -> int:
     from techniques.base import Context
 
     device = resolve_device(args.device)
-    wl_table = Table(title="Workloads")
+    wl_table = Table(title="Workloads (sizes with their quality budget and validation target)")
     for col in ("name", "sizes", "available", "about"):
         wl_table.add_column(col, overflow="fold")
     for name, cls in sorted(workloads.registry().items()):
         wl = cls()
         reason = wl.check()
-        wl_table.add_row(name, ", ".join(cls.sizes), "yes" if reason is None else f"no: {reason}", cls.summary)
+        sizes = "; ".join(_size_text(size, params) for size, params in cls.sizes.items())
+        wl_table.add_row(name, sizes, "yes" if reason is None else f"no: {reason}", cls.summary)
     out.print(wl_table)
 
     ctx = Context(device=device, available_packages=available_packages())
@@ -260,6 +278,13 @@ def cmd_list(args: argparse.Namespace) -> int:
                         cls.summary)
     out.print(t_table)
     return 0
+
+
+def _size_text(size: str, params: dict) -> str:
+    budget = f"{params['quality_steps']} steps x batch {params.get('batch_size', '?')}" \
+        if params.get("quality_steps") else "no budget"
+    target = f"target {params['target']:g}" if params.get("target") is not None else "no target yet"
+    return f"{size} ({budget}, {target})"
 
 
 def cmd_env(args: argparse.Namespace) -> int:
@@ -293,10 +318,14 @@ def cmd_compare(args: argparse.Namespace) -> int:
 
 
 def cmd_report(args: argparse.Namespace) -> int:
+    from bench.analysis import Thresholds
+    from bench.compare import parse_threshold
     from bench.report import InputError, parse_formats, write_report
 
     try:
-        paths = write_report(args.dirs, out_dir=args.out, baseline=args.baseline, formats=parse_formats(args.format))
+        thresholds = Thresholds(speed=parse_threshold(args.threshold))
+        paths = write_report(args.dirs, out_dir=args.out, baseline=args.baseline, formats=parse_formats(args.format),
+                             thresholds=thresholds)
     except InputError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_USAGE

@@ -1,27 +1,23 @@
 """`bench compare BASE_DIR NEW_DIR`: a regression gate that does not cry wolf on a noisy machine.
 
 Trials of the two sweep directories are matched by configuration (workload and size, technique set with its
-options, world size). For each configuration three quantities are compared as the ratio of medians NEW / BASE with
-a percentile-bootstrap interval that resamples trials (``bench.stats.ratio_of_medians``):
+options, world size), and within a configuration by trial id (the same seed and repeat): in `sweep --ab` those are
+the two runs of a trial made back to back. For each configuration three quantities are compared as NEW / BASE
+ratios through the statistics engine (``bench.stats``, the same one the report uses): a paired t interval on the
+log-ratios of matched trials, a Welch interval when the trials do not match:
 
-- throughput (``timing.samples_per_s``): faster / slower / no significant change;
-- peak memory (the tensor-level or CUDA allocator peak ``memory.peak_bytes`` when both sides have it for every
-  trial, else peak RSS, and the table says which): more memory / less memory / no significant change;
-- final metric (``accuracy.final``; whether higher is better comes from the record): better / worse / ...
+- throughput (``speed.samples_per_s``): faster / slower / no significant difference;
+- peak memory (the tensor-level or CUDA allocator peak ``memory.peak_bytes`` when every trial on both sides has
+  it, else peak RSS, and the table says which): more memory / less memory / ...;
+- final metric (``quality.final``, the metric at the full sample budget; its direction comes from the record):
+  better / worse / ... It is compared only when both sides trained the same samples, and runs cut by the safety cap
+  are left out.
 
-A change counts only when the whole 95% interval lies beyond ``threshold`` (default 5%): ``bench.stats.ratio_verdict``
-must call it (interval excludes 1, estimate at least the threshold) *and* the interval must exclude 1 -/+ threshold
-(``Interval.excludes``), so the data show the change is at least that large. The second guard is what keeps an A/A
-comparison quiet. With 3 repeats a side the percentile interval of a ratio of medians spans all observed ratios and
-excludes 1 whenever the two samples do not overlap, which chance alone does to 1 configuration in 10. With the usual
-5% process-to-process noise (simulated, log-normal), the first guard alone gives a false "slower" in ~3% of
-configurations (~12% of 4-configuration CI runs); requiring the whole interval past the threshold brings that to
-~0.3% (~1.3% of runs). The price is power: with 3 repeats under 5% noise a 10% slowdown is flagged in ~30% of runs,
-a 20% one in ~95%; more repeats narrow the interval. The A/A runs measured on this project's machine are in the
-README. The spread of each side (IQR / median of the per-trial values) is reported as the measured noise.
-
-The final metric is compared only between trials that trained the same number of steps (the accuracy phase runs at
-least as many steps as the timed window took, and that depends on speed): otherwise it says "not comparable".
+A change counts only when the whole 95% interval lies beyond ``threshold`` (default 5%), and never with fewer than
+3 matched trials (``bench.stats.verdict``). Across configurations an overall verdict compares the geometric mean
+of the per-configuration ratios (as pyperf summarises a suite), so a uniform slowdown too small to call in each
+configuration alone still trips the gate. The spread of each side (IQR / median of the per-trial values) is
+reported as the measured noise.
 
 Mismatched environments (device, torch and CUDA versions, CPU, thread counts; from each directory's env.json) and
 sweep settings (sweep.toml) are stated at the top, since a difference there can explain any verdict below.
@@ -40,14 +36,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from bench import stats
 from bench.config import ConfigError
 from bench.results import ResultStore, TrialRecord
-from bench.stats import NOISY_IQR_OVER_MEDIAN, Interval, ratio_of_medians, ratio_verdict, relative_iqr
+from bench.stats import NOISY_IQR_OVER_MEDIAN, Estimate, relative_iqr
 
 log = logging.getLogger(__name__)
 
-DEFAULT_THRESHOLD = 0.05
-NO_CHANGE = "no significant change"
+DEFAULT_THRESHOLD = stats.THRESHOLDS["speed"]
+NO_CHANGE = stats.SAME
 FAIL_ON = ("slower", "more-memory", "worse-metric", "failed")
 FAIL_ON_ALIASES = {"regression": FAIL_ON}
 
@@ -91,22 +88,22 @@ class MetricComparison:
     """One quantity of one configuration, NEW against BASE."""
 
     quantity: str  # "throughput" | "peak memory" | "final metric"
-    unit: str  # "samples/s", "bytes (tensor peak)", "val_loss, lower is better", ...
-    base: list[float]
-    new: list[float]
-    interval: Interval | None  # ratio of medians NEW / BASE; None when not measured on both sides
-    verdict: str  # faster / slower / more memory / less memory / better / worse / no significant change / ...
+    unit: str  # "samples/s", "bytes, tensor peak", "val_loss, lower is better", ...
+    base: dict[str, float]  # trial id -> value
+    new: dict[str, float]
+    estimate: Estimate | None  # NEW / BASE; None when not measured on both sides
+    verdict: str  # faster / slower / more memory / ... / no significant difference / no verdict / not comparable
+    why: str | None  # what stood in the way of a verdict
     regression: bool  # the verdict is the bad direction
     noise: float | None  # the larger IQR / median of the two sides (None with fewer than 2 values)
-    floor: float = 0.0  # the threshold the whole interval had to clear
 
     @property
     def base_median(self) -> float | None:
-        return statistics.median(self.base) if self.base else None
+        return statistics.median(self.base.values()) if self.base else None
 
     @property
     def new_median(self) -> float | None:
-        return statistics.median(self.new) if self.new else None
+        return statistics.median(self.new.values()) if self.new else None
 
 
 @dataclass
@@ -141,6 +138,17 @@ class ConfigComparison:
 
 
 @dataclass
+class Overall:
+    """One quantity across every configuration: the geometric mean of the per-configuration ratios."""
+
+    quantity: str
+    estimate: Estimate
+    verdict: str
+    why: str | None
+    regression: bool
+
+
+@dataclass
 class EnvDifference:
     key: str  # flattened env.json key, e.g. "torch" or "gpu.name"
     base: Any
@@ -158,6 +166,7 @@ class Comparison:
     only_new: list[ConfigKey] = field(default_factory=list)
     env: list[EnvDifference] = field(default_factory=list)
     settings: list[str] = field(default_factory=list)  # sweep.toml differences, as lines
+    overall: list[Overall] = field(default_factory=list)
 
     @property
     def environment_mismatch(self) -> list[EnvDifference]:
@@ -171,6 +180,9 @@ class Comparison:
             hit = row.regressions() & wanted
             if hit:
                 out.append((row.key, hit))
+        overall = {_OVERALL_CATEGORY[o.quantity] for o in self.overall if o.regression} & wanted
+        if overall:
+            out.append((ConfigKey("all configurations", "overall (geometric mean)"), overall))
         return out
 
     def noise_floor(self) -> float | None:
@@ -257,36 +269,29 @@ def _load_toml(path: Path) -> dict[str, Any]:
 # ---- statistics per configuration ---------------------------------------------------------------------------
 
 
-def _values(records: Iterable[TrialRecord], section: str, key: str) -> list[float]:
-    out = []
+def _values(records: Iterable[TrialRecord], get: Any) -> dict[str, float]:
+    out = {}
     for r in records:
-        value = getattr(r, section).get(key)
+        value = get(r)
         if isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value):
-            out.append(float(value))
+            out[r.trial_id] = float(value)
     return out
 
 
-def _quantity(
-    quantity: str, unit: str, base: list[float], new: list[float], threshold: float, higher: str, lower: str,
-    bad: str, seed: int,
-) -> MetricComparison:
-    noises = [n for n in (_spread(base), _spread(new)) if n is not None]
+def _quantity(quantity: str, unit: str, base: dict[str, float], new: dict[str, float], threshold: float,
+              higher: str, lower: str, bad: str, log: bool = True) -> MetricComparison:
+    """NEW against BASE through the statistics engine: a ratio (``log``) or a difference, paired by trial id."""
+    noises = [n for n in (_spread(list(base.values())), _spread(list(new.values()))) if n is not None]
     noise = max(noises) if noises else None
-    floor = threshold
     if not base or not new:
         side = "either side" if not base and not new else ("BASE" if not base else "NEW")
-        return MetricComparison(quantity, unit, base, new, None, f"not measured on {side}", False, noise, floor)
-    if min(base) <= 0 or min(new) < 0:
-        return MetricComparison(quantity, unit, base, new, None, "not comparable (zero or negative values)", False,
-                                noise, floor)
-    iv = ratio_of_medians(new, base, seed=seed)
-    verdict = ratio_verdict(iv, floor, higher=higher, lower=lower)
-    if verdict in (higher, lower) and not iv.excludes(1 + floor if verdict == higher else 1 - floor):
-        # The estimate is past the threshold but the interval reaches back inside it: not shown to be that large.
-        verdict = "no significant difference"
-    if verdict == "no significant difference":  # bench.stats' wording; a regression gate speaks of change
-        verdict = NO_CHANGE
-    return MetricComparison(quantity, unit, base, new, iv, verdict, verdict == bad, noise, floor)
+        return MetricComparison(quantity, unit, base, new, None, f"not measured on {side}", None, False, noise)
+    if log and (min(base.values()) <= 0 or min(new.values()) <= 0):
+        return MetricComparison(quantity, unit, base, new, None, "not comparable", "zero or negative values",
+                                False, noise)
+    est = stats.ratio(new, base) if log else stats.difference(new, base)
+    v = stats.verdict(est, threshold, higher, lower)
+    return MetricComparison(quantity, unit, base, new, est, v.word, v.why, v.word == bad, noise)
 
 
 def _spread(values: list[float]) -> float | None:
@@ -296,67 +301,73 @@ def _spread(values: list[float]) -> float | None:
     return 0.0 if max(values) == min(values) else relative_iqr(values)
 
 
-def _num_key(value: Any) -> tuple[bool, float]:
-    return (value is None, float(value) if isinstance(value, int | float) else 0.0)
-
-
-def _steps_text(steps: list[Any]) -> str:
-    return "/".join(str(s) for s in steps) if len(steps) <= 3 else f"{steps[0]}..{steps[-1]}"
-
-
-def _memory_values(base: list[TrialRecord], new: list[TrialRecord]) -> tuple[str, list[float], list[float]]:
+def _memory_values(base: list[TrialRecord], new: list[TrialRecord]) -> tuple[str, dict, dict]:
     """Tensor/CUDA peaks when every ok trial on both sides has one, else peak RSS: the two do not compare."""
-    tb, tn = _values(base, "memory", "peak_bytes"), _values(new, "memory", "peak_bytes")
+    def peak(r: TrialRecord) -> Any:
+        return r.memory.peak_bytes if r.memory else None
+
+    def rss(r: TrialRecord) -> Any:
+        return r.memory.peak_rss_bytes if r.memory else None
+
+    tb, tn = _values(base, peak), _values(new, peak)
     if tb and tn and len(tb) == len(base) and len(tn) == len(new):
         return "bytes, tensor peak", tb, tn
-    rb, rn = _values(base, "memory", "peak_rss_bytes"), _values(new, "memory", "peak_rss_bytes")
-    return "bytes, peak RSS", rb, rn
+    return "bytes, peak RSS", _values(base, rss), _values(new, rss)
 
 
 def _higher_is_better(records: Sequence[TrialRecord]) -> tuple[str | None, bool]:
     for r in records:
-        metric = r.accuracy.get("metric") or r.workload.get("metric")
+        metric = r.quality.metric if r.quality else r.workload.get("metric")
         if metric is None:
             continue
-        hib = r.accuracy.get("higher_is_better", r.workload.get("higher_is_better"))
+        hib = r.quality.higher_is_better if r.quality else r.workload.get("higher_is_better")
         if hib is None:
             hib = "loss" not in str(metric) and "perplexity" not in str(metric)
         return str(metric), bool(hib)
     return None, True
 
 
-def compare_config(
-    key: ConfigKey, base: Sequence[TrialRecord], new: Sequence[TrialRecord], threshold: float = DEFAULT_THRESHOLD,
-    seed: int = 0,
-) -> ConfigComparison:
-    """Compare the trials of one configuration (all statuses; only ``ok`` trials give values)."""
+def _final(r: TrialRecord) -> float | None:
+    return r.quality.final if r.quality and not r.quality.cut else None
+
+
+def compare_config(key: ConfigKey, base: Sequence[TrialRecord], new: Sequence[TrialRecord],
+                   threshold: float = DEFAULT_THRESHOLD) -> ConfigComparison:
+    """Compare the trials of one configuration (all statuses; only ``ok`` trials give values). ``threshold`` is
+    throughput's; memory and the metric use the report's (``bench.stats.THRESHOLDS``), the metric as a difference
+    at equal samples, as the report compares it."""
     ok_b = [r for r in base if r.status == "ok"]
     ok_n = [r for r in new if r.status == "ok"]
-    throughput = _quantity("throughput", "samples/s", _values(ok_b, "timing", "samples_per_s"),
-                           _values(ok_n, "timing", "samples_per_s"), threshold, "faster", "slower", "slower", seed)
+
+    def sps(r: TrialRecord) -> Any:
+        return r.speed.samples_per_s if r.speed else None
+
+    throughput = _quantity("throughput", "samples/s", _values(ok_b, sps), _values(ok_n, sps), threshold,
+                           "faster", "slower", "slower")
     unit, mb, mn = _memory_values(ok_b, ok_n)
-    memory = _quantity("peak memory", unit, mb, mn, threshold, "more memory", "less memory", "more memory", seed)
+    memory = _quantity("peak memory", unit, mb, mn, stats.THRESHOLDS["memory"], "more memory", "less memory",
+                       "more memory")
     name, hib = _higher_is_better([*ok_b, *ok_n])
-    good, worse = ("better", "worse")
-    steps_b = sorted({r.accuracy.get("steps_trained") for r in ok_b if r.accuracy.get("final") is not None}, key=_num_key)
-    steps_n = sorted({r.accuracy.get("steps_trained") for r in ok_n if r.accuracy.get("final") is not None}, key=_num_key)
+    good, worse = "better", "worse"
     metric = _quantity("final metric", f"{name}, {'higher' if hib else 'lower'} is better" if name else "-",
-                       _values(ok_b, "accuracy", "final"), _values(ok_n, "accuracy", "final"), threshold,
-                       good if hib else worse, worse if hib else good, worse, seed)
-    if steps_b and steps_n and steps_b != steps_n and metric.interval is not None:
-        metric.verdict, metric.regression = (
-            f"not comparable: trained {_steps_text(steps_b)} vs {_steps_text(steps_n)} steps", False)
+                       _values(ok_b, _final), _values(ok_n, _final), stats.THRESHOLDS["metric"],
+                       good if hib else worse, worse if hib else good, worse, log=False)
+    budgets_b = sorted({r.quality.samples_trained for r in ok_b if r.quality and not r.quality.cut})
+    budgets_n = sorted({r.quality.samples_trained for r in ok_n if r.quality and not r.quality.cut})
+    if budgets_b and budgets_n and budgets_b != budgets_n and metric.estimate is not None:
+        metric.verdict, metric.regression = "not comparable", False
+        metric.why = f"trained {_listing(budgets_b)} vs {_listing(budgets_n)} samples"
     notes = []
     for side, recs in (("BASE", base), ("NEW", new)):
-        bad = sorted({f"{r.status}: {r.reason}" for r in recs if r.status not in ("ok",)})
+        bad = sorted({f"{r.status}: {r.reason}" for r in recs if r.status != "ok"})
         if bad:
             notes.append(f"{side}: " + "; ".join(bad)[:300])
-        contended = sum(1 for r in recs if r.status == "ok" and r.timing.get("contended"))
+        contended = sum(1 for r in recs if r.status == "ok" and r.speed and r.speed.contended)
         if contended:
             notes.append(f"{side}: {contended} trial(s) timed while other processes used the CPU")
-        cut = sum(1 for r in recs if r.status == "ok" and r.accuracy.get("budget_cut"))
+        cut = sum(1 for r in recs if r.status == "ok" and r.quality and r.quality.cut)
         if cut:
-            notes.append(f"{side}: training cut short in {cut} trial(s) (final metric after fewer steps)")
+            notes.append(f"{side}: {cut} quality run(s) cut by the safety cap (left out of the metric)")
     for q in (throughput, memory, metric):
         if q.noise is not None and q.noise > NOISY_IQR_OVER_MEDIAN:
             notes.append(f"noisy {q.quantity}: IQR/median {q.noise:.0%}")
@@ -365,9 +376,32 @@ def compare_config(
                             new_failed)
 
 
-def compare_records(
-    base: Sequence[TrialRecord], new: Sequence[TrialRecord], threshold: float = DEFAULT_THRESHOLD, seed: int = 0
-) -> tuple[list[ConfigComparison], list[ConfigKey], list[ConfigKey]]:
+def _listing(values: list[Any]) -> str:
+    return "/".join(f"{v:,}" for v in values) if len(values) <= 3 else f"{values[0]:,}..{values[-1]:,}"
+
+
+_OVERALL_CATEGORY = {"throughput": "slower", "peak memory": "more-memory", "final metric": "worse-metric"}
+
+
+def overall_verdicts(rows: Sequence[ConfigComparison], threshold: float) -> list[Overall]:
+    """Throughput and peak memory across configurations: the geometric mean of NEW / BASE with a stratified
+    interval (metrics of different workloads have different units and directions, so they get no overall)."""
+    out = []
+    for index, (quantity, th, higher, lower, bad) in enumerate((
+            ("throughput", threshold, "faster", "slower", "slower"),
+            ("peak memory", stats.THRESHOLDS["memory"], "more memory", "less memory", "more memory"))):
+        pairs = [(r.quantities[index].new, r.quantities[index].base) for r in rows
+                 if r.quantities[index].estimate is not None]
+        if len(pairs) < 2:
+            continue
+        est = stats.overall(pairs)
+        v = stats.verdict(est, th, higher, lower, min_repeats=2)
+        out.append(Overall(quantity, est, v.word, v.why, v.word == bad))
+    return out
+
+
+def compare_records(base: Sequence[TrialRecord], new: Sequence[TrialRecord], threshold: float = DEFAULT_THRESHOLD
+                    ) -> tuple[list[ConfigComparison], list[ConfigKey], list[ConfigKey]]:
     """(rows for configurations on both sides, keys only in BASE, keys only in NEW), in BASE's order."""
     groups_b: dict[ConfigKey, list[TrialRecord]] = defaultdict(list)
     groups_n: dict[ConfigKey, list[TrialRecord]] = defaultdict(list)
@@ -375,7 +409,7 @@ def compare_records(
         groups_b[ConfigKey.of(r)].append(r)
     for r in new:
         groups_n[ConfigKey.of(r)].append(r)
-    rows = [compare_config(k, groups_b[k], groups_n[k], threshold, seed) for k in groups_b if k in groups_n]
+    rows = [compare_config(k, groups_b[k], groups_n[k], threshold) for k in groups_b if k in groups_n]
     return rows, [k for k in groups_b if k not in groups_n], [k for k in groups_n if k not in groups_b]
 
 
@@ -402,7 +436,7 @@ def env_differences(base: dict[str, Any], new: dict[str, Any]) -> list[EnvDiffer
         top = parts[0]
         if a == b or top in _IGNORED_KEYS:
             continue
-        if top == "peak_flops":
+        if top in ("peak_flops", "peak_flops_by_threads"):
             if parts[-1] != "flops":
                 continue
             if isinstance(a, int | float) and isinstance(b, int | float) and a > 0 and abs(b / a - 1) <= _PEAK_TOLERANCE:
@@ -424,28 +458,32 @@ def settings_differences(base: dict[str, Any], new: dict[str, Any]) -> list[str]
             if k != "name" and fb.get(k) != fn.get(k)]
 
 
-def compare_dirs(
-    base_dir: Path, new_dir: Path, threshold: float = DEFAULT_THRESHOLD, seed: int = 0
-) -> Comparison:
+def compare_dirs(base_dir: Path, new_dir: Path, threshold: float = DEFAULT_THRESHOLD) -> Comparison:
     """Compare two sweep directories (results.jsonl, env.json, sweep.toml)."""
     base_dir, new_dir = Path(base_dir), Path(new_dir)
-    rows, only_b, only_n = compare_records(load_records(base_dir), load_records(new_dir), threshold, seed)
+    rows, only_b, only_n = compare_records(load_records(base_dir), load_records(new_dir), threshold)
     env = env_differences(_load_json(base_dir / "env.json"), _load_json(new_dir / "env.json"))
     settings = settings_differences(_load_toml(base_dir / "sweep.toml"), _load_toml(new_dir / "sweep.toml"))
-    return Comparison(base_dir, new_dir, threshold, rows, only_b, only_n, env, settings)
+    return Comparison(base_dir, new_dir, threshold, rows, only_b, only_n, env, settings,
+                      overall_verdicts(rows, threshold))
 
 
 # ---- rendering ----------------------------------------------------------------------------------------------
 
 
-def _fmt_ratio(q: MetricComparison) -> str:
-    iv = q.interval
-    if iv is None:
+def _fmt_estimate(est: Estimate | None) -> str:
+    if est is None or est.value is None:
         return "-"
-    text = f"{iv.estimate:.3f}"
-    if iv.lo is not None and iv.hi is not None:
-        text += f" [{iv.lo:.3f}, {iv.hi:.3f}]"
-    return text
+    fmt = ".3f" if est.log else "+.4f"
+    text = format(est.value, fmt)
+    if est.has_interval:
+        text += f" [{est.lo:{fmt}}, {est.hi:{fmt}}]"
+    return text + (f" ({est.n} pairs)" if est.paired else "")
+
+
+def _fmt_verdict(verdict: str, why: str | None, regression: bool) -> str:
+    text = f"**{verdict}**" if regression else verdict
+    return f"{text} ({why})" if why and verdict in (stats.NONE, "not comparable") else text
 
 
 def _fmt_value(q: MetricComparison) -> str:
@@ -470,7 +508,8 @@ def _fmt_env_value(v: Any) -> str:
 
 
 COLUMNS = ["configuration", "n (base/new)", "throughput", "ratio [95% CI]", "noise", "samples/s",
-           "peak memory", "ratio [95% CI]", "memory", "final metric", "ratio [95% CI]", "metric", "notes"]
+           "peak memory", "ratio [95% CI]", "memory", "metric at equal samples", "difference [95% CI]", "metric",
+           "notes"]
 
 
 def to_markdown(comp: Comparison, title: str = "Comparison") -> str:
@@ -478,9 +517,9 @@ def to_markdown(comp: Comparison, title: str = "Comparison") -> str:
     base = comp.base_dir or "BASE"
     new = comp.new_dir or "NEW"
     lines = [f"# {title}", "", f"BASE: `{base}`  ", f"NEW: `{new}`  ",
-             f"Threshold: {comp.threshold:.1%}. A change counts when its whole 95% interval lies beyond it (the "
-             f"data show a change at least that large); noise is the spread of a side's trials (IQR / median).",
-             ""]
+             f"Thresholds: throughput {comp.threshold:.1%}, peak memory {stats.THRESHOLDS['memory']:.0%}, the metric "
+             "any difference. A change counts when its whole 95% interval lies beyond its threshold (the data show "
+             "a change at least that large); noise is the spread of a side's trials (IQR / median).", ""]
     mismatch = comp.environment_mismatch
     if mismatch:
         lines += ["**Environments differ** (a verdict below may come from the environment, not the code):", ""]
@@ -501,8 +540,7 @@ def to_markdown(comp: Comparison, title: str = "Comparison") -> str:
     for row in comp.rows:
         cells = [row.key.label, f"{row.n_base}/{row.n_new}"]
         for q in row.quantities:
-            verdict = f"**{q.verdict}**" if q.regression else q.verdict
-            cells += [verdict, _fmt_ratio(q)]
+            cells += [_fmt_verdict(q.verdict, q.why, q.regression), _fmt_estimate(q.estimate)]
             if q.quantity == "throughput":
                 cells.append("-" if q.noise is None else f"{q.noise:.1%}")
             cells.append(_fmt_value(q))
@@ -522,8 +560,15 @@ def to_markdown(comp: Comparison, title: str = "Comparison") -> str:
     for row in comp.rows:
         counts[row.throughput.verdict] += 1
     lines.append("Throughput verdicts: " + ", ".join(f"{v} {n}" for v, n in sorted(counts.items())) + ".")
-    lines += ["", "Ratios are NEW / BASE of per-trial medians (one trial = one process = one seed) with a "
-              "percentile-bootstrap 95% interval resampling trials. Memory compares the tensor-level (or CUDA "
-              "allocator) peak when every trial has one, else peak RSS. The final metric's direction is the "
-              "workload's."]
+    if comp.overall:
+        lines += ["", "**Overall** (geometric mean of NEW / BASE over the configurations above):", ""]
+        for o in comp.overall:
+            lines.append(f"- {o.quantity}: {_fmt_estimate(o.estimate)} over {o.estimate.n} configurations: "
+                         f"{_fmt_verdict(o.verdict, o.why, o.regression)} ({o.estimate.method})")
+    lines += ["", "Ratios are NEW / BASE: geometric means of per-trial values (one trial = one process = one seed) "
+              "with a 95% t interval on their logs, paired by trial id where both sides ran the same trials (in "
+              "`sweep --ab`, the two runs of a trial back to back), Welch otherwise; no verdict below 3 trials. "
+              "Memory compares the tensor-level (or CUDA allocator) peak when every trial has one, else peak RSS. "
+              "The metric is the quality run's metric at the full sample budget, compared as a difference NEW - BASE "
+              "in the workload's direction."]
     return "\n".join(lines) + "\n"

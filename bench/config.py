@@ -16,6 +16,7 @@ import tomli_w
 
 import techniques
 from bench import workloads
+from bench.results import MODES
 from techniques.base import OptionError
 
 
@@ -140,17 +141,23 @@ def _dedupe(items: list[Any]) -> list[Any]:
 
 @dataclass(frozen=True)
 class Budget:
-    """How long each trial measures and trains. Steps are optimizer steps."""
+    """How long each trial measures and trains: two budgets that never mix. Steps are optimizer steps.
 
-    warmup_steps: int = 3  # excluded from timing; the first one is reported as first_step_s (compile time)
-    min_steps: int = 20  # timed window: at least this many steps ...
+    The speed window (warm-up, then at least ``min_steps`` and ``min_seconds``, at most ``max_seconds``) answers
+    how fast a step is. The quality run answers how fast the model learns: every set of a workload trains the same
+    samples (``train_steps`` at the workload's global batch; 0 means the workload size's documented budget, the
+    one its validation target was set for) and evaluates at the same sample counts.
+    """
+
+    warmup_steps: int = 3  # speed: excluded from timing (and at least the parity steps when speed runs first)
+    min_steps: int = 20  # speed window: at least this many steps ...
     min_seconds: float = 1.0  # ... and at least this long,
     max_seconds: float = 20.0  # but stop once this long has passed (slow configs, e.g. fp16 on CPU)
-    train_steps: int = 0  # accuracy phase: total steps to train (0: stop after the timed window)
-    max_train_seconds: float = 60.0  # wall-clock cap on training (eval excluded); records say when it cut
-    eval_points: int = 5  # evaluations spread over the accuracy phase (plus one before training)
-    parity_steps: int = 4  # first losses compared with an eager fp32 reference in the same process
-    memory: bool = True  # run the memory passes after training (clean RSS, tensor breakdown)
+    train_steps: int = 0  # quality run: optimizer steps at the workload's global batch (0: the size's budget)
+    eval_points: int = 0  # quality run: evaluations over the budget, plus one before training (0: the size's)
+    max_train_seconds: float = 240.0  # quality run: a safety cap on its training clock; a run it cuts is marked
+    parity_steps: int = 8  # first optimizer steps compared with the eager fp32 reference (losses, distance)
+    memory: bool = True  # run the memory passes after the speed window (clean RSS, tensor breakdown)
     timeout_s: float = 300.0  # a trial process running longer is killed and recorded as a timeout
 
     def __post_init__(self) -> None:
@@ -164,6 +171,10 @@ class Budget:
             raise ConfigError("budget.min_steps must be >= 1")
         if self.timeout_s <= 0:
             raise ConfigError("budget.timeout_s must be > 0")
+        if self.max_train_seconds >= self.timeout_s:
+            raise ConfigError(f"budget.max_train_seconds ({self.max_train_seconds:g}) must be below budget.timeout_s "
+                              f"({self.timeout_s:g}): the trial would be killed before its safety cap could mark the "
+                              "quality run as cut (lower --seconds or raise --timeout)")
 
 
 @dataclass(frozen=True)
@@ -179,11 +190,14 @@ class SweepConfig:
     nproc: int = 1  # processes per node for trials of data-parallel / sharding techniques
     nnodes: int = 1  # nodes taking part in those trials (see README: multi-node)
     threads: int = 0  # torch intra-op threads in each trial (0: torch's default)
+    mode: str = "both"  # speed (timed window, memory) | quality (quality run) | both
     budget: Budget = field(default_factory=Budget)
 
     def __post_init__(self) -> None:
         if self.repeats < 1:
             raise ConfigError(f"repeats must be >= 1, got {self.repeats}")
+        if self.mode not in MODES:
+            raise ConfigError(f"mode must be one of {', '.join(MODES)}; got '{self.mode}'")
         if self.device not in ("auto", "cpu", "cuda"):
             raise ConfigError(f"device must be one of auto, cpu, cuda; got '{self.device}'")
         if self.nproc < 1 or self.nnodes < 1:
@@ -206,6 +220,7 @@ class SweepConfig:
             "nproc": self.nproc,
             "nnodes": self.nnodes,
             "threads": self.threads,
+            "mode": self.mode,
             "budget": dataclasses.asdict(self.budget),
         }
 
@@ -216,35 +231,35 @@ class SweepConfig:
 _DEFAULT_WORKLOADS = ["mlp:tiny", "gpt:tiny", "cnn:tiny"]
 
 PRESETS: dict[str, dict[str, Any]] = {
-    # CI: every workload, a few technique sets, one repeat, tiny budgets. About a minute on 2 cores.
+    # CI: every workload, a few technique sets, one repeat (so no verdicts), tiny budgets. About a minute.
     "smoke": {
         "workloads": _DEFAULT_WORKLOADS,
         "techniques": ["baseline", "bf16", "grad_accum:steps=2"],
         "repeats": 1,
         "budget": {"warmup_steps": 2, "min_steps": 5, "min_seconds": 0.2, "max_seconds": 5.0, "train_steps": 20,
-                   "eval_points": 2, "parity_steps": 3, "timeout_s": 120.0},
+                   "eval_points": 2, "parity_steps": 4, "max_train_seconds": 60.0, "timeout_s": 120.0},
     },
-    # The default: the core techniques on the three tiny workloads, 2 repeats: <= 10 minutes on 2 cores.
-    # Measured there: a cold torch.compile costs 12-34 s per trial and 3 repeats with fp16 took ~15 minutes, so
-    # fp16 (no fast fp16 matmul on CPUs) moved to `standard` and quick runs 2 repeats.
+    # The default: the core techniques on the three tiny workloads, each trained its size's documented quality
+    # budget, 3 repeats (the fewest that give a verdict). Goal: <= 10 minutes on 2 cores.
     "quick": {
         "workloads": _DEFAULT_WORKLOADS,
         "techniques": ["baseline", "bf16", "grad_accum:steps=4", "checkpointing", "compile"],
-        "repeats": 2,
-        "budget": {"warmup_steps": 3, "min_steps": 15, "min_seconds": 1.0, "max_seconds": 6.0, "train_steps": 150,
-                   "max_train_seconds": 8.0, "eval_points": 3, "parity_steps": 3, "timeout_s": 240.0},
+        "repeats": 3,
+        "budget": {"warmup_steps": 3, "min_steps": 15, "min_seconds": 0.5, "max_seconds": 4.0,
+                   "max_train_seconds": 120.0, "timeout_s": 300.0},
     },
-    # A laptop: small sizes, longer training. Tens of minutes.
+    # A laptop: small sizes with their documented budgets. Hours on 2 CPU cores; minutes on a GPU.
     "standard": {
         "workloads": ["mlp:small", "gpt:small", "cnn:small"],
         "techniques": ["baseline", "bf16", "fp16", "grad_accum:steps=4", "checkpointing", "compile", "bf16+compile"],
         "repeats": 3,
         "budget": {"warmup_steps": 5, "min_steps": 30, "min_seconds": 3.0, "max_seconds": 30.0,
-                   "train_steps": 1000, "max_train_seconds": 120.0, "eval_points": 8, "timeout_s": 900.0},
+                   "max_train_seconds": 1800.0, "timeout_s": 3600.0},
     },
 }
 
-SWEEP_KEYS = ("preset", "workloads", "techniques", "repeats", "seed", "device", "nproc", "nnodes", "threads", "budget")
+SWEEP_KEYS = ("preset", "workloads", "techniques", "repeats", "seed", "device", "nproc", "nnodes", "threads", "mode",
+              "budget")
 
 
 def build_config(
@@ -284,6 +299,7 @@ def build_config(
             nproc=int(merged.get("nproc", 1)),
             nnodes=int(merged.get("nnodes", 1)),
             threads=int(merged.get("threads", 0)),
+            mode=str(merged.get("mode", "both")),
             budget=Budget(**budget),
         )
     except (TypeError, ValueError) as exc:

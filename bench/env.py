@@ -242,15 +242,37 @@ def calibrate_peaks(
     device: torch.device | str,
     dtypes: Iterable[torch.dtype] = (torch.float32, torch.bfloat16, torch.float16),
     budget_s: float = 3.0,
+    threads: int | None = None,
 ) -> dict[str, dict[str, Any]]:
-    """``measure_peak_flops`` for each dtype, sharing ``budget_s`` seconds, keyed by dtype name ("float32", ...)."""
+    """``measure_peak_flops`` for each dtype, sharing ``budget_s`` seconds, keyed by dtype name ("float32", ...).
+
+    ``threads``: torch's intra-op threads while measuring (a trial's peak depends on the threads it runs with);
+    restored afterwards. On CUDA with TF32 tensor cores (compute capability 8.0+), ``tfloat32`` is fp32 matmul with
+    ``allow_tf32`` on: the peak a ``tf32`` trial is measured against.
+    """
+    device = torch.device(device)
     dtypes = list(dtypes)
+    tf32 = device.type == "cuda" and torch.cuda.get_device_capability(device)[0] >= 8
+    share = budget_s / (len(dtypes) + tf32)
+    previous_threads = torch.get_num_threads()
+    if threads:
+        torch.set_num_threads(threads)
     out = {}
-    for dtype in dtypes:
-        result = measure_peak_flops(device, dtype, budget_s / len(dtypes))
-        out[result["dtype"]] = result
-        log.info("peak %s on %s: %s FLOP/s (%s, n=%s)", result["dtype"], device, result["flops"], result["kernel"],
-                 result["n"])
+    try:
+        for dtype in dtypes:
+            result = measure_peak_flops(device, dtype, share)
+            out[result["dtype"]] = result
+            log.info("peak %s on %s: %s FLOP/s (%s, n=%s)", result["dtype"], device, result["flops"],
+                     result["kernel"], result["n"])
+        if tf32:
+            previous = torch.backends.cuda.matmul.allow_tf32
+            torch.backends.cuda.matmul.allow_tf32 = True
+            try:
+                out["tfloat32"] = {**measure_peak_flops(device, torch.float32, share), "dtype": "tfloat32"}
+            finally:
+                torch.backends.cuda.matmul.allow_tf32 = previous
+    finally:
+        torch.set_num_threads(previous_threads)
     return out
 
 

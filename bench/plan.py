@@ -2,20 +2,24 @@
 
 Impossible combinations stay in the plan as trials with a ``skip_reason`` so the sweep records them (and the
 report says why) instead of silently dropping them. Repeats are interleaved across configurations (repeat 0 of
-everything, then repeat 1, ...) so slow drift of the machine hits all configurations alike.
+everything, then repeat 1, ...) so slow drift of the machine hits all configurations alike, and within a repeat the
+order of the configurations is shuffled with ``random.Random(f"{seed}:{repeat}")`` (the sweep's recorded seed), so
+no set always runs first or right after another; each record keeps its ``position`` in the run order.
 """
 
 from __future__ import annotations
 
 import importlib.util
 import logging
+import random
 from dataclasses import dataclass
 
 import torch
 
 from bench import workloads
-from bench.config import SweepConfig, TechniqueSet, WorkloadSpec
-from techniques.base import Context
+from bench.config import Budget, SweepConfig, TechniqueSet, WorkloadSpec
+from bench.reference import ReferenceKey
+from techniques.base import Context, TrainConfig
 
 log = logging.getLogger(__name__)
 
@@ -33,6 +37,7 @@ class Trial:
     repeat: int
     world_size: int = 1
     skip_reason: str | None = None
+    position: int = 0  # index in the run order
 
 
 def resolve_device(name: str) -> torch.device:
@@ -103,18 +108,33 @@ def plan(cfg: SweepConfig, device: torch.device) -> list[Trial]:
     reasons = {(w, t): incompatibility(t, w, device, worlds[t]) for w in cfg.workloads for t in sets}
     trials = []
     for repeat in range(cfg.repeats):
-        for workload in cfg.workloads:
-            for techs in sets:
-                seed = cfg.seed + repeat
-                trials.append(
-                    Trial(
-                        trial_id=trial_id(workload, techs, seed, repeat, worlds[techs]),
-                        workload=workload,
-                        techniques=techs,
-                        seed=seed,
-                        repeat=repeat,
-                        world_size=worlds[techs],
-                        skip_reason=reasons[(workload, techs)],
-                    )
-                )
+        configs = [(w, t) for w in cfg.workloads for t in sets]
+        random.Random(f"{cfg.seed}:{repeat}").shuffle(configs)
+        seed = cfg.seed + repeat
+        for workload, techs in configs:
+            trials.append(Trial(
+                trial_id=trial_id(workload, techs, seed, repeat, worlds[techs]),
+                workload=workload,
+                techniques=techs,
+                seed=seed,
+                repeat=repeat,
+                world_size=worlds[techs],
+                skip_reason=reasons[(workload, techs)],
+                position=len(trials),
+            ))
     return trials
+
+
+def reference_key(trial: Trial, budget: Budget) -> ReferenceKey | None:
+    """The parity reference a trial will ask for (its global batch after the techniques' ``configure``), or None
+    when the workload's size does not state its batch (the trial then computes its reference itself)."""
+    params = workloads.get(trial.workload.name).size_params(trial.workload.size)
+    if "batch_size" not in params:
+        return None
+    cfg = TrainConfig(batch_size=int(params["batch_size"]), lr=float(params.get("lr", 1e-3)))
+    for spec in trial.techniques.specs:
+        try:
+            cfg = spec.resolve().configure(cfg)
+        except ValueError:  # the trial will fail and say why; no reference is needed
+            return None
+    return ReferenceKey(trial.workload.name, trial.workload.size, trial.seed, cfg.batch_size, budget.parity_steps)

@@ -1,5 +1,7 @@
 """Runs a planned sweep: one child process per trial, results appended as they finish, resume, timeouts.
 
+Before the first trial, one child process computes the parity references the plan needs (``bench.reference``,
+cached in ``OUT/references/``) and the runner calibrates matmul peaks for each thread count the trials run with.
 The parent never spins: it blocks in ``Popen.wait`` (a peer harness measured here busy-waited in its parent and
 slowed training 3x on a 2-core machine). Each child gets a fresh TorchInductor cache so compile time is cold.
 """
@@ -24,10 +26,12 @@ import psutil
 import torch
 
 from bench import env as envmod
+from bench import reference as reference_mod
 from bench.config import ConfigError, SweepConfig
-from bench.plan import Trial, plan
+from bench.plan import Trial, plan, reference_key
 from bench.results import ResultStore, TrialRecord
 from bench.trial import TrialSpec
+from techniques.base import set_kind
 
 log = logging.getLogger(__name__)
 
@@ -83,6 +87,15 @@ class SweepRunner:
         self.device = device
         self.resume = resume
         self.store = ResultStore(self.out_dir / "results.jsonl")
+        self.reference_dir = self.out_dir / "references"
+
+    def thread_counts(self) -> list[int]:
+        """The intra-op thread counts trials run with: the configured count (torch's default when 0) for one-process
+        trials; torchrun gives each rank 1 on CPU unless --threads says otherwise."""
+        counts = [self.cfg.threads or torch.get_num_threads()]
+        if self.cfg.world_size > 1 and self.device.type == "cpu":
+            counts.append(self.cfg.threads or 1)
+        return list(dict.fromkeys(counts))
 
     def prepare(self) -> dict:
         """Create the output directory, write sweep.toml and env.json (or reuse them when resuming)."""
@@ -98,29 +111,53 @@ class SweepRunner:
         log.info("measuring peak matmul FLOP/s on %s", self.device)
         env = envmod.fingerprint(self.code_dir)
         env["device"] = str(self.device)
-        env["peak_flops"] = envmod.calibrate_peaks(self.device)
+        by_threads = {str(n): envmod.calibrate_peaks(self.device, threads=n) for n in self.thread_counts()}
+        env["peak_flops"] = next(iter(by_threads.values()))  # at the one-process trials' thread count
+        env["peak_flops_by_threads"] = by_threads
         env["command"] = self.command
         env_path.write_text(json.dumps(env, indent=2, sort_keys=True, default=str))
         return env
 
     def run(self, on_progress: Callable[[Progress], None] | None = None) -> list[TrialRecord]:
         env = self.prepare()
-        peaks = {k: v["flops"] for k, v in env.get("peak_flops", {}).items()}
         trials = plan(self.cfg, self.device)
         done = self.store.done_trial_ids()
+        self.prepare_references([t for t in trials if t.trial_id not in done])
         for index, trial in enumerate(trials, 1):
             record = None
             if trial.trial_id not in done:
-                record = self._skipped(trial) if trial.skip_reason else self._launch(trial, peaks)
+                record = self._skipped(trial) if trial.skip_reason else self._launch(trial, env)
                 if self.launch.node_rank == 0:  # other nodes take part in the trials; node 0 records them
                     self.store.append(record)
             if on_progress:
                 on_progress(Progress(index, len(trials), trial, record))
         return self.store.read()
 
+    def prepare_references(self, trials: list[Trial]) -> None:
+        """Compute, in one child process, the parity references these trials need and the cache lacks."""
+        keys = [k for k in (reference_key(t, self.cfg.budget) for t in trials if not t.skip_reason) if k]
+        try:
+            reference_mod.ensure(keys, self.reference_dir, self.device.type, self.code_dir,
+                                 timeout_s=max(self.cfg.budget.timeout_s, 120.0) * max(len(keys), 1))
+        except (RuntimeError, subprocess.TimeoutExpired) as exc:
+            # Not fatal here: each trial asks for its reference again and, if that fails too, is recorded as
+            # failed with the reason, like any other trial error.
+            log.warning("parity references could not be computed up front: %s", exc)
+
     # ---- one trial ------------------------------------------------------------------------------------------
 
-    def _spec(self, trial: Trial, peaks: dict[str, float]) -> TrialSpec:
+    def _peaks(self, trial: Trial, env: dict) -> tuple[dict[str, float], str | None]:
+        """Calibrated peaks at the thread count this trial runs with."""
+        threads = self.thread_counts()[-1] if trial.world_size > 1 else self.thread_counts()[0]
+        by_threads = env.get("peak_flops_by_threads") or {}
+        peaks = by_threads.get(str(threads))
+        source = f"calibrated on this machine with {threads} thread(s)"
+        if peaks is None:  # env.json of an older sweep (resumed): one calibration at the runner's threads
+            peaks, source = env.get("peak_flops") or {}, "calibrated on this machine (runner's threads)"
+        return {k: v["flops"] for k, v in peaks.items() if v.get("flops")}, source
+
+    def _spec(self, trial: Trial, env: dict) -> TrialSpec:
+        peaks, source = self._peaks(trial, env)
         return TrialSpec(
             sweep_id=self.out_dir.name,
             trial_id=trial.trial_id,
@@ -132,8 +169,12 @@ class SweepRunner:
             device=str(self.device),
             budget=dataclasses.asdict(self.cfg.budget),
             peaks=peaks,
+            peak_source=source,
             world_size=trial.world_size,
             threads=self.cfg.threads,
+            mode=self.cfg.mode,
+            position=trial.position,
+            reference_dir=str(self.reference_dir),
         )
 
     def _skipped(self, trial: Trial) -> TrialRecord:
@@ -152,15 +193,18 @@ class SweepRunner:
             device=str(self.device),
             status=status,
             reason=reason,
+            kind=set_kind(s.resolve() for s in trial.techniques.specs).value,
+            mode=self.cfg.mode,
+            position=trial.position,
             timestamp_utc=dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
         )
 
-    def _launch(self, trial: Trial, peaks: dict[str, float]) -> TrialRecord:
+    def _launch(self, trial: Trial, env: dict) -> TrialRecord:
         timeout = self.cfg.budget.timeout_s
         with tempfile.TemporaryDirectory(prefix="trainbench-") as tmp:
             tmp_path = Path(tmp)
             spec_path, record_path, log_path = tmp_path / "spec.json", tmp_path / "record.json", tmp_path / "stderr"
-            spec_path.write_text(self._spec(trial, peaks).to_json())
+            spec_path.write_text(self._spec(trial, env).to_json())
             child_env = dict(os.environ, PYTHONUNBUFFERED="1", TORCHINDUCTOR_CACHE_DIR=str(tmp_path / "inductor"))
             cmd = [sys.executable, "-m", "bench.trial", str(spec_path), str(record_path)]
             if trial.world_size > 1:

@@ -1,15 +1,17 @@
 """The end-of-sweep summary: one row per workload x technique set (the full report lives in bench.report).
 
-The numbers come from ``bench.analysis`` (computed once, the same as the report's): speedup is the ratio of median
-throughputs against the baseline set of the same workload; memory ratio compares the tensor-level peak where both
-sides have one, else peak RSS (marked), since the two are not comparable.
+The numbers come from ``bench.analysis`` (computed once, the same as the report's, through the one statistics
+engine): speedup is the geometric mean of samples/s ratios against the reference set, paired by seed; quality is
+judged at equal samples by the set's kind; time-to-target is a censored median (a miss counts as never).
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
+from typing import Any
 
-from bench import analysis
+from bench import analysis, stats
 from bench.results import TrialRecord
 
 BASELINE = analysis.BASELINE
@@ -22,17 +24,70 @@ class SummaryRow:
     n_ok: int
     n_total: int
     samples_per_s: float | None
-    speedup: float | None
-    peak_bytes: float | None
-    peak_rss_bytes: float | None
-    memory_ratio: float | None
-    memory_ratio_source: str | None
+    speedup: str  # "1.20x faster", "0.85x (no verdict: 2 pairs ...)", "1 (reference)", "-"
+    peak: str
+    memory_ratio: str
     mfu: float | None
-    metric: str | None
-    final_mean: float | None
-    final_std: float | None
-    parity_ok: bool | None
+    one_off_s: float | None
+    quality: str
+    time_to_target: str
+    parity: str
     note: str
+
+
+def _ok(v: Any) -> bool:
+    return v is not None and not (isinstance(v, float) and math.isnan(v))
+
+
+def ratio_text(est: float | None, verdict: str | None) -> str:
+    """``1.20x faster``; ``0.97x`` (no significant difference); ``0.85x?`` (no verdict)."""
+    if not _ok(est):
+        return "-"
+    if verdict in (None, stats.NONE):
+        return f"{est:.2f}x?"
+    if verdict == stats.SAME:
+        return f"{est:.2f}x"
+    return f"{est:.2f}x {verdict}"
+
+
+def quality_text(c: Any) -> str:
+    """Quality at equal samples, by kind: exact sets must reproduce the reference's curve."""
+    if not c.n_ok or c.metric is None or (c.n_final == 0 and not c.n_cut):
+        return "-"
+    if c.n_final == 0:
+        return f"not compared: {c.n_cut} run(s) cut by the safety cap"
+    if c.is_reference:
+        return f"{c.metric} {c.final_mean:.4g} ± {c.final_std:.2g}"
+    if c.exact_quality == "identical":
+        return "same (exact: curves match)"
+    if c.exact_quality == "drift":
+        return f"same (exact; curves drift {c.curve_max_rel_diff:.0%} by rounding)"
+    if c.delta is None:
+        return f"{c.metric} {c.final_mean:.4g}"
+    text = f"{c.delta:+.4f}"
+    if c.delta_verdict in (None, stats.NONE):
+        return text + "?"
+    return text + ("" if c.delta_verdict == stats.SAME else f" {c.delta_verdict}")
+
+
+def ttt_text(c: Any) -> str:
+    if c.target is None or not c.n_ttt:
+        return "-"
+    misses = round(c.ttt_miss_rate * c.n_ttt)
+    if c.ttt_median is None or not math.isfinite(c.ttt_median):
+        return f"missed ({misses}/{c.n_ttt})"
+    text = f"{c.ttt_median:.2f} s"
+    if misses:
+        text += f" ({misses}/{c.n_ttt} missed)"
+    return text
+
+
+def parity_text(c: Any) -> str:
+    if c.parity_ok is None:
+        return "n/a" if c.kind == "algorithmic" else "-"
+    if c.parity_ok:
+        return "ok"
+    return "expected mismatch" if c.parity_note else "MISMATCH"
 
 
 def summarize(records: list[TrialRecord], baseline: str = BASELINE) -> list[SummaryRow]:
@@ -44,46 +99,60 @@ def summarize(records: list[TrialRecord], baseline: str = BASELINE) -> list[Summ
     for c in configs.itertuples():
         notes = list(c.problems) + ([f"skipped: {c.skip_reason}"] if c.skip_reason else [])
         if c.n_contended:
-            notes.append("other processes used the CPU during timing")
+            notes.append(f"{c.n_contended} timed window(s) shared the CPU with other processes")
+        if not c.is_reference and c.speedup_verdict == stats.NONE and c.speedup_why:
+            notes.append(f"no verdict: {c.speedup_why}")
+        source = " (RSS)" if c.mem_ratio_source == "RSS" else ""
         rows.append(SummaryRow(
             workload=c.workload,
             techniques=c.technique,
             n_ok=c.n_ok,
             n_total=c.n_total,
             samples_per_s=c.sps_median,
-            speedup=1.0 if c.is_reference and c.sps_median else c.speedup,
-            peak_bytes=c.peak_bytes,
-            peak_rss_bytes=c.peak_rss_bytes,
-            memory_ratio=1.0 if c.is_reference and (c.peak_bytes or c.peak_rss_bytes) else c.mem_ratio,
-            memory_ratio_source=("tensors" if c.peak_bytes else "RSS") if c.is_reference else c.mem_ratio_source,
+            speedup=("1 (reference)" if c.sps_median else "-") if c.is_reference else
+            ratio_text(c.speedup, c.speedup_verdict),
+            peak=_bytes(c.peak_bytes) if _ok(c.peak_bytes) else (f"RSS {_bytes(c.peak_rss_bytes)}"
+                                                                  if _ok(c.peak_rss_bytes) else "-"),
+            memory_ratio=("1" if c.peak_bytes or c.peak_rss_bytes else "-") if c.is_reference else
+            ratio_text(c.mem_ratio, c.mem_ratio_verdict) + (source if _ok(c.mem_ratio) else ""),
             mfu=c.mfu,
-            metric=c.metric if c.n_ok else None,
-            final_mean=c.final_mean,
-            final_std=c.final_std,
-            parity_ok=c.parity_ok,
+            one_off_s=c.one_off_s,
+            quality=quality_text(c),
+            time_to_target=ttt_text(c),
+            parity=parity_text(c),
             note="; ".join(notes)[:300],
         ))
     return rows
 
 
-COLUMNS = ["workload", "techniques", "ok", "samples/s", "speedup", "peak MB", "peak RSS MB", "mem ratio", "MFU",
-           "final metric", "parity", "notes"]
+def _bytes(b: float | None) -> str:
+    if not _ok(b):
+        return "-"
+    mib = b / 2**20
+    return f"{mib:,.0f} MiB" if mib >= 100 else f"{mib:.1f} MiB" if mib >= 1 else f"{b / 1024:.0f} KiB"
+
+
+COLUMNS = ["workload", "techniques", "ok", "samples/s", "speedup", "peak memory", "mem ratio", "MFU", "one-off s",
+           "quality at equal samples", "time to target", "parity", "notes"]
 
 
 def row_cells(row: SummaryRow) -> list[str]:
-    def num(v: float | None, fmt: str) -> str:
-        return "-" if v is None else format(v, fmt)
-
-    mem_ratio = "-" if row.memory_ratio is None else f"{row.memory_ratio:.2f}" + (
-        " (RSS)" if row.memory_ratio_source == "RSS" else "")
-    final = "-" if row.final_mean is None else f"{row.metric} {row.final_mean:.4f} ± {row.final_std:.4f}"
-    parity = {None: "-", True: "ok", False: "MISMATCH"}[row.parity_ok]
     return [
-        row.workload, row.techniques, f"{row.n_ok}/{row.n_total}", num(row.samples_per_s, ",.0f"),
-        num(row.speedup, ".2f") + ("x" if row.speedup else ""),
-        num(row.peak_bytes and row.peak_bytes / 2**20, ".1f"), num(row.peak_rss_bytes and row.peak_rss_bytes / 2**20, ".0f"),
-        mem_ratio, "-" if row.mfu is None else f"{row.mfu:.1%}", final, parity, row.note or "",
+        row.workload, row.techniques, f"{row.n_ok}/{row.n_total}",
+        "-" if row.samples_per_s is None else f"{row.samples_per_s:,.0f}",
+        row.speedup, row.peak, row.memory_ratio, "-" if row.mfu is None else f"{row.mfu:.1%}",
+        "-" if row.one_off_s is None else f"{row.one_off_s:.2f}", row.quality, row.time_to_target, row.parity,
+        row.note or "",
     ]
+
+
+LEGEND = ("Speedup and memory ratio: geometric mean over seeds of each trial's ratio to the reference set's trial "
+          "of the same seed; a word (faster, slower, less, more) only when the whole 95% interval clears the "
+          "threshold (5% speed, 1% memory); 'x?' marks an estimate without a verdict (fewer than 3 repeats). "
+          "Quality at equal samples: every set trains the same samples from the same initial weights; an exact set "
+          "must reproduce the reference's eval curve ('same'), others show the metric's difference at the full "
+          "budget. Time to target: median training time (one-off cost excluded) over seeds, a miss counting as "
+          "never. One-off: the first step's cost beyond a steady step (torch.compile's compilation).")
 
 
 def to_markdown(rows: list[SummaryRow], title: str = "Sweep summary") -> str:
@@ -91,8 +160,5 @@ def to_markdown(rows: list[SummaryRow], title: str = "Sweep summary") -> str:
     lines = [f"# {title}", "", "| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
     for row in rows:
         lines.append("| " + " | ".join(esc(c) for c in row_cells(row)) + " |")
-    lines += ["", "Speedup: ratio of median samples/s against `baseline` on the same workload. "
-              "Memory ratio: tensor-level peak (tracked) where both sides have it, else peak RSS. "
-              "MFU: model FLOPs (eager fp32 step) per second over the measured matmul peak for the dtype in use. "
-              "Final metric: mean ± std over repeats."]
+    lines += ["", LEGEND]
     return "\n".join(lines) + "\n"

@@ -1,43 +1,57 @@
-"""Inside the child process: build one trial, apply its techniques, train, measure, and write one record.
+"""Inside the child process: one trial as typed stages, each a small function returning a frozen dataclass.
 
 ``python -m bench.trial SPEC.json RECORD.json``. The runner starts one such process per trial so memory peaks are
-clean and a crash takes down one trial, not the sweep. Order of work (each section says why it sits where it does):
+clean and a crash takes down one trial, not the sweep. Two questions, two measurements that never share a budget:
 
-1. reference run (eager fp32, same seed and batches): the first losses for parity and the FLOPs of one step;
-   done first and freed, so it does not pollute the trial's memory peaks;
-2. build the trial's model with its techniques applied in phase order, and its optimizer;
-3. warm-up steps (the first one timed on its own: compile time lands there), then peak trackers are reset;
-4. the timed window: a device sync only at its edges, data-wait timed apart, other processes' CPU time measured;
-5. the accuracy phase: training goes on to the step budget, evaluated at a few points (eval time excluded);
-6. memory: the timed window's peak RSS (glibc's default malloc, which keeps freed blocks), then a clean RSS pass
-   with malloc set to return freed memory at once (it slows steps, and stays set, so it comes last), then one
-   more step under the tensor tracker (which slows steps too).
+1. ``reference``: the eager fp32 reference of this workload, seed and batch (losses, parameter-distance
+   trajectory, FLOPs per step), computed in a process of its own and cached (``bench.reference``);
+2. ``build``: the model with the techniques applied in phase order, its optimizer, loop and batches;
+3. ``quality_run`` (modes quality, both): how fast the model learns. From the freshly built model, train the
+   workload size's sample budget, evaluated at the same sample counts as every other set (evaluation untimed). The
+   first step is timed on its own: what it costs beyond a steady step (compilation) is a one-off cost, kept out of
+   the training clock and reported apart. A wall-clock cap is only a safety net: a run it cuts is marked as such;
+4. ``speed_window`` (modes speed, both): how fast a step is. Warm-up, then a timed window with a device sync only
+   at its edges; FLOPs and MFU on the window's own clock;
+5. ``parity``: the first optimizer steps of whichever stage ran first against the reference: losses and the
+   parameter-distance trajectory, with per-kind tolerances (``bench.results.PARITY_TOLERANCES``);
+6. ``memory``: the window's peaks, then a clean RSS pass (malloc set to return freed memory; it slows steps and
+   stays set, so it comes last), then one step under the tensor tracker.
+
+The quality run comes first so it starts from the freshly built weights and its first step is the process's
+first; the speed window does not care what the weights are.
 """
 
 from __future__ import annotations
 
+import atexit
 import dataclasses
 import datetime as dt
+import functools
 import gc
 import json
 import logging
 import math
 import os
+import shutil
 import sys
+import tempfile
 import time
 import traceback
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
 import torch.distributed as dist
+from torch import nn
 
+from bench import reference as reference_mod
 from bench import workloads
 from bench.config import Budget, TechniqueSet, TechniqueSpec
+from bench.env import datasheet_peak
 from bench.loop import TrainLoop, build_optimizer
 from bench.measure.energy import EnergyMeter
-from bench.measure.flops import count_flops, mfu
 from bench.measure.memory import (
     PeakRss,
     TensorMemoryTracker,
@@ -47,14 +61,27 @@ from bench.measure.memory import (
     trim_heap,
 )
 from bench.measure.timing import CpuContention, StepTimer, summarize
-from bench.results import TrialRecord, sanitize
+from bench.reference import ReferenceKey, ReferenceResult, Trajectory
+from bench.results import (
+    PARITY_TOLERANCES,
+    BuildInfo,
+    Contention,
+    EnergyResult,
+    MemoryResult,
+    ParityResult,
+    QualityResult,
+    SpeedResult,
+    StepStats,
+    TrialRecord,
+    sanitize,
+)
 from techniques._distributed import model_state_bytes, zero_formula_bytes
-from techniques.base import Context, Kind, Technique, TrainConfig
+from techniques.base import Context, Kind, Technique, TrainConfig, set_compute_dtype, set_kind, set_zero_stage
 
 log = logging.getLogger(__name__)
 
-PARITY_TOLERANCE = {Kind.EXACT: 1e-3, Kind.NUMERIC: 5e-2}  # max relative difference of the first losses
 CONTENTION_WARN = 0.10  # other processes used more than 10% of the cores during the timed window
+CLEAN_RSS_STEPS = 2
 
 
 @dataclass
@@ -70,9 +97,13 @@ class TrialSpec:
     repeat: int
     device: str
     budget: dict[str, Any]
-    peaks: dict[str, float] = field(default_factory=dict)  # measured matmul peak FLOP/s by dtype name
+    peaks: dict[str, float] = field(default_factory=dict)  # calibrated matmul peak FLOP/s by dtype, this thread count
+    peak_source: str | None = None  # which calibration the peaks come from
     world_size: int = 1
     threads: int = 0
+    mode: str = "both"  # speed | quality | both
+    position: int = 0  # index in the sweep's run order
+    reference_dir: str | None = None  # cache of parity references (None: a temporary one)
 
     @classmethod
     def from_json(cls, text: str) -> TrialSpec:
@@ -86,113 +117,43 @@ class Diverged(RuntimeError):
     """The loss became NaN or infinite."""
 
 
-def set_kind(techs: list[Technique]) -> Kind:
-    kinds = {t.kind for t in techs}
-    if Kind.ALGORITHMIC in kinds:
-        return Kind.ALGORITHMIC
-    if Kind.NUMERIC in kinds:
-        return Kind.NUMERIC
-    return Kind.EXACT
+@dataclass
+class Session:
+    """The live objects of one built trial: what the stages train and measure. Not part of the record."""
+
+    spec: TrialSpec
+    budget: Budget
+    built: workloads.BuiltWorkload
+    techs: list[Technique]
+    ctx: Context
+    cfg: TrainConfig
+    model: nn.Module
+    optimizer: torch.optim.Optimizer
+    loop: TrainLoop
+    batches: Iterator[Any]
+    kind: Kind
+    has_batchnorm: bool
+    probe: ParityProbe | None = None
+    steps_done: int = 0
+    first_step_s: float | None = None  # the process's first training step, timed alone
+    one_off_s: float | None = None  # its excess over a steady step of the stage that ran it
+
+    @property
+    def device(self) -> torch.device:
+        return self.ctx.device
 
 
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
+# ---- stage: build -----------------------------------------------------------------------------------------------
 
 
-def _evaluate(built: workloads.BuiltWorkload, model: torch.nn.Module, loop: TrainLoop) -> dict[str, float]:
-    # A compiled module is evaluated through its eager original (same parameters): switching it to eval mode
-    # would trigger a second compilation that says nothing about training speed.
-    eager = getattr(model, "_orig_mod", model)
-    eager.eval()
-    try:
-        with torch.no_grad(), loop.forward_context():
-            return {k: float(v) for k, v in built.evaluate(eager).items()}
-    finally:
-        eager.train()
-
-
-def reference_run(spec: TrialSpec, device: torch.device, steps: int, batch_size: int) -> tuple[list[float], int]:
-    """Eager fp32 baseline with the trial's seed and batches: its first losses and the FLOPs of one step."""
+def build(spec: TrialSpec, budget: Budget, device: torch.device) -> Session:
+    """The workload's model with the techniques applied in phase order, its optimizer, loop and batches."""
     wl = workloads.get(spec.workload)
-    built = wl.build(spec.size, spec.seed, device)
-    ctx = Context(device=device, workload=spec.workload, seed=spec.seed)
-    opt = build_optimizer(built.model, [], ctx, built.lr)
-    loop = TrainLoop(built.model, opt, built.loss_fn, [], ctx)
-    batches = built.batches(batch_size, spec.seed)
-    losses = [float(loop.step(next(batches))) for _ in range(steps)]
-    batch = next(batches)
-    flops = count_flops(lambda: loop.step(batch))
-    return losses, flops
-
-
-def run(spec: TrialSpec, own_process: bool = False) -> TrialRecord:
-    """Run the trial; any error becomes a record with a status and reason instead of an exception.
-
-    ``own_process``: this process exists for this trial alone (``main``), so the clean RSS pass may change
-    process-wide malloc settings for good; called in-process (tests), that pass is skipped with a reason.
-    """
-    started = dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
-    base: dict[str, Any] = dict(
-        sweep_id=spec.sweep_id,
-        trial_id=spec.trial_id,
-        workload={"name": spec.workload, "size": spec.size},
-        techniques=[],
-        technique_label=TechniqueSet(tuple(TechniqueSpec.parse(t) for t in spec.techniques)).label,
-        seed=spec.seed,
-        repeat=spec.repeat,
-        world_size=spec.world_size,
-        device=spec.device,
-        timestamp_utc=started,
-    )
-    sections: dict[str, Any] = {}
-    try:
-        _measure(spec, base, sections, own_process)
-        status, reason = "ok", None
-    except Diverged as exc:
-        status, reason = "diverged", str(exc)
-    except torch.OutOfMemoryError as exc:
-        status, reason = "oom", f"out of memory: {str(exc).splitlines()[0]}"
-    except Exception as exc:  # a trial fails softly: the sweep goes on and the record says why
-        if "out of memory" in str(exc).lower():
-            status = "oom"
-        else:
-            status = "failed"
-        reason = f"{type(exc).__name__}: {exc}".splitlines()[0][:500]
-        log.error("trial %s failed:\n%s", spec.trial_id, traceback.format_exc())
-        sections["error"] = traceback.format_exc(limit=8)[-4000:]
-    error = sections.pop("error", None)
-    if error:
-        sections.setdefault("timing", {})["traceback"] = error
-    return TrialRecord(status=status, reason=reason, **base, **sanitize(sections))
-
-
-def _measure(spec: TrialSpec, base: dict[str, Any], out: dict[str, Any], own_process: bool) -> None:
-    budget = Budget(**spec.budget)
-    device = _rank_device(spec.device)
-    if spec.threads:
-        torch.set_num_threads(spec.threads)
-    wl = workloads.get(spec.workload)
-    techs = [TechniqueSpec.parse(t).resolve() for t in spec.techniques]
-    techs.sort(key=lambda t: t.phase)  # stable: same-phase techniques keep the user's order
-    base["techniques"] = [t.describe() for t in techs]
-    kind = set_kind(techs)
-
-    # 1. reference run: parity losses and FLOPs per step, then freed.
+    techs = sorted((TechniqueSpec.parse(t).resolve() for t in spec.techniques), key=lambda t: t.phase)
     built = wl.build(spec.size, spec.seed, device)
     cfg = TrainConfig(batch_size=built.batch_size, lr=built.lr)
     for tech in techs:
         cfg = tech.configure(cfg)
-    parity_steps = budget.parity_steps if techs and kind != Kind.ALGORITHMIC else 0
-    ref_losses, flops_per_step = reference_run(spec, device, parity_steps, cfg.batch_size)
-    gc.collect()
-
-    base["workload"].update(dataset=built.dataset, params=built.params, metric=built.metric,
-                            higher_is_better=built.higher_is_better, batch_size=cfg.batch_size,
-                            tokens_per_sample=built.tokens_per_sample,
-                            n_params=sum(p.numel() for p in built.model.parameters()))
-
-    # 2. the trial's model, techniques applied in phase order.
     ctx = Context(device=device, workload=spec.workload, seed=spec.seed, rank=_rank(), world_size=spec.world_size,
                   has_blocks=wl.has_blocks, has_batchnorm=wl.has_batchnorm,
                   technique_names=tuple(t.name for t in techs))
@@ -205,53 +166,258 @@ def _measure(spec: TrialSpec, base: dict[str, Any], out: dict[str, Any], own_pro
     for tech in techs:
         batches = tech.wrap_data(batches, ctx)
     loop = TrainLoop(model, optimizer, built.loss_fn, techs, ctx, cfg.micro_batches)
+    return Session(spec, budget, built, techs, ctx, cfg, model, optimizer, loop, batches, set_kind(techs),
+                   wl.has_batchnorm)
 
-    curve: list[list[float | int | None]] = []
-    losses: list[torch.Tensor] = []
-    train_time = 0.0  # training wall time, evaluation excluded
 
-    def evaluate(step: int) -> float:
-        metrics = _evaluate(built, model, loop)
-        last = float(losses[-1]) if losses else None
-        curve.append([round(train_time, 6), step, last, metrics[built.metric]])
-        return metrics[built.metric]
+def build_info(session: Session) -> BuildInfo:
+    return BuildInfo(
+        n_params=sum(getattr(p, "ds_numel", p.numel()) for p in session.built.model.parameters()),
+        batch_size=session.cfg.batch_size,
+        micro_batches=session.cfg.micro_batches,
+        tokens_per_sample=session.built.tokens_per_sample,
+        threads=torch.get_num_threads(),
+        first_step_s=session.first_step_s,
+        one_off_s=session.one_off_s,
+    )
+
+
+# ---- stage: reference -------------------------------------------------------------------------------------------
+
+
+def reference_key(session: Session) -> ReferenceKey:
+    return ReferenceKey(session.spec.workload, session.spec.size, session.spec.seed, session.cfg.batch_size,
+                        session.budget.parity_steps)
+
+
+def reference(session: Session) -> ReferenceResult:
+    """The cached reference of this trial's key; computed now, in a child process, when the cache lacks it (the
+    runner computes a sweep's references before its first trial, so this is for direct use of ``run``)."""
+    key = reference_key(session)
+    spec = session.spec
+    cache = Path(spec.reference_dir) if spec.reference_dir else _private_reference_dir()
+    found = reference_mod.load(cache, key)
+    if found is None and _rank() == 0:
+        reference_mod.ensure([key], cache, session.device.type)
+    if _world() > 1:
+        dist.barrier()
+    found = found or reference_mod.load(cache, key)
+    if found is None:
+        raise RuntimeError(f"no parity reference {key.name} in {cache}")
+    dataset = session.built.dataset.get("sha256")
+    if found.dataset and dataset and found.dataset != dataset:
+        raise RuntimeError(f"the parity reference {reference_mod.path_of(cache, key)} was computed on other data "
+                           f"(sha256 {found.dataset[:12]}, this trial's {dataset[:12]}): delete it to recompute")
+    return found
+
+
+@functools.cache
+def _private_reference_dir() -> Path:
+    """A reference cache of this process's own (direct calls of ``run``), removed at exit: a shared one could
+    outlive a change of the code that computes references."""
+    path = Path(tempfile.mkdtemp(prefix="trainbench-references-"))
+    atexit.register(shutil.rmtree, path, ignore_errors=True)
+    return path
+
+
+# ---- parity -----------------------------------------------------------------------------------------------------
+
+
+class ParityProbe:
+    """Losses and the parameter-distance trajectory of a session's first ``steps`` optimizer steps."""
+
+    def __init__(self, model: nn.Module, steps: int) -> None:
+        self.steps = steps
+        self.trajectory = Trajectory(model)
+        self.losses: list[torch.Tensor] = []
+        self.distances: list[float] = []
+
+    @property
+    def active(self) -> bool:
+        return len(self.distances) < self.steps
+
+    def after_step(self, loss: torch.Tensor) -> None:
+        self.losses.append(loss.detach())
+        self.distances.append(self.trajectory.distance())
+        if not self.active:
+            self.trajectory.close()  # frees the snapshot of the initial weights
+
+
+def parity(session: Session, ref: ReferenceResult) -> ParityResult | None:
+    """The first steps against the reference, judged with the tolerances of the set's kind."""
+    probe = session.probe
+    if probe is None or probe.active:
+        return None
+    k = probe.steps
+    losses = [float(x) for x in _mean_over_ranks(torch.stack(probe.losses))]
+    ref_l, ref_d = ref.losses[:k], ref.distances[:k]
+    loss_diff = max(abs(a - b) / max(abs(b), 1e-12) for a, b in zip(losses, ref_l, strict=True))
+    dist_diff = max(abs(a - b) / max(abs(b), 1e-12) for a, b in zip(probe.distances, ref_d, strict=True))
+    loss_tol, dist_tol = PARITY_TOLERANCES[session.kind.value]
+    note = None
+    if session.cfg.micro_batches > 1 and session.has_batchnorm:
+        note = "expected mismatch: BatchNorm computes statistics per micro-batch, so accumulation is not exact"
+    return ParityResult(kind=session.kind.value, steps=k, ok=loss_diff <= loss_tol and dist_diff <= dist_tol,
+                        loss_rel_diff=loss_diff, distance_rel_diff=dist_diff, loss_tolerance=loss_tol,
+                        distance_tolerance=dist_tol, losses=losses, reference_losses=ref_l,
+                        distances=probe.distances, reference_distances=ref_d, note=note, reference=ref.key)
+
+
+# ---- stage: quality run -----------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class QualityPlan:
+    budget_samples: int
+    steps: int
+    eval_steps: tuple[int, ...]
+
+
+def quality_plan(session: Session) -> QualityPlan:
+    """The sample budget (the size's documented budget, or --steps, at the workload's global batch) and the steps
+    at which every set evaluates."""
+    budget, built = session.budget, session.built
+    ref_steps = budget.train_steps or built.quality_steps
+    if ref_steps <= 0:
+        raise ValueError(f"workload {session.spec.workload}:{session.spec.size} has no quality budget: give --steps")
+    samples = ref_steps * built.batch_size
+    steps = math.ceil(samples / session.cfg.batch_size)
+    points = budget.eval_points or built.eval_points
+    evals = sorted({math.ceil(steps * i / points) for i in range(1, points + 1)} | {steps})
+    return QualityPlan(samples, steps, tuple(evals))
+
+
+def quality_run(session: Session) -> QualityResult:
+    """Train the sample budget from the freshly built model; evaluate at the planned steps, untimed.
+
+    The training clock is synchronised at segment edges only (the first step, the parity probe's steps, each
+    evaluation), so queued GPU work between them is not serialised. The first step's excess over a steady step is
+    the one-off cost: the curve's times leave it out (``build.one_off_s`` has it).
+    """
+    plan, budget, built = quality_plan(session), session.budget, session.built
+    batch = session.cfg.batch_size
+    curve: list[list[Any]] = []
+    clock, pending, cut, stopped = 0.0, [], None, None
+    evals = set(plan.eval_steps)
+    contention = CpuContention(include_siblings=session.spec.world_size > 1)
+    contention.start()
+
+    def evaluate(step: int) -> None:
+        loss = float(_mean_over_ranks(torch.stack(pending).float().mean())) if pending else None
+        pending.clear()
+        curve.append([step * batch, step, clock, loss, _evaluate(session)[built.metric]])
 
     evaluate(0)
+    _sync(session.device)
+    seg_start = time.perf_counter()
+    for step in range(1, plan.steps + 1):
+        loss = session.loop.step(next(session.batches))
+        pending.append(loss.detach())
+        session.steps_done += 1
+        probing = session.probe is not None and session.probe.active
+        if step == 1 or probing or step in evals:
+            _sync(session.device)
+            now = time.perf_counter()
+            clock += now - seg_start
+            if session.first_step_s is None:
+                session.first_step_s = now - seg_start
+            if probing:
+                session.probe.after_step(loss)
+            if step in evals:
+                _check_finite(loss, session.steps_done)
+                evaluate(step)
+                if step < plan.steps and _agree(clock > budget.max_train_seconds):
+                    cut = (f"stopped at step {step} of {plan.steps}: the training clock passed "
+                           f"max_train_seconds={budget.max_train_seconds:g} (a safety cap, not a budget)")
+                    break
+                asked = [t.name for t in session.techs if t.on_eval({built.metric: curve[-1][-1]}, session.ctx)]
+                if step < plan.steps and _agree(bool(asked)):
+                    stopped = f"{', '.join(asked) or 'another rank'} stopped the run at step {step} of {plan.steps}"
+                    break
+            _sync(session.device)
+            seg_start = time.perf_counter()
+    busy = contention.stop()
+    steps = curve[-1][1]
+    session.one_off_s = one_off = _one_off(session.first_step_s, clock, steps)
+    for point in curve[1:]:
+        point[2] = max(point[2] - one_off, 0.0)
+    return _quality_result(session, plan, curve, steps, one_off, cut, stopped, busy)
 
-    # 3. warm-up: the first step alone includes compilation and lazy initialisation.
-    first_step_s = None
-    warmup_times: list[float] = []
-    for i in range(max(budget.warmup_steps, 1)):
-        _sync(device)
-        t0 = time.perf_counter()
-        losses.append(loop.step(next(batches)))
-        _sync(device)
-        elapsed = time.perf_counter() - t0
-        train_time += elapsed
-        warmup_times.append(elapsed)
-        if i == 0:
-            first_step_s = elapsed
-    _check_finite(losses)
+
+def _one_off(first_step_s: float | None, clock: float, steps: int) -> float:
+    """The first step's excess over the mean of the others (0 with a single step)."""
+    if first_step_s is None or steps < 2:
+        return 0.0
+    steady = (clock - first_step_s) / (steps - 1)
+    return max(first_step_s - steady, 0.0)
+
+
+def _quality_result(session: Session, plan: QualityPlan, curve: list[list[Any]], steps: int, one_off: float,
+                    cut: str | None, stopped: str | None, busy: Any) -> QualityResult:
+    built = session.built
+    target = built.target
+    hit = next((p for p in curve[1:] if target is not None and p[4] is not None and
+                (p[4] >= target if built.higher_is_better else p[4] <= target)), None)
+    return QualityResult(
+        metric=built.metric, higher_is_better=built.higher_is_better, target=target,
+        budget_samples=plan.budget_samples, budget_steps=plan.steps,
+        samples_trained=steps * session.cfg.batch_size, steps_trained=steps,
+        train_time_s=curve[-1][2], cut=cut, stopped_by=stopped,
+        curve_columns=["samples", "steps", "train_time_s", "train_loss", built.metric], curve=curve,
+        final=None if cut else curve[-1][4],
+        samples_to_target=hit[0] if hit else None, steps_to_target=hit[1] if hit else None,
+        time_to_target_s=hit[2] if hit else None,
+        time_to_target_with_one_off_s=hit[2] + one_off if hit else None,
+        contention=Contention(**dataclasses.asdict(busy)),
+    )
+
+
+def _evaluate(session: Session) -> dict[str, float]:
+    module = session.model
+    for tech in session.techs:
+        module = tech.eval_model(module, session.ctx)
+    module.eval()
+    try:
+        with torch.no_grad(), session.loop.forward_context():
+            return {k: float(v) for k, v in session.built.evaluate(module).items()}
+    finally:
+        module.train()
+
+
+# ---- stage: speed window ----------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class WindowPeaks:
+    """Peaks over the timed window, kept for the memory stage."""
+
+    rss_bytes: int
+    cuda: dict[str, int] | None
+
+
+def speed_window(session: Session, ref: ReferenceResult) -> tuple[SpeedResult, WindowPeaks, EnergyResult]:
+    """Warm-up (covering the parity steps when this stage runs first), then the timed window."""
+    budget, spec, device = session.budget, session.spec, session.device
+    warmup_times = _warm_up(session)
     gc.collect()
     rss = PeakRss()
     rss.reset()
     cuda_peak_reset(device)
 
-    # 4. the timed window.
     # Under torchrun the other ranks are this rank's siblings (the launcher's children): the trial, not contention.
     timer, energy = StepTimer(device), EnergyMeter(device)
     contention = CpuContention(include_siblings=spec.world_size > 1)
     contention.start()
     energy.start()
+    planned = _planned_window_steps(budget, warmup_times) if spec.world_size > 1 else None  # before the clock
     timer.start()
     window_start = time.perf_counter()
     steps = 0
-    planned = _planned_window_steps(budget, warmup_times) if spec.world_size > 1 else None
     while True:
         t_fetch = time.perf_counter()
-        batch = next(batches)
+        batch = next(session.batches)
         timer.data_wait(time.perf_counter() - t_fetch)
-        losses.append(loop.step(batch))
+        loss = session.loop.step(batch)
         timer.step_done()
         steps += 1
         elapsed = time.perf_counter() - window_start
@@ -263,133 +429,101 @@ def _measure(spec: TrialSpec, base: dict[str, Any], out: dict[str, Any], own_pro
     window = timer.stop()
     energy_result = energy.stop()
     busy = contention.stop()
-    train_time += window.total_s
-    peak_rss = rss.peak_bytes()
-    cuda_peaks = cuda_peak_bytes(device)
-    _check_finite(losses)
+    session.steps_done += steps
+    peaks = WindowPeaks(rss.peak_bytes(), cuda_peak_bytes(device))
+    _check_finite(loss, session.steps_done)
+    step_stats = StepStats(**summarize(window.step_times_s))
+    if session.one_off_s is None and step_stats.median is not None:  # the first step was a warm-up step
+        session.one_off_s = max(session.first_step_s - step_stats.median, 0.0)
 
-    step_stats = summarize(window.step_times_s)
-    samples_per_s = window.n_steps * cfg.batch_size / window.total_s  # global batch: every rank's samples
-    out["timing"] = {
-        "steps": window.n_steps,
-        "window_s": window.total_s,
-        "step_time_s": step_stats,
-        "samples_per_s": samples_per_s,
-        "tokens_per_s": samples_per_s * built.tokens_per_sample if built.tokens_per_sample else None,
-        "first_step_s": first_step_s,
-        "warmup_steps": max(budget.warmup_steps, 1),
-        "data_wait_frac": window.data_wait_s / window.total_s if window.total_s else None,
-        "contention": dataclasses.asdict(busy),
-        "contended": busy.fraction > CONTENTION_WARN,
-        "micro_batches": cfg.micro_batches,
-        "samples_per_s_per_device": samples_per_s / spec.world_size,
-        "threads": torch.get_num_threads(),
-    }
-    peak_flops = spec.peaks.get(str(ctx.compute_dtype).removeprefix("torch."))
-    achieved = flops_per_step / step_stats["median"] if flops_per_step and step_stats["median"] else None
-    out["compute"] = {
-        "flops_per_step": flops_per_step,
-        "flops_source": "FlopCounterMode on the eager fp32 reference step (model FLOPs)",
-        "achieved_flops": achieved,
-        "compute_dtype": str(ctx.compute_dtype).removeprefix("torch."),
-        "peak_flops": peak_flops,
-        # Ranks on one CPU host share its cores (the calibrated peak is the host's); on GPUs each rank has one.
-        "mfu": mfu(flops_per_step, step_stats["median"],
-                   peak_flops * (spec.world_size if device.type == "cuda" else 1) if peak_flops else None),
-    }
-    out["energy"] = dataclasses.asdict(energy_result)
+    samples_per_s = window.n_steps * session.cfg.batch_size / window.total_s  # global batch: every rank's samples
+    dtype = set_compute_dtype(session.techs)
+    peak = spec.peaks.get(dtype)
+    ranks = spec.world_size if device.type == "cuda" else 1  # ranks on one CPU host share its calibrated peak
+    achieved = ref.flops_per_step * window.n_steps / window.total_s if ref.flops_per_step else None
+    sheet = datasheet_peak(torch.cuda.get_device_name(device), dtype) if device.type == "cuda" else None
+    tokens = session.built.tokens_per_sample
+    result = SpeedResult(
+        warmup_steps=len(warmup_times),
+        steps=window.n_steps,
+        window_s=window.total_s,
+        step_time_s=step_stats,
+        samples_per_s=samples_per_s,
+        samples_per_s_per_device=samples_per_s / spec.world_size,
+        tokens_per_s=samples_per_s * tokens if tokens else None,
+        data_wait_frac=window.data_wait_s / window.total_s if window.total_s else None,
+        contention=Contention(**dataclasses.asdict(busy)),
+        contended=busy.fraction > CONTENTION_WARN,
+        flops_per_step=ref.flops_per_step,
+        achieved_flops=achieved,
+        compute_dtype=dtype,
+        peak_flops=peak * ranks if peak else None,
+        peak_source=spec.peak_source if peak else None,
+        mfu=achieved / (peak * ranks) if achieved and peak else None,
+        datasheet_peak_flops=sheet * ranks if sheet else None,
+        mfu_datasheet=achieved / (sheet * ranks) if achieved and sheet else None,
+    )
+    return result, peaks, EnergyResult(**dataclasses.asdict(energy_result))
 
-    # 5. accuracy phase: train on to the budget, evaluating at evenly spaced steps.
-    evaluate(len(losses))
-    total_steps = max(budget.train_steps, len(losses))
-    eval_at = _eval_steps(len(losses), total_steps, budget.eval_points)
-    cut = None
-    while len(losses) < total_steps:
-        if _agree(train_time >= budget.max_train_seconds):
-            cut = f"stopped at step {len(losses)} of {total_steps}: max_train_seconds={budget.max_train_seconds} reached"
-            break
-        _sync(device)
+
+def _warm_up(session: Session) -> list[float]:
+    """Untimed steps before the window, each synced and timed alone (the first of the process is its one-off)."""
+    warmup = max(session.budget.warmup_steps, 1)
+    if session.probe is not None and session.probe.active:
+        warmup = max(warmup, session.probe.steps - session.steps_done)
+    times = []
+    for _ in range(warmup):
+        _sync(session.device)
         t0 = time.perf_counter()
-        losses.append(loop.step(next(batches)))
-        _sync(device)
-        train_time += time.perf_counter() - t0
-        if len(losses) in eval_at:
-            _check_finite(losses)
-            evaluate(len(losses))
-            stop = _agree(any(tech.on_eval({built.metric: curve[-1][3]}, ctx) for tech in techs))
-            if stop:
-                cut = f"stopped at step {len(losses)} by a technique's on_eval"
-                break
-    _check_finite(losses)
-    if curve[-1][1] != len(losses):
-        evaluate(len(losses))
-    target = built.target
-    reached = [p for p in curve if target is not None and p[3] is not None and
-               (p[3] >= target if built.higher_is_better else p[3] <= target)]
-    out["accuracy"] = {
-        "metric": built.metric,
-        "higher_is_better": built.higher_is_better,
-        "final": curve[-1][3],
-        "steps_trained": len(losses),
-        "train_time_s": train_time,
-        "budget_cut": cut,
-        "target": target,
-        "time_to_target_s": reached[0][0] if reached else None,
-        "steps_to_target": reached[0][1] if reached else None,
-        "curve": curve,
-        "curve_columns": ["train_time_s", "step", "train_loss", built.metric],
-    }
+        loss = session.loop.step(next(session.batches))
+        _sync(session.device)
+        times.append(time.perf_counter() - t0)
+        session.steps_done += 1
+        if session.first_step_s is None:
+            session.first_step_s = times[-1]
+        if session.probe is not None and session.probe.active:
+            session.probe.after_step(loss)
+    _check_finite(loss, session.steps_done)
+    return times
 
-    # Parity: the first losses against the eager fp32 reference.
-    if parity_steps:
-        mine = [float(x) for x in _mean_over_ranks(torch.stack(losses[:parity_steps]))]
-        diff = max(abs(a - b) / max(abs(b), 1e-12) for a, b in zip(mine, ref_losses, strict=True))
-        tol = PARITY_TOLERANCE[kind]
-        note = None
-        if cfg.micro_batches > 1 and wl.has_batchnorm:
-            note = "expected mismatch: BatchNorm computes statistics per micro-batch, so accumulation is not exact"
-        out["parity"] = {"kind": kind.value, "steps": parity_steps, "max_rel_loss_diff": diff, "tolerance": tol,
-                         "ok": diff <= tol, "losses": mine, "reference_losses": ref_losses, "note": note}
-    else:
-        out["parity"] = {"kind": kind.value, "reference": not techs}
 
-    # 6. memory: RSS/CUDA peaks from the timed window, a clean RSS pass, tensor breakdown from one tracked step.
+# ---- stage: memory ----------------------------------------------------------------------------------------------
+
+
+def memory(session: Session, peaks: WindowPeaks, own_process: bool) -> MemoryResult:
+    """The window's peaks, a clean RSS pass, and the tensor breakdown of one tracked step."""
+    budget, spec = session.budget, session.spec
     if not budget.memory:
-        clean_rss = {"skipped": "memory passes off (budget.memory = false)"}
+        clean_rss: dict[str, Any] = {"skipped": "memory passes off (budget.memory = false)"}
     elif not own_process:
         clean_rss = {"skipped": "not in a trial process of its own: the malloc settings would outlive the trial"}
     else:
-        clean_rss = _clean_rss_pass(loop, batches, device)
-    out["memory"] = {
-        "peak_rss_bytes": peak_rss,
-        "clean_rss": clean_rss,
-        "peak_bytes": cuda_peaks["allocated"] if cuda_peaks else None,
-        "peak_reserved_bytes": cuda_peaks["reserved"] if cuda_peaks else None,
-        "peak_source": "torch.cuda.max_memory_allocated" if cuda_peaks else "tensor tracker (RSS beside it)",
-        "breakdown": None,
-    }
+        clean_rss = _clean_rss_pass(session)
+    cuda = peaks.cuda
+    fields: dict[str, Any] = dict(
+        peak_rss_bytes=peaks.rss_bytes,
+        clean_rss=clean_rss,
+        peak_bytes=cuda["allocated"] if cuda else None,
+        peak_reserved_bytes=cuda["reserved"] if cuda else None,
+        peak_source="torch.cuda.max_memory_allocated" if cuda else "tensor tracker (RSS beside it)",
+    )
+    hidden = [t.name for t in session.techs if t.hides_tensors]
     if spec.world_size > 1:
-        out["memory"].update(_per_rank_memory(model, optimizer, techs, peak_rss, clean_rss, cuda_peaks,
-                                              spec.world_size))
-    elif budget.memory and ctx.state.get("compiled"):
-        out["memory"]["breakdown_skipped"] = "the tensor tracker cannot see inside torch.compile graphs"
+        fields.update(_per_rank_memory(session, peaks, clean_rss))
+    elif budget.memory and hidden:
+        fields["breakdown_skipped"] = f"the tensor tracker cannot see inside {', '.join(hidden)}"
     elif budget.memory:
-        tracker = TensorMemoryTracker(model, optimizer)
+        tracker = TensorMemoryTracker(session.model, session.optimizer)
         with tracker:
-            loop.step(next(batches))
-        result = tracker.result()
-        breakdown = dataclasses.asdict(result)
-        out["memory"]["breakdown"] = breakdown
-        if out["memory"]["peak_bytes"] is None:
-            out["memory"]["peak_bytes"] = breakdown["peak_bytes"]
-    for tech in techs:
-        tech.finalize(model, ctx)
+            session.loop.step(next(session.batches))
+        breakdown = dataclasses.asdict(tracker.result())
+        fields["breakdown"] = breakdown
+        if fields["peak_bytes"] is None:
+            fields["peak_bytes"] = breakdown["peak_bytes"]
+    return MemoryResult(**fields)
 
 
-CLEAN_RSS_STEPS = 2
-
-
-def _clean_rss_pass(loop: TrainLoop, batches: Any, device: torch.device) -> dict[str, Any]:
+def _clean_rss_pass(session: Session) -> dict[str, Any]:
     """RSS at rest and its peak over a few steps with glibc returning freed memory at once.
 
     Between steps, RSS under glibc's defaults still holds what earlier steps freed, so it cannot say what a rank
@@ -400,6 +534,7 @@ def _clean_rss_pass(loop: TrainLoop, batches: Any, device: torch.device) -> dict
     why = return_freed_memory_to_os()
     if why is not None:
         return {"skipped": why}
+    loop, batches, device = session.loop, session.batches, session.device
     loop.step(next(batches))  # one step to move the step's blocks into their own mappings
     _sync(device)
     trim_heap()
@@ -415,11 +550,108 @@ def _clean_rss_pass(loop: TrainLoop, batches: Any, device: torch.device) -> dict
             "malloc": "glibc mallopt M_MMAP_THRESHOLD=64KiB, M_TRIM_THRESHOLD=0"}
 
 
+def _per_rank_memory(session: Session, peaks: WindowPeaks, clean_rss: dict[str, Any]) -> dict[str, Any]:
+    """Per-rank peaks and local model-state bytes, gathered to every rank, beside the ZeRO formula."""
+    world = session.spec.world_size
+    mine = {"peak_rss_bytes": peaks.rss_bytes, "clean_rss": clean_rss,
+            "cuda_peak_bytes": peaks.cuda["allocated"] if peaks.cuda else None,
+            "model_state": model_state_bytes(session.model, session.optimizer)}
+    ranks: list[Any] = [None] * world
+    dist.all_gather_object(ranks, mine)
+    stage = set_zero_stage(session.techs)
+    n_params = sum(p.numel() for p in session.model.parameters()) if stage in (0, 1) else None
+    if n_params is None:  # sharded parameters: count the global size from the local shards of every rank
+        n_params = sum(r["model_state"]["params"] for r in ranks) // 4
+    result: dict[str, Any] = {
+        "per_rank": ranks,
+        "peak_rss_bytes": max(r["peak_rss_bytes"] for r in ranks),
+        "model_state_bytes": max(sum(v for k, v in r["model_state"].items() if k != "optimizer_scalars")
+                                 for r in ranks),
+        "breakdown_skipped": "multi-process trial: per-rank model-state bytes from local shards are reported instead",
+    }
+    clean = [r["clean_rss"].get("peak_bytes") for r in ranks]
+    if all(c is not None for c in clean):
+        result["clean_rss_peak_bytes"] = max(clean)
+    if peaks.cuda:
+        result["peak_bytes"] = max(r["cuda_peak_bytes"] for r in ranks)
+    if stage is not None:
+        result["zero_stage"] = stage
+        result["zero_formula_bytes"] = zero_formula_bytes(stage, n_params, world)
+        result["zero_note"] = next((t.memory_note for t in session.techs if t.memory_note), None)
+    return result
+
+
+# ---- the trial --------------------------------------------------------------------------------------------------
+
+
+def run(spec: TrialSpec, own_process: bool = False) -> TrialRecord:
+    """Run the trial's stages; any error becomes a record with a status and reason (stages that finished stay).
+
+    ``own_process``: this process exists for this trial alone (``main``), so the clean RSS pass may change
+    process-wide malloc settings for good; called in-process (tests), that pass is skipped with a reason.
+    """
+    started = dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
+    label = TechniqueSet(tuple(TechniqueSpec.parse(t) for t in spec.techniques)).label
+    head: dict[str, Any] = dict(sweep_id=spec.sweep_id, trial_id=spec.trial_id,
+                                workload={"name": spec.workload, "size": spec.size}, techniques=[],
+                                technique_label=label, seed=spec.seed, repeat=spec.repeat,
+                                world_size=spec.world_size, device=spec.device, mode=spec.mode,
+                                position=spec.position, timestamp_utc=started)
+    sections: dict[str, Any] = {}
+    status, reason = "ok", None
+    try:
+        _stages(spec, head, sections, own_process)
+    except Diverged as exc:
+        status, reason = "diverged", str(exc)
+    except torch.OutOfMemoryError as exc:
+        status, reason = "oom", f"out of memory: {str(exc).splitlines()[0]}"
+    except Exception as exc:  # a trial fails softly: the sweep goes on and the record says why
+        status = "oom" if "out of memory" in str(exc).lower() else "failed"
+        reason = f"{type(exc).__name__}: {exc}".splitlines()[0][:500]
+        log.error("trial %s failed:\n%s", spec.trial_id, traceback.format_exc())
+        sections["error"] = traceback.format_exc(limit=8)[-4000:]
+    return TrialRecord(status=status, reason=reason, **head, **sanitize(sections))
+
+
+def _stages(spec: TrialSpec, head: dict[str, Any], out: dict[str, Any], own_process: bool) -> None:
+    budget = Budget(**spec.budget)
+    device = _rank_device(spec.device)
+    if spec.threads:
+        torch.set_num_threads(spec.threads)
+    session = build(spec, budget, device)
+    built = session.built
+    head["techniques"] = [t.describe() for t in session.techs]
+    head["kind"] = session.kind.value
+    head["workload"].update(dataset=built.dataset, params=built.params, metric=built.metric,
+                            higher_is_better=built.higher_is_better, batch_size=session.cfg.batch_size,
+                            tokens_per_sample=built.tokens_per_sample, target=built.target,
+                            n_params=sum(p.numel() for p in built.model.parameters()))
+    out["build"] = build_info(session)
+    ref = reference(session)
+    if session.kind != Kind.ALGORITHMIC and budget.parity_steps > 0:
+        session.probe = ParityProbe(session.model, budget.parity_steps)
+    if spec.mode in ("quality", "both"):
+        out["quality"] = quality_run(session)
+        out["build"] = build_info(session)
+    if spec.mode in ("speed", "both"):
+        out["speed"], peaks, out["energy"] = speed_window(session, ref)
+        out["build"] = build_info(session)
+    out["parity"] = parity(session, ref)
+    if spec.mode in ("speed", "both"):
+        out["memory"] = memory(session, peaks, own_process)
+    for tech in session.techs:
+        tech.finalize(session.model, session.ctx)
+
+
 # ---- multi-process trials (torchrun) ------------------------------------------------------------------------
 
 
 def _rank() -> int:
     return dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
+
+
+def _world() -> int:
+    return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
 
 
 def _rank_device(name: str) -> torch.device:
@@ -432,28 +664,26 @@ def _init_distributed(spec: TrialSpec) -> None:
     device = _rank_device(spec.device)
     if device.type == "cuda":
         torch.cuda.set_device(device)
-    dist.init_process_group(backend="nccl" if device.type == "cuda" else "gloo")
+    # NCCL carries CUDA tensors only; the harness's own small collectives (agreeing to stop, the window's planned
+    # steps, parity distances) use CPU tensors, so gloo serves those beside it.
+    dist.init_process_group(backend="cpu:gloo,cuda:nccl" if device.type == "cuda" else "gloo")
     if dist.get_world_size() != spec.world_size:
         raise RuntimeError(f"torchrun started {dist.get_world_size()} processes, the trial expects {spec.world_size}")
 
 
 def _agree(flag: bool) -> bool:
     """True on every rank when it is true on any (ranks must take the same number of steps, or they hang)."""
-    if _rank_world() == 1:
+    if _world() == 1:
         return flag
     t = torch.tensor([1.0 if flag else 0.0])
     dist.all_reduce(t, op=dist.ReduceOp.MAX)
     return bool(t.item())
 
 
-def _rank_world() -> int:
-    return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
-
-
 def _mean_over_ranks(values: torch.Tensor) -> torch.Tensor:
-    if _rank_world() == 1:
+    if _world() == 1:
         return values
-    gathered = [None] * _rank_world()
+    gathered = [None] * _world()
     dist.all_gather_object(gathered, values.detach().cpu())
     return torch.stack(gathered).mean(dim=0)
 
@@ -470,56 +700,14 @@ def _planned_window_steps(budget: Budget, warmup_times: list[float]) -> int:
     return int(planned.item())
 
 
-ZERO_STAGE = {"ddp": 0, "zero1": 1, "zero2": 2, "zero3": 3}
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
 
 
-def _per_rank_memory(model: torch.nn.Module, optimizer: torch.optim.Optimizer, techs: list[Technique],
-                     peak_rss: int, clean_rss: dict[str, Any], cuda_peaks: dict | None,
-                     world: int) -> dict[str, Any]:
-    """Per-rank peaks and local model-state bytes, gathered to every rank, beside the ZeRO formula."""
-    mine = {"peak_rss_bytes": peak_rss, "clean_rss": clean_rss,
-            "cuda_peak_bytes": cuda_peaks["allocated"] if cuda_peaks else None,
-            "model_state": model_state_bytes(model, optimizer)}
-    ranks: list[Any] = [None] * world
-    dist.all_gather_object(ranks, mine)
-    stage = next((ZERO_STAGE[t.name] for t in techs if t.name in ZERO_STAGE), None)
-    deepspeed = next((t for t in techs if t.name == "deepspeed"), None)
-    if deepspeed is not None:
-        stage = int(deepspeed.options.stage)
-    n_params = sum(p.numel() for p in model.parameters()) if stage in (0, 1) else None
-    if n_params is None:  # sharded parameters: count the global size from the local shards of every rank
-        n_params = sum(r["model_state"]["params"] for r in ranks) // 4
-    result: dict[str, Any] = {
-        "per_rank": ranks,
-        "peak_rss_bytes": max(r["peak_rss_bytes"] for r in ranks),
-        "model_state_bytes": max(sum(v for k, v in r["model_state"].items() if k != "optimizer_scalars")
-                                 for r in ranks),
-        "breakdown_skipped": "multi-process trial: per-rank model-state bytes from local shards are reported instead",
-    }
-    clean = [r["clean_rss"].get("peak_bytes") for r in ranks]
-    if all(c is not None for c in clean):
-        result["clean_rss_peak_bytes"] = max(clean)
-    if cuda_peaks:
-        result["peak_bytes"] = max(r["cuda_peak_bytes"] for r in ranks)
-    if stage is not None:
-        result["zero_stage"] = stage
-        result["zero_formula_bytes"] = zero_formula_bytes(stage, n_params, world)
-        if stage == 2 and deepspeed is None:
-            result["zero_note"] = ("FSDP2 keeps parameters sharded between steps, so at rest zero2 holds ZeRO-3's "
-                                   "16/N bytes per parameter; the full parameters exist only during the step")
-    return result
-
-
-def _eval_steps(start: int, total: int, points: int) -> set[int]:
-    if total <= start or points <= 0:
-        return set()
-    return {start + math.ceil((total - start) * (i + 1) / points) for i in range(points)}
-
-
-def _check_finite(losses: list[torch.Tensor]) -> None:
-    last = losses[-1]
-    if not bool(torch.isfinite(last)):
-        raise Diverged(f"loss is {float(last)} at step {len(losses)}")
+def _check_finite(loss: torch.Tensor, step: int) -> None:
+    if not bool(torch.isfinite(loss)):
+        raise Diverged(f"loss is {float(loss)} at step {step}")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -530,6 +718,8 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=os.environ.get("TRAINBENCH_LOG", "WARNING"), stream=sys.stderr,
                         format="%(levelname)s %(name)s: %(message)s")
     spec = TrialSpec.from_json(Path(argv[0]).read_text())
+    if spec.reference_dir is None:  # every rank must look in the same place: beside the record
+        spec.reference_dir = str(Path(argv[1]).resolve().parent / "references")
     if spec.world_size == 1:
         record = run(spec, own_process=True)
         Path(argv[1]).write_text(record.to_json() + "\n")

@@ -61,15 +61,16 @@ workloads = ["gpt:gpt2-124m", "cnn:small"]
 techniques = ["baseline", "bf16", "fp16", "compile", "checkpointing", "tf32", "fused_adamw"]
 repeats = 1
 device = "cuda"
+mode = "both"
 [budget]
-warmup_steps = 3      # compile pays its compilation in the first of these (reported as first_step_s)
+warmup_steps = 3      # the speed window's warm-up (the quality run before it paid compile's one-off cost)
 min_steps = 10
 min_seconds = 1.0
 max_seconds = 5.0
-train_steps = 40      # a short accuracy phase: a sanity check of the curve, not a converged model
+train_steps = 40      # a short quality run: a sanity check of the curve at equal samples, not a converged model
 max_train_seconds = 15.0
-eval_points = 1
-parity_steps = 3
+eval_points = 2
+parity_steps = 4
 memory = true
 timeout_s = 150.0
 TOML

@@ -56,6 +56,8 @@ def shard_batches(batches: Iterator[Any], ctx: Context) -> Iterator[Any]:
 
 
 def _local(t: torch.Tensor) -> torch.Tensor:
+    if hasattr(t, "ds_tensor"):  # DeepSpeed ZeRO-3: the parameter is an empty placeholder, its shard is here
+        return t.ds_tensor
     return t.to_local() if hasattr(t, "to_local") else t  # FSDP2 parameters are DTensors
 
 

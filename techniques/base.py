@@ -15,7 +15,13 @@ loop (``bench/loop.py``) calls the hooks in one documented order; a technique ov
     backward(loss, ctx) -> bool         -> True if it ran backward itself (one owner: loss scaling)
     optimizer_step(opt, ctx) -> bool    -> True if it stepped the optimizer itself
     on_eval(metrics, ctx) -> bool       -> True asks the loop to stop (early stopping)
+    eval_model(model, ctx) -> module    -> the module evaluation runs (compile: its eager original)
     finalize(model, ctx)
+
+Facts the harness needs about a technique are typed class attributes, never name checks in the core:
+``kind`` (how quality is judged), ``compute_dtype`` (the matmul dtype it switches to: MFU's peak), ``hides_tensors``
+(the tensor-memory tracker cannot see inside it), ``zero_stage`` (the ZeRO stage of a sharding technique) and
+``memory_note`` (how its per-rank memory departs from the ZeRO formula).
 
 Register with ``@register`` and add the module to the explicit import list in ``techniques/__init__.py``.
 """
@@ -85,7 +91,6 @@ class Context:
     world_size: int = 1
     has_blocks: bool = True  # the model exposes ``model.blocks`` (an nn.ModuleList) for per-block transforms
     has_batchnorm: bool = False
-    compute_dtype: torch.dtype = torch.float32  # set by precision techniques; picks the peak for MFU
     available_packages: frozenset[str] = frozenset()
     technique_names: tuple[str, ...] = ()  # every technique of the set, so modifiers can check their partners
     state: dict[str, Any] = field(default_factory=dict)
@@ -109,6 +114,10 @@ class Technique:
     slot: ClassVar[str | None] = None  # one technique per slot per set ("precision", "optimizer", ...)
     conflicts: ClassVar[frozenset[str]] = frozenset()  # names this technique cannot be combined with
     claims: ClassVar[tuple[Claim, ...]] = ()
+    compute_dtype: ClassVar[str | None] = None  # matmul dtype it switches to: "bfloat16", "float16", "tfloat32"
+    hides_tensors: ClassVar[bool] = False  # True: the tensor tracker cannot see what it runs (compiled graphs)
+    zero_stage: int | None = None  # ZeRO stage of a data-parallel/sharding technique (0 = DDP); None otherwise
+    memory_note: ClassVar[str | None] = None  # how its per-rank memory departs from the ZeRO formula, if it does
 
     @dataclass(frozen=True)
     class Options:
@@ -193,8 +202,31 @@ class Technique:
     def on_eval(self, metrics: dict[str, float], ctx: Context) -> bool:
         return False
 
+    def eval_model(self, model: nn.Module, ctx: Context) -> nn.Module:
+        """The module evaluation runs (same parameters). Compile returns its eager original: switching a compiled
+        module to eval mode would compile it again, which says nothing about training."""
+        return model
+
     def finalize(self, model: nn.Module, ctx: Context) -> None:
         return None
+
+
+_KIND_ORDER = (Kind.EXACT, Kind.NUMERIC, Kind.ALGORITHMIC)
+_DTYPE_ORDER = ("float32", "tfloat32", "bfloat16", "float16")  # autocast's 16 bits win over TF32's fp32 matmuls
+
+
+def set_kind(techs: Iterable[Technique]) -> Kind:
+    """A set is judged as its least exact member: algorithmic > numeric > exact."""
+    return max((t.kind for t in techs), key=_KIND_ORDER.index, default=Kind.EXACT)
+
+
+def set_compute_dtype(techs: Iterable[Technique]) -> str:
+    """The dtype a set's matmuls run in (picks the peak MFU is measured against)."""
+    return max((t.compute_dtype for t in techs if t.compute_dtype), key=_DTYPE_ORDER.index, default="float32")
+
+
+def set_zero_stage(techs: Iterable[Technique]) -> int | None:
+    return next((t.zero_stage for t in techs if t.zero_stage is not None), None)
 
 
 def _convert(technique: str, key: str, text: str, hint: Any) -> Any:

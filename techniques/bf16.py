@@ -29,6 +29,7 @@ class BF16(Technique):
     kind = Kind.NUMERIC
     phase = Phase.PRECISION
     slot = "precision"
+    compute_dtype = "bfloat16"
     claims = (
         Claim("speedup", 1.5, 2.0, "NVIDIA V100/A100 mixed precision vs fp32",
               "NVIDIA, Train With Mixed Precision (docs.nvidia.com/deeplearning/performance/mixed-precision-training)"),
@@ -38,10 +39,6 @@ class BF16(Technique):
         if ctx.is_cuda and not torch.cuda.is_bf16_supported():
             return "this GPU has no bf16 support (needs compute capability 8.0+)"
         return None
-
-    def transform_model(self, model: torch.nn.Module, ctx: Context) -> torch.nn.Module:
-        ctx.compute_dtype = torch.bfloat16
-        return model
 
     def forward_context(self, ctx: Context) -> contextlib.AbstractContextManager[Any]:
         return torch.autocast(device_type=ctx.device.type, dtype=torch.bfloat16)

@@ -34,6 +34,7 @@ class Compile(Technique):
     kind = Kind.EXACT
     phase = Phase.COMPILE
     slot = "compiler"
+    hides_tensors = True
     claims = (
         Claim("speedup", 1.21, 1.51, "A100, 163 open-source models (fp32 +21%, AMP +51%)",
               "PyTorch 2.0 release notes / Ansel et al., ASPLOS 2024"),
@@ -46,7 +47,6 @@ class Compile(Technique):
         dynamic: bool = False
 
     def transform_model(self, model: nn.Module, ctx: Context) -> nn.Module:
-        ctx.state["compiled"] = True
         opts = {"mode": self.options.mode, "fullgraph": self.options.fullgraph, "dynamic": self.options.dynamic}
         if FSDP_TECHNIQUES & set(ctx.technique_names) and ctx.has_blocks:
             # FSDP2 shards after this: compile block by block (torchtitan's order), so each block's fully_shard
@@ -55,3 +55,6 @@ class Compile(Technique):
                 model.blocks[i] = torch.compile(block, **opts)
             return model
         return torch.compile(model, **opts)
+
+    def eval_model(self, model: nn.Module, ctx: Context) -> nn.Module:
+        return getattr(model, "_orig_mod", model)  # OptimizedModule's eager original, the same parameters

@@ -41,6 +41,10 @@ class DeepSpeed(Technique):
     class Options:
         stage: Literal["1", "2", "3"] = "2"
 
+    def __init__(self, options: Options | None = None) -> None:
+        super().__init__(options)
+        self.zero_stage = int(self.options.stage)
+
     def check(self, ctx: Context) -> str | None:
         if "deepspeed" not in ctx.available_packages:
             return "the deepspeed package is not installed (pip install 'trainbench[deepspeed]')"

@@ -29,6 +29,7 @@ class FP16(Technique):
     kind = Kind.NUMERIC
     phase = Phase.PRECISION
     slot = "precision"
+    compute_dtype = "float16"
     claims = (
         Claim("speedup", 1.5, 3.0, "NVIDIA V100 tensor cores, mixed precision vs fp32",
               "Micikevicius et al., Mixed Precision Training, ICLR 2018; NVIDIA mixed-precision training guide"),
@@ -44,7 +45,6 @@ class FP16(Technique):
                 raise ValueError("init_scale must be > 0 and growth_interval >= 1")
 
     def transform_model(self, model: torch.nn.Module, ctx: Context) -> torch.nn.Module:
-        ctx.compute_dtype = torch.float16
         ctx.state["grad_scaler"] = torch.amp.GradScaler(
             ctx.device.type, init_scale=self.options.init_scale, growth_interval=self.options.growth_interval
         )

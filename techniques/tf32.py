@@ -47,6 +47,7 @@ class TF32(Technique):
     summary = "TF32 tensor-core math for fp32 matmuls and convolutions (NVIDIA Ampere+)"
     kind = Kind.NUMERIC
     phase = Phase.PRECISION
+    compute_dtype = "tfloat32"
 
     def check(self, ctx: Context) -> str | None:
         if not ctx.is_cuda:

@@ -35,6 +35,9 @@ class Zero2(Technique):
     kind = Kind.EXACT
     phase = Phase.SHARDING
     slot = "sharding"
+    zero_stage = 2
+    memory_note = ("FSDP2 keeps parameters sharded between steps, so at rest zero2 holds ZeRO-3's 16/N bytes per "
+                   "parameter; the full parameters exist only during the step")
     claims = (
         Claim("model_state_ratio", 0.125, 0.5, "ZeRO paper, Pos+g: up to 8x smaller model state",
               "Rajbhandari et al., ZeRO, SC 2020, Figure 1"),

@@ -12,19 +12,25 @@ import torch
 
 REPO = Path(__file__).resolve().parent.parent
 
-# A budget small enough for a trial to take a few seconds on 2 cores.
+# A budget small enough for a trial to take a few seconds on 2 cores: a short timed window, a 20-step quality run.
 TINY_BUDGET = {
     "warmup_steps": 2,
     "min_steps": 4,
     "min_seconds": 0.05,
     "max_seconds": 5.0,
-    "train_steps": 0,
-    "max_train_seconds": 10.0,
-    "eval_points": 1,
-    "parity_steps": 2,
+    "train_steps": 20,
+    "eval_points": 4,
+    "max_train_seconds": 60.0,
+    "parity_steps": 4,
     "memory": True,
     "timeout_s": 120.0,
 }
+
+
+@pytest.fixture(scope="session")
+def reference_dir(tmp_path_factory) -> Path:
+    """One cache of parity references for the whole test session (each key is computed once, in its own process)."""
+    return tmp_path_factory.mktemp("references")
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

@@ -21,6 +21,11 @@ def test_smoke_sweep_end_to_end(cli, tmp_path):
     summary = (out / "summary.md").read_text()
     assert "| gpt:tiny | bf16 |" in summary and "speedup" in summary
     assert "Summary" in proc.stdout
+    # both measurements, the references computed before the first trial and kept, and the report rendered
+    assert all(r.speed and r.quality and r.parity for r in records)
+    assert {r.quality.samples_trained for r in records if r.workload["name"] == "gpt"} == {20 * 16}
+    assert len(list((out / "references").glob("*.json"))) == 3  # one per workload: seed 0, its batch
+    assert (out / "report.md").exists() and (out / "report.html").exists()
 
 
 def test_list_shows_workloads_and_techniques(cli):
@@ -57,3 +62,5 @@ def test_malformed_toml_exits_2(cli, tmp_path):
 def test_unknown_flag_exits_2(cli):
     proc = cli("sweep", "--bogus")
     assert proc.returncode == 2 and "unrecognized arguments: --bogus" in proc.stderr
+    proc = cli("sweep", "--mode", "fast")
+    assert proc.returncode == 2 and "argument --mode: invalid choice: 'fast'" in proc.stderr

@@ -97,3 +97,18 @@ def test_budget_validates():
         Budget(min_steps=0)
     with pytest.raises(ConfigError, match="budget.max_seconds must be >= 0"):
         Budget(max_seconds=-1)
+
+
+def test_mode_is_validated_and_recorded_in_sweep_toml():
+    cfg = build_config("quick", {"mode": "quality"})
+    assert cfg.mode == "quality" and 'mode = "quality"' in cfg.to_toml()
+    with pytest.raises(ConfigError, match="mode must be one of speed, quality, both; got 'fast'"):
+        build_config("quick", {"mode": "fast"})
+    assert build_config("quick").mode == "both" and build_config("quick").repeats == 3
+
+
+def test_the_quality_safety_cap_must_come_before_the_trial_timeout():
+    with pytest.raises(ConfigError, match=r"budget.max_train_seconds \(300\) must be below budget.timeout_s \(300\)"):
+        Budget(max_train_seconds=300.0, timeout_s=300.0)
+    for preset in PRESETS:
+        build_config(preset)  # every preset is consistent

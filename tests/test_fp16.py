@@ -4,6 +4,7 @@ import math
 
 import torch
 
+from techniques.base import set_compute_dtype
 from techniques.fp16 import FP16
 from tests.helpers import build_loop
 
@@ -14,7 +15,7 @@ def test_fp16_scales_the_loss_and_steps_through_the_scaler():
     before = [p.detach().clone() for p in loop.model.parameters()]
     loss = loop.step(next(batches))
     assert math.isfinite(float(loss))
-    assert loop.ctx.compute_dtype == torch.float16
+    assert set_compute_dtype(loop._context_techs) == "float16"
     assert scaler.get_scale() == 1024.0  # finite grads at the first step: no back-off, no growth yet
     assert any(not torch.equal(a, b) for a, b in zip(before, loop.model.parameters(), strict=True))
 

@@ -9,13 +9,27 @@ CPU = torch.device("cpu")
 def test_plan_interleaves_repeats_and_adds_the_baseline():
     cfg = build_config("smoke", {"workloads": "mlp,gpt", "techniques": "bf16", "repeats": 2})
     trials = plan(cfg, CPU)
-    labels = [(t.repeat, t.workload.name, t.techniques.label) for t in trials]
-    assert labels == [
-        (0, "mlp", "baseline"), (0, "mlp", "bf16"), (0, "gpt", "baseline"), (0, "gpt", "bf16"),
-        (1, "mlp", "baseline"), (1, "mlp", "bf16"), (1, "gpt", "baseline"), (1, "gpt", "bf16"),
-    ]
+    configs = {("mlp", "baseline"), ("mlp", "bf16"), ("gpt", "baseline"), ("gpt", "bf16")}
+    for repeat in (0, 1):  # every configuration once per repeat round, the rounds one after the other
+        round_ = trials[4 * repeat: 4 * repeat + 4]
+        assert {(t.workload.name, t.techniques.label) for t in round_} == configs
+        assert {t.repeat for t in round_} == {repeat} and {t.seed for t in round_} == {repeat}
     assert len({t.trial_id for t in trials}) == len(trials)
-    assert [t.seed for t in trials[:4]] == [0] * 4 and [t.seed for t in trials[4:]] == [1] * 4
+    assert [t.position for t in trials] == list(range(8))
+
+
+def test_the_order_within_a_repeat_is_shuffled_reproducibly_from_the_seed():
+    cfg = build_config("smoke", {"workloads": "mlp,gpt,cnn", "techniques": "bf16,grad_accum:steps=2",
+                                 "repeats": 4})
+    order = [(t.workload.name, t.techniques.label) for t in plan(cfg, CPU)]
+    again = [(t.workload.name, t.techniques.label) for t in plan(cfg, CPU)]
+    assert order == again  # the recorded seed reproduces it
+    rounds = [tuple(order[9 * r: 9 * r + 9]) for r in range(4)]
+    assert len(set(rounds)) > 1  # not the same order every round ...
+    assert {r[0] for r in rounds} != {("mlp", "baseline")}  # ... nor the baseline always first
+    other = build_config("smoke", {"workloads": "mlp,gpt,cnn", "techniques": "bf16,grad_accum:steps=2",
+                                   "repeats": 4, "seed": 7})
+    assert [(t.workload.name, t.techniques.label) for t in plan(other, CPU)] != order
 
 
 def test_impossible_sets_are_planned_with_a_reason():

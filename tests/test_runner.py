@@ -25,15 +25,18 @@ def test_resume_skips_finished_trials_and_loses_none(tmp_path, monkeypatch):
     launched = []
     real = SweepRunner._launch
 
-    def counting(self, trial, peaks):
+    def counting(self, trial, env):
         launched.append(trial.trial_id)
-        return real(self, trial, peaks)
+        return real(self, trial, env)
 
     monkeypatch.setattr(SweepRunner, "_launch", counting)
     records = SweepRunner(config(repeats=2, techniques="baseline,grad_accum:steps=7"), out, CPU, resume=True).run()
-    assert launched == ["mlp:tiny/grad_accum:steps=7/seed0/r0", "mlp:tiny/baseline/seed1/r1",
-                        "mlp:tiny/grad_accum:steps=7/seed1/r1"]
+    assert sorted(launched) == ["mlp:tiny/baseline/seed1/r1", "mlp:tiny/grad_accum:steps=7/seed0/r0",
+                                "mlp:tiny/grad_accum:steps=7/seed1/r1"]
     assert len(records) == 4 and records[0] == first[0]
+    # the references the plan needed were computed once, in their own process, and kept for the resume
+    assert sorted(p.name for p in (out / "references").iterdir()) == [
+        "mlp-tiny-seed0-b64-k4.json", "mlp-tiny-seed1-b64-k4.json"]
     failed = [r for r in records if r.technique_label == "grad_accum:steps=7"]
     assert all(r.status == "failed" and "not divisible" in r.reason for r in failed)
 
@@ -51,6 +54,6 @@ def test_existing_results_are_not_overwritten(tmp_path):
 
 
 def test_a_trial_past_its_timeout_is_killed_and_recorded(tmp_path):
-    records = SweepRunner(config(budget={"timeout_s": 0.5}), tmp_path / "s", CPU).run()
+    records = SweepRunner(config(budget={"timeout_s": 0.5, "max_train_seconds": 0.4}), tmp_path / "s", CPU).run()
     assert [r.status for r in records] == ["timeout"]
     assert "timeout_s=0.5" in records[0].reason

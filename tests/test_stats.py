@@ -1,57 +1,140 @@
-"""Statistics with exact expected values on small hand-made inputs (fixed bootstrap seed)."""
+"""The statistics engine: exact values against scipy's own t procedures, the one verdict rule, the overall
+verdict across configurations, censored medians, and why t intervals rather than a percentile bootstrap."""
 
+import itertools
+import math
+
+import numpy as np
 import pytest
+from scipy import stats as sps
 
-from bench.stats import (
-    Interval,
-    difference_of_means,
-    difference_verdict,
-    ratio_of_medians,
-    ratio_verdict,
-    relative_iqr,
-)
+from bench import stats
+from bench.stats import NONE, SAME, contrast, difference, overall, ratio, verdict
 
 
-def test_ratio_of_medians_point_and_interval_are_exact():
-    iv = ratio_of_medians([110, 112, 108], [100, 101, 99])
-    assert iv.estimate == 1.1
-    # percentile bootstrap over 3 x 3 values: the bounds are ratios of observed values
-    assert iv.lo == pytest.approx(108 / 101) and iv.hi == pytest.approx(112 / 99)
-    assert ratio_verdict(iv, 0.05, "faster", "slower") == "faster"
+def test_paired_difference_matches_scipy_ttest_rel():
+    new, base = {0: 3.0, 1: 5.0, 2: 6.5}, {0: 1.0, 1: 2.0, 2: 2.5}
+    est = difference(new, base)
+    ci = sps.ttest_rel(list(new.values()), list(base.values())).confidence_interval(0.95)
+    assert est.paired and est.n == 3 and est.value == pytest.approx(3.0)
+    assert (est.lo, est.hi) == pytest.approx((ci.low, ci.high))
 
 
-def test_identical_samples_are_no_significant_difference():
-    iv = ratio_of_medians([100, 101, 99], [100, 101, 99])
-    assert iv.estimate == 1.0 and iv.lo < 1.0 < iv.hi
-    assert ratio_verdict(iv) == "no significant difference"
+def test_unpaired_ratio_is_welch_on_logs():
+    new, base = [110.0, 120.0, 115.0, 118.0], [100.0, 104.0, 99.0]
+    est = ratio(new, base)  # sequences are never paired
+    ci = sps.ttest_ind(np.log(new), np.log(base), equal_var=False).confidence_interval(0.95)
+    assert not est.paired and est.n == 3
+    assert est.value == pytest.approx(math.exp(np.log(new).mean() - np.log(base).mean()))
+    assert (math.log(est.lo), math.log(est.hi)) == pytest.approx((ci.low, ci.high))
 
 
-def test_a_change_inside_the_threshold_is_not_significant():
-    iv = Interval(1.03, 1.01, 1.05, 5, 5)  # interval excludes 1, but a 3% change is below a 5% threshold
-    assert ratio_verdict(iv, threshold=0.05) == "no significant difference"
-    assert ratio_verdict(iv, threshold=0.0) == "higher"
+def test_pairs_use_the_shared_keys_only():
+    # seed 3 failed in BASE: the pairs are seeds 0-2; seed 3 of NEW drops out
+    est = ratio({0: 110, 1: 121, 2: 99, 3: 500}, {0: 100, 1: 110, 2: 90})
+    assert est.paired and est.n == 3
+    assert (est.value, est.lo, est.hi) == pytest.approx((1.1, 1.1, 1.1))  # every pair is exactly 1.1
+    assert verdict(est, 0.05, "faster", "slower").word == "faster"
 
 
-def test_twenty_percent_slowdown_is_flagged():
-    iv = ratio_of_medians([80, 81, 79, 80], [100, 101, 99, 100])
-    assert iv.estimate == 0.8 and iv.hi < 1
-    assert ratio_verdict(iv, 0.05, "faster", "slower") == "slower"
+def test_a_change_must_clear_the_threshold_with_its_whole_interval():
+    est = stats.Estimate(1.03, 1.01, 1.05, 5, True, True, "hand-made")
+    assert verdict(est, 0.05).word == SAME  # excludes 1, but a 3% change is below a 5% threshold
+    assert verdict(est, 0.0).word == "higher"
+    assert verdict(stats.Estimate(0.8, 0.7, 0.9, 3, True, True, "x"), 0.05, "faster", "slower").word == "slower"
+    assert verdict(stats.Estimate(-0.02, -0.03, -0.01, 3, True, False, "x"), 0.0, "better", "worse").word == "worse"
 
 
-def test_single_repeat_has_no_interval():
-    iv = ratio_of_medians([2.0], [1.0])
-    assert iv.estimate == 2.0 and iv.lo is None
-    assert ratio_verdict(iv) == "not enough repeats"
+def test_no_verdict_below_three_repeats_but_the_estimate_is_shown():
+    est = ratio({0: 50.0, 1: 51.0}, {0: 100.0, 1: 101.0})
+    assert est.value == pytest.approx(math.sqrt(0.5 * 51 / 101))
+    v = verdict(est, 0.05, "faster", "slower")
+    assert v.word == NONE and v.why == "2 pairs: a verdict needs 3"
+    assert verdict(ratio([2.0], [1.0]), 0.05).word == NONE
 
 
-def test_difference_of_means_and_its_wording():
-    iv = difference_of_means([0.8, 0.81, 0.79], [0.8, 0.8, 0.81])
-    assert iv.estimate == pytest.approx(-0.01 / 3)
-    assert difference_verdict(iv) == "no significant difference"
-    iv = difference_of_means([0.9, 0.91, 0.92], [0.8, 0.8, 0.81])
-    assert difference_verdict(iv, "better", "worse") == "better"
+def test_interaction_is_one_contrast_over_shared_seeds():
+    # log(ab) - log(a) - log(b) + log(base): 0 when gains multiply exactly
+    base = {s: 100.0 for s in range(3)}
+    a, b = {s: 150.0 for s in range(3)}, {s: 200.0 for s in range(3)}
+    ab = {0: 300.0, 1: 300.0, 2: 300.0}
+    est = contrast([(ab, 1), (a, -1), (b, -1), (base, 1)], log=True)
+    assert est.paired and est.value == pytest.approx(1.0)
+    cancel = contrast([({s: 240.0 for s in range(3)}, 1), (a, -1), (b, -1), (base, 1)], log=True)
+    assert cancel.value == pytest.approx(0.8)
+
+
+def _fixture_configs(slowdown: float, n_configs: int = 6, repeats: int = 3, noise: float = 0.02):
+    rng = np.random.default_rng(7)
+    out = []
+    for c in range(n_configs):
+        level = 100.0 * (c + 1)
+        base = {s: level * math.exp(rng.normal(0, noise)) for s in range(repeats)}
+        new = {s: level * (1 - slowdown) * math.exp(rng.normal(0, noise)) for s in range(repeats)}
+        out.append((new, base))
+    return out
+
+
+def test_a_uniform_slowdown_is_caught_overall_though_no_configuration_alone_is():
+    configs = _fixture_configs(0.08)
+    alone = [verdict(ratio(n, b), 0.05, "faster", "slower").word for n, b in configs]
+    assert alone.count("slower") < len(configs)  # some configurations alone are inconclusive
+    est = overall(configs)
+    assert est.n == 6 and est.value == pytest.approx(0.92, abs=0.015)
+    assert verdict(est, 0.05, "faster", "slower").word == "slower"
+    same = [(b, dict(b)) for _, b in configs]  # identical records on both sides
+    est = overall(same)
+    assert est.value == pytest.approx(1.0) and verdict(est, 0.05, "faster", "slower").word == SAME
+
+
+def test_overall_with_one_repeat_per_configuration_uses_the_configurations_as_the_sample():
+    configs = [({0: 77.0 * (1 + 0.01 * c)}, {0: 100.0 * (1 + 0.01 * c)}) for c in range(4)]  # 23% slower, each
+    est = overall(configs)
+    assert "t over 4 configurations" in est.method and est.value == pytest.approx(0.77)
+    assert verdict(est, 0.05, "faster", "slower").word == "slower"
+
+
+def test_censored_median_and_miss_rate():
+    assert stats.censored_median([3.0, 1.0, None]) == 3.0  # the miss is +inf and stays in the sample
+    assert stats.censored_median([1.0, None, math.inf]) == math.inf
+    assert stats.censored_median([]) is None
+    assert stats.miss_rate([1.0, None, math.inf, 2.0]) == 0.5
 
 
 def test_relative_iqr():
-    assert relative_iqr([1.0, 2.0, 3.0, 4.0]) == pytest.approx(1.5 / 2.5)
-    assert relative_iqr([1.0]) is None
+    assert stats.relative_iqr([1.0, 2.0, 3.0, 4.0]) == pytest.approx(1.5 / 2.5)
+    assert stats.relative_iqr([1.0]) is None
+
+
+def test_t_interval_keeps_its_coverage_at_three_pairs_where_a_percentile_bootstrap_does_not():
+    """Why the engine uses t: 3 paired log-ratios with normal noise, true ratio 1. The paired t interval covers
+    the truth ~95% of the time; the percentile bootstrap of the mean (enumerated exactly over its 27 resamples)
+    cannot reach beyond the extreme pairs and covers far less."""
+    rng = np.random.default_rng(0)
+    sims, n = 4000, 3
+    samples = rng.normal(0.0, 0.1, size=(sims, n))
+    t = sps.t.ppf(0.975, n - 1)
+    half = t * samples.std(axis=1, ddof=1) / math.sqrt(n)
+    t_cover = np.mean(np.abs(samples.mean(axis=1)) <= half)
+    idx = np.array(list(itertools.product(range(n), repeat=n)))  # all 27 equally likely resamples
+    means = samples[:, idx].mean(axis=2)
+    lo, hi = np.percentile(means, [2.5, 97.5], axis=1)
+    boot_cover = np.mean((lo <= 0) & (0 <= hi))
+    assert 0.93 < t_cover < 0.97
+    assert boot_cover < 0.85
+
+
+def test_the_report_and_compare_read_their_verdicts_from_this_one_function(monkeypatch):
+    from bench import analysis, compare
+    from tests.records import record
+
+    monkeypatch.setattr(stats, "verdict", lambda est, threshold, higher="higher", lower="lower", min_repeats=3:
+                        stats.Verdict("sentinel"))
+    base = [record(seed=i, sps=100.0 + i, final=0.8) for i in range(3)]
+    new = [record("bf16", seed=i, sps=50.0 + i, final=0.8) for i in range(3)]
+    configs = analysis.configurations(analysis.records_frame(base + new)).set_index("technique")
+    assert {configs.loc["bf16", c] for c in ("speedup_verdict", "mem_ratio_verdict", "delta_verdict")} <= {
+        "sentinel", None}
+    assert configs.loc["bf16", "speedup_verdict"] == "sentinel"
+    rows, _, _ = compare.compare_records(base, [record(seed=i, sps=50.0 + i, final=0.8) for i in range(3)])
+    assert rows[0].throughput.verdict == "sentinel" and rows[0].metric.verdict == "sentinel"

@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from bench import analysis as analysis_mod
-from bench.analysis import BASELINE, Analysis, InputError
+from bench.analysis import BASELINE, Analysis, InputError, Thresholds
 from bench.report import content, figures, html, markdown
 
 log = logging.getLogger(__name__)
@@ -33,16 +33,16 @@ def parse_formats(text: str | Sequence[str]) -> tuple[str, ...]:
     return tuple(dict.fromkeys(items))
 
 
-def build(dirs: Sequence[Path | str], baseline: str = BASELINE, with_figures: bool = True
-          ) -> tuple[Analysis, content.Report]:
+def build(dirs: Sequence[Path | str], baseline: str = BASELINE, with_figures: bool = True,
+          thresholds: Thresholds | None = None) -> tuple[Analysis, content.Report]:
     """Analyse the sweeps in ``dirs`` and build the report's content (figures rendered when asked)."""
-    result = analysis_mod.analyze(analysis_mod.load(dirs), baseline=baseline)
+    result = analysis_mod.analyze(analysis_mod.load(dirs), baseline=baseline, thresholds=thresholds)
     figs = figures.make_figures(result) if with_figures else {}
     return result, content.build(result, figs)
 
 
 def write_report(dirs: Sequence[Path | str], out_dir: Path | str | None = None, baseline: str = BASELINE,
-                 formats: Sequence[str] = FORMATS) -> dict[str, Path]:
+                 formats: Sequence[str] = FORMATS, thresholds: Thresholds | None = None) -> dict[str, Path]:
     """Write ``report.md`` / ``report.html`` and ``figures/*.png`` into ``out_dir`` (default: the only directory).
 
     Returns the written paths by format. Raises ``InputError`` for unusable input (no results.jsonl, an unknown
@@ -57,7 +57,7 @@ def write_report(dirs: Sequence[Path | str], out_dir: Path | str | None = None, 
         out_dir = dirs[0]
     out = Path(out_dir)
     formats = parse_formats(formats)
-    _, report = build(dirs, baseline)
+    _, report = build(dirs, baseline, thresholds=thresholds)
     out.mkdir(parents=True, exist_ok=True)
     written: dict[str, Path] = {}
     if "md" in formats:

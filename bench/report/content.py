@@ -14,7 +14,8 @@ from typing import Any
 import pandas as pd
 
 from bench import stats
-from bench.analysis import BREAKDOWN, Analysis, fewer_steps
+from bench.analysis import BREAKDOWN, EXACT_CURVE_RTOL, EXACT_QUALITY, Analysis
+from bench.results import PARITY_TOLERANCES
 
 # ---- data ---------------------------------------------------------------------------------------------------
 
@@ -142,29 +143,33 @@ def fmt_flops(f: float | None) -> str:
     return f"{f / 1e9:,.1f} GFLOP/s"
 
 
-def _ratio_ci(est: float, lo: float | None, hi: float | None, verdict: str | None) -> str:
-    if not _ok(lo) or not _ok(hi):
-        return f"{est:.2f}x (one repeat: no interval)"
-    ci = "" if f"{lo:.2f}" == f"{hi:.2f}" == f"{est:.2f}" else f" [{lo:.2f}, {hi:.2f}]"
+def _ratio_ci(est: float, lo: float | None, hi: float | None, verdict: str | None, why: str | None = None) -> str:
+    ci = "" if not _ok(lo) or not _ok(hi) else (
+        "" if f"{lo:.2f}" == f"{hi:.2f}" == f"{est:.2f}" else f" [{lo:.2f}, {hi:.2f}]")
+    if verdict in (None, stats.NONE):
+        return f"{est:.2f}x{ci} (no verdict: {why or 'no interval'})"
     return f"{est:.2f}x{ci} {verdict}"
 
 
 TONES = {"faster": "good", "slower": "bad", "less": "good", "more": "bad", "better": "good", "worse": "bad",
-         "sooner": "good", "later": "bad", "no significant difference": "muted", "not enough repeats": "muted"}
+         "sooner": "good", "later": "bad", stats.SAME: "muted", stats.NONE: "muted"}
 
 
-def ratio_cell(est: float | None, lo: float | None, hi: float | None, verdict: str | None) -> Cell:
+def ratio_cell(est: float | None, lo: float | None, hi: float | None, verdict: str | None,
+               why: str | None = None) -> Cell:
     if not _ok(est):
         return Cell("-")
-    return Cell(_ratio_ci(est, lo, hi, verdict), TONES.get(verdict or "", ""))
+    return Cell(_ratio_ci(est, lo, hi, verdict, why), TONES.get(verdict or stats.NONE, ""))
 
 
-def delta_cell(est: float | None, lo: float | None, hi: float | None, verdict: str | None) -> Cell:
+def delta_cell(est: float | None, lo: float | None, hi: float | None, verdict: str | None,
+               why: str | None = None) -> Cell:
     if not _ok(est):
         return Cell("-")
-    if not _ok(lo) or not _ok(hi):
-        return Cell(f"{est:+.4f} (one repeat: no interval)", "muted")
-    return Cell(f"{est:+.4f} [{lo:+.4f}, {hi:+.4f}] {verdict}", TONES.get(verdict or "", ""))
+    ci = f" [{lo:+.4f}, {hi:+.4f}]" if _ok(lo) and _ok(hi) else ""
+    if verdict in (None, stats.NONE):
+        return Cell(f"{est:+.4f}{ci} (no verdict: {why or 'no interval'})", "muted")
+    return Cell(f"{est:+.4f}{ci} {verdict}", TONES.get(verdict, ""))
 
 
 # ---- cells of the workload table ----------------------------------------------------------------------------
@@ -180,7 +185,7 @@ def _sps(c: Any) -> Cell:
 def _speedup(c: Any) -> Cell:
     if c.is_reference:
         return Cell("1 (reference)", "muted") if c.n_ok else Cell("-")
-    return ratio_cell(c.speedup, c.speedup_lo, c.speedup_hi, c.speedup_verdict)
+    return ratio_cell(c.speedup, c.speedup_lo, c.speedup_hi, c.speedup_verdict, c.speedup_why)
 
 
 def _memory(c: Any) -> Cell:
@@ -195,7 +200,7 @@ def _memory(c: Any) -> Cell:
 def _mem_ratio(c: Any) -> Cell:
     if c.is_reference:
         return Cell("1 (reference)", "muted") if c.n_ok else Cell("-")
-    cell = ratio_cell(c.mem_ratio, c.mem_ratio_lo, c.mem_ratio_hi, c.mem_ratio_verdict)
+    cell = ratio_cell(c.mem_ratio, c.mem_ratio_lo, c.mem_ratio_hi, c.mem_ratio_verdict, c.mem_ratio_why)
     if c.mem_ratio_source == "RSS":
         cell.text += " (RSS)"
     return cell
@@ -211,46 +216,87 @@ def _breakdown(c: Any) -> Cell:
     return Cell(" / ".join(f"{v / scale:.1f}" if _ok(v) else "-" for v in values) + f" {unit}")
 
 
-def _final(c: Any) -> Cell:
-    if not _ok(c.final_mean):
+def _one_off(c: Any) -> Cell:
+    if not _ok(c.one_off_s):
         return Cell("-")
-    return Cell(f"{c.final_mean:.4f} ± {c.final_std:.4f}" + (f" (n={c.n_final})" if c.n_final != c.n_ok else ""))
+    return Cell(fmt_secs(c.one_off_s), "warn" if c.one_off_s > 1.0 else "")
 
 
-def _delta(c: Any) -> Cell:
+def quality_cell(c: Any) -> Cell:
+    """The metric at equal samples, judged by the set's kind."""
+    if not c.n_ok or c.metric is None or (not c.n_final and not c.n_cut):
+        return Cell("-")
+    if not c.n_final:
+        return Cell(f"not compared: {c.n_cut} run(s) cut by the safety cap", "warn")
+    value = f"{c.final_mean:.4f} ± {c.final_std:.4f}" + (f" (n={c.n_final})" if c.n_final != c.n_ok else "")
     if c.is_reference:
-        return Cell("reference", "muted") if _ok(c.final_mean) else Cell("-")
-    return delta_cell(c.delta, c.delta_lo, c.delta_hi, c.delta_verdict)
+        return Cell(f"{value} (reference)", "muted")
+    if c.quality_same_exact:
+        within = "identical to" if c.curve_max_rel_diff == 0 else \
+            f"at most {c.curve_max_rel_diff:.1%} of the metric's range from"
+        return Cell(f"same: exact (eval curves {within} the reference's at {c.curve_points} evaluations over "
+                    f"{c.curve_pairs} seeds)", "good")
+    delta = delta_cell(c.delta, c.delta_lo, c.delta_hi, c.delta_verdict, c.delta_why)
+    text = f"{value}; {delta.text}"
+    if c.exact_quality:
+        apart = f"eval curves {c.curve_max_rel_diff:.1%} of the range apart"
+        why = {"drift": f"same within noise (exact; {apart}: rounding, first steps match)",
+               "expected mismatch": f"{apart}: an expected mismatch (see parity)",
+               "drift changes quality": f"{apart}: rounding, first steps match, yet the final metric differs",
+               "unverified drift": f"{apart}: no parity or fewer than 3 seeds, so rounding is not shown",
+               "bug": f"{apart} and the first steps differ from the reference: check it"}[c.exact_quality]
+        tone = {"drift": "good", "bug": "bad"}.get(c.exact_quality, "warn")
+        return Cell(f"{why}; {text}" if c.exact_quality == "drift" else f"{text}; {why}", tone)
+    if c.kind == "algorithmic" and _ok(c.delta_at_time):
+        at = delta_cell(c.delta_at_time, c.delta_at_time_lo, c.delta_at_time_hi, c.delta_at_time_verdict,
+                        c.delta_at_time_why)
+        text += f"; at equal time ({fmt_secs(c.equal_time_s)}): {at.text}"
+    return Cell(text, delta.tone)
 
 
-def _ttt(c: Any) -> Cell:
-    if c.target is None or not c.n_ok:
+def exact_drift(c: Any) -> str:
+    """Why an exact set's eval curve is not the reference's (``analysis.EXACT_QUALITY``)."""
+    head = (f"exact by design, its eval curves differ from the reference's by up to {c.curve_max_rel_diff:.1%} of "
+            f"the metric's range (tolerance {EXACT_CURVE_RTOL:.0%})")
+    if c.exact_quality == "expected mismatch":
+        return f"{head}: {c.parity_note}"
+    if c.exact_quality == "bug":
+        return f"{head} and its first steps do not match the reference: check it"
+    return f"{head}; {EXACT_QUALITY[c.exact_quality]}"
+
+
+def ttt_cell(c: Any) -> Cell:
+    """Censored median time-to-target (training clock, one-off excluded), misses, samples, and the ratio."""
+    if c.target is None or not c.n_ttt:
         return Cell("-")
-    if not c.n_reached:
-        return Cell(f"not reached (0/{c.n_ok})", "muted")
-    text = f"{fmt_secs(c.ttt_median)} ({c.n_reached}/{c.n_ok})"
-    if _ok(c.ttt_speedup):
-        verdict = c.ttt_speedup_verdict
-        ci = (f" [{c.ttt_speedup_lo:.2f}, {c.ttt_speedup_hi:.2f}]" if c.ttt_speedup_lo is not None else "")
-        text += f", {c.ttt_speedup:.2f}x{ci} {verdict}"
-        return Cell(text, TONES.get(verdict or "", ""))
-    return Cell(text)
+    misses = round(c.ttt_miss_rate * c.n_ttt)
+    missed = f"{misses}/{c.n_ttt} missed"
+    if not _ok(c.ttt_median) or not math.isfinite(c.ttt_median):
+        return Cell(f"not reached: median is a miss ({missed})", "muted" if c.is_reference else "bad")
+    text = f"{fmt_secs(c.ttt_median)}"
+    if _ok(c.one_off_s) and c.one_off_s > 0.05 * c.ttt_median and math.isfinite(c.ttt_one_off_median):
+        text += f" ({fmt_secs(c.ttt_one_off_median)} with one-off)"
+    text += f"; {fmt_num(c.stt_median)} samples; {missed}"
+    if c.is_reference or not _ok(c.ttt_ratio):
+        why = f"; {c.ttt_ratio_why}" if c.ttt_ratio_why and not c.is_reference else ""
+        return Cell(text + why)
+    cell = ratio_cell(c.ttt_ratio, c.ttt_ratio_lo, c.ttt_ratio_hi, c.ttt_ratio_verdict, c.ttt_ratio_why)
+    return Cell(f"{text}; {cell.text}", cell.tone)
 
 
 def _parity(c: Any) -> Cell:
-    if c.is_reference:
-        return Cell("reference", "muted") if c.n_ok else Cell("-")
-    if c.parity_kind == "algorithmic":
-        return Cell("n/a (algorithmic: judged by accuracy)", "muted")
+    if c.kind == "algorithmic" and c.parity_ok is None:
+        return Cell("n/a (algorithmic: judged by quality)", "muted")
     if c.parity_ok is None:
         return Cell("-")
-    diff = f"{c.parity_diff:.1e}" if _ok(c.parity_diff) else "?"
-    tol = f"{c.parity_tol:.0e}" if _ok(c.parity_tol) else "?"
+    diffs = (f"loss {c.parity_loss_diff:.1e}, distance {c.parity_distance_diff:.1e} ≤ "
+             f"{c.parity_loss_tol:.0e}, {c.parity_distance_tol:.0e}")
     if c.parity_ok:
-        return Cell(f"ok ({diff} ≤ {tol})", "good")
+        return Cell(f"ok ({diffs})", "good")
+    diffs = diffs.replace("≤", "vs tolerance")
     if c.parity_note:
-        return Cell(f"differs ({diff} > {tol}); {c.parity_note}", "warn")
-    return Cell(f"MISMATCH ({diff} > {tol})", "bad")
+        return Cell(f"differs ({diffs}); {c.parity_note}", "warn")
+    return Cell(f"MISMATCH ({diffs})", "bad")
 
 
 def _status(c: Any) -> Cell:
@@ -264,14 +310,16 @@ def _status(c: Any) -> Cell:
 
 def workload_table(rows: pd.DataFrame, baseline: str) -> Table:
     metric = next((m for m in rows["metric"] if m), "metric")
-    columns = ["technique set", "samples/s median (IQR)", f"speedup vs {baseline} [95% CI]", "peak memory",
-               "memory ratio [95% CI]", "memory breakdown (" + " / ".join(BREAKDOWN) + ")", "MFU", f"final {metric} (mean ± std)",
-               f"{metric} difference [95% CI]", "time to target", "parity", "status"]
+    columns = ["technique set", "kind", "samples/s median (IQR)", f"speedup vs {baseline} [95% CI]", "peak memory",
+               "memory ratio [95% CI]", "memory breakdown (" + " / ".join(BREAKDOWN) + ")", "MFU", "one-off",
+               f"{metric} at equal samples (mean ± std; difference [95% CI])", "time to target", "parity",
+               "status"]
     body = []
     for c in rows.itertuples():
-        body.append([Cell(c.technique), _sps(c), _speedup(c), _memory(c), _mem_ratio(c), _breakdown(c),
-                     Cell(fmt_pct(c.mfu)), _final(c), _delta(c), _ttt(c), _parity(c), _status(c)])
-    return Table(columns, body)
+        body.append([Cell(c.technique), Cell(c.kind, "muted"), _sps(c), _speedup(c), _memory(c), _mem_ratio(c),
+                     _breakdown(c), Cell(fmt_pct(c.mfu)), _one_off(c), quality_cell(c), ttt_cell(c), _parity(c),
+                     _status(c)])
+    return Table(columns, body, wrap=(9, 10, 11))
 
 
 # ---- the whole report ---------------------------------------------------------------------------------------
@@ -300,14 +348,17 @@ def _workload_info(analysis: Analysis, machine: str, workload: str) -> str:
         parts.append(f"data {data['name']}")
     direction = "higher is better" if wl.get("higher_is_better", True) else "lower is better"
     metric = f"metric {wl.get('metric')} ({direction})"
-    target = wl.get("params", {}).get("target") if isinstance(wl.get("params"), dict) else None
-    target = next((r.accuracy.get("target") for r in recs if r.accuracy.get("target") is not None), target)
+    target = wl.get("target")
+    if target is None and isinstance(wl.get("params"), dict):
+        target = wl["params"].get("target")
     if target is not None:
-        metric += f", target {target:g}"
+        metric += f", validation target {target:g}"
     parts.append(metric)
-    steps = [r.accuracy.get("steps_trained") for r in recs if r.accuracy.get("steps_trained")]
-    if steps:
-        parts.append(f"{int(sorted(steps)[len(steps) // 2])} training steps per trial")
+    quality = [r.quality for r in recs if r.quality]
+    if quality:
+        q = quality[0]
+        parts.append(f"quality budget {q.budget_samples:,} samples ({q.budget_steps:,} steps), evaluated at "
+                     f"{len(q.curve) - 1} points")
     return "; ".join(parts)
 
 
@@ -360,6 +411,15 @@ def _sweep_facts(analysis: Analysis) -> list[tuple[str, str]]:
     facts.append(("repeats", f"{int(per.max())} per configuration (seeds {', '.join(map(str, seeds))})"))
     facts.append(("device", ", ".join(dict.fromkeys(frame["device"]))))
     facts.append(("trials", f"{len(frame)} ({int((frame['status'] == 'ok').sum())} ok)"))
+    modes = ", ".join(dict.fromkeys(frame["mode"]))
+    facts.append(("measured", {"both": "speed and quality", "speed": "speed only (no quality runs)",
+                               "quality": "quality only (no speed windows)"}.get(modes, modes)))
+    notes: dict[str, int] = {}
+    for ns in frame["notes"]:
+        for note in ns:
+            notes[note] = notes.get(note, 0) + 1
+    for note, count in notes.items():
+        facts.append(("note", f"{count} of {len(frame)} records: {note}"))
     for s in sources:
         budget = (s.settings or {}).get("budget")
         if budget:
@@ -372,48 +432,115 @@ def _sweep_facts(analysis: Analysis) -> list[tuple[str, str]]:
     return facts
 
 
+def _speed_points(analysis: Analysis, rows: pd.DataFrame, others: pd.DataFrame) -> list[str]:
+    parts = []
+    faster = others[others["speedup_verdict"] == "faster"]
+    if len(faster):
+        best = faster.loc[faster["speedup"].astype(float).idxmax()]
+        extra = []
+        if _ok(best["mem_ratio"]):
+            extra.append(f"peak memory {best['mem_ratio']:.2f}x" + (" (RSS)" if best["mem_ratio_source"] == "RSS"
+                                                                    else ""))
+        extra.append(f"quality: {_quality_word(best)}")
+        if _ok(best["one_off_s"]) and best["one_off_s"] > 1.0:
+            extra.append(f"one-off {fmt_secs(best['one_off_s'])}")
+        parts.append(f"fastest: {best['technique']} at "
+                     f"{_ratio_ci(best['speedup'], best['speedup_lo'], best['speedup_hi'], 'faster')} "
+                     f"({', '.join(extra)})")
+    elif not any(int(r.n_ok) > 0 for r in rows.itertuples() if r.is_reference):
+        parts.append(f"no speedups: the reference '{analysis.baseline}' has no successful trial here")
+    elif len(others) and all(v in (None, stats.NONE) for v in others["speedup_verdict"]):
+        why = next((w for w in others["speedup_why"] if w), "no interval")
+        points = ", ".join(f"{r.technique} {r.speedup:.2f}x" for r in others.itertuples() if _ok(r.speedup))
+        parts.append(f"no speed verdicts ({why})" + (f"; estimates only: {points}" if points else ""))
+    elif len(others):
+        parts.append(f"no technique set was faster than {analysis.baseline} by more than "
+                     f"{analysis.thresholds.speed:.0%} with 95% confidence")
+    smaller = others[others["mem_ratio_verdict"] == "less"]
+    if len(smaller):
+        least = smaller.loc[smaller["mem_ratio"].astype(float).idxmin()]
+        speed = f", at {least['speedup']:.2f}x speed" if _ok(least["speedup"]) else ""
+        parts.append(f"least memory: {least['technique']} at {least['mem_ratio']:.2f}x peak memory "
+                     f"({least['mem_ratio_source']}){speed}")
+    slower = others[others["speedup_verdict"] == "slower"]
+    if len(slower):
+        parts.append("slower than the reference: " + ", ".join(
+            f"{r.technique} ({r.speedup:.2f}x)" for r in slower.itertuples()))
+    return parts
+
+
+def _quality_word(c: Any) -> str:
+    """One phrase for a set's quality at equal samples."""
+    if not c["n_final"]:
+        return "not measured" if not c["n_cut"] else "not compared (cut)"
+    if c["quality_same_exact"]:
+        return "same (exact)"
+    verdict = c["delta_verdict"]
+    if verdict in (None, stats.NONE):
+        return f"{c['metric']} {c['delta']:+.4f}, no verdict" if _ok(c["delta"]) else "not compared"
+    if verdict == stats.SAME:
+        return "no significant difference"
+    return f"{c['metric']} {verdict} by {abs(c['delta']):.4f}"
+
+
+def _quality_points(others: pd.DataFrame) -> list[str]:
+    parts = []
+    same = [r.technique for r in others.itertuples() if r.exact_quality == "identical"]
+    drift = [f"{r.technique}, whose eval curves drift up to {r.curve_max_rel_diff:.1%} of the metric's range from "
+             "the reference's (floating-point rounding amplified over the run: its first steps match the reference "
+             "and its metric at the full budget does not differ significantly)"
+             for r in others.itertuples() if r.exact_quality == "drift"]
+    if same or drift:
+        parts.append("same quality at equal samples (exact): " + "; ".join(
+            ([", ".join(same)] if same else []) + drift))
+    for r in others.itertuples():
+        if r.exact_quality in ("expected mismatch", "bug", "drift changes quality", "unverified drift"):
+            parts.append(f"{r.technique}: {exact_drift(r)}")
+    judged = [r for r in others.itertuples() if r.exact_quality not in ("identical", "drift") and r.n_final
+              and _ok(r.delta)]
+    changed = [r for r in judged if r.delta_verdict in ("better", "worse")]
+    if changed:
+        parts.append("quality differs at equal samples: " + ", ".join(
+            f"{r.technique} ({r.metric} {r.delta:+.4f} [{r.delta_lo:+.4f}, {r.delta_hi:+.4f}] {r.delta_verdict})"
+            for r in changed))
+    alike = [r.technique for r in judged if r.delta_verdict == stats.SAME and r.kind != "exact"]
+    if alike:
+        parts.append("no significant quality difference at equal samples: " + ", ".join(alike))
+    cut = [f"{r.technique} ({r.n_cut})" for r in others.itertuples() if r.n_cut]
+    if cut:
+        parts.append("quality runs cut by the safety cap, not compared: " + ", ".join(cut))
+    return parts
+
+
+def _ttt_points(rows: pd.DataFrame, others: pd.DataFrame) -> list[str]:
+    ref = next((r for r in rows.itertuples() if r.is_reference), None)
+    if ref is None or ref.target is None or not ref.n_ttt:
+        return []
+    if not _ok(ref.ttt_median) or not math.isfinite(ref.ttt_median):
+        head = (f"the reference misses the target {ref.metric} {ref.target:g} in its median run "
+                f"({round(ref.ttt_miss_rate * ref.n_ttt)}/{ref.n_ttt} missed)")
+    else:
+        head = (f"the reference reaches {ref.metric} {ref.target:g} in {fmt_secs(ref.ttt_median)} of training "
+                f"({fmt_num(ref.stt_median)} samples; {round(ref.ttt_miss_rate * ref.n_ttt)}/{ref.n_ttt} missed)")
+    sooner = [f"{r.technique} {r.ttt_ratio:.2f}x" for r in others.itertuples() if r.ttt_ratio_verdict == "sooner"]
+    later = [f"{r.technique} {r.ttt_ratio:.2f}x" for r in others.itertuples() if r.ttt_ratio_verdict == "later"]
+    missed = [r.technique for r in others.itertuples()
+              if r.n_ttt and (not _ok(r.ttt_median) or not math.isfinite(r.ttt_median))]
+    if sooner:
+        head += "; sooner: " + ", ".join(sooner)
+    if later:
+        head += "; later: " + ", ".join(later)
+    if missed:
+        head += "; median run misses the target: " + ", ".join(missed)
+    return [f"time to target: {head}"]
+
+
 def _headline(analysis: Analysis, names: dict[str, str]) -> list[Headline]:
     out = []
-    configs = analysis.configs
-    for (machine, workload), rows in configs.groupby(["machine", "workload"], sort=False):
+    for (machine, workload), rows in analysis.configs.groupby(["machine", "workload"], sort=False):
         label = workload + (f" ({names[machine]})" if names[machine] else "")
         others = rows[~rows["is_reference"].astype(bool)]
-        faster = others[others["speedup_verdict"] == "faster"]
-        parts = []
-        if len(faster):
-            best = faster.loc[faster["speedup"].astype(float).idxmax()]
-            extra = []
-            if _ok(best["mem_ratio"]):
-                extra.append(f"peak memory {best['mem_ratio']:.2f}x")
-            if best["delta_verdict"]:
-                extra.append(f"{best['metric']}: {best['delta_verdict']}")
-            parts.append(f"fastest: {best['technique']} at {_ratio_ci(best['speedup'], best['speedup_lo'], best['speedup_hi'], 'faster')}"
-                         + (f" ({', '.join(extra)})" if extra else ""))
-        elif not any(int(r.n_ok) > 0 for r in rows.itertuples() if r.is_reference):
-            parts.append(f"no speedups: the reference '{analysis.baseline}' has no successful trial here")
-        elif len(others) and all(v in (None, "not enough repeats") for v in others["speedup_verdict"]):
-            points = ", ".join(f"{r.technique} {r.speedup:.2f}x" for r in others.itertuples() if _ok(r.speedup))
-            parts.append("one repeat per set, so no intervals" + (f"; point estimates: {points}" if points else ""))
-        elif len(others):
-            parts.append(f"no technique set was significantly faster than {analysis.baseline}")
-        smaller = others[others["mem_ratio_verdict"] == "less"]
-        if len(smaller):
-            least = smaller.loc[smaller["mem_ratio"].astype(float).idxmin()]
-            speed = f", at {least['speedup']:.2f}x speed" if _ok(least["speedup"]) else ""
-            parts.append(f"least memory: {least['technique']} at {least['mem_ratio']:.2f}x peak memory "
-                         f"({least['mem_ratio_source']}){speed}")
-        slower = others[others["speedup_verdict"] == "slower"]
-        if len(slower):
-            parts.append("slower than the reference: " + ", ".join(
-                f"{r.technique} ({r.speedup:.2f}x)" for r in slower.itertuples()))
-        worse = others[others["delta_verdict"] == "worse"]
-        if len(worse):
-            ref = next((r for r in rows.itertuples() if r.is_reference), None)
-            fewer = {r.technique: fewer_steps(r, ref) for r in worse.itertuples()}
-            parts.append("worse final metric: " + ", ".join(
-                f"{r.technique} ({r.metric} {r.delta:+.4f} [{r.delta_lo:+.4f}, {r.delta_hi:+.4f}]"
-                + (f"; {fewer[r.technique]})" if fewer[r.technique] else ")")
-                for r in worse.itertuples()))
+        parts = _speed_points(analysis, rows, others) + _quality_points(others) + _ttt_points(rows, others)
         problems = [r for r in rows.itertuples() if r.problems or r.skip_reason]
         if problems:
             parts.append("not all trials ran: " + ", ".join(f"{r.technique} ({r.status})" for r in problems))
@@ -430,13 +557,16 @@ def _interactions_table(analysis: Analysis, names: dict[str, str]) -> Table | No
         parts = ", ".join(f"{p} {fmt_ratio(s)}" for p, s in zip(it.components, it.parts, strict=True))
         verdict_tone = {"gains multiply": "good", "gains partly cancel": "warn",
                         "more than multiplicative": "good"}.get(it.verdict, "muted")
-        observed = ratio_cell(it.observed, it.observed_lo, it.observed_hi, "") if _ok(it.observed) else Cell("-")
-        observed.tone = ""
+        observed = fmt_ratio(it.observed)
+        ratio = "-"
+        if _ok(it.ratio):
+            ci = f" [{it.ratio_lo:.2f}, {it.ratio_hi:.2f}]" if _ok(it.ratio_lo) and _ok(it.ratio_hi) else ""
+            ratio = f"{it.ratio:.2f}{ci}"
+        verdict = it.verdict + (f" ({it.why})" if it.verdict == stats.NONE and it.why else "")
         rows.append([Cell(_where(it.workload, names[it.machine])), Cell(it.technique), Cell(parts),
-                     Cell(fmt_ratio(it.product)), Cell(observed.text.strip()),
-                     Cell(f"{it.ratio:.2f}" if _ok(it.ratio) else "-"), Cell(it.verdict, verdict_tone)])
-    return Table(["workload", "combination", "parts alone (speedup)", "product of parts", "observed [95% CI]",
-                  "observed / product", "verdict"], rows, wrap=(6,))
+                     Cell(fmt_ratio(it.product)), Cell(observed), Cell(ratio), Cell(verdict, verdict_tone)])
+    return Table(["workload", "combination", "parts alone (speedup)", "product of parts", "observed",
+                  "observed / product, paired by seed [95% CI]", "verdict"], rows, wrap=(6,))
 
 
 def _per_rank(values: tuple[float, ...] | None) -> str:
@@ -507,7 +637,9 @@ def _claims_table(analysis: Analysis, names: dict[str, str]) -> Table | None:
                     else "-")
         verdict = {"within": "within the claim", "below": "below the claim", "above": "above the claim"}.get(
             cl.verdict, cl.verdict)
-        if cl.certain is False:
+        if cl.certain is False and cl.verdict == "within":
+            verdict += " (not certain: the interval reaches beyond the claimed range)"
+        elif cl.certain is False:
             verdict += " (not significant: the interval reaches the claimed range)"
         elif cl.certain is None and cl.verdict in ("below", "above"):
             verdict += " (no interval)"
@@ -552,9 +684,9 @@ def _noise(analysis: Analysis, names: dict[str, str]) -> list[str]:
             why.append(f"{c.n_contended} of {c.n_ok} timed windows were contended")
         if why:
             out.append(f"{c.technique} on {where}: {'; '.join(why)}.")
-        if c.n_budget_cut:
-            out.append(f"{c.technique} on {where}: training was cut by the time budget in {c.n_budget_cut} of "
-                       f"{c.n_ok} trials, so its final metric saw fewer steps.")
+        if c.n_cut:
+            out.append(f"{c.technique} on {where}: the safety cap (max_train_seconds) cut {c.n_cut} of its quality "
+                       "runs; they are left out of every quality comparison.")
     if not out:
         out.append("None: every configuration's spread is below the warning threshold and no timed window was "
                    "contended.")
@@ -568,24 +700,39 @@ def _next_steps(analysis: Analysis, names: dict[str, str]) -> list[str]:
 
 
 def _method(analysis: Analysis) -> list[str]:
+    th = analysis.thresholds
     return [
-        f"Speedup: ratio of median samples/s against '{analysis.baseline}' on the same workload and machine. The "
-        f"{stats.CONFIDENCE:.0%} interval is a percentile bootstrap over trials ({stats.N_RESAMPLES} resamples, "
-        "fixed seed): each repeat is one process and one seed, the unit of replication. A ratio whose interval "
-        "contains 1 (a difference whose interval contains 0) is reported as no significant difference.",
-        "Samples/s: per trial, samples over the wall time of the timed window (after warm-up, device sync at its "
-        "edges); the table shows the median over repeats and its IQR.",
+        "Two measurements that never share a budget. Speed: a timed window after warm-up, device sync only at its "
+        "edges. Quality: every set of a workload trains the same samples from the same initial weights and "
+        "batches, evaluated (untimed) at the same sample counts. The first step's cost beyond a steady step "
+        "(compilation) is a one-off, kept out of both and shown on its own.",
+        f"Comparisons against '{analysis.baseline}' pair the trials of the same seed (same weights and batches, "
+        f"run in the same repeat round; the order of the sets within a round is shuffled). Ratios are geometric "
+        f"means with a {stats.CONFIDENCE:.0%} Student-t interval on the per-seed log-ratios (a percentile "
+        "bootstrap over 3 seeds cannot reach beyond the extreme pair and covered the truth in 67% of simulated "
+        f"cases). No verdict below {stats.MIN_REPEATS} repeats; a verdict needs its whole interval beyond the "
+        f"threshold: {th.speed:.0%} for speed, {th.memory:.0%} for memory, {th.time_to_target:.0%} for "
+        "time-to-target, any difference for the metric.",
+        "Samples/s: per trial, samples over the wall time of the timed window; the table shows the median over "
+        "repeats and its IQR. MFU: model FLOPs per step (FlopCounterMode on the eager fp32 reference step) x steps "
+        "/ the window's wall time (the clock of samples/s) / this machine's matmul peak for the dtype in use, "
+        "calibrated with the trial's thread count (Chowdhery et al. 2022, PaLM, appendix B).",
         "Peak memory: the tensor-level peak from a tracked step (params, grads, optimizer state, activations, "
         "other temporaries) where it exists, with the process's peak RSS over the timed window beside it; "
         "torch.compile hides tensors from the tracker, so compiled sets have RSS only and their ratio says (RSS).",
-        "MFU: model FLOPs per step (FlopCounterMode on the eager fp32 step) / median step time / this machine's "
-        "measured matmul peak for the dtype in use (Chowdhery et al. 2022, PaLM, appendix B).",
-        "Final metric: the last evaluation of each trial, mean ± sample standard deviation over seeds; the "
-        "difference is a difference of means with a bootstrap interval.",
-        "Time to target: training time (evaluation excluded) of the first evaluation that reached the workload's "
-        "target, median over the trials that reached it; 'sooner' compares it with the reference's.",
-        "Parity: the first losses against an eager fp32 reference with the same seed and batches; exact "
-        "techniques must match within 1e-3 relative, numeric ones (reduced precision) within 5e-2.",
+        f"Quality at equal samples, by kind: an exact set must reproduce the reference's eval curve seed by seed "
+        f"(every evaluation within {EXACT_CURVE_RTOL:.0%} of the range the reference's metric covered) and then "
+        "reads 'same'; a "
+        "numeric or algorithmic set shows the metric at the full budget, mean ± std over seeds, and its paired "
+        "difference; an algorithmic set also the metric at the reference's training time.",
+        "Time to target: the training clock (evaluation and one-off excluded) at the first evaluation that "
+        "reached the workload size's validation target, median over seeds with a miss counted as never (as "
+        "AlgoPerf scores it), with the miss rate and the samples it took; the ratio to the reference is given "
+        "when neither side missed.",
+        "Parity: the first optimizer steps against the eager fp32 reference (its own process, same seed and "
+        "batches): losses, and the distance the parameters moved from their initial values (a 10% learning-rate "
+        "change moves it by 10%). Tolerances (loss, distance): "
+        + "; ".join(f"{kind} {loss:.0e}, {dist:.0e}" for kind, (loss, dist) in PARITY_TOLERANCES.items()) + ".",
         f"Noise: a warning when IQR/median of per-trial samples/s exceeds {stats.NOISY_IQR_OVER_MEDIAN:.0%}, or "
         "when other processes used more than 10% of the CPU during a timed window.",
     ]

@@ -137,9 +137,10 @@ def speedup_figure(analysis: Analysis) -> Figure | None:
         ax.set_xlabel(f"speedup vs {_t(analysis.baseline)} (log scale)", fontsize=9)
         _style(ax, title)
     return _finish(fig, "speedup", "Speedup vs the reference",
-                   "Bars: ratio of median samples/s against the reference set, from 1 (no change) on a log scale; "
-                   "whiskers and brackets: 95% bootstrap interval over repeats. Green: significantly faster; red: "
-                   "significantly slower; grey: no significant difference.")
+                   "Bars: geometric mean over seeds of samples/s against the reference set's trial of the same "
+                   "seed, from 1 (no change) on a log scale; whiskers and brackets: 95% t interval. Green: faster, "
+                   "red: slower (the whole interval beyond the threshold); grey: no significant difference, or no "
+                   "verdict (fewer than 3 repeats).")
 
 
 # ---- memory -------------------------------------------------------------------------------------------------
@@ -233,12 +234,13 @@ def pareto_figure(analysis: Analysis, colors: dict[str, str]) -> Figure | None:
             ax.invert_yaxis()
         xs = [p[0] for p in pts]
         ax.set_xlim(0, max(xs) * 1.3)
-        ax.set_xlabel("training wall-clock, median over repeats (s, eval excluded)", fontsize=9)
-        ax.set_ylabel(f"final {_t(metric)} ({'higher' if hib else 'lower'} is better, up)", fontsize=9)
+        ax.set_xlabel("training clock for the sample budget, median (s; eval and one-off excluded)", fontsize=9)
+        ax.set_ylabel(f"{_t(metric)} at equal samples ({'higher' if hib else 'lower'} is better, up)", fontsize=9)
         _style(ax, title)
-    return _finish(fig, "pareto", "Accuracy vs training time",
-                   "Final metric (mean ± std over seeds) against the training wall-clock of the same trials. Up and "
-                   "left is better; the dotted line joins the sets that no faster set beats on the metric.")
+    return _finish(fig, "pareto", "Quality at equal samples vs training time",
+                   "The metric after the same sample budget (mean ± std over seeds) against the training clock the "
+                   "budget took (evaluation and one-off costs excluded). Up and left is better; the dotted line "
+                   "joins the sets that no faster set beats on the metric.")
 
 
 def curves_figure(analysis: Analysis, colors: dict[str, str]) -> Figure | None:
@@ -257,7 +259,7 @@ def curves_figure(analysis: Analysis, colors: dict[str, str]) -> Figure | None:
     for ax, (title, rows, recs) in zip(axes, panels, strict=False):
         seen = set()
         for r in recs.itertuples():
-            pts = [(p[0], p[3]) for p in r.curve if p[0] is not None and len(p) > 3 and p[3] is not None]
+            pts = [(p[2], p[-1]) for p in r.curve if p[2] is not None and p[-1] is not None]
             if not pts:
                 continue
             label = None if r.technique in seen else _t(r.technique)
@@ -269,14 +271,14 @@ def curves_figure(analysis: Analysis, colors: dict[str, str]) -> Figure | None:
             ax.axhline(float(target), color="black", linewidth=0.8, linestyle="--", label="target")
         hib = next((h for h in rows["higher_is_better"] if h is not None), True)
         metric = next((m for m in rows["metric"] if m), "metric")
-        ax.set_xlabel("training wall-clock (s, eval excluded)", fontsize=9)
+        ax.set_xlabel("training clock (s; eval and one-off excluded)", fontsize=9)
         ax.set_ylabel(f"eval {_t(metric)} ({'higher' if hib else 'lower'} is better)", fontsize=9)
         ax.legend(fontsize=8, frameon=False, loc="best")
         _style(ax, title)
     return _finish(fig, "curves", "Evaluation metric over training time",
-                   "Held-out metric at each evaluation against the training wall-clock (evaluation time excluded), "
-                   "one line per trial; dashed: the workload's target (time-to-target is when a line first reaches "
-                   "it).")
+                   "Held-out metric at each evaluation against the training clock (evaluation time and one-off "
+                   "costs excluded), one line per trial; every set evaluates at the same sample counts. Dashed: the "
+                   "workload size's validation target (time-to-target is when a line first reaches it).")
 
 
 # ---- combined techniques ------------------------------------------------------------------------------------

@@ -1,6 +1,6 @@
 """``report.md``: the report as GitHub-flavoured markdown, figures linked from ``figures/``.
 
-Deterministic: the same records give the same bytes (no render time; bootstrap seed fixed in ``bench.analysis``),
+Deterministic: the same records give the same bytes (no render time, no random numbers),
 which is what the golden-file test relies on. Text from records is escaped so a name like ``<script>`` or ``a|b``
 stays text and cannot break a table.
 """

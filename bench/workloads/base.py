@@ -30,7 +30,9 @@ class BuiltWorkload:
     batch_size: int  # default samples per optimizer step for this size
     tokens_per_sample: int = 0  # sequence length for language models, 0 otherwise
     lr: float = 1e-3
-    target: float | None = None  # default time-to-target threshold on ``metric``
+    target: float | None = None  # the size's validation target on ``metric`` (documented in the workload)
+    quality_steps: int = 0  # the size's quality budget in optimizer steps at ``batch_size`` (what the target is for)
+    eval_points: int = 10  # evaluations spread over the quality budget (plus one before training)
     dataset: dict[str, Any] = field(default_factory=dict)  # name, source, sha256, n_train, n_eval
     params: dict[str, Any] = field(default_factory=dict)  # the size preset's resolved parameters
 

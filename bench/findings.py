@@ -1,0 +1,298 @@
+"""Findings read off an analysis: each technique's published claim beside this sweep's measurement, and short
+"what to try next" items (bottlenecks, one-off costs, slowdowns, quality changes, parity, noise). Every finding
+says the number it saw; the thresholds are named constants here.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import pandas as pd
+
+from bench import stats
+
+REPLICA_BYTES_PER_PARAM = 16  # model state of a full replica with fp32 AdamW: params 4 + grads 4 + two moments 8
+
+# Thresholds of the diagnosis ("what to try next"); each finding says the number it saw.
+DATA_WAIT_HIGH = 0.20  # data loading takes more than this fraction of the timed window
+LOW_MFU = 0.05  # below this the reference is bound by per-op overhead rather than matmul throughput
+ACTIVATIONS_DOMINANT = 0.50  # activations above this share of the tensor peak
+OPTIMIZER_DOMINANT = 0.40  # optimizer state above this share of the tensor peak
+ONE_OFF_COST_S = 0.5  # a one-off cost above this (and 3x the reference's) is worth a remark
+
+MODEL_STATE_SLACK = 0.01  # exact bytes may miss a claimed range's edge by shard padding (uneven tensors)
+
+GPU_WORDS = ("gpu", "nvidia", "v100", "a100", "h100", "h200", "tensor core", "cuda", "tpu")
+
+
+def frame_of(rows: list[dict[str, Any]], columns: list[str] | None = None) -> pd.DataFrame:
+    """A DataFrame of Python objects where missing values are None (never NaN), so formatting code can test
+    ``is None`` and tuples/lists survive."""
+    frame = pd.DataFrame(rows, columns=columns).astype(object)
+    return frame.where(frame.notna(), None)
+
+
+# ---- claims check -------------------------------------------------------------------------------------------
+
+
+def registered_claims() -> dict[str, tuple[Any, ...]]:
+    """Each registered technique's published claims, by technique name."""
+    import techniques
+
+    return {name: tuple(cls.claims) for name, cls in techniques.registry().items() if cls.claims}
+
+
+_CLAIM_FIELDS = {"speedup": "speedup", "memory_ratio": "mem_ratio", "model_state_ratio": "model_state_ratio"}
+
+
+def claims_check(configs: pd.DataFrame, machines: dict[str, dict[str, Any]] | None = None,
+                 claims: dict[str, tuple[Any, ...]] | None = None) -> pd.DataFrame:
+    """Each single technique's published claim beside this sweep's measurement, with a verdict and, when the two
+    disagree, why this hardware may differ from the claim's.
+
+    ``verdict``: "within" (the estimate lies in the claimed range), "below" or "above"; ``certain`` is False when
+    the estimate is outside the range but its interval still reaches it, None without an interval.
+    """
+    claims = registered_claims() if claims is None else claims
+    machines = machines or {}
+    rows = []
+    refs = {(r.machine, r.workload): r for r in configs.itertuples() if r.is_reference}
+    for c in configs.itertuples():
+        if c.is_reference or len(c.names) != 1 or c.names[0] not in claims:
+            continue
+        for claim in claims[c.names[0]]:
+            col = _CLAIM_FIELDS.get(claim.metric)
+            if col is None:
+                continue
+            est, lo, hi = getattr(c, col), getattr(c, f"{col}_lo"), getattr(c, f"{col}_hi")
+            row = {"machine": c.machine, "workload": c.workload, "technique": c.technique,
+                   "name": c.names[0], "metric": claim.metric, "low": claim.low, "high": claim.high,
+                   "setting": claim.setting, "source": claim.source, "measured": est, "measured_lo": lo,
+                   "measured_hi": hi, "verdict": None, "certain": None, "why": []}
+            if est is None:
+                row["verdict"] = "not measured"
+                row["why"] = [c.skip_reason] if c.skip_reason else list(c.problems)
+            else:
+                # Exact bytes may miss a range's edge by shard padding (uneven tensors): allow 1% there.
+                slack = MODEL_STATE_SLACK if claim.metric == "model_state_ratio" else 0.0
+                if claim.low * (1 - slack) <= est <= claim.high * (1 + slack):
+                    row["verdict"] = "within"
+                else:
+                    row["verdict"] = "below" if est < claim.low else "above"
+                if lo is not None and hi is not None:
+                    inside = claim.low * (1 - slack) <= lo and hi <= claim.high * (1 + slack)
+                    row["certain"] = inside if row["verdict"] == "within" else (hi < claim.low or lo > claim.high)
+                if row["verdict"] != "within":
+                    ref = refs.get((c.machine, c.workload))
+                    row["why"] = why_hardware_differs(c.names[0], claim, c, ref, machines.get(c.machine, {}))
+            rows.append(row)
+    cols = ["machine", "workload", "technique", "name", "metric", "low", "high", "setting", "source", "measured",
+            "measured_lo", "measured_hi", "verdict", "certain", "why"]
+    return frame_of(rows, cols)
+
+
+def _peak(env: dict[str, Any], dtype: str) -> float | None:
+    entry = (env.get("peak_flops") or {}).get(dtype) or {}
+    return entry.get("flops") if isinstance(entry, dict) else entry
+
+
+def why_hardware_differs(name: str, claim: Any, config: Any, ref: Any, env: dict[str, Any]) -> list[str]:
+    """Reasons, read off this sweep's own measurements, why a result may differ from a published claim; the most
+    specific first (the dtype's measured matmul peak, then where the claim was made, then the model's scale)."""
+    reasons = []
+    dtype = config.compute_dtype
+    fp32, low = _peak(env, "float32"), _peak(env, dtype) if dtype else None
+    if dtype and dtype != "float32" and fp32 and low:
+        ratio = low / fp32
+        speed = f"{dtype} matmul peaks at {low / 1e9:,.0f} GFLOP/s here vs {fp32 / 1e9:,.0f} for float32 ({ratio:.2g}x)"
+        if ratio < 1:
+            flags = env.get("cpu_flags") or {}
+            wanted = {"bfloat16": ("avx512_bf16", "amx_bf16"), "float16": ("avx512_fp16",)}.get(dtype, ())
+            absent = [f for f in wanted if flags.get(f) is False]
+            unit = f" (no {' / '.join(absent)})" if absent and not str(config.machine).startswith("cuda") else ""
+            reasons.append(f"{speed}: no fast {dtype} matmul units{unit}")
+        else:
+            reasons.append(speed)
+    device = str(config.machine).split(",")[0] if config.machine else ""
+    if any(w in claim.setting.lower() for w in GPU_WORDS) and not device.startswith("cuda"):
+        reasons.append(f"the claim comes from GPUs; this ran on a CPU ({env.get('cpu_model') or 'unknown'})")
+    if ref is not None and ref.mfu is not None and ref.mfu < LOW_MFU:
+        reasons.append(f"the reference reaches {ref.mfu:.1%} MFU: a model this small is bound by per-op overhead, "
+                       "so faster arithmetic helps less")
+    if ref is not None and ref.data_wait_frac is not None and ref.data_wait_frac > DATA_WAIT_HIGH:
+        reasons.append(f"data loading takes {ref.data_wait_frac:.0%} of the reference's timed window")
+    if claim.metric == "model_state_ratio" and config.world_size and config.zero_formula_bytes and config.n_params:
+        predicted = config.zero_formula_bytes / (REPLICA_BYTES_PER_PARAM * config.n_params)
+        reasons.append(f"with {config.world_size} ranks and fp32 AdamW the ZeRO formula itself predicts "
+                       f"{predicted:.2f}x; the claim's ratio needs more ranks (and mixed precision, where the "
+                       "fp32 master copy counts as optimizer state)")
+    if config.one_off_s is not None and config.one_off_s > ONE_OFF_COST_S:
+        reasons.append(f"its one-off cost is kept out of the speedup ({config.one_off_s:.1f} s in the first step)")
+    if not reasons:
+        reasons.append("no hardware difference measured; the workload (model size, batch) differs from the claim's")
+    return reasons
+
+
+# ---- diagnosis ----------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Finding:
+    """One "what to try next" item: where it applies and what the numbers say."""
+
+    machine: str
+    workload: str | None  # None: across workloads
+    technique: str | None  # None: the workload (or the machine) as a whole
+    topic: str  # data, overhead, memory, one-off, slower, quality, parity, claim, interaction, noise, failure
+    text: str
+
+
+def _reference_findings(c: Any) -> list[tuple[str, str]]:
+    out = []
+    if c.mfu is not None and c.mfu < LOW_MFU:
+        out.append(("overhead", f"{c.workload} reaches {c.mfu:.1%} MFU at {c.technique}: per-op overhead dominates "
+                                "a model this small; a larger batch or model, or torch.compile (fuses ops), shows "
+                                "technique effects closer to published ones"))
+    peak = c.peak_bytes
+    if peak and c.mem_activations_bytes is not None and c.mem_activations_bytes / peak > ACTIVATIONS_DOMINANT:
+        out.append(("memory", f"activations are {c.mem_activations_bytes / peak:.0%} of {c.workload}'s tensor "
+                              "peak: activation checkpointing or gradient accumulation cut the peak most"))
+    if peak and c.mem_optimizer_bytes is not None and c.mem_optimizer_bytes / peak > OPTIMIZER_DOMINANT:
+        out.append(("memory", f"optimizer state is {c.mem_optimizer_bytes / peak:.0%} of {c.workload}'s tensor "
+                              "peak: a sharded (ZeRO) or 8-bit optimizer saves most"))
+    return out
+
+
+def _one_off_finding(c: Any, ref: Any) -> str | None:
+    """A one-off cost (compilation) larger than what the faster steps win back over the quality budget."""
+    if ref is None or c.one_off_s is None or c.one_off_s <= ONE_OFF_COST_S:
+        return None
+    if ref.one_off_s is not None and c.one_off_s <= 3 * ref.one_off_s:
+        return None
+    head = f"{c.technique} costs {c.one_off_s:.1f} s once on {c.workload} (its first step beyond a steady one)"
+    saved = (ref.train_time_s - c.train_time_s) if ref.train_time_s and c.train_time_s else None
+    if saved is None and ref.step_time_s and c.step_time_s:
+        saved_per_step = ref.step_time_s - c.step_time_s
+        if saved_per_step <= 0:
+            return f"{head} and its steps are not faster here: it does not pay off"
+        return f"{head}; it pays off after about {math.ceil(c.one_off_s / saved_per_step):,} steps"
+    if saved is None:
+        return None
+    if saved <= 0:
+        return f"{head} and it trains the quality budget no faster ({c.train_time_s:.2f} s vs {ref.train_time_s:.2f} s)"
+    if saved < c.one_off_s:
+        runs = math.ceil(c.one_off_s / saved)
+        text = (f"{head}, more than the {saved:.2f} s it saves over the quality budget ({c.train_time_s:.2f} vs "
+                f"{ref.train_time_s:.2f} s): it pays off only for runs about {runs}x longer")
+        if c.speedup_verdict != "faster":
+            text += ", and only if its speedup, not significant here, is real"
+        return text
+    return None
+
+
+def _quality_finding(c: Any) -> tuple[str, str] | None:
+    if c.n_cut:
+        return ("quality", f"{c.n_cut} quality run(s) of {c.technique} on {c.workload} were cut by the wall-clock "
+                           "safety cap (max_train_seconds): raise it, or their quality is not compared")
+    if c.exact_quality == "bug":
+        return ("quality", f"{c.technique} is exact by design, but its eval curve on {c.workload} differs from the "
+                           f"reference's by up to {c.curve_max_rel_diff:.1%} at equal samples and its first steps "
+                           "do not match the reference: it is not computing the same thing; check it")
+    if c.delta_verdict == "worse":
+        return ("quality", f"{c.technique} changes {c.metric} on {c.workload} by {c.delta:+.4g} "
+                           f"[{c.delta_lo:+.4g}, {c.delta_hi:+.4g}] at equal samples: check its numerics before "
+                           "adopting it")
+    return None
+
+
+def _technique_findings(c: Any, ref: Any) -> list[tuple[str, str]]:
+    out = []
+    one_off = _one_off_finding(c, ref)
+    if one_off:
+        out.append(("one-off", one_off))
+    if c.speedup_verdict == "slower":
+        mem = ""
+        if c.mem_ratio_verdict == "less":
+            mem = (f"; it cuts peak memory to {c.mem_ratio:.2f}x ({c.mem_ratio_source}), so use it only when memory "
+                   "is the limit")
+        out.append(("slower", f"{c.technique} is {1 - c.speedup:.0%} slower than {ref.technique} on {c.workload} "
+                              f"({c.speedup:.2f}x){mem}"))
+    quality = _quality_finding(c)
+    if quality:
+        out.append(quality)
+    if c.parity_ok is False:
+        head = (f"{c.technique} on {c.workload}: its first steps differ from the fp32 reference (losses by "
+                f"{c.parity_loss_diff:.2g}, parameter distance by {c.parity_distance_diff:.2g}; tolerances for "
+                f"{c.parity_kind} sets {c.parity_loss_tol:.0e} and {c.parity_distance_tol:.0e})")
+        if c.parity_note:
+            out.append(("parity", f"{head}; {c.parity_note}"))
+        else:
+            out.append(("parity", f"{head}: it does not compute the same thing here; check it before trusting "
+                                  "its speed"))
+    return out
+
+
+def diagnose(configs: pd.DataFrame, interactions_: pd.DataFrame | None = None,
+             claims: pd.DataFrame | None = None) -> list[Finding]:
+    """Short, number-backed suggestions: bottlenecks (data wait, per-op overhead, the largest memory category),
+    one-off costs larger than their gain, techniques slower than the reference or than claimed, quality changes,
+    parity failures, gains that cancel when combined, and noisy timings."""
+    out: list[Finding] = []
+    refs = {(r.machine, r.workload): r for r in configs.itertuples() if r.is_reference}
+    for (machine, workload), rows in configs.groupby(["machine", "workload"], sort=False):
+        waits = [(r.technique, r.data_wait_frac) for r in rows.itertuples()
+                 if r.n_ok and r.data_wait_frac is not None and r.data_wait_frac > DATA_WAIT_HIGH]
+        if waits:
+            lo, hi = min(w for _, w in waits), max(w for _, w in waits)
+            share = f"{lo:.0%}" if f"{lo:.0%}" == f"{hi:.0%}" else f"{lo:.0%}-{hi:.0%}"
+            sets = "every technique set" if len(waits) == int((rows["n_ok"].astype(int) > 0).sum()) else \
+                ", ".join(t for t, _ in waits)
+            out.append(Finding(machine, workload, None, "data",
+                               f"{workload} waits for data {share} of the timed window ({sets}): the input "
+                               "pipeline limits throughput; prefetch or cache batches before tuning the model"))
+    for c in configs.itertuples():
+        if c.n_ok == 0:
+            continue
+        ref = refs.get((c.machine, c.workload))
+        found = _reference_findings(c) if c.is_reference else _technique_findings(c, ref)
+        out += [Finding(c.machine, c.workload, None if c.is_reference else c.technique, t, x) for t, x in found]
+
+    for machine, rows in configs.groupby("machine", sort=False):
+        by_reason: dict[str, list[str]] = {}
+        for c in rows.itertuples():
+            for problem in c.problems:
+                by_reason.setdefault(problem, []).append(f"{c.technique} on {c.workload}")
+        for problem, where in by_reason.items():
+            out.append(Finding(machine, None, None, "failure",
+                               f"{len(where)} configuration{'s' if len(where) > 1 else ''} had trials end in "
+                               f"{problem} ({', '.join(where)}): fix that before reading their numbers"))
+    if claims is not None and not claims.empty:
+        below = claims[(claims["verdict"] == "below") & (claims["metric"] == "speedup") &
+                       claims["certain"].map(lambda v: v is True)]
+        for (machine, technique), rows in below.groupby(["machine", "technique"], sort=False):
+            first = rows.iloc[0]
+            measured = ", ".join(f"{r.measured:.2f}x on {r.workload}" for r in rows.itertuples())
+            why = f": {first['why'][0]}" if first["why"] else ""
+            out.append(Finding(machine, None, technique, "claim",
+                               f"{technique} is slower here than claimed ({measured}; claimed {first['low']:g}-"
+                               f"{first['high']:g}x on {first['setting']}){why}"))
+    if interactions_ is not None:
+        for it in interactions_.itertuples():
+            if it.verdict == "gains partly cancel":
+                out.append(Finding(it.machine, it.workload, it.technique, "interaction",
+                                   f"{it.technique} on {it.workload} gives {it.observed:.2f}x, less than the "
+                                   f"{it.product:.2f}x product of its parts: the gains partly cancel"))
+    for machine, rows in configs.groupby("machine", sort=False):
+        ran = rows[rows["n_ok"].astype(int) > 0]
+        noisy = ran[ran["noisy"].astype(bool) | (ran["n_contended"].astype(int) > 0)]
+        if len(noisy):
+            out.append(Finding(machine, None, None, "noise",
+                               f"timings are noisy for {len(noisy)} of {len(ran)} configurations (spread above "
+                               f"{stats.NOISY_IQR_OVER_MEDIAN:.0%} of the median, or other processes using the "
+                               "CPU): differences of that size need more repeats (--repeats 5 or more), longer timed "
+                               "windows (--window-seconds) or a quieter machine"))
+    return out
+
+
