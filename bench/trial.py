@@ -132,7 +132,6 @@ class Session:
     loop: TrainLoop
     batches: Iterator[Any]
     kind: Kind
-    has_batchnorm: bool
     probe: ParityProbe | None = None
     steps_done: int = 0
     first_step_s: float | None = None  # the process's first training step, timed alone
@@ -166,8 +165,7 @@ def build(spec: TrialSpec, budget: Budget, device: torch.device) -> Session:
     for tech in techs:
         batches = tech.wrap_data(batches, ctx)
     loop = TrainLoop(model, optimizer, built.loss_fn, techs, ctx, cfg.micro_batches)
-    return Session(spec, budget, built, techs, ctx, cfg, model, optimizer, loop, batches, set_kind(techs),
-                   wl.has_batchnorm)
+    return Session(spec, budget, built, techs, ctx, cfg, model, optimizer, loop, batches, set_kind(techs))
 
 
 def build_info(session: Session) -> BuildInfo:
@@ -255,7 +253,7 @@ def parity(session: Session, ref: ReferenceResult) -> ParityResult | None:
     dist_diff = max(abs(a - b) / max(abs(b), 1e-12) for a, b in zip(probe.distances, ref_d, strict=True))
     loss_tol, dist_tol = PARITY_TOLERANCES[session.kind.value]
     note = None
-    if session.cfg.micro_batches > 1 and session.has_batchnorm:
+    if session.cfg.micro_batches > 1 and session.ctx.has_batchnorm:
         note = "expected mismatch: BatchNorm computes statistics per micro-batch, so accumulation is not exact"
     return ParityResult(kind=session.kind.value, steps=k, ok=loss_diff <= loss_tol and dist_diff <= dist_tol,
                         loss_rel_diff=loss_diff, distance_rel_diff=dist_diff, loss_tolerance=loss_tol,
@@ -341,7 +339,7 @@ def quality_run(session: Session) -> QualityResult:
     session.one_off_s = one_off = _one_off(session.first_step_s, clock, steps)
     for point in curve[1:]:
         point[2] = max(point[2] - one_off, 0.0)
-    return _quality_result(session, plan, curve, steps, one_off, cut, stopped, busy)
+    return _quality_result(session, plan, curve, one_off, cut, stopped, busy)
 
 
 def _one_off(first_step_s: float | None, clock: float, steps: int) -> float:
@@ -352,9 +350,10 @@ def _one_off(first_step_s: float | None, clock: float, steps: int) -> float:
     return max(first_step_s - steady, 0.0)
 
 
-def _quality_result(session: Session, plan: QualityPlan, curve: list[list[Any]], steps: int, one_off: float,
+def _quality_result(session: Session, plan: QualityPlan, curve: list[list[Any]], one_off: float,
                     cut: str | None, stopped: str | None, busy: Any) -> QualityResult:
     built = session.built
+    steps = curve[-1][1]
     target = built.target
     hit = next((p for p in curve[1:] if target is not None and p[4] is not None and
                 (p[4] >= target if built.higher_is_better else p[4] <= target)), None)
