@@ -25,7 +25,6 @@ import shutil
 import subprocess
 import tempfile
 import time
-from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -164,13 +163,8 @@ class AbRunner:
         for side, runner in self.runners.items():  # each side's references come from its own code
             runner.prepare_references([t for t in trials if t.trial_id not in done[side]])
         total, count = 2 * len(trials), 0
-        position: dict[int, int] = defaultdict(int)
-        for trial in trials:
-            # ABBA, balanced: consecutive configurations swap which side goes first, and each configuration swaps
-            # from one repeat to the next, so no configuration always runs its A (or B) trial first.
-            j = position[trial.repeat]
-            position[trial.repeat] += 1
-            for side in SIDES if (j + trial.repeat) % 2 == 0 else SIDES[::-1]:
+        for trial, sides in abba_order(trials):
+            for side in sides:
                 runner = self.runners[side]
                 record = None
                 if trial.trial_id not in done[side]:
@@ -195,6 +189,24 @@ class AbRunner:
         md = compare_mod.to_markdown(comparison, title=title)
         (self.out_dir / "compare.md").write_text(md)
         return AbResult(self.out_dir, records, comparison, md)
+
+
+def abba_order(trials: list[Trial]) -> list[tuple[Trial, tuple[str, str]]]:
+    """Which side runs first for each trial: ABBA, balanced per configuration.
+
+    A configuration (workload x set) alternates from one repeat to the next, and neighbouring configurations (in
+    the plan's unshuffled order) start on opposite sides, so drift in the machine's speed hits A and B alike: each
+    configuration runs A first in half of its repeats (one more when the count is odd). The index comes from the
+    configuration, not the trial's shuffled position, which would leave a configuration's order to chance.
+    """
+    index: dict[tuple[str, str], int] = {}
+    for trial in trials:
+        index.setdefault((trial.workload.label, trial.techniques.label), len(index))
+    ordered = []
+    for trial in trials:
+        j = index[(trial.workload.label, trial.techniques.label)]
+        ordered.append((trial, SIDES if (j + trial.repeat) % 2 == 0 else SIDES[::-1]))
+    return ordered
 
 
 def run_ab(
@@ -257,4 +269,4 @@ def cmd_sweep_ab(args: argparse.Namespace, out: Any, err: Any) -> int:
     return 0
 
 
-__all__ = ["AbProgress", "AbResult", "AbRunner", "Checkout", "release", "resolve_checkout", "run_ab"]
+__all__ = ["abba_order", "AbProgress", "AbResult", "AbRunner", "Checkout", "release", "resolve_checkout", "run_ab"]

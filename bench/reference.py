@@ -34,6 +34,7 @@ import torch.distributed as dist
 from torch import nn
 
 from bench import workloads
+from bench.files import write_atomic
 from bench.loop import TrainLoop, build_optimizer
 from bench.measure.flops import count_flops
 from techniques.base import Context
@@ -166,12 +167,6 @@ def ensure(keys: Iterable[ReferenceKey], cache_dir: Path, device: str, code_dir:
         raise RuntimeError(f"the reference process failed (exit {proc.returncode}): {tail}"[:800])
 
 
-def _write_atomic(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
-
-
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if len(argv) < 3:
@@ -183,7 +178,7 @@ def main(argv: list[str] | None = None) -> int:
     for text in argv[2:]:
         key = ReferenceKey(**json.loads(text))
         result = compute(key, device)
-        _write_atomic(path_of(cache_dir, key), json.dumps(asdict(result)) + "\n")
+        write_atomic(path_of(cache_dir, key), json.dumps(asdict(result)) + "\n")
     return 0
 
 

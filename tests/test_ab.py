@@ -12,6 +12,7 @@ import torch
 from bench import ab
 from bench.cli import main
 from bench.config import ConfigError, build_config
+from bench.plan import plan
 from bench.results import ResultStore
 from tests.conftest import REPO, TINY_BUDGET
 
@@ -61,6 +62,19 @@ def test_a_revision_gets_a_temporary_worktree_that_is_removed(tmp_path):
     assert not checkout.code_dir.exists() and str(checkout.code_dir) not in git(repo, "worktree", "list")
     with pytest.raises(ConfigError, match="neither a directory nor a git revision"):
         ab.resolve_checkout("no-such-rev", repo_dir=repo)
+
+
+def test_abba_order_balances_each_configuration_over_repeats():
+    cfg = build_config("smoke", {"workloads": "mlp,gpt", "techniques": "baseline,bf16", "repeats": 5})
+    trials = plan(cfg, torch.device("cpu"))
+    first: dict[tuple[str, str], list[str]] = {}
+    for trial, sides in ab.abba_order(trials):
+        assert sorted(sides) == ["a", "b"]
+        first.setdefault((trial.workload.label, trial.techniques.label), []).append(sides[0])
+    assert len(first) == 4
+    for config, sides in first.items():  # every configuration alternates, whatever the shuffled run order
+        assert sides == ["a", "b", "a", "b", "a"] or sides == ["b", "a", "b", "a", "b"], (config, sides)
+    assert sorted(s[0] for s in first.values()) == ["a", "a", "b", "b"]  # half the configurations start on A
 
 
 @pytest.mark.slow

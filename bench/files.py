@@ -1,0 +1,30 @@
+"""Files the harness writes: whole or not at all.
+
+A reader (a report, a resumed sweep, another node) never sees a half-written ``env.json``, ``sweep.toml``, summary,
+report or trial record: each is written to a temporary file beside its destination and moved over it with
+``os.replace``, which is atomic on POSIX filesystems. ``results.jsonl`` is the exception: it is appended to, one
+fsync'd line per record (``bench.results.ResultStore``).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+
+def write_atomic(path: Path | str, data: str | bytes, encoding: str = "utf-8") -> None:
+    """Write ``data`` to ``path`` so that ``path`` holds either its old content or all of the new."""
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        if isinstance(data, bytes):
+            tmp.write_bytes(data)
+        else:
+            tmp.write_text(data, encoding=encoding)
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
+__all__ = ["write_atomic"]
