@@ -537,7 +537,7 @@ COLUMNS = ["configuration", "n (base/new)", "throughput", "ratio [95% CI]", "noi
 
 def to_markdown(comp: Comparison, title: str = "Comparison") -> str:
     """``compare.md``. Text from the inputs (names, reasons, env.json values) goes through the report's escaping
-    (``bench.report.markdown``), so ``<lambda>`` shows as text and ``a|b`` cannot split a cell."""
+    (``bench.text``), so ``<lambda>`` shows as text and ``a|b`` cannot split a cell."""
     base = comp.base_dir or "BASE"
     new = comp.new_dir or "NEW"
     lines = [f"# {escape(title)}", "", f"BASE: `{base}`  ", f"NEW: `{new}`  ",

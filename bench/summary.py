@@ -158,7 +158,7 @@ LEGEND = ("Speedup and memory ratio: geometric mean over seeds of each trial's r
 
 
 def to_markdown(rows: list[SummaryRow], title: str = "Sweep summary") -> str:
-    """``summary.md``. Cells go through the report's escaping (``bench.report.markdown``): a reason such as
+    """``summary.md``. Cells go through the report's escaping (``bench.text``): a reason such as
     ``<lambda>`` stays visible text and ``a|b`` cannot split a cell."""
     lines = [f"# {escape(title)}", "", "| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
     for row in rows:
