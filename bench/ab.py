@@ -34,7 +34,9 @@ import torch
 
 from bench import compare as compare_mod
 from bench import summary as summary_mod
+from bench import sweepdir
 from bench.config import ConfigError, SweepConfig
+from bench.files import write_atomic
 from bench.plan import Trial, plan, resolve_device
 from bench.results import TrialRecord
 from bench.runner import REPO_DIR, SweepRunner, default_out_dir
@@ -137,57 +139,82 @@ class AbRunner:
 
     def __init__(
         self, cfg: SweepConfig, out_dir: Path, device: torch.device, other: Checkout, resume: bool = False,
-        command: str = "", threshold: float = compare_mod.DEFAULT_THRESHOLD,
+        command: str = "", threshold: float = compare_mod.DEFAULT_THRESHOLD, extend: bool = False,
     ) -> None:
         self.cfg = cfg
         self.out_dir = Path(out_dir)
+        self.resume = resume
         self.other = other
         self.threshold = threshold
         self.runners = {
-            "a": SweepRunner(cfg, self.out_dir / "a", device, resume=resume, command=command, code_dir=REPO_DIR),
-            "b": SweepRunner(cfg, self.out_dir / "b", device, resume=resume, command=command,
+            "a": SweepRunner(cfg, self.out_dir / "a", device, resume=resume, command=command, code_dir=REPO_DIR,
+                             extend=extend),
+            "b": SweepRunner(cfg, self.out_dir / "b", device, resume=resume, command=command, extend=extend,
                              code_dir=other.code_dir),
         }
         self.device = device
         self.command = command
 
+    def claim(self) -> None:
+        """OUT, then each side's directory (checks and locks, see ``SweepRunner.claim``)."""
+        self._claim_root()
+        for runner in self.runners.values():
+            runner.claim()
+
     def run(self, on_progress: Callable[[AbProgress], None] | None = None) -> AbResult:
-        self.out_dir.mkdir(parents=True, exist_ok=True)
-        mine = Checkout(REPO_DIR, ".", _commit_of(REPO_DIR))
-        (self.out_dir / "ab.json").write_text(json.dumps(
-            {"a": mine.describe(), "b": self.other.describe(), "command": self.command,
-             "order": "per trial, alternating which side goes first (ABBA, balanced over repeats)"}, indent=2) + "\n")
-        envs = {side: runner.prepare() for side, runner in self.runners.items()}
-        trials = plan(self.cfg, self.device)
-        done = {side: runner.store.done_trial_ids() for side, runner in self.runners.items()}
-        for side, runner in self.runners.items():  # each side's references come from its own code
-            runner.prepare_references([t for t in trials if t.trial_id not in done[side]])
-        total, count = 2 * len(trials), 0
-        for trial, sides in abba_order(trials):
-            for side in sides:
-                runner = self.runners[side]
-                record = None
-                if trial.trial_id not in done[side]:
-                    # The runner's own per-trial path (one child process, timeout, soft failure), one trial at a
-                    # time so the two sides interleave.
-                    record = runner._skipped(trial) if trial.skip_reason else runner._launch(trial, envs[side])
-                    runner.store.append(record)
-                count += 1
-                if on_progress:
-                    on_progress(AbProgress(count, total, side, trial, record))
+        if not all(r.claimed for r in self.runners.values()):
+            self.claim()
+        try:
+            mine = Checkout(REPO_DIR, ".", _commit_of(REPO_DIR))
+            write_atomic(self.out_dir / "ab.json", json.dumps(
+                {"a": mine.describe(), "b": self.other.describe(), "command": self.command,
+                 "order": "per trial, alternating which side goes first (ABBA, balanced per configuration)"},
+                indent=2) + "\n")
+            envs = {side: runner.prepare() for side, runner in self.runners.items()}
+            self.cfg = self.runners["a"].cfg  # a resumed --extend run continues the union of the plans
+            trials = plan(self.cfg, self.device)
+            done = {side: runner.store.done_trial_ids() for side, runner in self.runners.items()}
+            for side, runner in self.runners.items():  # each side's references come from its own code
+                runner.prepare_references([t for t in trials if t.trial_id not in done[side]])
+            total, count = 2 * len(trials), 0
+            for trial, sides in abba_order(trials):
+                for side in sides:
+                    runner = self.runners[side]
+                    record = None
+                    if trial.trial_id not in done[side]:
+                        # The runner's own per-trial path (one child process, timeout, soft failure), one trial at
+                        # a time so the two sides interleave.
+                        record = runner.run_trial(trial, envs[side])
+                        runner.store.append(record)
+                    count += 1
+                    if on_progress:
+                        on_progress(AbProgress(count, total, side, trial, record))
+        finally:
+            for runner in self.runners.values():
+                runner.close()
         return self.finish()
+
+    def _claim_root(self) -> None:
+        """OUT itself: new or empty for a new run (it gets a/, b/, ab.json, compare.md); an A/B run's to resume
+        (one that stopped before writing ab.json is resumed from its sides' sweep.toml)."""
+        if self.resume:
+            if not (self.out_dir / "a" / "sweep.toml").exists():
+                raise ConfigError(f"--resume --out {self.out_dir}: no A/B run there to continue (no a/sweep.toml)")
+        else:
+            sweepdir.check_new(self.out_dir)
+        sweepdir.make_dir(self.out_dir)
 
     def finish(self) -> AbResult:
         """Summaries of both sides and the comparison of B against A (OUT/compare.md)."""
         records = {side: runner.store.read() for side, runner in self.runners.items()}
         for side, recs in records.items():
             rows = summary_mod.summarize(recs)
-            (self.out_dir / side / "summary.md").write_text(
-                summary_mod.to_markdown(rows, title=f"Sweep '{self.cfg.name}' side {side.upper()} summary"))
+            write_atomic(self.out_dir / side / "summary.md",
+                         summary_mod.to_markdown(rows, title=f"Sweep '{self.cfg.name}' side {side.upper()} summary"))
         comparison = compare_mod.compare_dirs(self.out_dir / "a", self.out_dir / "b", self.threshold)
         title = f"A/B: {self.other.spec} (B) against this checkout (A)"
         md = compare_mod.to_markdown(comparison, title=title)
-        (self.out_dir / "compare.md").write_text(md)
+        write_atomic(self.out_dir / "compare.md", md)
         return AbResult(self.out_dir, records, comparison, md)
 
 
@@ -212,12 +239,13 @@ def abba_order(trials: list[Trial]) -> list[tuple[Trial, tuple[str, str]]]:
 def run_ab(
     cfg: SweepConfig, out_dir: Path, rev_or_dir: str, device: torch.device | None = None, resume: bool = False,
     command: str = "", on_progress: Callable[[AbProgress], None] | None = None, repo_dir: Path = REPO_DIR,
+    extend: bool = False,
 ) -> AbResult:
     """Resolve the other checkout, run both sides interleaved, compare; a temporary worktree is always removed."""
     device = device if device is not None else resolve_device(cfg.device)
     other = resolve_checkout(rev_or_dir, repo_dir)
     try:
-        return AbRunner(cfg, out_dir, device, other, resume=resume, command=command).run(on_progress)
+        return AbRunner(cfg, out_dir, device, other, resume=resume, command=command, extend=extend).run(on_progress)
     finally:
         release(other, repo_dir)
 
@@ -229,41 +257,44 @@ def cmd_sweep_ab(args: argparse.Namespace, out: Any, err: Any) -> int:
     """``sweep --ab``: run, print the comparison, exit 0 (gate with ``bench compare OUT/a OUT/b --fail-on``)."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from bench.cli import sweep_config_from_args
+    from bench.cli import interrupted_code, interrupted_word, sweep_config_from_args
 
     # The same layering as a plain sweep; when resuming, side a's resolved sweep.toml is the config.
     cfg = sweep_config_from_args(args, args.out / "a" if args.out is not None else None)
     device = resolve_device(cfg.device)
     default = default_out_dir(cfg)
     out_dir = args.out or default.with_name(default.name + "-ab")
-    if not args.resume:
-        for side in SIDES:
-            store = out_dir / side / "results.jsonl"
-            if store.exists() and store.stat().st_size:
-                raise ConfigError(f"{out_dir} already holds A/B results: pass --resume to continue it, or another --out")
     command = "python -m bench " + shlex.join(args.argv)
-    err.print(f"[bold]trainbench[/] A/B sweep '{cfg.name}' on {device}: this checkout (A) vs {args.ab} (B) -> {out_dir}")
-    started = time.perf_counter()
-    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                  TextColumn("{task.fields[last]}"), console=err, transient=False) as bar:
-        task = bar.add_task("trials", total=None, last="measuring peak FLOP/s...")
+    other = resolve_checkout(args.ab)
+    try:
+        runner = AbRunner(cfg, out_dir, device, other, resume=args.resume, command=command, extend=args.extend)
+        runner.claim()  # bad input is one line, before the banner
+        err.print(f"[bold]trainbench[/] A/B sweep '{runner.cfg.name}' on {device}: this checkout (A) vs {args.ab} "
+                  f"(B) -> {out_dir}")
+        started = time.perf_counter()
+        with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                      TextColumn("{task.fields[last]}"), console=err, transient=False) as bar:
+            task = bar.add_task("trials", total=None, last="measuring peak FLOP/s...")
 
-        def on_progress(p: AbProgress) -> None:
-            if p.record is None:
-                last = f"{p.side.upper()} {p.trial.trial_id}: already done"
-            else:
-                sps = p.record.speed.samples_per_s if p.record.speed else None
-                detail = f"{sps:,.0f} samples/s" if p.record.status == "ok" and sps else (p.record.reason or "")[:60]
-                last = f"{p.side.upper()} {p.trial.trial_id}: {p.record.status} {detail}"
-            bar.update(task, total=p.total, completed=p.done, last=last)
+            def on_progress(p: AbProgress) -> None:
+                if p.record is None:
+                    last = f"{p.side.upper()} {p.trial.trial_id}: already done"
+                else:
+                    sps = p.record.speed.samples_per_s if p.record.speed else None
+                    ok = p.record.status == "ok" and sps
+                    detail = f"{sps:,.0f} samples/s" if ok else (p.record.reason or "")[:60]
+                    last = f"{p.side.upper()} {p.trial.trial_id}: {p.record.status} {detail}"
+                bar.update(task, total=p.total, completed=p.done, last=last)
 
-        try:
-            result = run_ab(cfg, out_dir, args.ab, device, resume=args.resume, command=command,
-                            on_progress=on_progress)
-        except KeyboardInterrupt:
-            err.print(f"[yellow]interrupted[/]: finished trials are saved in {out_dir}/a and {out_dir}/b; continue "
-                      f"with: python -m bench sweep --ab {shlex.quote(args.ab)} --resume --out {out_dir}")
-            return 130
+            try:
+                result = runner.run(on_progress)
+            except KeyboardInterrupt as exc:
+                err.print(f"[yellow]{interrupted_word(exc)}[/]: finished trials are saved in {out_dir}/a and "
+                          f"{out_dir}/b; continue with: python -m bench sweep --ab {shlex.quote(args.ab)} --resume "
+                          f"--out {out_dir}")
+                return interrupted_code(exc)
+    finally:
+        release(other)
     out.print(result.markdown, markup=False, highlight=False)
     out.print(f"wall time {time.perf_counter() - started:.0f} s; A/B results in {out_dir} (compare.md)")
     return 0

@@ -28,7 +28,7 @@ import json
 import logging
 import math
 import tomllib
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -45,7 +45,7 @@ log = logging.getLogger(__name__)
 BASELINE = "baseline"
 BREAKDOWN = ("params", "grads", "optimizer", "activations", "other")
 MODEL_STATE = ("params", "grads", "optimizer")  # per-rank model state of multi-process trials, from local shards
-PROBLEM_STATUSES = ("failed", "oom", "timeout", "diverged")
+PROBLEM_STATUSES = ("failed", "oom", "killed", "timeout", "diverged")
 
 # An exact set's eval curve must match the reference set's at every evaluation, seed by seed, within this fraction
 # of how far the reference's metric moved over the run (its range: a fraction of the value itself would blow up
@@ -88,8 +88,12 @@ class Sweep:
         return [r for s in self.sources for r in s.records]
 
 
-def load(dirs: Sequence[Path | str]) -> Sweep:
-    """Read ``results.jsonl`` (required), ``env.json`` and ``sweep.toml`` (optional) from each directory."""
+def load(dirs: Sequence[Path | str], read: Callable[[Path], list[TrialRecord]] | None = None) -> Sweep:
+    """Read ``results.jsonl`` (required), ``env.json`` and ``sweep.toml`` (optional) from each directory.
+
+    ``read`` reads one ``results.jsonl`` (default: ``ResultStore.read``); the report passes one that also checks
+    the values' types and keeps its error messages to one line.
+    """
     sources = []
     for d in dirs:
         path = Path(d)
@@ -97,12 +101,17 @@ def load(dirs: Sequence[Path | str]) -> Sweep:
         if not results.is_file():
             raise InputError(f"{path} has no results.jsonl (give the directory a sweep wrote, e.g. reports/quick-...)")
         try:
-            records = ResultStore(results).read()
+            records = read(results) if read else ResultStore(results).read()
         except ValueError as exc:
             raise InputError(str(exc)) from None
         env: dict[str, Any] = {}
         if (path / "env.json").is_file():
-            env = json.loads((path / "env.json").read_text())
+            try:
+                env = json.loads((path / "env.json").read_text())
+            except ValueError as exc:  # not JSON, or not UTF-8
+                raise InputError(f"{path / 'env.json'} is not valid JSON ({exc}): rewrite or remove it") from None
+            if not isinstance(env, dict):
+                raise InputError(f"{path / 'env.json'} holds a {type(env).__name__}, not a JSON object")
         else:
             log.warning("%s has no env.json: the report cannot say which machine it ran on", path)
         settings = None
@@ -154,7 +163,8 @@ RECORD_COLUMNS = [
     "components", "kind", "mode", "seed", "repeat", "position", "device", "status", "reason", "notes",
     "batch_size", "first_step_s", "one_off_s",
     "samples_per_s", "tokens_per_s", "step_time_s", "step_time_iqr_s", "window_steps", "data_wait_frac",
-    "contention_frac", "contended", "flops_per_step", "achieved_flops", "compute_dtype", "peak_flops", "mfu",
+    "contention_frac", "contended", "contention_retries", "flops_per_step", "achieved_flops", "compute_dtype",
+    "peak_flops", "mfu",
     "mfu_datasheet",
     "peak_bytes", "peak_rss_bytes", *(f"mem_{c}_bytes" for c in BREAKDOWN), "breakdown_skipped",
     "metric", "higher_is_better", "target", "budget_samples", "samples_trained", "final", "train_time_s", "cut",
@@ -182,6 +192,7 @@ def _record_row(r: TrialRecord, source: str, machine: str) -> dict[str, Any]:
         "step_time_s": s.step_time_s.median if s else None, "step_time_iqr_s": s.step_time_s.iqr if s else None,
         "window_steps": s.steps if s else None, "data_wait_frac": s.data_wait_frac if s else None,
         "contention_frac": s.contention.fraction if s else None, "contended": bool(s and s.contended),
+        "contention_retries": list(s.contention_retries) if s else [],
         "flops_per_step": s.flops_per_step if s else None, "achieved_flops": s.achieved_flops if s else None,
         "compute_dtype": s.compute_dtype if s else None, "peak_flops": s.peak_flops if s else None,
         "mfu": s.mfu if s else None, "mfu_datasheet": s.mfu_datasheet if s else None,
@@ -386,14 +397,22 @@ def _identity(machine: str, workload: str, technique: str, g: pd.DataFrame, ok: 
     }
 
 
+def _uncontended(rows: pd.DataFrame | None) -> pd.DataFrame | None:
+    """Trials whose timed window had the cores to itself: a window that stayed contended after the trial's retries
+    measured other processes too, so it is kept out of speed numbers and verdicts (and counted, so it is said)."""
+    return None if rows is None else rows[~rows["contended"].astype(bool)]
+
+
 def _speed(ok: pd.DataFrame, ref: pd.DataFrame | None, th: Thresholds) -> dict[str, Any]:
+    n_contended = int(sum(bool(c) for c in ok["contended"]))
+    ok, ref = _uncontended(ok), _uncontended(ref)
     sps = _values(ok["samples_per_s"])
     row = {
         "sps_median": float(np.median(sps)) if sps else None,
         "sps_iqr": float(np.subtract(*np.percentile(sps, [75, 25]))) if sps else None,
         "sps_rel_iqr": stats.relative_iqr(sps),
         "n_speed": len(sps),
-        "n_contended": int(sum(bool(c) for c in ok["contended"])),
+        "n_contended": n_contended,
         "step_time_s": _median(ok["step_time_s"]),
         "data_wait_frac": _median(ok["data_wait_frac"]),
         "mfu": _median(ok["mfu"]),
@@ -617,7 +636,7 @@ def interactions(frame: pd.DataFrame, configs: pd.DataFrame, baseline: str = BAS
             row["why"] = f"{', '.join(missing) if missing else c.technique} has no speedup measured"
             rows.append(row)
             continue
-        here = ok[(ok["machine"] == c.machine) & (ok["workload"] == c.workload)]
+        here = _uncontended(ok[(ok["machine"] == c.machine) & (ok["workload"] == c.workload)])
         sps = {label: keyed(rows, "samples_per_s") for label, rows in here.groupby("technique")}
         terms = [(sps.get(c.technique, {}), 1.0), *((sps.get(p, {}), -1.0) for p in c.components),
                  (sps.get(baseline, {}), float(len(c.components) - 1))]

@@ -10,6 +10,7 @@ import argparse
 import json
 import logging
 import shlex
+import signal
 import sys
 import time
 from pathlib import Path
@@ -21,7 +22,9 @@ from rich.table import Table
 from bench import summary as summary_mod
 from bench import workloads
 from bench.config import PRESETS, ConfigError, SweepConfig, build_config
+from bench.files import write_atomic
 from bench.plan import available_packages, resolve_device
+from bench.results import RecordError
 
 EXIT_USAGE = 2
 
@@ -69,7 +72,11 @@ def _add_sweep(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--device", choices=["auto", "cpu", "cuda"], help="device for every trial (default: auto)")
     p.add_argument("--out", type=Path, help="output directory (default: reports/<preset>-<UTC time>/)")
     p.add_argument("--resume", action="store_true",
-                   help="continue the sweep in --out: finished trials are kept and not rerun")
+                   help="continue the sweep in --out: finished trials are kept and not rerun; its settings must not "
+                        "change (budget, mode, device, threads, processes, seed)")
+    p.add_argument("--extend", action="store_true",
+                   help="with --resume: add the workloads, technique sets or repeats given here to the sweep in --out "
+                        "(without it, a resume that changes the plan is refused)")
     p.add_argument("-v", "--verbose", action="store_true", help="log what the harness does")
     p.add_argument("--ab", metavar="REV_OR_DIR",
                    help="A/B run: every trial runs with this checkout's code (OUT/a) and with another's (OUT/b), "
@@ -183,7 +190,34 @@ def sweep_config_from_args(args: argparse.Namespace, resume_dir: Path | None) ->
     return build_config(args.preset or "quick", overrides, config_path)
 
 
+class Terminated(KeyboardInterrupt):
+    """SIGTERM (a scheduler's stop, ``kill``): handled like Ctrl-C, so finished trials are kept and the running
+    trial's processes are killed."""
+
+
+def _on_sigterm(signum: int, frame: object) -> None:
+    raise Terminated()
+
+
+def interrupted_word(exc: BaseException) -> str:
+    return "terminated (SIGTERM)" if isinstance(exc, Terminated) else "interrupted"
+
+
+def interrupted_code(exc: BaseException) -> int:
+    return 128 + signal.SIGTERM if isinstance(exc, Terminated) else 130
+
+
 def cmd_sweep(args: argparse.Namespace) -> int:
+    if args.extend and not args.resume:
+        raise ConfigError("--extend grows a sweep that exists: use it with --resume --out DIR")
+    previous = signal.signal(signal.SIGTERM, _on_sigterm)
+    try:
+        return _sweep(args)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _sweep(args: argparse.Namespace) -> int:
     if args.ab:  # A/B: both sides interleaved, then compared (bench/ab.py)
         from bench.ab import cmd_sweep_ab
 
@@ -195,9 +229,10 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     out_dir = args.out or default_out_dir(cfg)
     command = "python -m bench " + shlex.join(args.argv)
     launch = Launch(nnodes=cfg.nnodes, node_rank=args.node_rank, rdzv_endpoint=args.rdzv_endpoint)
-    runner = SweepRunner(cfg, out_dir, device, resume=args.resume, command=command, launch=launch)
+    runner = SweepRunner(cfg, out_dir, device, resume=args.resume, command=command, launch=launch, extend=args.extend)
 
-    err.print(f"[bold]trainbench[/] sweep '{cfg.name}' on {device} -> {out_dir}")
+    runner.claim()  # bad input (the directory, a resume that changes settings) is one line, before the banner
+    err.print(f"[bold]trainbench[/] sweep '{runner.cfg.name}' on {device} -> {out_dir}")
     started = time.perf_counter()
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                   TextColumn("{task.fields[last]}"), console=err, transient=False) as bar:
@@ -215,15 +250,15 @@ def cmd_sweep(args: argparse.Namespace) -> int:
 
         try:
             records = runner.run(on_progress)
-        except KeyboardInterrupt:
-            err.print(f"[yellow]interrupted[/]: finished trials are saved in {out_dir}/results.jsonl; "
+        except KeyboardInterrupt as exc:
+            err.print(f"[yellow]{interrupted_word(exc)}[/]: finished trials are saved in {out_dir}/results.jsonl; "
                       f"continue with: python -m bench sweep --resume --out {out_dir}")
-            return 130
+            return interrupted_code(exc)
     wall = time.perf_counter() - started
     rows = summary_mod.summarize(records)
     md = summary_mod.to_markdown(rows, title=f"Sweep '{cfg.name}' summary")
     md += f"\nWall time of this invocation: {wall:.0f} s. Records: {len(records)} in results.jsonl.\n"
-    (out_dir / "summary.md").write_text(md)
+    write_atomic(out_dir / "summary.md", md)
     _print_summary(rows)
     from bench.report import write_report
 
@@ -299,14 +334,22 @@ def cmd_env(args: argparse.Namespace) -> int:
 
 def cmd_compare(args: argparse.Namespace) -> int:
     from bench import compare as compare_mod
+    from bench.files import write_atomic
+    from bench.report.inputs import blocking_file
 
     threshold = compare_mod.parse_threshold(args.threshold)
     fail_on = compare_mod.parse_fail_on(args.fail_on)
     comp = compare_mod.compare_dirs(args.base, args.new, threshold)
     md = compare_mod.to_markdown(comp, title=f"Compare {args.new} against {args.base}")
     if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(md)
+        blocker = blocking_file(args.out.parent)
+        if blocker is not None:
+            raise compare_mod.CompareError(f"cannot write {args.out}: {blocker} is a file, not a directory")
+        try:  # whole or not at all: a CI step may read it while another writes
+            args.out.parent.mkdir(parents=True, exist_ok=True)
+            write_atomic(args.out, md)
+        except OSError as exc:  # a directory, a path under a file, unwritable: exit 2 through main
+            raise compare_mod.CompareError(f"cannot write {args.out}: {exc.strerror or exc}") from None
     out.print(md, markup=False, highlight=False)
     failing = comp.failing(fail_on)
     if failing:
@@ -327,7 +370,7 @@ def cmd_report(args: argparse.Namespace) -> int:
         paths = write_report(args.dirs, out_dir=args.out, baseline=args.baseline, formats=parse_formats(args.format),
                              thresholds=thresholds)
     except InputError as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        print("error: " + " ".join(str(exc).split()), file=sys.stderr)  # one line, whatever the records hold
         return EXIT_USAGE
     for path in paths.values():
         out.print(f"report: {path}", markup=False, highlight=False)
@@ -345,9 +388,15 @@ def main(argv: list[str] | None = None) -> int:
                         format="%(levelname)s %(name)s: %(message)s")
     try:
         return COMMANDS[args.command](args)
-    except (ConfigError, workloads.WorkloadError) as exc:
-        print(f"error: {exc}", file=sys.stderr)  # one line, never wrapped
+    except (ConfigError, workloads.WorkloadError, RecordError) as exc:
+        print(f"error: {one_line(str(exc))}", file=sys.stderr)  # one line, never wrapped
         return EXIT_USAGE
+
+
+def one_line(message: str, limit: int = 1000) -> str:
+    """The error as one line (echoed input is quoted and cut where it is echoed; this is the last guard)."""
+    flat = " ".join(message.split())
+    return flat if len(flat) <= limit else flat[: limit - 3] + "..."
 
 
 if __name__ == "__main__":

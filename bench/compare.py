@@ -37,9 +37,12 @@ from pathlib import Path
 from typing import Any
 
 from bench import stats
+from bench.analysis import InputError
 from bench.config import ConfigError
+from bench.report import inputs
 from bench.results import ResultStore, TrialRecord
 from bench.stats import NOISY_IQR_OVER_MEDIAN, Estimate, relative_iqr
+from bench.text import cell, escape
 
 log = logging.getLogger(__name__)
 
@@ -167,6 +170,7 @@ class Comparison:
     env: list[EnvDifference] = field(default_factory=list)
     settings: list[str] = field(default_factory=list)  # sweep.toml differences, as lines
     overall: list[Overall] = field(default_factory=list)
+    input_notes: list[str] = field(default_factory=list)  # what was wrong with the input (duplicated trial ids)
 
     @property
     def environment_mismatch(self) -> list[EnvDifference]:
@@ -231,19 +235,28 @@ def parse_fail_on(text: str | Sequence[str] | None) -> set[str]:
 
 
 def load_records(sweep_dir: Path) -> list[TrialRecord]:
+    """Every record of a sweep directory; ``CompareError`` (one line: file, line, what is wrong) for bad input."""
     sweep_dir = Path(sweep_dir)
     if not sweep_dir.is_dir():
         raise CompareError(f"{sweep_dir} is not a directory (give two sweep directories: BASE_DIR NEW_DIR)")
     store = ResultStore(sweep_dir / "results.jsonl")
-    if not store.path.exists():
+    if not store.path.is_file():
         raise CompareError(f"{sweep_dir} has no results.jsonl (is it a sweep directory?)")
     try:
-        records = store.read()
-    except ValueError as exc:
-        raise CompareError(f"cannot read {store.path}: {exc}") from None
+        records = inputs.read_records(store.path)
+    except InputError as exc:
+        raise CompareError(str(exc)) from None
     if not records:
         raise CompareError(f"{store.path} holds no records")
     return records
+
+
+def _unique(records: list[TrialRecord], sweep_dir: Path, notes: list[str]) -> list[TrialRecord]:
+    """Each trial id once (the first record): a duplicate would count as an extra repeat, and pair twice."""
+    kept, repeated = inputs.unique_trials(records)
+    if repeated:
+        notes.append(inputs.duplicates_note(sweep_dir / "results.jsonl", repeated))
+    return kept
 
 
 def _load_json(path: Path) -> dict[str, Any]:
@@ -251,7 +264,7 @@ def _load_json(path: Path) -> dict[str, Any]:
         return json.loads(path.read_text())
     except FileNotFoundError:
         return {}
-    except json.JSONDecodeError as exc:
+    except (ValueError, OSError) as exc:  # not JSON, not UTF-8, not a file: compare without it
         log.warning("cannot read %s: %s", path, exc)
         return {}
 
@@ -261,7 +274,7 @@ def _load_toml(path: Path) -> dict[str, Any]:
         return tomllib.loads(path.read_text())
     except FileNotFoundError:
         return {}
-    except tomllib.TOMLDecodeError as exc:
+    except (ValueError, OSError) as exc:  # not TOML, not UTF-8, not a file: compare without it
         log.warning("cannot read %s: %s", path, exc)
         return {}
 
@@ -339,8 +352,8 @@ def compare_config(key: ConfigKey, base: Sequence[TrialRecord], new: Sequence[Tr
     ok_b = [r for r in base if r.status == "ok"]
     ok_n = [r for r in new if r.status == "ok"]
 
-    def sps(r: TrialRecord) -> Any:
-        return r.speed.samples_per_s if r.speed else None
+    def sps(r: TrialRecord) -> Any:  # a window that stayed contended measured other processes too: left out
+        return r.speed.samples_per_s if r.speed and not r.speed.contended else None
 
     throughput = _quantity("throughput", "samples/s", _values(ok_b, sps), _values(ok_n, sps), threshold,
                            "faster", "slower", "slower")
@@ -364,7 +377,8 @@ def compare_config(key: ConfigKey, base: Sequence[TrialRecord], new: Sequence[Tr
             notes.append(f"{side}: " + "; ".join(bad)[:300])
         contended = sum(1 for r in recs if r.status == "ok" and r.speed and r.speed.contended)
         if contended:
-            notes.append(f"{side}: {contended} trial(s) timed while other processes used the CPU")
+            notes.append(f"{side}: {contended} trial(s) timed while other processes used the CPU (left out of "
+                         "throughput)")
         cut = sum(1 for r in recs if r.status == "ok" and r.quality and r.quality.cut)
         if cut:
             notes.append(f"{side}: {cut} quality run(s) cut by the safety cap (left out of the metric)")
@@ -461,11 +475,19 @@ def settings_differences(base: dict[str, Any], new: dict[str, Any]) -> list[str]
 def compare_dirs(base_dir: Path, new_dir: Path, threshold: float = DEFAULT_THRESHOLD) -> Comparison:
     """Compare two sweep directories (results.jsonl, env.json, sweep.toml)."""
     base_dir, new_dir = Path(base_dir), Path(new_dir)
-    rows, only_b, only_n = compare_records(load_records(base_dir), load_records(new_dir), threshold)
+    notes: list[str] = []
+    base = _unique(load_records(base_dir), base_dir, notes)
+    new = _unique(load_records(new_dir), new_dir, notes)
+    try:
+        rows, only_b, only_n = compare_records(base, new, threshold)
+    except (TypeError, KeyError, AttributeError, IndexError) as exc:
+        # The records passed the type check, so this is a shape it does not cover: one line, not a traceback.
+        raise CompareError(f"{base_dir} vs {new_dir}: a record of an unexpected shape stopped the comparison "
+                           f"({type(exc).__name__}: {inputs.clip(exc)})") from None
     env = env_differences(_load_json(base_dir / "env.json"), _load_json(new_dir / "env.json"))
     settings = settings_differences(_load_toml(base_dir / "sweep.toml"), _load_toml(new_dir / "sweep.toml"))
     return Comparison(base_dir, new_dir, threshold, rows, only_b, only_n, env, settings,
-                      overall_verdicts(rows, threshold))
+                      overall_verdicts(rows, threshold), notes)
 
 
 # ---- rendering ----------------------------------------------------------------------------------------------
@@ -482,8 +504,9 @@ def _fmt_estimate(est: Estimate | None) -> str:
 
 
 def _fmt_verdict(verdict: str, why: str | None, regression: bool) -> str:
-    text = f"**{verdict}**" if regression else verdict
-    return f"{text} ({why})" if why and verdict in (stats.NONE, "not comparable") else text
+    """Markdown: a regression in bold (the rest escaped, since ``why`` can quote a record)."""
+    text = f"**{cell(verdict)}**" if regression else cell(verdict)
+    return f"{text} ({cell(why)})" if why and verdict in (stats.NONE, "not comparable") else text
 
 
 def _fmt_value(q: MetricComparison) -> str:
@@ -513,44 +536,47 @@ COLUMNS = ["configuration", "n (base/new)", "throughput", "ratio [95% CI]", "noi
 
 
 def to_markdown(comp: Comparison, title: str = "Comparison") -> str:
-    esc = lambda s: str(s).replace("|", "\\|")  # noqa: E731
+    """``compare.md``. Text from the inputs (names, reasons, env.json values) goes through the report's escaping
+    (``bench.text``), so ``<lambda>`` shows as text and ``a|b`` cannot split a cell."""
     base = comp.base_dir or "BASE"
     new = comp.new_dir or "NEW"
-    lines = [f"# {title}", "", f"BASE: `{base}`  ", f"NEW: `{new}`  ",
+    lines = [f"# {escape(title)}", "", f"BASE: `{base}`  ", f"NEW: `{new}`  ",
              f"Thresholds: throughput {comp.threshold:.1%}, peak memory {stats.THRESHOLDS['memory']:.0%}, the metric "
              "any difference. A change counts when its whole 95% interval lies beyond its threshold (the data show "
              "a change at least that large); noise is the spread of a side's trials (IQR / median).", ""]
+    for note in comp.input_notes:
+        lines += [f"**Input:** {cell(note)}", ""]
     mismatch = comp.environment_mismatch
     if mismatch:
         lines += ["**Environments differ** (a verdict below may come from the environment, not the code):", ""]
-        lines += [f"- `{d.key}`: {esc(_fmt_env_value(d.base))} vs {esc(_fmt_env_value(d.new))}" for d in mismatch]
+        lines += [f"- `{d.key}`: {cell(_fmt_env_value(d.base))} vs {cell(_fmt_env_value(d.new))}" for d in mismatch]
         lines.append("")
     else:
         lines += ["Environments match (device, library versions, CPU/GPU, threads; from env.json).", ""]
     if comp.settings:
-        lines += ["**Sweep settings differ** (sweep.toml):", ""] + [f"- {esc(s)}" for s in comp.settings] + [""]
+        lines += ["**Sweep settings differ** (sweep.toml):", ""] + [f"- {cell(s)}" for s in comp.settings] + [""]
     for kind, text in (("measured", "Calibrated peak FLOP/s differ by more than 10% (a measurement: contention "
                                     "or another machine)"),
                        ("code", "Code"), ("other", "Other env.json differences")):
         diffs = [d for d in comp.env if d.kind == kind]
         if diffs:
             lines += [f"{text}: " + "; ".join(
-                f"`{d.key}` {esc(_fmt_env_value(d.base))} vs {esc(_fmt_env_value(d.new))}" for d in diffs), ""]
+                f"`{d.key}` {cell(_fmt_env_value(d.base))} vs {cell(_fmt_env_value(d.new))}" for d in diffs), ""]
     lines += ["| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
     for row in comp.rows:
-        cells = [row.key.label, f"{row.n_base}/{row.n_new}"]
+        cells = [cell(row.key.label), f"{row.n_base}/{row.n_new}"]
         for q in row.quantities:
-            cells += [_fmt_verdict(q.verdict, q.why, q.regression), _fmt_estimate(q.estimate)]
+            cells += [_fmt_verdict(q.verdict, q.why, q.regression), cell(_fmt_estimate(q.estimate))]
             if q.quantity == "throughput":
                 cells.append("-" if q.noise is None else f"{q.noise:.1%}")
-            cells.append(_fmt_value(q))
-        cells.append("; ".join(row.notes))
-        lines.append("| " + " | ".join(esc(c) for c in cells) + " |")
+            cells.append(cell(_fmt_value(q)))
+        cells.append(cell("; ".join(row.notes)))
+        lines.append("| " + " | ".join(cells) + " |")
     lines.append("")
     if comp.only_base:
-        lines.append("Only in BASE (not compared): " + ", ".join(k.label for k in comp.only_base))
+        lines.append("Only in BASE (not compared): " + ", ".join(cell(k.label) for k in comp.only_base))
     if comp.only_new:
-        lines.append("Only in NEW (not compared): " + ", ".join(k.label for k in comp.only_new))
+        lines.append("Only in NEW (not compared): " + ", ".join(cell(k.label) for k in comp.only_new))
     floor = comp.noise_floor()
     if floor is not None:
         spreads = [r.throughput.noise for r in comp.rows if r.throughput.noise is not None]

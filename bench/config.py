@@ -7,6 +7,8 @@ message that names what is valid. The CLI turns a ``ConfigError`` into one line 
 from __future__ import annotations
 
 import dataclasses
+import math
+import os
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -17,6 +19,7 @@ import tomli_w
 import techniques
 from bench import workloads
 from bench.results import MODES
+from bench.text import shown
 from techniques.base import OptionError
 
 
@@ -41,7 +44,7 @@ class TechniqueSpec:
         for pair in pairs:
             key, sep, value = pair.partition("=")
             if not sep or not key:
-                raise ConfigError(f"bad option '{pair}' in '{text}': write options as name:key=value[:key=value]")
+                raise ConfigError(f"bad option {shown(pair)} in {shown(text)}: write options as name:key=value[:key=value]")
             options.append((key.strip(), value.strip()))
         spec = cls(name, tuple(sorted(options)))
         spec.resolve()  # validates name and options now, not in the child process
@@ -70,15 +73,15 @@ class TechniqueSet:
     def parse(cls, text: str) -> TechniqueSet:
         parts = [p for p in text.split("+") if p.strip()]
         if not parts:
-            raise ConfigError(f"empty technique set in '{text}'")
+            raise ConfigError(f"empty technique set in {shown(text)}")
         specs = [TechniqueSpec.parse(p) for p in parts]
         if any(s.name == "baseline" for s in specs):
             if len(specs) > 1:
-                raise ConfigError(f"'{text}': baseline is the empty set and cannot be combined with other techniques")
+                raise ConfigError(f"{shown(text)}: baseline is the empty set and cannot be combined with other techniques")
             return cls(())
         names = [s.name for s in specs]
         if len(set(names)) != len(names):
-            raise ConfigError(f"'{text}' names a technique twice")
+            raise ConfigError(f"{shown(text)} names a technique twice")
         return cls(tuple(specs))
 
     @property
@@ -136,6 +139,32 @@ def _dedupe(items: list[Any]) -> list[Any]:
     return list(dict.fromkeys(items))
 
 
+def _check_type(key: str, value: Any, declared: str) -> None:
+    """A TOML value of the declared type (``bool``, ``int``, ``float``, ``str``); ints are accepted as floats.
+
+    ``repeats = 2.7`` must not silently become 2, nor ``memory = 1`` become true.
+    """
+    names = {"bool": "true or false", "int": "a whole number", "float": "a number", "str": "a string"}
+    ok = {
+        "bool": isinstance(value, bool),
+        "int": isinstance(value, int) and not isinstance(value, bool),
+        "float": isinstance(value, int | float) and not isinstance(value, bool),
+        "str": isinstance(value, str),
+    }.get(declared, True)
+    if not ok:
+        raise ConfigError(f"{key} must be {names[declared]}, got {shown(value)} ({type(value).__name__})")
+
+
+def _names(key: str, value: Any) -> str | list[str]:
+    """``workloads`` / ``techniques``: a comma list, or a TOML array of strings (a table is a mistake)."""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, list) and all(isinstance(v, str) for v in value):
+        return value
+    raise ConfigError(f"{key} must be a comma-separated string or an array of strings, e.g. {key} = "
+                      f"[\"{'mlp' if key == 'workloads' else 'bf16'}\"]; got {shown(value)} ({type(value).__name__})")
+
+
 # ---- budgets and the sweep ----------------------------------------------------------------------------------
 
 
@@ -157,14 +186,18 @@ class Budget:
     eval_points: int = 0  # quality run: evaluations over the budget, plus one before training (0: the size's)
     max_train_seconds: float = 240.0  # quality run: a safety cap on its training clock; a run it cuts is marked
     parity_steps: int = 8  # first optimizer steps compared with the eager fp32 reference (losses, distance)
+    contention_retries: int = 2  # speed: a window in which other processes used the cores is measured again
     memory: bool = True  # run the memory passes after the speed window (clean RSS, tensor breakdown)
     timeout_s: float = 300.0  # a trial process running longer is killed and recorded as a timeout
 
     def __post_init__(self) -> None:
         for f in dataclasses.fields(self):
             value = getattr(self, f.name)
+            _check_type(f"budget.{f.name}", value, f.type)
             if isinstance(value, bool):
                 continue
+            if not math.isfinite(value):  # NaN passes every comparison below: a NaN timeout turned the timeout off
+                raise ConfigError(f"budget.{f.name} must be a finite number, got {value}")
             if value < 0:
                 raise ConfigError(f"budget.{f.name} must be >= 0, got {value}")
         if self.min_steps < 1:
@@ -194,12 +227,26 @@ class SweepConfig:
     budget: Budget = field(default_factory=Budget)
 
     def __post_init__(self) -> None:
+        for f in dataclasses.fields(self):
+            if f.type in ("int", "str"):
+                _check_type(f.name, getattr(self, f.name), f.type)
         if self.repeats < 1:
             raise ConfigError(f"repeats must be >= 1, got {self.repeats}")
+        cpus = os.cpu_count() or 1
+        if not 0 <= self.threads <= cpus:
+            raise ConfigError(f"threads must be between 0 (torch's default) and {cpus} (the logical CPUs here), "
+                              f"got {self.threads}")
+        if not 0 <= self.seed < 2**63:
+            raise ConfigError(f"seed must be between 0 and 2**63 - 1, got {self.seed}")
+        n_trials = self.repeats * len(self.workloads) * (len(set(self.techniques) | {TechniqueSet(())}))
+        if n_trials > MAX_TRIALS:
+            raise ConfigError(f"the plan has {n_trials:,} trials ({self.repeats:,} repeats x {len(self.workloads)} "
+                              f"workload(s) x the technique sets and baseline); at most {MAX_TRIALS:,} per sweep: "
+                              "lower --repeats or split the sweep")
         if self.mode not in MODES:
-            raise ConfigError(f"mode must be one of {', '.join(MODES)}; got '{self.mode}'")
+            raise ConfigError(f"mode must be one of {', '.join(MODES)}; got {shown(self.mode)}")
         if self.device not in ("auto", "cpu", "cuda"):
-            raise ConfigError(f"device must be one of auto, cpu, cuda; got '{self.device}'")
+            raise ConfigError(f"device must be one of auto, cpu, cuda; got {shown(self.device)}")
         if self.nproc < 1 or self.nnodes < 1:
             raise ConfigError(f"nproc and nnodes must be >= 1, got {self.nproc} and {self.nnodes}")
         if not self.workloads or not self.techniques:
@@ -227,6 +274,8 @@ class SweepConfig:
     def to_toml(self) -> str:
         return tomli_w.dumps(self.to_dict())
 
+
+MAX_TRIALS = 10_000  # a sweep of more trials is a typo (--repeats 1000000000), not a plan: refused before planning
 
 _DEFAULT_WORKLOADS = ["mlp:tiny", "gpt:tiny", "cnn:tiny"]
 
@@ -271,14 +320,17 @@ def build_config(
     if toml_path is not None:
         file_data = load_toml(toml_path)
         preset = file_data.pop("preset", None) or preset
-    if preset not in PRESETS:
-        raise ConfigError(f"unknown preset '{preset}' (valid presets: {', '.join(PRESETS)})")
+    if not isinstance(preset, str) or preset not in PRESETS:
+        raise ConfigError(f"unknown preset {shown(preset)} (valid presets: {', '.join(PRESETS)})")
     layers = [PRESETS[preset], file_data, {k: v for k, v in (overrides or {}).items() if v is not None}]
     merged: dict[str, Any] = {"name": preset}
     budget: dict[str, Any] = {}
     for layer in layers:
         for key, value in layer.items():
             if key == "budget":
+                if not isinstance(value, dict):
+                    raise ConfigError(f"budget must be a table of budget keys, e.g. [budget] then min_seconds = 1.0; "
+                                      f"got {shown(value)} ({type(value).__name__})")
                 budget.update(value)
             else:
                 merged[key] = value
@@ -287,37 +339,39 @@ def build_config(
     valid_budget = {f.name for f in dataclasses.fields(Budget)}
     unknown = set(budget) - valid_budget
     if unknown:
-        raise ConfigError(f"unknown budget key(s) {', '.join(sorted(unknown))} (valid: {', '.join(sorted(valid_budget))})")
-    try:
-        return SweepConfig(
-            name=str(merged["name"]),
-            workloads=tuple(parse_workloads(merged["workloads"])),
-            techniques=tuple(parse_technique_sets(merged["techniques"])),
-            repeats=int(merged.get("repeats", 3)),
-            seed=int(merged.get("seed", 0)),
-            device=str(merged.get("device", "auto")),
-            nproc=int(merged.get("nproc", 1)),
-            nnodes=int(merged.get("nnodes", 1)),
-            threads=int(merged.get("threads", 0)),
-            mode=str(merged.get("mode", "both")),
-            budget=Budget(**budget),
-        )
-    except (TypeError, ValueError) as exc:
-        if isinstance(exc, ConfigError):
-            raise
-        raise ConfigError(f"invalid sweep configuration: {exc}") from None
+        raise ConfigError(f"unknown budget key(s) {', '.join(shown(k) for k in sorted(unknown))} "
+                          f"(valid: {', '.join(sorted(valid_budget))})")
+    return SweepConfig(
+        name=merged["name"],
+        workloads=tuple(parse_workloads(_names("workloads", merged["workloads"]))),
+        techniques=tuple(parse_technique_sets(_names("techniques", merged["techniques"]))),
+        repeats=merged.get("repeats", 3),
+        seed=merged.get("seed", 0),
+        device=merged.get("device", "auto"),
+        nproc=merged.get("nproc", 1),
+        nnodes=merged.get("nnodes", 1),
+        threads=merged.get("threads", 0),
+        mode=merged.get("mode", "both"),
+        budget=Budget(**budget),
+    )
 
 
 def load_toml(path: Path) -> dict[str, Any]:
+    path = Path(path)
     try:
-        data = tomllib.loads(Path(path).read_text())
+        data = tomllib.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
         raise ConfigError(f"config file not found: {path}") from None
+    except IsADirectoryError:
+        raise ConfigError(f"--config {path} is a directory; give a TOML file (see docs/commands.md)") from None
+    except UnicodeDecodeError:
+        raise ConfigError(f"--config {path} is not a text file (not UTF-8); give a TOML file") from None
+    except OSError as exc:
+        raise ConfigError(f"cannot read config file {path}: {exc.strerror}") from None
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"malformed TOML in {path}: {exc}") from None
     unknown = set(data) - set(SWEEP_KEYS) - {"name"}
     if unknown:
-        raise ConfigError(
-            f"unknown key(s) in {path}: {', '.join(sorted(unknown))} (valid: {', '.join(SWEEP_KEYS + ('name',))})"
-        )
+        raise ConfigError(f"unknown key(s) in {path}: {', '.join(shown(k) for k in sorted(unknown))} "
+                          f"(valid: {', '.join(SWEEP_KEYS + ('name',))})")
     return data

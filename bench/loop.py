@@ -77,6 +77,10 @@ class TrainLoop:
         y = y.to(self.device, non_blocking=True)
         self.optimizer.zero_grad(set_to_none=True)
         n = self.micro_batches
+        if n > 1 and (x.shape[0] % n or y.shape[0] != x.shape[0]):
+            # chunk() would return fewer, unequal pieces: the last micro-batch (DDP's all-reduce) might never run
+            # and the 1/n loss scale would be wrong, silently.
+            raise ValueError(f"a batch of {x.shape[0]} samples does not split into {n} equal micro-batches")
         pieces = zip(x.chunk(n), y.chunk(n), strict=True) if n > 1 else ((x, y),)
         total = None
         for i, (xm, ym) in enumerate(pieces):

@@ -19,7 +19,7 @@ import torch
 from bench import workloads
 from bench.config import Budget, SweepConfig, TechniqueSet, WorkloadSpec
 from bench.reference import ReferenceKey
-from techniques.base import Context, TrainConfig
+from techniques.base import Context, Technique, TrainConfig
 
 log = logging.getLogger(__name__)
 
@@ -88,6 +88,32 @@ def incompatibility(techs: TechniqueSet, workload: WorkloadSpec, device: torch.d
         reason = tech.check(ctx)
         if reason:
             return f"{tech.name}: {reason}"
+    builders = [t.name for t in instances if type(t).build_optimizer is not Technique.build_optimizer]
+    if len(builders) > 1:
+        return f"{' and '.join(builders)} each build the optimizer; a set can use one of them"
+    return _batch_split_problem(instances, wl.size_params(workload.size), world_size)
+
+
+def _batch_split_problem(instances: list[Technique], params: dict, world_size: int) -> str | None:
+    """Why the workload's batch cannot be split across ranks and micro-batches in equal parts, or None.
+
+    Found here, the set is skipped with its reason once, not failed inside every trial (the loop refuses an
+    uneven split too: fewer micro-batches than planned would scale the gradient wrongly, silently).
+    """
+    if "batch_size" not in params:
+        return None
+    cfg = TrainConfig(batch_size=int(params["batch_size"]), lr=float(params.get("lr", 1e-3)))
+    for tech in sorted(instances, key=lambda t: t.phase):
+        try:
+            cfg = tech.configure(cfg)
+        except ValueError as exc:
+            return str(exc)
+    if cfg.batch_size % world_size:
+        return f"the batch of {cfg.batch_size} samples does not split evenly over {world_size} processes"
+    local = cfg.batch_size // world_size
+    if local % cfg.micro_batches:
+        where = f"the per-process batch of {local} samples" if world_size > 1 else f"the batch of {local} samples"
+        return f"{where} does not split into {cfg.micro_batches} equal micro-batches"
     return None
 
 

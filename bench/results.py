@@ -23,10 +23,23 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from bench.text import shown
+
 log = logging.getLogger(__name__)
 
 SCHEMA_VERSION = 2
-STATUSES = ("ok", "skipped", "failed", "oom", "timeout", "diverged")
+STATUSES = ("ok", "skipped", "failed", "oom", "killed", "timeout", "diverged")
+
+# How a process says it ran out of memory: torch's CPU and CUDA allocators, C++ and Python. One list, so the same
+# cause gets the same status whether the trial caught the error or died of it.
+_MEMORY_EXHAUSTED = ("out of memory", "can't allocate memory", "cannot allocate memory", "std::bad_alloc",
+                     "memoryerror")
+
+
+def memory_exhausted(text: str) -> bool:
+    """True when an error message or a process's last lines say an allocation failed."""
+    low = text.lower()
+    return any(pattern in low for pattern in _MEMORY_EXHAUSTED)
 MODES = ("speed", "quality", "both")
 
 # Parity tolerances by kind, in one place: (max relative loss difference, max relative parameter-distance
@@ -97,7 +110,8 @@ class SpeedResult:
     tokens_per_s: float | None = doc("samples_per_s * tokens_per_sample (language models)")
     data_wait_frac: float | None = doc("share of the window spent fetching batches")
     contention: Contention = doc("other processes' CPU time during the window")
-    contended: bool = doc("other processes used more than 10% of the CPUs during the window")
+    contended: bool = doc("other processes used more than 10% of the CPUs during the window (the one kept, after "
+                          "the retries); such a window is kept out of speed verdicts")
     flops_per_step: int | None = doc("model FLOPs of one optimizer step (FlopCounterMode on the eager fp32 reference "
                                      "step: the same for every technique of a workload)")
     achieved_flops: float | None = doc("flops_per_step * steps / window_s: the same clock as samples_per_s")
@@ -108,6 +122,8 @@ class SpeedResult:
     mfu: float | None = doc("achieved_flops / peak_flops (PaLM's model FLOPs utilisation)")
     datasheet_peak_flops: float | None = doc("the GPU datasheet's dense peak for compute_dtype (GPUs only)")
     mfu_datasheet: float | None = doc("achieved_flops / datasheet_peak_flops")
+    contention_retries: list[float] = doc("contention fraction of each window measured again because others used "
+                                          "the CPUs (at most budget.contention_retries, after a pause)", factory=list)
 
 
 @dataclass(frozen=True)
@@ -209,7 +225,7 @@ class TrialRecord:
     repeat: int = doc("repeat index; repeat r uses seed + r")
     world_size: int = doc("processes of the trial (torchrun ranks)")
     device: str = doc("cpu or cuda")
-    status: str = doc("ok | skipped | failed | oom | timeout | diverged")
+    status: str = doc("ok | skipped | failed | oom | killed | timeout | diverged")
     kind: str = doc("exact | numeric | algorithmic: how the set is judged on quality", "exact")
     mode: str = doc("speed | quality | both: which measurements the trial made", "both")
     position: int = doc("index of the trial in the sweep's run order", 0)
@@ -224,6 +240,8 @@ class TrialRecord:
     notes: list[str] = doc("remarks of the harness about this record", factory=list)
     error: str | None = doc("traceback of a failed trial (last 4000 characters)", None)
     env_ref: str = doc("the environment file beside results.jsonl", "env.json")
+    config_hash: str = doc("hash of the sweep settings the trial ran under (budget, mode, device, threads, processes, "
+                           "seed); --resume refuses to mix records of two settings", "")
     schema_version: int = doc("2", SCHEMA_VERSION)
 
     def __post_init__(self) -> None:
@@ -250,7 +268,7 @@ class TrialRecord:
         if version == 1:
             data = _from_schema_1(data)
         elif version != SCHEMA_VERSION:
-            raise ValueError(f"record schema_version {version} is not supported (this trainbench reads 1 and "
+            raise ValueError(f"record schema_version {shown(version)} is not supported (this trainbench reads 1 and "
                              f"{SCHEMA_VERSION})")
         return _build(cls, data, "record")
 
@@ -268,7 +286,7 @@ def _build(cls: type, data: Any, where: str) -> Any:
     fields = {f.name: f for f in dataclasses.fields(cls)}
     unknown = set(data) - set(fields)
     if unknown:
-        raise ValueError(f"{where} has unknown fields: {', '.join(sorted(unknown))}")
+        raise ValueError(f"{where} has unknown fields: {', '.join(shown(k) for k in sorted(unknown)[:5])}")
     hints = typing.get_type_hints(cls)
     values = {}
     for name, f in fields.items():
@@ -281,15 +299,46 @@ def _build(cls: type, data: Any, where: str) -> Any:
 
 
 def _convert(hint: Any, value: Any, where: str) -> Any:
+    """``value`` as the field's declared type: nested sections built, every leaf's JSON type checked (down to an
+    eval curve's points), so a string where a number belongs is an error naming where, not a traceback deep in the
+    statistics later."""
     origin = typing.get_origin(hint)
+    if hint is Any:
+        return value
     if origin in (typing.Union, types.UnionType):
         if value is None:
             return None
         inner = [a for a in typing.get_args(hint) if a is not type(None)]
-        hint = inner[0] if len(inner) == 1 else hint
+        if len(inner) > 1:  # e.g. float | int: any of them will do
+            for option in inner:
+                try:
+                    return _convert(option, value, where)
+                except ValueError:
+                    continue
+            names = " or ".join(dict.fromkeys(_TYPE_NAMES.get(typing.get_origin(a) or a, str(a)) for a in inner))
+            raise ValueError(f"{where} must be {names}, got {type(value).__name__}")
+        hint, origin = inner[0], typing.get_origin(inner[0])
     if dataclasses.is_dataclass(hint):
         return _build(hint, value, where)
+    base = origin or hint
+    if base is int and isinstance(value, float) and value.is_integer():  # JSON does not tell 1 from 1.0
+        return int(value)
+    expected = _JSON_TYPES.get(base)
+    if expected and (not isinstance(value, expected) or (base is not bool and isinstance(value, bool))):
+        raise ValueError(f"{where} must be {_TYPE_NAMES[base]}, got {type(value).__name__}")
+    args = typing.get_args(hint)
+    if base is list and args:
+        return [_convert(args[0], v, f"{where}[{i}]") for i, v in enumerate(value)]
+    if base is dict and len(args) == 2:
+        return {k: _convert(args[1], v, f"{where}.{k}") for k, v in value.items()}
     return value
+
+
+# What a field of each declared type may hold in JSON (an int where a float is declared is fine).
+_JSON_TYPES: dict[Any, tuple[type, ...]] = {int: (int,), float: (int, float), str: (str,), bool: (bool,),
+                                            list: (list,), dict: (dict,)}
+_TYPE_NAMES = {int: "an integer", float: "a number", str: "a string", bool: "true or false", list: "an array",
+               dict: "an object"}
 
 
 def sanitize(value: Any) -> Any:
@@ -354,6 +403,10 @@ def _from_schema_1(old: dict[str, Any]) -> dict[str, Any]:
 # ---- the store ------------------------------------------------------------------------------------------------
 
 
+class RecordError(ValueError):
+    """A line of results.jsonl that is not a record this trainbench reads (corrupt, wrong shape, other schema)."""
+
+
 class ResultStore:
     """``results.jsonl``: append-only, one record per line, fsync'd so an interrupted sweep loses nothing written."""
 
@@ -399,11 +452,12 @@ class ResultStore:
                 if number == len(lines):
                     log.warning("ignoring a truncated last line in %s", self.path)
                     continue
-                raise ValueError(f"{self.path}:{number} is not valid JSON") from None
+                raise RecordError(f"{self.path}:{number} is not valid JSON (a corrupt line; only a cut last line "
+                                  "is repaired)") from None
             try:
                 yield TrialRecord.from_dict(data)
             except (TypeError, ValueError) as exc:
-                raise ValueError(f"{self.path}:{number}: {exc}") from None
+                raise RecordError(f"{self.path}:{number}: {exc}") from None
 
     def done_trial_ids(self) -> set[str]:
         return {r.trial_id for r in self.iter_records()}

@@ -13,6 +13,7 @@ import datetime as dt
 import hashlib
 import json
 import logging
+import math
 import os
 import signal
 import subprocess
@@ -27,9 +28,11 @@ import torch
 
 from bench import env as envmod
 from bench import reference as reference_mod
+from bench import sweepdir
 from bench.config import ConfigError, SweepConfig
+from bench.files import write_atomic
 from bench.plan import Trial, plan, reference_key
-from bench.results import ResultStore, TrialRecord
+from bench.results import ResultStore, TrialRecord, memory_exhausted
 from bench.trial import TrialSpec
 from techniques.base import set_kind
 
@@ -75,9 +78,10 @@ class Launch:
 class SweepRunner:
     def __init__(
         self, cfg: SweepConfig, out_dir: Path, device: torch.device, resume: bool = False, command: str = "",
-        code_dir: Path | None = None, launch: Launch | None = None,
+        code_dir: Path | None = None, launch: Launch | None = None, extend: bool = False,
     ) -> None:
         self.cfg = cfg
+        self.extend = extend  # --resume --extend: grow the stored plan on purpose
         self.launch = launch or Launch()
         # The checkout whose code the trial processes run (their cwd, so `python -m bench.trial` imports its
         # bench/ and techniques/): this repo by default, another checkout for `sweep --ab`.
@@ -88,6 +92,9 @@ class SweepRunner:
         self.resume = resume
         self.store = ResultStore(self.out_dir / "results.jsonl")
         self.reference_dir = self.out_dir / "references"
+        self.lock = sweepdir.SweepLock(self.out_dir)
+        self.claimed = False
+        self.config_hash = sweepdir.settings_hash(cfg)
 
     def thread_counts(self) -> list[int]:
         """The intra-op thread counts trials run with: the configured count (torch's default when 0) for one-process
@@ -97,17 +104,59 @@ class SweepRunner:
             counts.append(self.cfg.threads or 1)
         return list(dict.fromkeys(counts))
 
+    def claim(self) -> None:
+        """Claim the output directory: checks, the lock, the resumed config, sweep.toml.
+
+        Bad input (a file as --out, someone else's files, a resume that would mix settings) raises ConfigError
+        before anything is written. The lock is held until ``close()``.
+        """
+        recorder = self.launch.node_rank == 0  # other nodes of a multi-node sweep may share the directory
+        if recorder:
+            self.lock.check_free()
+            if self.resume:
+                sweepdir.check_resumable(self.out_dir)
+            else:
+                sweepdir.check_new(self.out_dir)
+        sweepdir.make_dir(self.out_dir)
+        if recorder:
+            self.lock.acquire()
+        try:
+            if self.resume:
+                self.cfg = sweepdir.resumed_config(self.out_dir, self.cfg, self.extend)
+                self.config_hash = sweepdir.settings_hash(self.cfg)
+                self.store.repair_tail()
+                sweepdir.check_records([r.config_hash for r in self.store.iter_records()], self.config_hash,
+                                       self.out_dir)
+            sweepdir.remove_stale_temp_dirs()
+            write_atomic(self.out_dir / "sweep.toml", self.cfg.to_toml())
+        except BaseException:
+            self.close()
+            raise
+        self.claimed = True
+
     def prepare(self) -> dict:
-        """Create the output directory, write sweep.toml and env.json (or reuse them when resuming)."""
-        if self.store.path.exists() and self.store.path.stat().st_size and not self.resume:
-            raise ConfigError(f"{self.out_dir} already holds results: pass --resume to continue it, or another --out")
-        self.out_dir.mkdir(parents=True, exist_ok=True)
-        if self.resume:
-            self.store.repair_tail()
-        (self.out_dir / "sweep.toml").write_text(self.cfg.to_toml())
+        """``claim()`` (unless done), then env.json: written with calibrated peaks, or reused when resuming."""
+        if not self.claimed:
+            self.claim()
+        try:
+            return self._environment()
+        except BaseException:
+            self.close()
+            raise
+
+    def close(self) -> None:
+        """Release the directory's lock (the kernel also drops it if this process dies)."""
+        self.lock.release()
+        self.claimed = False
+
+    def _environment(self) -> dict:
         env_path = self.out_dir / "env.json"
         if self.resume and env_path.exists():
-            return json.loads(env_path.read_text())
+            try:
+                return json.loads(env_path.read_text())
+            except (json.JSONDecodeError, UnicodeDecodeError):
+                raise ConfigError(f"--resume: {env_path} is not valid JSON; the sweep's environment record is "
+                                  "damaged (restore it, or start a new --out)") from None
         log.info("measuring peak matmul FLOP/s on %s", self.device)
         env = envmod.fingerprint(self.code_dir)
         env["device"] = str(self.device)
@@ -115,23 +164,32 @@ class SweepRunner:
         env["peak_flops"] = next(iter(by_threads.values()))  # at the one-process trials' thread count
         env["peak_flops_by_threads"] = by_threads
         env["command"] = self.command
-        env_path.write_text(json.dumps(env, indent=2, sort_keys=True, default=str))
+        write_atomic(env_path, json.dumps(env, indent=2, sort_keys=True, default=str))
         return env
 
     def run(self, on_progress: Callable[[Progress], None] | None = None) -> list[TrialRecord]:
         env = self.prepare()
-        trials = plan(self.cfg, self.device)
-        done = self.store.done_trial_ids()
-        self.prepare_references([t for t in trials if t.trial_id not in done])
-        for index, trial in enumerate(trials, 1):
-            record = None
-            if trial.trial_id not in done:
-                record = self._skipped(trial) if trial.skip_reason else self._launch(trial, env)
-                if self.launch.node_rank == 0:  # other nodes take part in the trials; node 0 records them
-                    self.store.append(record)
-            if on_progress:
-                on_progress(Progress(index, len(trials), trial, record))
-        return self.store.read()
+        try:
+            trials = plan(self.cfg, self.device)
+            done = self.store.done_trial_ids()
+            self.prepare_references([t for t in trials if t.trial_id not in done])
+            for index, trial in enumerate(trials, 1):
+                record = None
+                if trial.trial_id not in done:
+                    record = self.run_trial(trial, env)
+                    if self.launch.node_rank == 0:  # other nodes take part in the trials; node 0 records them
+                        self.store.append(record)
+                if on_progress:
+                    on_progress(Progress(index, len(trials), trial, record))
+            return self.store.read()
+        finally:
+            self.close()
+
+    def run_trial(self, trial: Trial, env: dict) -> TrialRecord:
+        """One trial's record (skipped, or measured in its own process), stamped with the sweep's settings hash."""
+        record = self._skipped(trial) if trial.skip_reason else self._launch(trial, env)
+        record.config_hash = self.config_hash
+        return record
 
     def prepare_references(self, trials: list[Trial]) -> None:
         """Compute, in one child process, the parity references these trials need and the cache lacks."""
@@ -201,7 +259,7 @@ class SweepRunner:
 
     def _launch(self, trial: Trial, env: dict) -> TrialRecord:
         timeout = self.cfg.budget.timeout_s
-        with tempfile.TemporaryDirectory(prefix="trainbench-") as tmp:
+        with tempfile.TemporaryDirectory(prefix=sweepdir.temp_prefix()) as tmp:
             tmp_path = Path(tmp)
             spec_path, record_path, log_path = tmp_path / "spec.json", tmp_path / "record.json", tmp_path / "stderr"
             spec_path.write_text(self._spec(trial, env).to_json())
@@ -212,6 +270,8 @@ class SweepRunner:
                 rdzv_id = "trainbench-" + hashlib.sha1(f"{self.cfg.name}/{trial.trial_id}".encode()).hexdigest()[:16]
                 cmd = [*self.launch.torchrun_args(trial.world_size // self.launch.nnodes, rdzv_id),
                        "-m", "bench.trial", str(spec_path), str(record_path)]
+            cmd = [sys.executable, "-m", "bench.guard", str(os.getpid()), *cmd]  # dies with this process
+            oom_before = oom_kills()
             with open(log_path, "wb") as err:
                 # A new session makes the child a process group we can kill whole (compile workers included).
                 proc = subprocess.Popen(cmd, cwd=self.code_dir, env=child_env, stdout=err, stderr=err,
@@ -220,24 +280,88 @@ class SweepRunner:
                     rc = proc.wait(timeout=timeout)
                 except subprocess.TimeoutExpired:
                     _kill_group(proc)
-                    return self._bare_record(trial, "timeout", f"trial ran longer than timeout_s={timeout:g}")
+                    return self._after_timeout(trial, record_path, timeout)
                 except BaseException:
                     _kill_group(proc)
                     raise
-            if record_path.exists() and record_path.stat().st_size:
-                return TrialRecord.from_dict(json.loads(record_path.read_text()))
-            rank_errors = sorted(tmp_path.glob("record.json.rank*.err"), key=lambda p: int(p.name.rsplit("rank", 1)[1][:-4]))
-            if rank_errors:  # the first rank that failed says why; torchrun ended the others
-                first = json.loads(rank_errors[0].read_text())
-                return self._bare_record(trial, first["status"], f"rank {first['rank']}: {first['reason']}")
-            tail = log_path.read_text(errors="replace").strip().splitlines()[-5:]
-            if rc < 0:
-                name = signal.Signals(-rc).name
-                status = "oom" if -rc == signal.SIGKILL else "failed"
-                why = f"trial process killed by {name}" + (" (often the kernel's OOM killer)" if status == "oom" else "")
+            oom_after = oom_kills()
+            oom_killed = None if oom_before is None or oom_after is None else oom_after > oom_before
+            return self._outcome(trial, rc, tmp_path, oom_killed)
+
+    def _outcome(self, trial: Trial, rc: int, tmp_path: Path, oom_killed: bool | None) -> TrialRecord:
+        """The trial's record, or a record of how its process ended when it wrote none."""
+        record_path = tmp_path / "record.json"
+        if record_path.exists() and record_path.stat().st_size:
+            return self._read_record(trial, record_path)
+        first = _first_rank_error(tmp_path)
+        if first:  # the rank that failed first says why; torchrun ended the others
+            return self._bare_record(trial, first["status"], f"rank {first['rank']}: {first['reason']}")
+        tail = (tmp_path / "stderr").read_text(errors="replace").strip().splitlines()[-5:]
+        status = "failed"
+        if rc < 0 and -rc == signal.SIGKILL:
+            if oom_killed:
+                status, why = "oom", "trial process killed by the kernel's OOM killer (cgroup memory.events)"
             else:
-                status, why = "failed", f"trial process exited with code {rc}"
-            return self._bare_record(trial, status, f"{why}: {' | '.join(tail)}"[:1000])
+                checked = ("no OOM kill in this cgroup's memory.events" if oom_killed is False
+                           else "whether it was an OOM kill could not be checked: no cgroup v2 memory.events")
+                status, why = "killed", f"trial process killed by SIGKILL from outside the harness ({checked})"
+        elif rc < 0:
+            why = f"trial process killed by {signal.Signals(-rc).name}"
+        else:
+            why = f"trial process exited with code {rc}"
+        if status == "failed" and memory_exhausted(" ".join(tail)):
+            status = "oom"
+        return self._bare_record(trial, status, f"{why}: {' | '.join(tail)}"[:1000])
+
+    def _read_record(self, trial: Trial, record_path: Path) -> TrialRecord:
+        try:
+            return TrialRecord.from_dict(json.loads(record_path.read_text()))
+        except (ValueError, TypeError, UnicodeDecodeError) as exc:  # truncated, or another version's fields
+            return self._bare_record(trial, "failed", f"the trial's record could not be read: {exc}"[:1000])
+
+    def _after_timeout(self, trial: Trial, record_path: Path, timeout: float) -> TrialRecord:
+        """A trial past its timeout; if it had written a complete record, the hang was in its teardown: keep it."""
+        if record_path.exists() and record_path.stat().st_size:
+            try:
+                record = TrialRecord.from_dict(json.loads(record_path.read_text()))
+            except (ValueError, TypeError, UnicodeDecodeError):
+                pass
+            else:
+                record.notes.append(f"the trial process hung after writing this record (in its teardown) and was "
+                                    f"killed at timeout_s={timeout:g}; the measurements were complete")
+                return record
+        return self._bare_record(trial, "timeout", f"trial ran longer than timeout_s={timeout:g}")
+
+
+def _first_rank_error(tmp_path: Path) -> dict | None:
+    """The error of the rank that failed first in time (ranks stamp it); the lowest rank when unstamped.
+
+    The lowest rank is often not the cause: rank 0's "connection closed" follows rank 1's real error.
+    """
+    errors = []
+    for path in tmp_path.glob("record.json.rank*.err"):
+        try:
+            data = json.loads(path.read_text())
+            errors.append((float(data.get("time", math.inf)), int(data["rank"]), data))
+        except (ValueError, TypeError, KeyError):
+            continue
+    return min(errors, key=lambda e: e[:2])[2] if errors else None
+
+
+def oom_kills() -> int | None:
+    """OOM kills so far in this process's cgroup (v2 ``memory.events``, which counts its descendants); None when
+    unavailable. Trial processes live in the runner's cgroup, so a rise across a trial is evidence of an OOM kill."""
+    try:
+        with open("/proc/self/cgroup") as fh:
+            rel = next(line.split("::", 1)[1].strip() for line in fh if line.startswith("0::"))
+        with open(f"/sys/fs/cgroup{rel}/memory.events") as fh:
+            for line in fh:
+                key, value = line.split()
+                if key == "oom_kill":
+                    return int(value)
+    except (OSError, StopIteration, ValueError):
+        return None
+    return None
 
 
 def _kill_group(proc: subprocess.Popen) -> None:

@@ -13,6 +13,7 @@ from typing import Any
 
 from bench import analysis, stats
 from bench.results import TrialRecord
+from bench.text import cell, escape
 
 BASELINE = analysis.BASELINE
 
@@ -99,7 +100,8 @@ def summarize(records: list[TrialRecord], baseline: str = BASELINE) -> list[Summ
     for c in configs.itertuples():
         notes = list(c.problems) + ([f"skipped: {c.skip_reason}"] if c.skip_reason else [])
         if c.n_contended:
-            notes.append(f"{c.n_contended} timed window(s) shared the CPU with other processes")
+            notes.append(f"{c.n_contended} timed window(s) shared the CPU with other processes (left out of the "
+                         "speed numbers)")
         if not c.is_reference and c.speedup_verdict == stats.NONE and c.speedup_why:
             notes.append(f"no verdict: {c.speedup_why}")
         source = " (RSS)" if c.mem_ratio_source == "RSS" else ""
@@ -156,9 +158,10 @@ LEGEND = ("Speedup and memory ratio: geometric mean over seeds of each trial's r
 
 
 def to_markdown(rows: list[SummaryRow], title: str = "Sweep summary") -> str:
-    esc = lambda s: s.replace("|", "\\|")  # noqa: E731
-    lines = [f"# {title}", "", "| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
+    """``summary.md``. Cells go through the report's escaping (``bench.text``): a reason such as
+    ``<lambda>`` stays visible text and ``a|b`` cannot split a cell."""
+    lines = [f"# {escape(title)}", "", "| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
     for row in rows:
-        lines.append("| " + " | ".join(esc(c) for c in row_cells(row)) + " |")
+        lines.append("| " + " | ".join(cell(c) for c in row_cells(row)) + " |")
     lines += ["", LEGEND]
     return "\n".join(lines) + "\n"

@@ -50,7 +50,9 @@ from bench import reference as reference_mod
 from bench import workloads
 from bench.config import Budget, TechniqueSet, TechniqueSpec
 from bench.env import datasheet_peak
+from bench.files import write_atomic
 from bench.loop import TrainLoop, build_optimizer
+from bench.measure import energy as energy_mod
 from bench.measure.energy import EnergyMeter
 from bench.measure.memory import (
     PeakRss,
@@ -60,7 +62,7 @@ from bench.measure.memory import (
     return_freed_memory_to_os,
     trim_heap,
 )
-from bench.measure.timing import CpuContention, StepTimer, summarize
+from bench.measure.timing import ContentionResult, CpuContention, StepTimer, WindowResult, summarize
 from bench.reference import ReferenceKey, ReferenceResult, Trajectory
 from bench.results import (
     PARITY_TOLERANCES,
@@ -73,6 +75,7 @@ from bench.results import (
     SpeedResult,
     StepStats,
     TrialRecord,
+    memory_exhausted,
     sanitize,
 )
 from techniques._distributed import model_state_bytes, zero_formula_bytes
@@ -81,6 +84,7 @@ from techniques.base import Context, Kind, Technique, TrainConfig, set_compute_d
 log = logging.getLogger(__name__)
 
 CONTENTION_WARN = 0.10  # other processes used more than 10% of the cores during the timed window
+CONTENTION_PAUSE_S = 2.0  # before a contended window is measured again: let a short burst of other work pass
 CLEAN_RSS_STEPS = 2
 
 
@@ -403,32 +407,21 @@ def speed_window(session: Session, ref: ReferenceResult) -> tuple[SpeedResult, W
     rss.reset()
     cuda_peak_reset(device)
 
-    # Under torchrun the other ranks are this rank's siblings (the launcher's children): the trial, not contention.
-    timer, energy = StepTimer(device), EnergyMeter(device)
-    contention = CpuContention(include_siblings=spec.world_size > 1)
-    contention.start()
-    energy.start()
     planned = _planned_window_steps(budget, warmup_times) if spec.world_size > 1 else None  # before the clock
-    timer.start()
-    window_start = time.perf_counter()
-    steps = 0
+    # A window in which other processes used the cores measured them too: pause, measure it again (every rank
+    # agrees, so all take the same steps), and keep the last; what was retried, and a window that stayed
+    # contended, are recorded, and the analysis keeps contended windows out of speed verdicts.
+    retried: list[float] = []
     while True:
-        t_fetch = time.perf_counter()
-        batch = next(session.batches)
-        timer.data_wait(time.perf_counter() - t_fetch)
-        loss = session.loop.step(batch)
-        timer.step_done()
-        steps += 1
-        elapsed = time.perf_counter() - window_start
-        if planned is not None:
-            if steps >= planned:
-                break
-        elif (steps >= budget.min_steps and elapsed >= budget.min_seconds) or elapsed >= budget.max_seconds:
+        window, energy_result, busy, loss, steps = _timed_window(session, planned)
+        session.steps_done += steps
+        contended = _agree(busy.fraction > CONTENTION_WARN)
+        if not contended or len(retried) >= budget.contention_retries:
             break
-    window = timer.stop()
-    energy_result = energy.stop()
-    busy = contention.stop()
-    session.steps_done += steps
+        retried.append(round(busy.fraction, 4))
+        log.info("timed window contended (%.0f%% of the CPUs used by others): measuring it again in %g s",
+                 100 * busy.fraction, CONTENTION_PAUSE_S)
+        time.sleep(CONTENTION_PAUSE_S)
     peaks = WindowPeaks(rss.peak_bytes(), cuda_peak_bytes(device))
     _check_finite(loss, session.steps_done)
     step_stats = StepStats(**summarize(window.step_times_s))
@@ -452,7 +445,8 @@ def speed_window(session: Session, ref: ReferenceResult) -> tuple[SpeedResult, W
         tokens_per_s=samples_per_s * tokens if tokens else None,
         data_wait_frac=window.data_wait_s / window.total_s if window.total_s else None,
         contention=Contention(**dataclasses.asdict(busy)),
-        contended=busy.fraction > CONTENTION_WARN,
+        contended=contended,
+        contention_retries=retried,
         flops_per_step=ref.flops_per_step,
         achieved_flops=achieved,
         compute_dtype=dtype,
@@ -463,6 +457,38 @@ def speed_window(session: Session, ref: ReferenceResult) -> tuple[SpeedResult, W
         mfu_datasheet=achieved / (sheet * ranks) if achieved and sheet else None,
     )
     return result, peaks, EnergyResult(**dataclasses.asdict(energy_result))
+
+
+def _timed_window(
+    session: Session, planned: int | None,
+) -> tuple[WindowResult, energy_mod.EnergyResult, ContentionResult, torch.Tensor, int]:
+    """One timed window: its step times, energy, the CPU time others took, the last loss and the steps taken.
+
+    Under torchrun the other ranks are this rank's siblings (the launcher's children): the trial, not contention.
+    """
+    budget = session.budget
+    timer, energy = StepTimer(session.device), EnergyMeter(session.device)
+    contention = CpuContention(include_siblings=session.spec.world_size > 1)
+    contention.start()
+    energy.start()
+    timer.start()
+    window_start = time.perf_counter()
+    steps = 0
+    while True:
+        t_fetch = time.perf_counter()
+        batch = next(session.batches)
+        timer.data_wait(time.perf_counter() - t_fetch)
+        loss = session.loop.step(batch)
+        timer.step_done()
+        steps += 1
+        elapsed = time.perf_counter() - window_start
+        if planned is not None:
+            if steps >= planned:
+                break
+        elif (steps >= budget.min_steps and elapsed >= budget.min_seconds) or elapsed >= budget.max_seconds:
+            break
+    window = timer.stop()
+    return window, energy.stop(), contention.stop(), loss, steps
 
 
 def _warm_up(session: Session) -> list[float]:
@@ -605,7 +631,7 @@ def run(spec: TrialSpec, own_process: bool = False) -> TrialRecord:
     except torch.OutOfMemoryError as exc:
         status, reason = "oom", f"out of memory: {str(exc).splitlines()[0]}"
     except Exception as exc:  # a trial fails softly: the sweep goes on and the record says why
-        status = "oom" if "out of memory" in str(exc).lower() else "failed"
+        status = "oom" if isinstance(exc, MemoryError) or memory_exhausted(str(exc)) else "failed"
         reason = f"{type(exc).__name__}: {exc}".splitlines()[0][:500]
         log.error("trial %s failed:\n%s", spec.trial_id, traceback.format_exc())
         sections["error"] = traceback.format_exc(limit=8)[-4000:]
@@ -709,6 +735,41 @@ def _check_finite(loss: torch.Tensor, step: int) -> None:
         raise Diverged(f"loss is {float(loss)} at step {step}")
 
 
+def _write_rank_error(record_path: str, rank: int, status: str, reason: str | None) -> None:
+    """Beside the record: why this rank failed, and when (the runner reports the rank that failed first in time,
+    since a peer's "connection closed" follows the real error)."""
+    write_atomic(f"{record_path}.rank{rank}.err", json.dumps(
+        {"rank": rank, "status": status, "reason": reason, "time": time.time()}))
+
+
+def end_rank(code: int) -> None:
+    """End this torchrun rank with ``code``; does not return.
+
+    Only after a success do the ranks meet in a barrier (rank 0's record is on disk, no collective is in flight) and
+    destroy the process group. After a failure a peer may wait in another collective, and destroy_process_group
+    waits for this rank's unfinished gloo work (measured: until the peer exits), so the failing rank would hang
+    instead of exiting for torchrun to end the others.
+
+    Then the process leaves without interpreter finalization: under zero1, zero2 and zero3 the gloo process group
+    outlives destroy_process_group (ZeroRedundancyOptimizer and FSDP2's DeviceMesh/DTensor caches keep it), so its
+    worker and socket threads still run at exit (strace: no thread exits before exit_group), and C++ teardown beside
+    live threads ends a rank in SIGABRT ("terminate called without an active exception"). atexit handlers still run.
+    """
+    if sys.exc_info()[1] is not None:  # an exception on its way out: show it as the interpreter would have
+        traceback.print_exc()
+    if code == 0:
+        try:
+            dist.barrier()
+            dist.destroy_process_group()
+        except Exception:  # a peer died after its record: rank 0's record, if written, still stands
+            log.exception("rank %s: tearing down the process group failed", os.environ.get("RANK", "0"))
+            code = 1
+    atexit._run_exitfuncs()  # logging's flush, inductor's worker pools and cache writes
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if len(argv) != 2:
@@ -721,11 +782,12 @@ def main(argv: list[str] | None = None) -> int:
         spec.reference_dir = str(Path(argv[1]).resolve().parent / "references")
     if spec.world_size == 1:
         record = run(spec, own_process=True)
-        Path(argv[1]).write_text(record.to_json() + "\n")
+        write_atomic(argv[1], record.to_json() + "\n")  # the runner reads a whole record or none
         return 0
     # Under torchrun: rank 0 writes the record. A rank whose trial failed writes its error beside it and exits
     # non-zero, so torchrun ends the other ranks (which may be waiting in a collective) instead of hanging.
     rank = int(os.environ.get("RANK", "0"))
+    code = 1  # every way out of the try but its last line is a failure
     try:
         _init_distributed(spec)
         if os.environ.get("TRAINBENCH_FAULT_RANK") == str(rank):  # test hook: prove a failing rank ends the trial
@@ -734,19 +796,17 @@ def main(argv: list[str] | None = None) -> int:
                     time.sleep(60)
             raise RuntimeError(f"injected fault on rank {rank} (TRAINBENCH_FAULT_RANK)")
         record = run(spec, own_process=True)
-    except Exception as exc:  # init failed: there is no record yet
-        Path(f"{argv[1]}.rank{rank}.err").write_text(json.dumps(
-            {"rank": rank, "status": "failed", "reason": f"{type(exc).__name__}: {exc}"[:500]}))
-        return 1
-    if record.status != "ok":
-        Path(f"{argv[1]}.rank{rank}.err").write_text(json.dumps(
-            {"rank": rank, "status": record.status, "reason": record.reason}))
-        return 1
-    if rank == 0:
-        Path(argv[1]).write_text(record.to_json() + "\n")
-    dist.barrier()
-    dist.destroy_process_group()
-    return 0
+        if record.status != "ok":
+            _write_rank_error(argv[1], rank, record.status, record.reason)
+        else:
+            if rank == 0:
+                write_atomic(argv[1], record.to_json() + "\n")
+            code = 0
+    except Exception as exc:  # init (or writing the record) failed: there is no record
+        _write_rank_error(argv[1], rank, "failed", f"{type(exc).__name__}: {exc}"[:500])
+    finally:
+        end_rank(code)
+    return code  # not reached: _end_rank exits
 
 
 if __name__ == "__main__":

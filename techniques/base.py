@@ -40,6 +40,8 @@ from typing import Any, ClassVar
 import torch
 from torch import nn
 
+from bench.text import shown
+
 
 class Kind(enum.StrEnum):
     """How a technique relates to the baseline's math; decides how it is judged."""
@@ -137,7 +139,7 @@ class Technique:
         for key, text in raw.items():
             if key not in fields:
                 valid = ", ".join(sorted(fields)) or "none"
-                raise OptionError(f"technique '{cls.name}' has no option '{key}' (valid options: {valid})")
+                raise OptionError(f"technique '{cls.name}' has no option {shown(key)} (valid options: {valid})")
             values[key] = _convert(cls.name, key, text, hints[key])
         try:
             return cls.Options(**values)
@@ -242,19 +244,19 @@ def _convert(technique: str, key: str, text: str, hint: Any) -> Any:
             return True
         if low in ("0", "false", "no", "off"):
             return False
-        raise OptionError(f"technique '{technique}': option '{key}' wants true/false, got '{text}'")
+        raise OptionError(f"technique '{technique}': option '{key}' wants true/false, got {shown(text)}")
     if typing.get_origin(hint) is typing.Literal:
         choices = typing.get_args(hint)
         if text not in choices:
             raise OptionError(
-                f"technique '{technique}': option '{key}' must be one of {', '.join(map(str, choices))}, got '{text}'"
+                f"technique '{technique}': option '{key}' must be one of {', '.join(map(str, choices))}, got {shown(text)}"
             )
         return text
     try:
         return hint(text)
     except (TypeError, ValueError):
         raise OptionError(
-            f"technique '{technique}': option '{key}' wants {getattr(hint, '__name__', hint)}, got '{text}'"
+            f"technique '{technique}': option '{key}' wants {getattr(hint, '__name__', hint)}, got {shown(text)}"
         ) from None
 
 
@@ -284,4 +286,4 @@ def get(name: str) -> type[Technique]:
         return _REGISTRY[name]
     except KeyError:
         known = ", ".join(sorted(_REGISTRY))
-        raise OptionError(f"unknown technique '{name}' (known: {known})") from None
+        raise OptionError(f"unknown technique {shown(name)} (known: {known})") from None

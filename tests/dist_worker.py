@@ -17,6 +17,7 @@ from torch import nn
 
 from bench import workloads
 from bench.loop import TrainLoop, build_optimizer
+from bench.trial import end_rank
 from techniques import get
 from techniques._distributed import model_state_bytes
 from techniques.base import Context
@@ -78,8 +79,7 @@ def main() -> None:
         full[key.removeprefix("module.")] = tensor.clone()
     if rank == 0:
         torch.save(full, out / "params.pt")
-    dist.barrier()
-    dist.destroy_process_group()
+    end_rank(0)  # the trial's own ending: barrier, destroy, exit before gloo's threads meet interpreter teardown
 
 
 if __name__ == "__main__":

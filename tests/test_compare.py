@@ -7,6 +7,8 @@ loss; ``other_env`` has base's records from another device and torch version. Tr
 
 import json
 import math
+import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -195,6 +197,47 @@ def test_parse_fail_on():
     assert compare.parse_fail_on("regression") == set(compare.FAIL_ON)
     with pytest.raises(ConfigError, match="valid: slower, more-memory, worse-metric, failed, regression"):
         compare.parse_fail_on("slow")
+
+
+def test_compare_md_escapes_text_from_records():
+    base = [record("a|<b>", repeat=r) for r in range(3)]
+    new = [record("a|<b>", repeat=0), record("a|<b>", repeat=1),
+           make_record("a|<b>", seed=2, status="failed", reason="PicklingError: <lambda> *x*")]
+    rows, _, only_new = compare.compare_records(base, new + [record("<lambda>", repeat=0)])
+    md = compare.to_markdown(compare.Comparison(None, None, 0.05, rows, only_new=only_new), title="Compare <n>")
+    assert "<lambda>" not in md and "<b>" not in md and "<n>" not in md
+    assert "NEW: failed: PicklingError: &lt;lambda> \\*x\\*" in md
+    assert "Only in NEW (not compared): mlp:tiny &lt;lambda>" in md
+    row = next(line for line in md.splitlines() if line.startswith("| mlp:tiny a\\|&lt;b> |"))
+    assert len(re.findall(r"(?<!\\)\|", row)) == len(compare.COLUMNS) + 1  # the name's '|' does not add a cell
+    assert "**failed**" not in md and "**" not in row  # no regression here: nothing in bold
+
+
+def _with_duplicates(src: Path, dst: Path, lines: list[int]) -> Path:
+    """A copy of a sweep directory whose ``lines`` (0-based) are written again at the end, 10x faster: counted
+    twice, they would change every number."""
+    shutil.copytree(src, dst)
+    results = dst / "results.jsonl"
+    text = results.read_text().splitlines()
+    again = []
+    for i in lines:
+        d = json.loads(text[i])
+        if d.get("speed"):
+            d["speed"]["samples_per_s"] *= 10
+        again.append(json.dumps(d))
+    results.write_text("\n".join(text + again) + "\n")
+    return dst
+
+
+def test_duplicated_trial_ids_are_counted_once_and_said(tmp_path):
+    dup = _with_duplicates(BASE, tmp_path / "dup", [0, 1, 1, 4])  # three trial ids, one of them twice
+    comp, clean = compare.compare_dirs(dup, NEW), compare.compare_dirs(BASE, NEW)
+    assert [(r.key, r.n_base_total, r.throughput.base) for r in comp.rows] == [
+        (r.key, r.n_base_total, r.throughput.base) for r in clean.rows]  # the first record of each id kept
+    note = (f"{dup / 'results.jsonl'} holds 3 duplicated trial ids (a second sweep wrote into the same "
+            "directory?); each was counted once, the first record kept")
+    assert comp.input_notes == [note] and clean.input_notes == []
+    assert f"**Input:** {note}\n" in compare.to_markdown(comp)
 
 
 # ---- the command line -----------------------------------------------------------------------------------------

@@ -67,3 +67,12 @@ def test_step_returns_a_detached_mean_over_micro_batches():
     one, four = make_loop([]).step(batch), make_loop([], micro=4).step(batch)
     assert not one.requires_grad
     assert torch.allclose(one, four, rtol=1e-5)
+
+
+def test_an_uneven_micro_batch_split_is_refused():
+    # chunk(3) of 8 samples gives 3 unequal pieces; chunk(16) of 8 gives 8 pieces and the last "micro-batch" (where
+    # DDP all-reduces) never comes. Both would train silently wrong.
+    with pytest.raises(ValueError, match="a batch of 8 samples does not split into 3 equal micro-batches"):
+        make_loop([], micro=3).step((torch.randn(8, 4), torch.randn(8, 1)))
+    with pytest.raises(ValueError, match="into 16 equal"):
+        make_loop([], micro=16).step((torch.randn(8, 4), torch.randn(8, 1)))

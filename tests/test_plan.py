@@ -44,3 +44,16 @@ def test_missing_dataset_skips_with_the_fix(monkeypatch, tmp_path):
     cfg = build_config("smoke", {"workloads": "cnn", "techniques": "baseline", "repeats": 1})
     (trial,) = plan(cfg, CPU)
     assert "dataset-fashion-mnist" in trial.skip_reason
+
+
+def test_sets_that_would_fail_in_every_trial_are_skipped_at_plan_time():
+    cfg = build_config("smoke", {"workloads": "mlp", "repeats": 1, "nproc": 2,
+                                 "techniques": "grad_accum:steps=7,zero1+fused_adamw,ddp+grad_accum:steps=64"})
+    reasons = {t.techniques.label: t.skip_reason for t in plan(cfg, CPU)}
+    batch = 64  # mlp:tiny's batch
+    assert reasons["grad_accum:steps=7"] == f"grad_accum: batch size {batch} is not divisible by steps=7"
+    assert reasons["zero1+fused_adamw"] == "zero1 and fused_adamw each build the optimizer; a set can use one of them"
+    # 64 samples split into 64 micro-batches, but each of the 2 processes holds 32: not 64 equal micro-batches
+    assert reasons["ddp+grad_accum:steps=64"] == ("the per-process batch of 32 samples does not split into 64 equal "
+                                                  "micro-batches")
+    assert reasons["baseline"] is None

@@ -272,3 +272,17 @@ def test_names_from_records_show_as_text(browser, tmp_path):
     assert state["scripts"] == 1 and state["figures"] == "ok"
     assert f"{HOSTILE}:tiny" in state["h3"]
     assert 'bf16"><img src=x onerror=alert(2)>$x$' in state["text"]
+
+
+def test_duplicated_trial_ids_are_said_in_the_page(tmp_path):
+    # no browser needed: the note is a plain paragraph at the top, escaped like every string from the input
+    src = tmp_path / "a<b"
+    src.mkdir()
+    shutil.copy(FIXTURE / "env.json", src / "env.json")
+    lines = (FIXTURE / "results.jsonl").read_text().splitlines()
+    (src / "results.jsonl").write_text("\n".join(lines + lines[:2]) + "\n")  # two trial ids written twice
+    raw = write_report([src], out_dir=tmp_path / "out", formats=["html"])["html"].read_text()
+    note = (f"{tmp_path}/a&lt;b/results.jsonl holds 2 duplicated trial ids (a second sweep wrote into the same "
+            "directory?); each was counted once, the first record kept")
+    assert f'<p class="note"><strong>Input:</strong> {note}</p>' in raw
+    assert "25 trials," in raw  # the subtitle counts each trial once

@@ -19,12 +19,16 @@ def test_record_rejects_bad_status_unknown_or_missing_fields_and_other_versions(
     with pytest.raises(ValueError, match="status must be one of"):
         record(status="great")
     data = record(final=0.5).to_dict()
-    with pytest.raises(ValueError, match="unknown fields: extra"):
+    with pytest.raises(ValueError, match="unknown fields: 'extra'"):
         TrialRecord.from_dict({**data, "extra": 1})
-    with pytest.raises(ValueError, match=r"record.quality has unknown fields: oops"):
+    with pytest.raises(ValueError, match=r"record.quality has unknown fields: 'oops'"):
         TrialRecord.from_dict({**data, "quality": {**data["quality"], "oops": 1}})
     with pytest.raises(ValueError, match=r"record.speed is missing the field 'samples_per_s'"):
         TrialRecord.from_dict({**data, "speed": {k: v for k, v in data["speed"].items() if k != "samples_per_s"}})
+    with pytest.raises(ValueError, match="record.seed must be an integer, got str"):
+        TrialRecord.from_dict({**data, "seed": "0"})
+    with pytest.raises(ValueError, match="record.speed.samples_per_s must be a number, got list"):
+        TrialRecord.from_dict({**data, "speed": {**data["speed"], "samples_per_s": [1]}})
     with pytest.raises(ValueError, match="schema_version 99 is not supported"):
         TrialRecord.from_dict({**data, "schema_version": 99})
     with pytest.raises(ValueError, match="a record is a JSON object"):

@@ -1,5 +1,6 @@
 """The runner: child processes, resume without redoing trials, timeouts and crashes as records."""
 
+import pytest
 import torch
 
 from bench.config import ConfigError, build_config
@@ -30,15 +31,30 @@ def test_resume_skips_finished_trials_and_loses_none(tmp_path, monkeypatch):
         return real(self, trial, env)
 
     monkeypatch.setattr(SweepRunner, "_launch", counting)
-    records = SweepRunner(config(repeats=2, techniques="baseline,grad_accum:steps=7"), out, CPU, resume=True).run()
-    assert sorted(launched) == ["mlp:tiny/baseline/seed1/r1", "mlp:tiny/grad_accum:steps=7/seed0/r0",
-                                "mlp:tiny/grad_accum:steps=7/seed1/r1"]
+    grown = config(repeats=2, techniques="baseline,grad_accum:steps=7")
+    with pytest.raises(ConfigError, match=r"the plan differs .*repeats 1 -> 2.*pass --extend"):
+        SweepRunner(grown, out, CPU, resume=True).run()
+    records = SweepRunner(grown, out, CPU, resume=True, extend=True).run()
+    assert launched == ["mlp:tiny/baseline/seed1/r1"]  # grad_accum:steps=7 cannot split the batch: skipped
     assert len(records) == 4 and records[0] == first[0]
+    assert len({r.config_hash for r in records}) == 1 and records[0].config_hash
     # the references the plan needed were computed once, in their own process, and kept for the resume
     assert sorted(p.name for p in (out / "references").iterdir()) == [
         "mlp-tiny-seed0-b64-k4.json", "mlp-tiny-seed1-b64-k4.json"]
-    failed = [r for r in records if r.technique_label == "grad_accum:steps=7"]
-    assert all(r.status == "failed" and "not divisible" in r.reason for r in failed)
+    skipped = [r for r in records if r.technique_label == "grad_accum:steps=7"]
+    assert all(r.status == "skipped" and "not divisible" in r.reason for r in skipped)
+    assert "grad_accum:steps=7" in (out / "sweep.toml").read_text()  # the sweep is now the union
+
+
+def test_resume_with_other_settings_is_refused_and_changes_nothing(tmp_path):
+    out = tmp_path / "sweep"
+    SweepRunner(config(), out, CPU).run()
+    before = {p.name: p.read_bytes() for p in out.iterdir() if p.is_file()}
+    with pytest.raises(ConfigError, match=r"settings differ .*budget.min_seconds 0.05 -> 2.0"):
+        SweepRunner(config(budget={"min_seconds": 2.0}), out, CPU, resume=True).run()
+    with pytest.raises(ConfigError, match=r"settings differ .*threads 0 -> 2"):
+        SweepRunner(config(threads=2), out, CPU, resume=True).run()
+    assert {p.name: p.read_bytes() for p in out.iterdir() if p.is_file()} == before
 
 
 def test_existing_results_are_not_overwritten(tmp_path):

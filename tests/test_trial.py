@@ -11,6 +11,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+import psutil
 import pytest
 import torch
 
@@ -277,3 +278,46 @@ def test_a_target_met_before_training_counts_at_the_first_evaluation_after_it(sp
                                                                              target=0.0))
     q = run(spec(mode="quality")).quality
     assert q.samples_to_target == 320 and q.time_to_target_s > 0  # never 0 s: a ratio of times needs both > 0
+
+
+_SPINNER = """
+import os, sys, time
+if os.fork():
+    os._exit(0)  # the spinner is reparented: not a descendant of the trial, so it counts as another process
+started, stop = sys.argv[1], sys.argv[2]
+with open(started, "w") as fh:
+    fh.write(str(os.getpid()))
+t = time.time()
+while not os.path.exists(stop) and time.time() - t < 60:
+    sum(range(10000))
+"""
+
+
+def test_a_contended_window_is_measured_again_and_the_retry_recorded(spec, tmp_path, monkeypatch):
+    started, stop = tmp_path / "started", tmp_path / "stop"
+    subprocess.run([sys.executable, "-c", _SPINNER, str(started), str(stop)], check=True)
+    while not started.exists() or not started.read_text():
+        time.sleep(0.05)
+    spinner = int(started.read_text())
+    real = trial_mod._timed_window
+    windows = []
+
+    def first_window_contended(session, planned):
+        result = real(session, planned)
+        windows.append(result[2].fraction)
+        stop.touch()  # the other process ends after the first window
+        while psutil.pid_exists(spinner):
+            time.sleep(0.05)
+        return result
+
+    monkeypatch.setattr(trial_mod, "_timed_window", first_window_contended)
+    monkeypatch.setattr(trial_mod, "CONTENTION_PAUSE_S", 0.1)
+    try:
+        rec = run(spec(mode="speed", min_seconds=0.3, contention_retries=2))
+    finally:
+        stop.touch()
+    assert rec.status == "ok", rec.reason
+    assert windows[0] > trial_mod.CONTENTION_WARN  # the busy process took its share of the cores
+    assert rec.speed.contention_retries[0] == pytest.approx(windows[0], abs=1e-4)
+    assert len(windows) == len(rec.speed.contention_retries) + 1 <= 3
+    assert rec.speed.contended == (windows[-1] > trial_mod.CONTENTION_WARN)

@@ -16,8 +16,9 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from bench import analysis as analysis_mod
-from bench.analysis import BASELINE, Analysis, InputError, Thresholds
-from bench.report import content, figures, html, markdown
+from bench.analysis import BASELINE, Analysis, InputError, Sweep, Thresholds
+from bench.files import write_atomic
+from bench.report import content, figures, html, inputs, markdown
 
 log = logging.getLogger(__name__)
 
@@ -33,12 +34,43 @@ def parse_formats(text: str | Sequence[str]) -> tuple[str, ...]:
     return tuple(dict.fromkeys(items))
 
 
+def load(dirs: Sequence[Path | str]) -> tuple[Sweep, list[str]]:
+    """The sweeps in ``dirs``, each trial once, and notes on what was dropped. ``InputError`` (one line: file, line,
+    what is wrong) for a record of the wrong shape.
+
+    Trials are keyed by (directory, trial id): a directory given twice is read once, and within a directory the
+    first record of a trial id is kept. The same trial id in two directories is two trials (two sweeps, two
+    machines, the two sides of an A/B run).
+    """
+    unique: dict[Path, Path] = {}
+    notes = []
+    for d in map(Path, dirs):
+        if d.resolve() in unique:
+            notes.append(f"{d} was given twice; its trials were counted once")
+        else:
+            unique[d.resolve()] = d
+    sweep = analysis_mod.load(list(unique.values()), read=inputs.read_records)
+    for source in sweep.sources:
+        source.records, repeated = inputs.unique_trials(source.records)
+        if repeated:
+            notes.append(inputs.duplicates_note(source.path / "results.jsonl", repeated))
+    return sweep, notes
+
+
 def build(dirs: Sequence[Path | str], baseline: str = BASELINE, with_figures: bool = True,
           thresholds: Thresholds | None = None) -> tuple[Analysis, content.Report]:
     """Analyse the sweeps in ``dirs`` and build the report's content (figures rendered when asked)."""
-    result = analysis_mod.analyze(analysis_mod.load(dirs), baseline=baseline, thresholds=thresholds)
-    figs = figures.make_figures(result) if with_figures else {}
-    return result, content.build(result, figs)
+    sweep, notes = load(dirs)
+    try:
+        result = analysis_mod.analyze(sweep, baseline=baseline, thresholds=thresholds)
+        figs = figures.make_figures(result) if with_figures else {}
+        return result, content.build(result, figs, notes)
+    except (TypeError, KeyError, AttributeError, IndexError) as exc:
+        # The records passed the type check, so this is a shape it does not cover (an eval curve row too short,
+        # a per-rank entry without its keys): say so in one line rather than a traceback.
+        where = ", ".join(str(s.path / "results.jsonl") for s in sweep.sources)
+        raise InputError(f"{where}: a record of an unexpected shape stopped the report "
+                         f"({type(exc).__name__}: {inputs.clip(exc)})") from None
 
 
 def write_report(dirs: Sequence[Path | str], out_dir: Path | str | None = None, baseline: str = BASELINE,
@@ -57,21 +89,32 @@ def write_report(dirs: Sequence[Path | str], out_dir: Path | str | None = None, 
         out_dir = dirs[0]
     out = Path(out_dir)
     formats = parse_formats(formats)
+    blocker = inputs.blocking_file(out)
+    if blocker is not None:
+        raise InputError(f"cannot write the report into {out}: {blocker} is a file, not a directory (--out DIR)")
     _, report = build(dirs, baseline, thresholds=thresholds)
-    out.mkdir(parents=True, exist_ok=True)
-    written: dict[str, Path] = {}
-    if "md" in formats:
-        fig_dir = out / "figures"
-        fig_dir.mkdir(exist_ok=True)
-        for fig in report.figures.values():
-            (out / fig.path).write_bytes(fig.png)
-        written["md"] = out / "report.md"
-        written["md"].write_text(markdown.render(report), encoding="utf-8")
-    if "html" in formats:
-        written["html"] = out / "report.html"
-        written["html"].write_text(html.render(report), encoding="utf-8")
+    try:
+        written = _write(report, out, formats)
+    except OSError as exc:  # unwritable, a path under a file, a full disk
+        raise InputError(f"cannot write the report into {out}: {exc.strerror or exc}") from None
     log.info("report written: %s", ", ".join(str(p) for p in written.values()))
     return written
 
 
-__all__ = ["FORMATS", "InputError", "build", "parse_formats", "write_report"]
+def _write(report: content.Report, out: Path, formats: Sequence[str]) -> dict[str, Path]:
+    """Each file whole or not at all: a reader (a browser reloading, a CI artifact upload) never sees half."""
+    out.mkdir(parents=True, exist_ok=True)
+    written: dict[str, Path] = {}
+    if "md" in formats:
+        (out / "figures").mkdir(exist_ok=True)
+        for fig in report.figures.values():
+            write_atomic(out / fig.path, fig.png)
+        written["md"] = out / "report.md"
+        write_atomic(written["md"], markdown.render(report))
+    if "html" in formats:
+        written["html"] = out / "report.html"
+        write_atomic(written["html"], html.render(report))
+    return written
+
+
+__all__ = ["FORMATS", "InputError", "build", "load", "parse_formats", "write_report"]

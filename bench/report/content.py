@@ -89,6 +89,7 @@ class Report:
     next_steps: list[str]
     method: list[str]
     figures: dict[str, Figure] = field(default_factory=dict)
+    input_notes: list[str] = field(default_factory=list)  # what was wrong with the input and what was done about it
 
 
 # ---- number formatting --------------------------------------------------------------------------------------
@@ -673,7 +674,12 @@ def _noise(analysis: Analysis, names: dict[str, str]) -> list[str]:
     n_cont = int(sum(bool(c) for c in ok["contended"]))
     if n_cont:
         out.append(f"{n_cont} of {len(ok)} timed windows shared the CPU with other processes (more than 10% of the "
-                   "cores busy with foreign work): their throughput may be understated.")
+                   "cores busy with foreign work) even after being measured again: they are left out of the speed "
+                   "numbers and verdicts.")
+    retried = int(sum(len(r) for r in ok["contention_retries"]))
+    if retried:
+        out.append(f"{retried} timed window(s) were measured again because other processes used the cores "
+                   "(budget.contention_retries); only the last window of each trial counts.")
     for c in analysis.configs.itertuples():
         where = _where(c.workload, names[c.machine])
         why = []
@@ -681,7 +687,7 @@ def _noise(analysis: Analysis, names: dict[str, str]) -> list[str]:
             why.append(f"IQR/median of samples/s over repeats is {c.sps_rel_iqr:.0%} (warning above "
                        f"{stats.NOISY_IQR_OVER_MEDIAN:.0%})")
         if c.n_contended:
-            why.append(f"{c.n_contended} of {c.n_ok} timed windows were contended")
+            why.append(f"{c.n_contended} of {c.n_ok} timed windows were contended (left out of its speed numbers)")
         if why:
             out.append(f"{c.technique} on {where}: {'; '.join(why)}.")
         if c.n_cut:
@@ -738,8 +744,9 @@ def _method(analysis: Analysis) -> list[str]:
     ]
 
 
-def build(analysis: Analysis, figures: dict[str, Figure] | None = None) -> Report:
-    """The report's content from an analysis (and figures already rendered)."""
+def build(analysis: Analysis, figures: dict[str, Figure] | None = None, input_notes: list[str] | None = None
+          ) -> Report:
+    """The report's content from an analysis (and figures already rendered); ``input_notes`` are shown at the top."""
     names = _machine_names(analysis)
     sweep = analysis.sweep
     machines = []
@@ -796,6 +803,7 @@ def build(analysis: Analysis, figures: dict[str, Figure] | None = None) -> Repor
         next_steps=_next_steps(analysis, names),
         method=_method(analysis),
         figures=figures or {},
+        input_notes=list(input_notes or []),
     )
 
 

@@ -10,26 +10,12 @@ from __future__ import annotations
 import re
 
 from bench.report.content import Figure, Report, Table
-
-# "<" starts HTML, "&name;" an entity, "*" and "`" emphasis and code, "](" an inline link, "\\" an escape. ">" and
-# "[" alone are literal in GitHub-flavoured markdown and stay readable.
-_ESCAPES = {"<": "&lt;", "&": "&amp;", "*": "\\*", "`": "\\`", "](": "]\\(", "\\": "\\\\"}
-_ESCAPE_RE = re.compile(r"<|&(?=#?\w+;)|\*|`|\]\(|\\")
-
-
-def escape(text: object) -> str:
-    """Plain text for markdown: HTML, entities, emphasis, code and links neutralised; one line."""
-    s = " ".join(str(text).split())  # no newlines inside a paragraph or a cell
-    return _ESCAPE_RE.sub(lambda m: _ESCAPES[m.group(0)], s)
-
-
-def _cell(text: object) -> str:
-    return escape(text).replace("|", "\\|")
+from bench.text import cell, escape
 
 
 def table(t: Table) -> list[str]:
-    lines = ["| " + " | ".join(_cell(c) for c in t.columns) + " |", "|" + "---|" * len(t.columns)]
-    lines += ["| " + " | ".join(_cell(c.text) for c in row) + " |" for row in t.rows]
+    lines = ["| " + " | ".join(cell(c) for c in t.columns) + " |", "|" + "---|" * len(t.columns)]
+    lines += ["| " + " | ".join(cell(c.text) for c in row) + " |" for row in t.rows]
     return lines
 
 
@@ -50,6 +36,8 @@ def render(report: Report) -> str:
     out: list[str] = [f"# {escape(report.title)}", "", escape(report.subtitle), ""]
     if report.merge_note:
         out += [f"> {escape(report.merge_note)}", ""]
+    for note in report.input_notes:
+        out += [f"> **Input:** {escape(note)}", ""]
 
     out += ["## Summary", ""]
     for h in report.headline:

@@ -10,6 +10,8 @@ from typing import Any, ClassVar
 import torch
 from torch import nn
 
+from bench.text import shown
+
 Batch = tuple[torch.Tensor, torch.Tensor]  # (inputs, targets), on CPU; the loop moves them to the device
 
 
@@ -53,7 +55,7 @@ class Workload(abc.ABC):
     def size_params(self, size: str) -> dict[str, Any]:
         if size not in self.sizes:
             raise WorkloadError(
-                f"workload '{self.name}' has no size '{size}' (valid sizes: {', '.join(self.sizes)})"
+                f"workload '{self.name}' has no size {shown(size)} (valid sizes: {', '.join(self.sizes)})"
             )
         return dict(self.sizes[size])
 
@@ -81,4 +83,4 @@ def get(name: str) -> Workload:
     try:
         return _REGISTRY[name]()
     except KeyError:
-        raise WorkloadError(f"unknown workload '{name}' (known: {', '.join(sorted(_REGISTRY))})") from None
+        raise WorkloadError(f"unknown workload {shown(name)} (known: {', '.join(sorted(_REGISTRY))})") from None

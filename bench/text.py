@@ -1,0 +1,40 @@
+"""Text from the user and from records: quoted in one-line error messages, escaped in markdown."""
+
+from __future__ import annotations
+
+import re
+
+
+def shown(text: object, limit: int = 60) -> str:
+    """User input quoted for a one-line error message: newlines and control characters escaped, a long value cut.
+
+    ``'grad_accum'``; ``'a\\nb'``; ``'xxxx...' (10000 characters)``; a non-string as Python writes it (``2.7``).
+    Errors echo what the user typed so they can find it, but a 10,000-character name or an embedded newline must
+    not swamp or split the line.
+    """
+    quote = "'" if isinstance(text, str) else ""  # a number or a list from TOML is shown as written: 2.7, [1]
+    text = text if isinstance(text, str) else repr(text)
+    body = text[:limit].encode("unicode_escape").decode("ascii")
+    if quote:
+        body = body.replace("'", "\\'")
+    return f"{quote}{body}...{quote} ({len(text)} characters)" if len(text) > limit else f"{quote}{body}{quote}"
+
+
+# "<" starts HTML, "&name;" an entity, "*" and "`" emphasis and code, "](" an inline link, "\\" an escape. ">" and
+# "[" alone are literal in GitHub-flavoured markdown and stay readable.
+_ESCAPES = {"<": "&lt;", "&": "&amp;", "*": "\\*", "`": "\\`", "](": "]\\(", "\\": "\\\\"}
+_ESCAPE_RE = re.compile(r"<|&(?=#?\w+;)|\*|`|\]\(|\\")
+
+
+def escape(text: object) -> str:
+    """Plain text for markdown: HTML, entities, emphasis, code and links neutralised; one line."""
+    s = " ".join(str(text).split())  # no newlines inside a paragraph or a cell
+    return _ESCAPE_RE.sub(lambda m: _ESCAPES[m.group(0)], s)
+
+
+def cell(text: object) -> str:
+    """``escape`` plus the table separator: safe in a table cell, and anywhere else (``\\|`` renders as ``|``)."""
+    return escape(text).replace("|", "\\|")
+
+
+__all__ = ["cell", "escape", "shown"]
