@@ -257,7 +257,7 @@ def cmd_sweep_ab(args: argparse.Namespace, out: Any, err: Any) -> int:
     """``sweep --ab``: run, print the comparison, exit 0 (gate with ``bench compare OUT/a OUT/b --fail-on``)."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from bench.cli import interrupted_code, interrupted_word, sweep_config_from_args
+    from bench.cli import interrupted_code, interrupted_word, progress_text, sweep_config_from_args
 
     # The same layering as a plain sweep; when resuming, side a's resolved sweep.toml is the config.
     cfg = sweep_config_from_args(args, args.out / "a" if args.out is not None else None)
@@ -277,13 +277,7 @@ def cmd_sweep_ab(args: argparse.Namespace, out: Any, err: Any) -> int:
             task = bar.add_task("trials", total=None, last="measuring peak FLOP/s...")
 
             def on_progress(p: AbProgress) -> None:
-                if p.record is None:
-                    last = f"{p.side.upper()} {p.trial.trial_id}: already done"
-                else:
-                    sps = p.record.speed.samples_per_s if p.record.speed else None
-                    ok = p.record.status == "ok" and sps
-                    detail = f"{sps:,.0f} samples/s" if ok else (p.record.reason or "")[:60]
-                    last = f"{p.side.upper()} {p.trial.trial_id}: {p.record.status} {detail}"
+                last = progress_text(p.trial.trial_id, p.record, side=p.side.upper())
                 bar.update(task, total=p.total, completed=p.done, last=last)
 
             try:

@@ -24,7 +24,7 @@ from bench import workloads
 from bench.config import PRESETS, ConfigError, SweepConfig, build_config
 from bench.files import write_atomic
 from bench.plan import available_packages, resolve_device
-from bench.results import RecordError
+from bench.results import RecordError, TrialRecord
 
 EXIT_USAGE = 2
 
@@ -190,6 +190,16 @@ def sweep_config_from_args(args: argparse.Namespace, resume_dir: Path | None) ->
     return build_config(args.preset or "quick", overrides, config_path)
 
 
+def progress_text(trial_id: str, record: TrialRecord | None, side: str = "") -> str:
+    """The progress bar's last line: ``gpt:tiny/bf16/seed0/r0: ok 1,234 samples/s`` (or why it is not ok)."""
+    head = f"{side} {trial_id}" if side else trial_id
+    if record is None:
+        return f"{head}: already done"
+    sps = record.speed.samples_per_s if record.speed else None
+    detail = f"{sps:,.0f} samples/s" if record.status == "ok" and sps else (record.reason or "")[:60]
+    return f"{head}: {record.status} {detail}"
+
+
 class Terminated(KeyboardInterrupt):
     """SIGTERM (a scheduler's stop, ``kill``): handled like Ctrl-C, so finished trials are kept and the running
     trial's processes are killed."""
@@ -239,14 +249,7 @@ def _sweep(args: argparse.Namespace) -> int:
         task = bar.add_task("trials", total=None, last="measuring peak FLOP/s...")
 
         def on_progress(p) -> None:  # type: ignore[no-untyped-def]
-            if p.record is None:
-                last = f"{p.trial.trial_id}: already done"
-            else:
-                status = p.record.status
-                sps = p.record.speed.samples_per_s if p.record.speed else None
-                detail = f"{sps:,.0f} samples/s" if status == "ok" and sps else (p.record.reason or "")[:60]
-                last = f"{p.trial.trial_id}: {status} {detail}"
-            bar.update(task, total=p.total, completed=p.done, last=last)
+            bar.update(task, total=p.total, completed=p.done, last=progress_text(p.trial.trial_id, p.record))
 
         try:
             records = runner.run(on_progress)
