@@ -156,7 +156,7 @@ def verdict(est: Estimate, threshold: float, higher: str = "higher", lower: str 
     if est.value is None:
         return Verdict(NONE, est.method)
     if est.n < min_repeats:
-        unit = "pairs" if est.paired else "repeats"
+        unit = ("pair" if est.paired else "repeat") + ("" if est.n == 1 else "s")
         return Verdict(NONE, f"{est.n} {unit}: a verdict needs {min_repeats}")
     if not est.has_interval:
         return Verdict(NONE, est.method)

@@ -59,8 +59,7 @@ def _trial_process(runner: subprocess.Popen, timeout: float = 120.0) -> psutil.P
     while time.monotonic() < deadline:
         for child in psutil.Process(runner.pid).children(recursive=True):
             try:
-                if "-m bench.trial" in " ".join(child.cmdline()):
-                    time.sleep(1.0)  # past the guard's exec: the trial process itself
+                if child.cmdline()[1:3] == ["-m", "bench.trial"]:  # the trial itself, past bench.guard's exec
                     return child
             except psutil.NoSuchProcess:
                 continue
@@ -128,13 +127,12 @@ def test_a_trial_killed_from_outside_is_recorded_as_killed_not_oom(tmp_path):
 
 
 _KILLER = """
-import os, sys, time, psutil
+import sys, time, psutil
 parent = psutil.Process(int(sys.argv[1]))
 while True:
     for p in parent.children(recursive=True):
         try:
-            if p.pid != os.getpid() and "-m bench.trial" in " ".join(p.cmdline()):
-                time.sleep(1.0)
+            if p.cmdline()[1:3] == ["-m", "bench.trial"]:  # the trial itself, past bench.guard's exec
                 p.kill()
                 sys.exit(0)
         except psutil.NoSuchProcess:
