@@ -51,6 +51,7 @@ class TrainLoop:
         self.ctx = ctx
         self.micro_batches = micro_batches
         self.device = ctx.device
+        self.techniques = tuple(techniques)
         self._context_techs = [t for t in techniques if _overrides(t, "forward_context")]
         self._micro_techs = [t for t in techniques if _overrides(t, "micro_batch_context")]
         self._loss_techs = [t for t in techniques if _overrides(t, "loss")]

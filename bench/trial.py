@@ -171,18 +171,8 @@ def build(spec: TrialSpec, budget: Budget, device: torch.device) -> Session:
     wl = workloads.get(spec.workload)
     techs = sorted((TechniqueSpec.parse(t).resolve() for t in spec.techniques), key=lambda t: t.phase)
     built = wl.build(spec.size, spec.seed, device)
-    cfg = TrainConfig(batch_size=built.batch_size, lr=built.lr)
-    for tech in techs:
-        cfg = tech.configure(cfg)
-    ctx = Context(device=device, workload=spec.workload, seed=spec.seed, rank=_rank(), world_size=spec.world_size,
-                  has_blocks=wl.has_blocks, has_batchnorm=wl.has_batchnorm,
-                  technique_names=tuple(t.name for t in techs), metric=built.metric,
-                  higher_is_better=built.higher_is_better,
-                  cache_dir=Path(spec.reference_dir) if spec.reference_dir else None)
-    _plan_into(ctx, budget, built, cfg)
-    cfg, probe_s = _tune(techs, cfg, ctx, Probe(lambda: wl.build(spec.size, spec.seed, device), device, spec.seed))
-    _plan_into(ctx, budget, built, cfg)
-    ctx.state.update(lr=cfg.lr, local_batch_size=cfg.batch_size // spec.world_size // cfg.micro_batches)
+    cfg, ctx, probe_s = configure(wl, spec.size, built, techs, budget, spec.seed, device, spec.world_size,
+                                  Path(spec.reference_dir) if spec.reference_dir else None)
     model = built.model
     for tech in techs:
         model = tech.transform_model(model, ctx)
@@ -202,6 +192,31 @@ def _noting_first(batches: Iterator[Any], into: dict[str, Any]) -> Iterator[Any]
     into["batch"] = tuple(t.clone() for t in first)
     yield first
     yield from batches
+
+
+def configure(wl: workloads.Workload, size: str, built: workloads.BuiltWorkload, techs: list[Technique],
+              budget: Budget, seed: int, device: torch.device, world_size: int = 1, cache_dir: Path | None = None
+              ) -> tuple[TrainConfig, Context, float]:
+    """The TrainConfig the techniques settle on (``configure``, then ``tune``'s probes), the context they share,
+    and the probes' wall time."""
+    cfg = TrainConfig(batch_size=built.batch_size, lr=built.lr)
+    for tech in techs:
+        cfg = tech.configure(cfg)
+    ctx = Context(device=device, workload=wl.name, seed=seed, rank=_rank(), world_size=world_size,
+                  has_blocks=wl.has_blocks, has_batchnorm=wl.has_batchnorm,
+                  technique_names=tuple(t.name for t in techs), metric=built.metric,
+                  higher_is_better=built.higher_is_better, sequence_length=built.tokens_per_sample,
+                  cache_dir=cache_dir)
+    _plan_into(ctx, budget, built, cfg)
+    cfg, probe_s = _tune(techs, cfg, ctx, Probe(functools.partial(_fresh, wl, size, seed, device), device, seed))
+    _plan_into(ctx, budget, built, cfg)
+    ctx.state.update(lr=cfg.lr, local_batch_size=cfg.batch_size // world_size // cfg.micro_batches)
+    return cfg, ctx, probe_s
+
+
+def _fresh(wl: workloads.Workload, size: str, seed: int, device: torch.device, other_seed: int | None = None
+           ) -> workloads.BuiltWorkload:
+    return wl.build(size, seed if other_seed is None else other_seed, device)
 
 
 def _tune(techs: list[Technique], cfg: TrainConfig, ctx: Context, probe: Probe) -> tuple[TrainConfig, float]:

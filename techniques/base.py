@@ -110,6 +110,7 @@ class Context:
     total_steps: int = 0  # optimizer steps the quality run plans (the sample budget at this set's batch)
     total_samples: int = 0  # samples the quality run plans
     batch_tokens: int = 0  # tokens of the batch being trained (sequence workloads; 0 otherwise)
+    sequence_length: int = 0  # the workload's tokens per sample (sequence workloads; 0 otherwise)
     metric: str = ""  # the workload's quality metric and its direction (early stopping monitors it)
     higher_is_better: bool = True
     cache_dir: Path | None = None  # where a technique may cache what it computed once per sweep (scorers, ...)
@@ -125,7 +126,8 @@ class Probe:
     """What ``tune`` may use: fresh, untouched copies of the trial's workload (same size and seed), built on demand.
 
     ``fresh()`` returns a new ``bench.workloads.BuiltWorkload`` (model, ``batches(batch_size, seed)``, ``loss_fn``,
-    ``evaluate``, ``train_data``); the trial's own model is never touched by a probe.
+    ``evaluate``, ``train_data``, ``quality_steps``, ...); ``fresh(seed)`` one initialised from another seed (a
+    scorer shared by every trial). The trial's own model is never touched by a probe.
     """
 
     fresh: Callable[[], Any]
