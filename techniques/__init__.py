@@ -5,6 +5,7 @@ The import list is explicit on purpose: a technique exists when it is listed her
 
 from techniques import (  # noqa: F401  (imported for registration)
     baseline,
+    batch_size,
     bf16,
     checkpointing,
     compile,

@@ -40,13 +40,15 @@ import re
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import torch
 
-from bench.loop import TrainLoop, default_optimizer
 from bench.measure.memory import TensorMemoryTracker
 from techniques.base import Context, Kind, Probe, Technique, TrainConfig, register
+
+if TYPE_CHECKING:
+    from bench.loop import TrainLoop
 
 log = logging.getLogger(__name__)
 
@@ -201,9 +203,10 @@ def scaled_lr(lr: float, old_batch: int, new_batch: int, rule: str) -> float:
 # ---- measurements on a fresh copy of the workload -----------------------------------------------------------------
 
 
-
 def plain_loop(built: Any, lr: float, device: torch.device, micro_batches: int = 1) -> TrainLoop:
     """A loop with no techniques and the default optimizer (AdamW) on ``built``'s model: what the probes run."""
+    from bench.loop import TrainLoop, default_optimizer  # here: bench.loop imports this package
+
     optimizer = default_optimizer(lr)(built.model.parameters())
     return TrainLoop(built.model, optimizer, built.loss_fn, [], Context(device=device), micro_batches,
                      built.tokens_per_sample)

@@ -169,9 +169,13 @@ def test_b_simple_averages_before_dividing_and_is_inf_when_noise_dominates():
     assert b_simple([(1.0, -1.0), (1.0, 0.5)]) == math.inf
 
 
-def test_noise_mode_end_to_end_trains_at_the_chosen_batch():
-    loop, batches, _ = build_loop("mlp", "batch_size:mode=noise:noise_repeats=2:warmup_steps=5")
+# min_batch=256 forces a batch other than the workload's 64, so a tune whose result were dropped would fail
+@pytest.mark.parametrize("extra", ["", ":min_batch=256"])
+def test_noise_mode_end_to_end_trains_at_the_chosen_batch(extra):
+    loop, batches, _ = build_loop("mlp", "batch_size:mode=noise:noise_repeats=2:warmup_steps=5" + extra)
     found = BatchSize().results(loop.ctx)
+    if extra:
+        assert found["batch_size"] >= 256
     assert found["mode"] == "noise" and len(found["trace"]) == 2 and found["warmup"]["steps"] == 5
     assert found["b_simple"] is None or found["b_simple"] > 0
     x, _ = next(batches)

@@ -82,6 +82,7 @@ class Report:
     interactions: Table | None
     distributed: Table | None
     distributed_notes: list[str]
+    tuning: Table | None
     claims: Table | None
     claims_note: str | None
     problems: Table | None
@@ -218,6 +219,9 @@ def _breakdown(c: Any) -> Cell:
 
 
 def _one_off(c: Any) -> Cell:
+    if _ok(c.probe_s) and c.probe_s > 0:
+        first = fmt_secs(c.one_off_s) if _ok(c.one_off_s) else "-"
+        return Cell(f"{first} + probes {fmt_secs(c.probe_s)}", "warn")
     if not _ok(c.one_off_s):
         return Cell("-")
     return Cell(fmt_secs(c.one_off_s), "warn" if c.one_off_s > 1.0 else "")
@@ -239,6 +243,9 @@ def quality_cell(c: Any) -> Cell:
                     f"{c.curve_pairs} seeds)", "good")
     delta = delta_cell(c.delta, c.delta_lo, c.delta_hi, c.delta_verdict, c.delta_why)
     text = f"{value}; {delta.text}"
+    if c.n_stopped:
+        text = (f"stopped early in {c.n_stopped}/{c.n_final} runs (median run: {c.samples_frac_median:.0%} of the "
+                f"samples): the metric at the stop against the full run of the same seed: {text}")
     if c.exact_quality:
         apart = f"eval curves {c.curve_max_rel_diff:.1%} of the range apart"
         why = {"drift": f"same within noise (exact; {apart}: rounding, first steps match)",
@@ -266,6 +273,14 @@ def exact_drift(c: Any) -> str:
     return f"{head}; {EXACT_QUALITY[c.exact_quality]}"
 
 
+def ttt_interval(c: Any) -> str:
+    """The order-statistic interval of the median time-to-target, its coverage said when it is not 95%."""
+    if not _ok(c.ttt_lo) or not _ok(c.ttt_hi):
+        return ""
+    high = fmt_secs(c.ttt_hi) if math.isfinite(c.ttt_hi) else "miss"
+    return f" [{fmt_secs(c.ttt_lo)}, {high}] ({c.ttt_coverage:.0%} interval)"
+
+
 def ttt_cell(c: Any) -> Cell:
     """Censored median time-to-target (training clock, one-off excluded), misses, samples, and the ratio."""
     if c.target is None or not c.n_ttt:
@@ -274,8 +289,9 @@ def ttt_cell(c: Any) -> Cell:
     missed = f"{misses}/{c.n_ttt} missed"
     if not _ok(c.ttt_median) or not math.isfinite(c.ttt_median):
         return Cell(f"not reached: median is a miss ({missed})", "muted" if c.is_reference else "bad")
-    text = f"{fmt_secs(c.ttt_median)}"
-    if _ok(c.one_off_s) and c.one_off_s > 0.05 * c.ttt_median and math.isfinite(c.ttt_one_off_median):
+    text = f"{fmt_secs(c.ttt_median)}{ttt_interval(c)}"
+    one_off = (c.one_off_s if _ok(c.one_off_s) else 0.0) + (c.probe_s if _ok(c.probe_s) else 0.0)
+    if one_off > 0.05 * c.ttt_median and math.isfinite(c.ttt_one_off_median):
         text += f" ({fmt_secs(c.ttt_one_off_median)} with one-off)"
     text += f"; {fmt_num(c.stt_median)} samples; {missed}"
     if c.is_reference or not _ok(c.ttt_ratio):
@@ -783,6 +799,9 @@ def build(analysis: Analysis, figures: dict[str, Figure] | None = None, input_no
                        f"'{analysis.baseline}', so the measured side of each claim is relative to it.")
     sweep_ids = ", ".join(dict.fromkeys(str(s) for s in analysis.frame["sweep_id"]))
     distributed, distributed_notes = _distributed_table(analysis, names)
+    from bench.report.tuning import tuning_table  # it formats with this module's cells
+
+    tuning = tuning_table(analysis.frame, lambda machine, workload: _where(workload, names[machine]))
     return Report(
         title=f"trainbench report: {sweep_ids}",
         subtitle=(f"{len(analysis.frame)} trials, {analysis.frame['workload'].nunique()} workloads, "
@@ -796,6 +815,7 @@ def build(analysis: Analysis, figures: dict[str, Figure] | None = None, input_no
         interactions=_interactions_table(analysis, names),
         distributed=distributed,
         distributed_notes=distributed_notes,
+        tuning=tuning,
         claims=_claims_table(analysis, names),
         claims_note=claims_note,
         problems=_problems_table(analysis, names),
