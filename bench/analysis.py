@@ -570,8 +570,7 @@ def _time_to_target(ok: pd.DataFrame, ref: pd.DataFrame | None, th: Thresholds) 
     row: dict[str, Any] = {
         "target": target, "n_ttt": len(ttt),
         "ttt_median": stats.censored_median(ttt), "ttt_miss_rate": stats.miss_rate(ttt),
-        **dict(zip(("ttt_lo", "ttt_hi", "ttt_coverage"), stats.median_interval(ttt) or (None, None, None),
-                   strict=True)),
+        **_median_interval(ttt),
         "ttt_one_off_median": stats.censored_median(list(runs["time_to_target_one_off_s"])),
         "stt_median": stats.censored_median(list(runs["samples_to_target"])),
     }
@@ -586,6 +585,16 @@ def _time_to_target(ok: pd.DataFrame, ref: pd.DataFrame | None, th: Thresholds) 
         return row
     row.update(_compare("ttt_ratio", mine, theirs, True, th.time_to_target, ("later", "sooner")))
     return row
+
+
+MIN_MEDIAN_COVERAGE = 0.9  # below it (fewer than 5 seeds) an interval of the median is too weak to show
+
+
+def _median_interval(values: list[Any]) -> dict[str, Any]:
+    found = stats.median_interval(values)
+    if found is None or found[2] < MIN_MEDIAN_COVERAGE:
+        return {"ttt_lo": None, "ttt_hi": None, "ttt_coverage": None}
+    return dict(zip(("ttt_lo", "ttt_hi", "ttt_coverage"), found, strict=True))
 
 
 def _parity(ok: pd.DataFrame) -> dict[str, Any]:

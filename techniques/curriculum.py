@@ -84,7 +84,7 @@ class Curriculum(Technique):
     class Options:
         order: Literal["easy_first", "hard_first", "random"] = "easy_first"
         start: float = 0.125  # the first step's length (or pool) as a fraction of the full one
-        warmup: float = 0.5  # fraction of the planned steps over which it grows to the full length (or set)
+        warmup: float = 0.3  # fraction of the planned steps over which it grows to the full length (Composer: 0.3)
         step_len: int = 8  # sequences: lengths are multiples of this
 
         def __post_init__(self) -> None:

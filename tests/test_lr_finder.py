@@ -24,6 +24,14 @@ def test_steepest_finds_the_fastest_fall():
     assert steepest(LRS, losses) == LRS[50]
 
 
+def test_steepest_ignores_a_fall_after_the_blow_up():
+    """Measured shape: the loss explodes, then falls back a little (AdamW at LR ~0.4): the steepest point of that
+    fall is past the minimum and is no suggestion."""
+    losses = [2.0 - 0.004 * i for i in range(60)] + [7.0 - 0.1 * k for k in range(40)]
+    found = steepest(LRS, losses)
+    assert found is not None and found <= LRS[59]
+
+
 def test_valley_takes_the_middle_of_the_longest_fall():
     losses = [scripted(i) for i in range(100)]
     assert valley(LRS, losses) == LRS[(0 + 75) // 2]  # the sigmoid falls (slowly, then fast) from point 0 to 75

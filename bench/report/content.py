@@ -273,12 +273,12 @@ def exact_drift(c: Any) -> str:
     return f"{head}; {EXACT_QUALITY[c.exact_quality]}"
 
 
-def ttt_interval(c: Any) -> str:
-    """The order-statistic interval of the median time-to-target, its coverage said when it is not 95%."""
+def ttt_interval(c: Any) -> tuple[str, str]:
+    """The order-statistic interval of the median time-to-target and its coverage ("" without one)."""
     if not _ok(c.ttt_lo) or not _ok(c.ttt_hi):
-        return ""
+        return "", ""
     high = fmt_secs(c.ttt_hi) if math.isfinite(c.ttt_hi) else "miss"
-    return f" [{fmt_secs(c.ttt_lo)}, {high}] ({c.ttt_coverage:.0%} interval)"
+    return f" [{fmt_secs(c.ttt_lo)}, {high}]", f"{c.ttt_coverage:.0%} interval"
 
 
 def ttt_cell(c: Any) -> Cell:
@@ -289,10 +289,12 @@ def ttt_cell(c: Any) -> Cell:
     missed = f"{misses}/{c.n_ttt} missed"
     if not _ok(c.ttt_median) or not math.isfinite(c.ttt_median):
         return Cell(f"not reached: median is a miss ({missed})", "muted" if c.is_reference else "bad")
-    text = f"{fmt_secs(c.ttt_median)}{ttt_interval(c)}"
+    interval, coverage = ttt_interval(c)
+    asides = [coverage] if coverage else []
     one_off = (c.one_off_s if _ok(c.one_off_s) else 0.0) + (c.probe_s if _ok(c.probe_s) else 0.0)
     if one_off > 0.05 * c.ttt_median and math.isfinite(c.ttt_one_off_median):
-        text += f" ({fmt_secs(c.ttt_one_off_median)} with one-off)"
+        asides.append(f"{fmt_secs(c.ttt_one_off_median)} with one-off")
+    text = fmt_secs(c.ttt_median) + interval + (f" ({'; '.join(asides)})" if asides else "")
     text += f"; {fmt_num(c.stt_median)} samples; {missed}"
     if c.is_reference or not _ok(c.ttt_ratio):
         why = f"; {c.ttt_ratio_why}" if c.ttt_ratio_why and not c.is_reference else ""
