@@ -205,7 +205,8 @@ def _record_row(r: TrialRecord, source: str, machine: str) -> dict[str, Any]:
         "target": q.target if q else wl.get("target"),
         "budget_samples": q.budget_samples if q else None, "samples_trained": q.samples_trained if q else None,
         "final": q.final if q else None, "train_time_s": q.train_time_s if q else None, "cut": q.cut if q else None,
-        "stopped_by": q.stopped_by if q else None, "curve": q.curve if q else [], "samples_to_target": q.samples_to_target if q else None,
+        "stopped_by": q.stopped_by if q else None, "curve": q.curve if q else [],
+        "samples_to_target": q.samples_to_target if q else None,
         "steps_to_target": q.steps_to_target if q else None,
         "time_to_target_s": q.time_to_target_s if q else None,
         "time_to_target_one_off_s": q.time_to_target_with_one_off_s if q else None,
@@ -479,13 +480,12 @@ def _quality(ok: pd.DataFrame, ref: pd.DataFrame | None, kind: str, th: Threshol
 
 
 def _stopped_early(complete: pd.DataFrame) -> dict[str, Any]:
-    """How many complete runs a technique ended early (early stopping) and the share of the budget's samples the
-    median run trained: their final metric is the metric at the stop, not at equal samples."""
-    stopped = [bool(s) for s in complete["stopped_by"]]
-    fractions = [t / b for t, b in zip(complete["samples_trained"], complete["budget_samples"], strict=True)
-                 if _ok(t) and _ok(b) and b]
-    return {"n_stopped": sum(stopped),
-            "samples_frac_median": float(np.median(fractions)) if any(stopped) and fractions else None}
+    """How many complete runs a technique ended early (early stopping) and the median share of the budget's samples
+    the stopped ones trained: their final metric is the metric at the stop, not at equal samples."""
+    fractions = [t / b for t, b, stop in zip(complete["samples_trained"], complete["budget_samples"],
+                                             complete["stopped_by"], strict=True) if stop and _ok(t) and _ok(b) and b]
+    return {"n_stopped": sum(bool(s) for s in complete["stopped_by"]),
+            "samples_frac_median": float(np.median(fractions)) if fractions else None}
 
 
 EXACT_QUALITY = {

@@ -231,10 +231,9 @@ def median_interval(values: Sequence[float | None], confidence: float = 0.95) ->
     n = len(v)
     if n < 2:
         return None
-    below = [math.comb(n, k) / 2**n for k in range(n + 1)]  # P(Binomial(n, 1/2) = k)
-    best_j, best_cov = 1, 1 - 2 * below[0]
+    best_j, best_cov = 1, 1 - 2 * float(sps.binom.cdf(0, n, 0.5))
     for j in range(2, n // 2 + 1):
-        coverage = 1 - 2 * sum(below[:j])
+        coverage = 1 - 2 * float(sps.binom.cdf(j - 1, n, 0.5))  # P(Binomial(n, 1/2) < j)
         if coverage < confidence:
             break
         best_j, best_cov = j, coverage

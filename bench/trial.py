@@ -220,8 +220,9 @@ def _fresh(wl: workloads.Workload, size: str, seed: int, device: torch.device, o
 
 
 def _tune(techs: list[Technique], cfg: TrainConfig, ctx: Context, probe: Probe) -> tuple[TrainConfig, float]:
-    """Each tuning technique's probes, in the set's order, on fresh copies of the workload; the global RNG is
-    restored afterwards so the trial's own run does not depend on how much the probes drew."""
+    """Each tuning technique's probes, in the set's order, on fresh copies of the workload, and their time less
+    what went into work cached for the whole sweep; the global RNG is restored afterwards so the trial's own run
+    does not depend on how much the probes drew."""
     tuners = [t for t in techs if type(t).tune is not Technique.tune]
     if not tuners:
         return cfg, 0.0
@@ -232,7 +233,7 @@ def _tune(techs: list[Technique], cfg: TrainConfig, ctx: Context, probe: Probe) 
     gc.collect()
     if ctx.is_cuda:
         torch.cuda.empty_cache()
-    return cfg, time.perf_counter() - started
+    return cfg, max(time.perf_counter() - started - probe.shared_s, 0.0)
 
 
 def _plan_into(ctx: Context, budget: Budget, built: workloads.BuiltWorkload, cfg: TrainConfig) -> None:
@@ -403,8 +404,10 @@ def quality_run(session: Session) -> QualityResult:
                     cut = (f"stopped at step {step} of {plan.steps}: the training clock passed "
                            f"max_train_seconds={budget.max_train_seconds:g} (a safety cap, not a budget)")
                     break
+                if step == plan.steps:  # the budget ends here: nothing left to stop
+                    continue
                 asked = [t.name for t in session.techs if t.on_eval({built.metric: curve[-1][-1]}, session.ctx)]
-                if step < plan.steps and _agree(bool(asked)):
+                if _agree(bool(asked)):
                     stopped = f"{', '.join(asked) or 'another rank'} stopped the run at step {step} of {plan.steps}"
                     break
             _sync(session.device)
@@ -474,6 +477,10 @@ class WindowPeaks:
 def speed_window(session: Session, ref: ReferenceResult) -> tuple[SpeedResult, WindowPeaks, EnergyResult]:
     """Warm-up (covering the parity steps when this stage runs first), then the timed window."""
     budget, spec, device = session.budget, session.spec, session.device
+    # A step's speed in steady state, past the quality run's plan, whether the quality run came first or not:
+    # techniques that change the step over the plan (a sequence-length warm-up) are then at their final shapes,
+    # so mode=speed and mode=both time the same step.
+    session.ctx.step = max(session.ctx.step, session.ctx.total_steps)
     warmup_times = _warm_up(session)
     gc.collect()
     rss = PeakRss()
@@ -548,16 +555,18 @@ def window_flops(session: Session, reference_flops: int | None, shapes: collecti
     full = (local, *x_full.shape[1:])
     if set(shapes) == {full}:
         return reference_flops, None
-    fresh = workloads.get(spec.workload).build(spec.size, spec.seed, session.device)
-    ctx = Context(device=session.device)
-    loop = TrainLoop(fresh.model, build_optimizer(fresh.model, [], ctx, fresh.lr), fresh.loss_fn, [], ctx)
     counted = {}
-    for shape in shapes:
-        if shape == full:
-            counted[shape] = reference_flops / spec.world_size
-            continue
-        x, y = _cut(x_full, shape), _cut(y_full, shape)
-        counted[shape] = count_flops(lambda x=x, y=y: loop.step((x, y)))
+    with torch.random.fork_rng(devices=[]):  # building re-seeds: the trial's own stages keep their RNG state
+        cpu = torch.device("cpu")  # FLOPs do not depend on the device; nothing is allocated beside the trial's
+        fresh = workloads.get(spec.workload).build(spec.size, spec.seed, cpu)
+        ctx = Context(device=cpu)
+        loop = TrainLoop(fresh.model, build_optimizer(fresh.model, [], ctx, fresh.lr), fresh.loss_fn, [], ctx)
+        for shape in shapes:
+            if shape == full:
+                counted[shape] = reference_flops / spec.world_size
+                continue
+            x, y = _cut(x_full, shape), _cut(y_full, shape)
+            counted[shape] = count_flops(lambda x=x, y=y: loop.step((x, y)))
     total = sum(n * counted[shape] * spec.world_size for shape, n in shapes.items())
     return round(total / sum(shapes.values())), {"x".join(map(str, s)): n for s, n in sorted(shapes.items())}
 

@@ -127,12 +127,15 @@ class Probe:
 
     ``fresh()`` returns a new ``bench.workloads.BuiltWorkload`` (model, ``batches(batch_size, seed)``, ``loss_fn``,
     ``evaluate``, ``train_data``, ``quality_steps``, ...); ``fresh(seed)`` one initialised from another seed (a
-    scorer shared by every trial). The trial's own model is never touched by a probe.
+    scorer shared by every trial). The trial's own model is never touched by a probe. Work computed once and
+    cached for every trial (a difficulty scorer) adds its time to ``shared_s``: it is reported by the technique,
+    not charged to the trial as a one-off cost.
     """
 
-    fresh: Callable[[], Any]
+    fresh: Callable[..., Any]
     device: torch.device
     seed: int = 0
+    shared_s: float = 0.0  # time a technique spent on work cached for every trial of the sweep (not this trial's)
 
 
 class OptionError(ValueError):

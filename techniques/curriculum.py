@@ -95,6 +95,9 @@ class Curriculum(Technique):
 
     def tune(self, cfg: TrainConfig, probe: Probe, ctx: Context) -> TrainConfig:
         if not ctx.sequence_length:  # classifiers: score every training example once (cached per sweep)
+            if ctx.world_size > 1:
+                raise ValueError("curriculum on a classifier runs on one process: each rank would score the "
+                                 "examples itself and could order them differently")
             self._difficulty, self._scorer, self._train_data = difficulty_scores(probe, ctx.cache_dir)
         return cfg
 
@@ -165,6 +168,7 @@ def difficulty_scores(probe: Probe, cache_dir: Path | None) -> tuple[torch.Tenso
     for _ in range(fresh.quality_steps):
         loop.step(next(batches))
     scores = per_example_loss(fresh.model, *fresh.train_data, probe.device)
+    probe.shared_s += time.perf_counter() - started
     meta = {"seed": SCORER_SEED, "steps": fresh.quality_steps, "batch_size": fresh.batch_size,
             "scorer_train_s": round(time.perf_counter() - started, 3), "key": key,
             "loss_quantiles": [round(float(q), 4) for q in torch.quantile(scores, torch.tensor([0.1, 0.5, 0.9]))]}

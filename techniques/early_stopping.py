@@ -55,7 +55,7 @@ class StopRule:
         if self.divergence_threshold is not None and self._better(self.divergence_threshold, value):
             return f"the metric {value:.4g} is worse than divergence_threshold={self.divergence_threshold:g}"
         shifted = value - self.min_delta if self.higher_is_better else value + self.min_delta
-        if self.best is None or self._better(shifted, self.best):
+        if math.isfinite(value) and (self.best is None or self._better(shifted, self.best)):
             self.best, self.wait = value, 0
             return None
         self.wait += 1
@@ -105,6 +105,8 @@ class EarlyStopping(Technique):
 
     def results(self, ctx: Context) -> dict[str, Any] | None:
         rule, stop = self._rule(ctx), ctx.state.get("early_stopping_stop")
+        if not rule.seen:
+            return None  # no quality run: nothing was judged
         out: dict[str, Any] = {"monitor": ctx.metric, "higher_is_better": rule.higher_is_better,
                                "evaluations": len(rule.seen), "best": rule.best, "stopped": stop is not None}
         if stop is not None:

@@ -7,8 +7,9 @@ Method card
   ``stop_factor`` x its best (Lightning's ``early_stop_threshold``). The suggestion rule is stated and recorded:
   ``steepest`` takes the LR where the smoothed loss falls fastest against log LR before its minimum (Smith 2015;
   Lightning's default rule, which also skips the first ``skip_start`` points but searches past the minimum, where a
-  loss falling back after a blow-up picked an LR of 0.43 for the MLP in our runs); ``valley`` takes the middle of the longest stretch over which the
-  smoothed loss keeps falling (fastai's ``valley``, more robust to a noisy curve's single steep point). The trial
+  loss falling back after a blow-up picked an LR of 0.43 for the MLP in our runs); ``valley`` takes the middle of
+  the longest stretch over which the smoothed loss keeps falling (fastai's ``valley``, more robust to a noisy
+  curve's single steep point). The trial
   then trains with that LR (constant, or as the peak of ``lr_schedule`` when both are in the set).
 - Cost: the probe's wall time is a one-off cost of the trial (``build.probe_s``), counted in time-to-target with
   one-off costs. On the tiny CPU workloads the default 100-step sweep costs about as much as 2/3 of the 150-step
@@ -126,8 +127,9 @@ class LRFinder(Technique):
         def __post_init__(self) -> None:
             if not 0 < self.min_lr < self.max_lr:
                 raise ValueError(f"need 0 < min_lr < max_lr, got {self.min_lr} and {self.max_lr}")
-            if self.steps < 10:
-                raise ValueError(f"steps must be >= 10, got {self.steps}")
+            if self.skip_start < 0 or self.steps < max(10, self.skip_start + 3):
+                raise ValueError(f"need skip_start >= 0 and steps >= max(10, skip_start + 3), got steps={self.steps}, "
+                                 f"skip_start={self.skip_start}")
             if not 0 <= self.beta < 1 or self.stop_factor <= 1:
                 raise ValueError("beta must be in [0, 1) and stop_factor > 1")
 

@@ -81,6 +81,9 @@ class LRSchedule(Technique):
         self._total, self._peak, self._lrs = total, peak, []
         o = self.options
         if o.schedule == "one_cycle":
+            if o.pct_start * total < 2:  # torch's OneCycleLR divides by (its rising steps - 1)
+                raise ValueError(f"lr_schedule one_cycle: pct_start={o.pct_start:g} of {total} planned steps leaves "
+                                 "fewer than 2 rising steps; raise pct_start or the steps")
             self._scheduler: Any = torch.optim.lr_scheduler.OneCycleLR(
                 optimizer, max_lr=peak, total_steps=total, pct_start=o.pct_start, anneal_strategy="cos",
                 div_factor=o.div_factor, final_div_factor=o.final_div_factor,
@@ -98,5 +101,7 @@ class LRSchedule(Technique):
             self._scheduler.step()
 
     def results(self, ctx: Context) -> dict[str, Any] | None:
+        if not self._lrs:
+            return None  # no step within the plan (a speed-only trial)
         return {"schedule": self.options.schedule, "peak_lr": self._peak, "planned_steps": self._total,
                 "lr_per_step": [round(x, 10) for x in self._lrs]}

@@ -6,7 +6,6 @@ import math
 import pytest
 import torch
 
-import techniques.batch_size  # noqa: F401  (registers the technique; techniques/__init__ does not list it yet)
 from bench import workloads
 from techniques.base import Context, OptionError, Probe, TrainConfig
 from techniques.batch_size import (
@@ -162,6 +161,13 @@ def test_noise_scale_of_identical_gradients_is_all_signal():
     trace_sigma, g2 = noise_scale(lambda _i: g, 4, 2)
     assert trace_sigma == pytest.approx(0.0, abs=1e-12)
     assert g2 == pytest.approx(25.0)
+
+
+def test_a_failed_noise_estimate_keeps_the_default_batch():
+    from techniques.batch_size import batch_for_noise_scale
+
+    assert batch_for_noise_scale(math.inf, 64) == 64 and batch_for_noise_scale(-3.0, 64) == 64
+    assert batch_for_noise_scale(90.0, 64) == 64 and batch_for_noise_scale(200.0, 64) == 256
 
 
 def test_b_simple_averages_before_dividing_and_is_inf_when_noise_dominates():

@@ -52,7 +52,8 @@ def test_paced_batches_come_from_the_easiest_or_hardest_items_first(order):
 
 
 def test_sequence_warmup_trains_short_sequences_and_counts_their_tokens():
-    loop, batches, built = build_loop("gpt", "curriculum:start=0.25:warmup=0.5:step_len=8", budget=Budget(train_steps=20))
+    loop, batches, built = build_loop("gpt", "curriculum:start=0.25:warmup=0.5:step_len=8",
+                                      budget=Budget(train_steps=20))
     seen = []
     for _ in range(12):
         x, y = next(batches)
@@ -72,25 +73,42 @@ def test_the_scorer_is_trained_once_and_cached(tmp_path):
     probe = Probe(lambda seed=None: wl.build("tiny", 0 if seed is None else seed, torch.device("cpu")),
                   torch.device("cpu"), 0)
     scores, meta, (x, _) = difficulty_scores(probe, tmp_path)
+    shared = probe.shared_s
     again, meta2, _ = difficulty_scores(probe, tmp_path)
+    assert shared >= meta["scorer_train_s"] > 0 and probe.shared_s == shared  # kept out of the trial's probe_s
     assert len(scores) == len(x) and torch.equal(scores, again)
     assert meta["cached"] is False and meta2["cached"] is True and meta2["scorer_train_s"] == meta["scorer_train_s"]
     assert scores.min() >= 0 and scores.std() > 0
 
 
-def test_speed_window_counts_real_tokens_and_flops_per_shape():
-    """A speed-only trial runs inside the length warm-up: tokens/s and FLOPs follow the shortened steps."""
+def test_speed_is_timed_past_the_warm_up_in_every_mode():
+    """mode=speed times the same steady-state step as mode=both (past the planned run): full-length sequences."""
     spec = TrialSpec(sweep_id="t", trial_id="t", workload="gpt", size="tiny", techniques=["curriculum"], seed=0,
                      repeat=0, device="cpu", mode="speed",
-                     budget={"min_steps": 10, "min_seconds": 0.0, "warmup_steps": 2, "memory": False,
+                     budget={"min_steps": 5, "min_seconds": 0.0, "warmup_steps": 1, "memory": False,
                              "parity_steps": 0})
     rec = run(spec)
-    base = run(TrialSpec(**{**spec.__dict__, "techniques": []}))
-    assert rec.status == base.status == "ok", (rec.reason, base.reason)
-    s = rec.speed
-    lengths = {int(k.split("x")[1]): n for k, n in s.shapes.items()}
-    assert sum(lengths.values()) == s.steps and max(lengths) < 64
-    mean_len = sum(n * k for k, n in lengths.items()) / s.steps
-    assert s.tokens_per_s == pytest.approx(s.samples_per_s * mean_len, rel=1e-9)
-    assert base.speed.shapes is None and base.speed.tokens_per_s == pytest.approx(base.speed.samples_per_s * 64)
-    assert s.flops_per_step < 0.5 * base.speed.flops_per_step  # lengths 8-24 of 64: well under half the FLOPs
+    assert rec.status == "ok", rec.reason
+    assert rec.speed.shapes is None and rec.speed.tokens_per_s == pytest.approx(rec.speed.samples_per_s * 64)
+
+
+def test_flops_follow_the_shapes_trained_each_counted_once():
+    from bench import workloads
+    from bench.config import Budget as TrialBudget
+    from bench.loop import TrainLoop, build_optimizer
+    from bench.measure.flops import count_flops
+    from bench.trial import build, window_flops
+
+    spec = TrialSpec(sweep_id="t", trial_id="t", workload="gpt", size="tiny", techniques=["curriculum"], seed=0,
+                     repeat=0, device="cpu", budget={})
+    session = build(spec, TrialBudget(), torch.device("cpu"))
+    session.loop.step(next(session.batches))  # notes the workload's full batch (16 x 64)
+    fresh = workloads.get("gpt").build("tiny", 0, torch.device("cpu"))  # the reference's count: an eager step
+    ctx = Context(device=torch.device("cpu"))
+    loop = TrainLoop(fresh.model, build_optimizer(fresh.model, [], ctx, fresh.lr), fresh.loss_fn, [], ctx)
+    full_flops = count_flops(lambda: loop.step(next(fresh.batches(16, 0))))
+    mean, shapes = window_flops(session, full_flops, collections.Counter({(16, 64): 2, (16, 8): 2}))
+    assert shapes == {"16x64": 2, "16x8": 2}
+    short = 2 * mean - full_flops  # the mean of two full steps (the reference's count) and two short ones
+    assert 0 < short < full_flops / 4  # 8 of 64 positions: about an eighth of the matmul FLOPs
+    assert window_flops(session, full_flops, collections.Counter({(16, 64): 5})) == (full_flops, None)

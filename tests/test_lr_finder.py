@@ -26,10 +26,10 @@ def test_steepest_finds_the_fastest_fall():
 
 def test_steepest_ignores_a_fall_after_the_blow_up():
     """Measured shape: the loss explodes, then falls back a little (AdamW at LR ~0.4): the steepest point of that
-    fall is past the minimum and is no suggestion."""
-    losses = [2.0 - 0.004 * i for i in range(60)] + [7.0 - 0.1 * k for k in range(40)]
-    found = steepest(LRS, losses)
-    assert found is not None and found <= LRS[59]
+    fall is past the minimum and is no suggestion; the steepest point before the minimum (40) is."""
+    fall = [2.0 - 1.0 / (1.0 + math.exp(-(i - 40) / 4)) for i in range(60)]
+    losses = fall + [7.0 - 0.1 * k for k in range(40)]  # falls 0.1 per point: steeper than anything before
+    assert steepest(LRS, losses) == LRS[40]
 
 
 def test_valley_takes_the_middle_of_the_longest_fall():

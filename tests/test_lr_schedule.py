@@ -70,6 +70,11 @@ def test_factor_is_exact_at_its_edges():
     assert warmup_cosine_factor(50, 10, 0.0, 0.25) == 0.25
 
 
+def test_one_cycle_with_too_few_rising_steps_says_so():
+    with pytest.raises(ValueError, match="fewer than 2 rising steps"):
+        lrs_of("lr_schedule:schedule=one_cycle:pct_start=0.05")  # 1 rising step of 20
+
+
 def test_options_validate():
     with pytest.raises(OptionError, match="schedule"):
         LRSchedule.parse_options({"schedule": "linear"})

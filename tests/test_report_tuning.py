@@ -72,8 +72,9 @@ def test_findings_early_stops_and_the_interval_of_the_median(tmp_path):
     assert "8.00 s [6.00 s, 10.0 s] (94% interval; 10.0 s with one-off)" in row
     assert "- + probes 2.00 s" in row
     stopped = next(line for line in text.splitlines() if line.startswith("| early_stopping |"))
-    assert ("stopped early in 3/5 runs (median run: 40% of the samples): the metric at the stop against the full "
-            "run of the same seed") in stopped
+    assert ("stopped early in 3/5 runs (the stopped ones trained a median 40% of the samples; all runs: median "
+            "8.00 s of training against the reference's 20.0 s): the metric at the stop against the full run of the "
+            "same seed") in stopped
 
 
 def test_median_interval_from_order_statistics():
@@ -83,3 +84,24 @@ def test_median_interval_from_order_statistics():
     assert (low, high) == (2, 9) and coverage == pytest.approx(1 - 2 * 11 / 1024)
     assert stats.median_interval([1.0, None, None, 2.0, None])[1] == float("inf")  # a miss may be the median
     assert stats.median_interval([1.0]) is None
+
+
+def test_each_finding_reads_plainly_and_edge_cases_do_not_break_the_report():
+    from bench.report.tuning import SUMMARIES
+
+    seq = {"order": "easy_first", "start": 0.125, "warmup": 0.3, "full_length": 64, "warmup_steps": 45,
+           "warmup_lengths": {"8": 10, "32": 20, "56": 15}, "tokens_fraction_of_plan": 0.8}
+    assert SUMMARIES["curriculum"]([seq]) == ("order easy_first: lengths 8-56 of 64 over 45 steps; 80% of the plan's "
+                                              "tokens")
+    none = {**seq, "warmup_steps": 0, "warmup_lengths": {}, "tokens_fraction_of_plan": None}
+    assert "no length warm-up" in SUMMARIES["curriculum"]([none])
+    pool = {"order": "random", "start": 0.125, "warmup": 0.3,
+            "scorer": {"steps": 150, "scorer_train_s": 2.5, "cached": True}}
+    assert "scorer trained 150 steps once (2.50 s, cached" in SUMMARIES["curriculum"]([pool])
+    batch = {"mode": "noise", "batch_size": 256, "default_batch_size": 64, "lr_after": 0.004, "rule": "sqrt",
+             "b_simple": 198.3}
+    assert SUMMARIES["batch_size"]([batch]) == ("mode noise: trained at batch 256 (default 64), LR 0.004 (sqrt rule); "
+                                                "critical batch size B_simple 198")
+    assert SUMMARIES["early_stopping"]([{"evaluations": 0, "stopped": False}]).startswith("no evaluation")
+    assert SUMMARIES["lr_schedule"]([{"schedule": "one_cycle", "peak_lr": 0.003, "planned_steps": 150}]) == \
+        "one_cycle, peak LR 0.003 over 150 steps"

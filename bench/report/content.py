@@ -244,8 +244,12 @@ def quality_cell(c: Any) -> Cell:
     delta = delta_cell(c.delta, c.delta_lo, c.delta_hi, c.delta_verdict, c.delta_why)
     text = f"{value}; {delta.text}"
     if c.n_stopped:
-        text = (f"stopped early in {c.n_stopped}/{c.n_final} runs (median run: {c.samples_frac_median:.0%} of the "
-                f"samples): the metric at the stop against the full run of the same seed: {text}")
+        clock = (f"; all runs: median {fmt_secs(c.train_time_s)} of training against the reference's "
+                 f"{fmt_secs(c.equal_time_s)}"
+                 if _ok(c.train_time_s) and _ok(c.equal_time_s) else "")
+        text = (f"stopped early in {c.n_stopped}/{c.n_final} runs (the stopped ones trained a median "
+                f"{c.samples_frac_median:.0%} of the samples{clock}): the metric at the stop against the full run of "
+                f"the same seed: {text}")
     if c.exact_quality:
         apart = f"eval curves {c.curve_max_rel_diff:.1%} of the range apart"
         why = {"drift": f"same within noise (exact; {apart}: rounding, first steps match)",

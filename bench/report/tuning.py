@@ -20,7 +20,9 @@ LISTED = 6
 
 
 def _g(x: float | None) -> str:
-    return "-" if x is None else f"{x:.3g}"
+    if x is None:
+        return "-"
+    return str(x) if isinstance(x, int) else f"{x:.3g}"
 
 
 def _values(xs: list[float | None]) -> str:
@@ -50,35 +52,44 @@ def _batch_size(found: list[dict[str, Any]]) -> str:
            f"({found[0].get('rule')} rule)"
     if mode == "noise":
         text += f"; critical batch size B_simple {_values([f.get('b_simple') for f in found])}"
-        if any(f.get("noise_dominates") for f in found):
-            text += " (in some seeds the gradient noise swamped the mean gradient: no finite estimate)"
+        failed = sum(bool(f.get("estimate_failed")) for f in found)
+        if failed:
+            text += (f" ({failed} estimate(s) failed: the noise swamped the mean gradient; those kept the default "
+                     "batch)")
     return text
 
 
 def _early_stopping(found: list[dict[str, Any]]) -> str:
-    stopped = [f for f in found if f.get("stopped")]
+    ran = [f for f in found if f.get("evaluations")]
+    if not ran:
+        return "no evaluation in these trials (speed only): nothing to stop"
+    stopped = [f for f in ran if f.get("stopped")]
     if not stopped:
-        return f"never stopped ({len(found)} runs): the metric kept improving within the patience"
+        return f"never stopped ({len(ran)} runs): the metric kept improving within the patience"
     saved = _values([f.get("steps_saved_frac") for f in stopped])
-    return f"stopped {len(stopped)}/{len(found)} runs, saving {saved} of the planned steps"
+    return f"stopped {len(stopped)}/{len(ran)} runs, saving {saved} of the planned steps"
 
 
 def _curriculum(found: list[dict[str, Any]]) -> str:
     first = found[0]
-    if "warmup_lengths" in first:
-        lengths = [int(k) for k in first["warmup_lengths"]]
+    if "full_length" in first:
+        lengths = [int(k) for k in first.get("warmup_lengths") or {}]
+        if not lengths:
+            return f"order {first['order']}: no length warm-up (warmup=0): every step at {first['full_length']}"
+        share = first.get("tokens_fraction_of_plan")
         return (f"order {first['order']}: lengths {min(lengths)}-{max(lengths)} of {first['full_length']} over "
-                f"{first['warmup_steps']} steps; {first['tokens_fraction_of_plan']:.0%} of the plan's tokens")
+                f"{first['warmup_steps']} steps" + (f"; {share:.0%} of the plan's tokens" if share is not None else ""))
     scorer = first.get("scorer") or {}
     cost = max((f.get("scorer") or {}).get("scorer_train_s") or 0 for f in found)
     return (f"order {first['order']}, pool from {first['start']:.0%} to all over {first['warmup']:.0%} of the steps; "
             f"difficulty = loss of a scorer trained {scorer.get('steps')} steps once ({fmt_secs(cost)}, cached and "
-            "shared by every trial: not in the one-off costs)")
+            "shared by every trial of the sweep)")
 
 
 def _lr_schedule(found: list[dict[str, Any]]) -> str:
     first = found[0]
-    return f"{first['schedule']}, peak LR {_values([f.get('peak_lr') for f in found])} over {first['planned_steps']} steps"
+    peaks = _values([f.get("peak_lr") for f in found])
+    return f"{first['schedule']}, peak LR {peaks} over {first['planned_steps']} steps"
 
 
 SUMMARIES: dict[str, Callable[[list[dict[str, Any]]], str]] = {
