@@ -137,6 +137,14 @@ def default_optimizer(lr: float, weight_decay: float = 0.0) -> Callable[..., tor
     return make
 
 
+def plain_loop(built: Any, lr: float, device: torch.device, micro_batches: int = 1) -> TrainLoop:
+    """A loop with no techniques and the default optimizer on a built workload's model (a
+    ``bench.workloads.BuiltWorkload``): what references, probes and FLOP counts run."""
+    optimizer = default_optimizer(lr)(built.model.parameters())
+    return TrainLoop(built.model, optimizer, built.loss_fn, [], Context(device=device), micro_batches,
+                     built.tokens_per_sample)
+
+
 def build_optimizer(
     model: nn.Module, techniques: Sequence[Technique], ctx: Context, lr: float, weight_decay: float = 0.0
 ) -> torch.optim.Optimizer:

@@ -52,7 +52,7 @@ from bench import workloads
 from bench.config import Budget, TechniqueSet, TechniqueSpec
 from bench.env import datasheet_peak
 from bench.files import write_atomic
-from bench.loop import TrainLoop, build_optimizer
+from bench.loop import TrainLoop, build_optimizer, plain_loop
 from bench.measure import energy as energy_mod
 from bench.measure.energy import EnergyMeter
 from bench.measure.flops import count_flops
@@ -559,8 +559,7 @@ def window_flops(session: Session, reference_flops: int | None, shapes: collecti
     with torch.random.fork_rng(devices=[]):  # building re-seeds: the trial's own stages keep their RNG state
         cpu = torch.device("cpu")  # FLOPs do not depend on the device; nothing is allocated beside the trial's
         fresh = workloads.get(spec.workload).build(spec.size, spec.seed, cpu)
-        ctx = Context(device=cpu)
-        loop = TrainLoop(fresh.model, build_optimizer(fresh.model, [], ctx, fresh.lr), fresh.loss_fn, [], ctx)
+        loop = plain_loop(fresh, fresh.lr, cpu)
         for shape in shapes:
             if shape == full:
                 counted[shape] = reference_flops / spec.world_size

@@ -47,6 +47,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import torch
 
+from bench import loop as train_loop  # a module reference: bench.loop imports this package
 from bench.measure.memory import TensorMemoryTracker
 from techniques.base import Context, Kind, Probe, Technique, TrainConfig, register
 
@@ -204,15 +205,6 @@ def scaled_lr(lr: float, old_batch: int, new_batch: int, rule: str) -> float:
 
 
 # ---- measurements on a fresh copy of the workload -----------------------------------------------------------------
-
-
-def plain_loop(built: Any, lr: float, device: torch.device, micro_batches: int = 1) -> TrainLoop:
-    """A loop with no techniques and the default optimizer (AdamW) on ``built``'s model: what the probes run."""
-    from bench.loop import TrainLoop, default_optimizer  # here: bench.loop imports this package
-
-    optimizer = default_optimizer(lr)(built.model.parameters())
-    return TrainLoop(built.model, optimizer, built.loss_fn, [], Context(device=device), micro_batches,
-                     built.tokens_per_sample)
 
 
 def train_size(built: Any) -> int | None:
@@ -403,7 +395,7 @@ class BatchSize(Technique):
     def _by_memory(self, built: Any, cfg: TrainConfig, probe: Probe, baseline_bytes: int) -> tuple[int, dict]:
         """Searches the micro-batch: with gradient accumulation a step's activations are one micro-batch's."""
         o, k = self.options, cfg.micro_batches
-        loop = plain_loop(built, cfg.lr, probe.device)
+        loop = train_loop.plain_loop(built, cfg.lr, probe.device)
         measure = memory_measure(built, loop, probe.seed, baseline_bytes)
         low, cap = max(1, math.ceil(o.min_batch / k)), self._cap(built) // k
         start = min(max(cfg.batch_size // k, low), cap)
@@ -420,13 +412,13 @@ class BatchSize(Technique):
         o, k = self.options, cfg.micro_batches
         cap = self._cap(built)
         ladder = sorted({clamp_batch(b, o.min_batch, cap, None, k) for b in power_ladder(o.min_batch, cap)})
-        loop = plain_loop(built, cfg.lr, probe.device, micro_batches=k)
+        loop = train_loop.plain_loop(built, cfg.lr, probe.device, micro_batches=k)
         batch, trace = fastest_batch(rate_measure(built, loop, probe.seed, o.probe_steps), ladder)
         return batch, {"probe_steps": o.probe_steps, "trace": trace}
 
     def _by_noise(self, built: Any, cfg: TrainConfig, probe: Probe, baseline_bytes: int) -> tuple[int, dict]:
         o = self.options
-        loop = plain_loop(built, cfg.lr, probe.device)
+        loop = train_loop.plain_loop(built, cfg.lr, probe.device)
         warm = built.batches(cfg.batch_size, probe.seed)
         losses = [float(loop.step(next(warm))) for _ in range(o.warmup_steps)]
         micro = max(1, cfg.batch_size // 4)

@@ -39,6 +39,7 @@ from typing import Any, Literal
 import torch
 import torch.nn.functional as F
 
+from bench import loop as train_loop  # a module reference: bench.loop imports this package
 from techniques.base import Context, Kind, Probe, Technique, TrainConfig, register
 
 SCORER_SEED = 10_000  # the scorer's initialisation and batch order: one scorer per workload, whatever the trial seed
@@ -159,11 +160,8 @@ def difficulty_scores(probe: Probe, cache_dir: Path | None) -> tuple[torch.Tenso
     if path is not None and path.exists():
         saved = torch.load(path, weights_only=True)
         return saved["scores"], {**json.loads(saved["meta"]), "cached": True}, fresh.train_data
-    from bench.loop import TrainLoop, default_optimizer  # here: bench.loop imports this package
-
     started = time.perf_counter()
-    loop = TrainLoop(fresh.model, default_optimizer(fresh.lr)(fresh.model.parameters()), fresh.loss_fn, [],
-                     Context(device=probe.device))
+    loop = train_loop.plain_loop(fresh, fresh.lr, probe.device)
     batches = fresh.batches(fresh.batch_size, SCORER_SEED)
     for _ in range(fresh.quality_steps):
         loop.step(next(batches))

@@ -27,6 +27,7 @@ import math
 from dataclasses import dataclass, replace
 from typing import Any, Literal
 
+from bench import loop as train_loop  # a module reference: bench.loop imports this package
 from techniques.base import Context, Kind, Probe, Technique, TrainConfig, register
 
 
@@ -139,12 +140,9 @@ class LRFinder(Technique):
         return None
 
     def tune(self, cfg: TrainConfig, probe: Probe, ctx: Context) -> TrainConfig:
-        from bench.loop import TrainLoop, default_optimizer  # here: bench.loop imports this package
-
         o = self.options
         fresh = probe.fresh()
-        opt = default_optimizer(o.min_lr, cfg.weight_decay)(fresh.model.parameters())
-        loop = TrainLoop(fresh.model, opt, fresh.loss_fn, [], Context(device=probe.device), cfg.micro_batches)
+        loop = train_loop.plain_loop(fresh, o.min_lr, probe.device, cfg.micro_batches)
         test = range_test(loop, fresh.batches(cfg.batch_size, probe.seed + 7919), o.min_lr, o.max_lr, o.steps,
                           o.beta, o.stop_factor)
         suggestions = {"steepest": test.suggest("steepest", o.skip_start), "valley": test.suggest("valley")}

@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from bench import workloads
+from bench.loop import plain_loop
 from techniques.base import Context, OptionError, Probe, TrainConfig
 from techniques.batch_size import (
     STATE_KEY,
@@ -19,7 +20,6 @@ from techniques.batch_size import (
     nearest_power_of_two,
     noise_scale,
     parse_bytes,
-    plain_loop,
     power_ladder,
     scaled_lr,
 )

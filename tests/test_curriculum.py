@@ -96,7 +96,7 @@ def test_speed_is_timed_past_the_warm_up_in_every_mode():
 def test_flops_follow_the_shapes_trained_each_counted_once():
     from bench import workloads
     from bench.config import Budget as TrialBudget
-    from bench.loop import TrainLoop, build_optimizer
+    from bench.loop import plain_loop
     from bench.measure.flops import count_flops
     from bench.trial import build, window_flops
 
@@ -105,8 +105,7 @@ def test_flops_follow_the_shapes_trained_each_counted_once():
     session = build(spec, TrialBudget(), torch.device("cpu"))
     session.loop.step(next(session.batches))  # notes the workload's full batch (16 x 64)
     fresh = workloads.get("gpt").build("tiny", 0, torch.device("cpu"))  # the reference's count: an eager step
-    ctx = Context(device=torch.device("cpu"))
-    loop = TrainLoop(fresh.model, build_optimizer(fresh.model, [], ctx, fresh.lr), fresh.loss_fn, [], ctx)
+    loop = plain_loop(fresh, fresh.lr, torch.device("cpu"))
     full_flops = count_flops(lambda: loop.step(next(fresh.batches(16, 0))))
     mean, shapes = window_flops(session, full_flops, collections.Counter({(16, 64): 2, (16, 8): 2}))
     assert shapes == {"16x64": 2, "16x8": 2}

@@ -456,6 +456,8 @@ def _sweep_facts(analysis: Analysis) -> list[tuple[str, str]]:
 
 
 def _speed_points(analysis: Analysis, rows: pd.DataFrame, others: pd.DataFrame) -> list[str]:
+    if not any(_ok(v) for v in rows["sps_median"]) and not any(_ok(v) for v in rows["peak_bytes"]):
+        return ["speed and memory not measured here (quality runs only: --mode quality)"]
     parts = []
     faster = others[others["speedup_verdict"] == "faster"]
     if len(faster):
@@ -520,7 +522,13 @@ def _quality_points(others: pd.DataFrame) -> list[str]:
         if r.exact_quality in ("expected mismatch", "bug", "drift changes quality", "unverified drift"):
             parts.append(f"{r.technique}: {exact_drift(r)}")
     judged = [r for r in others.itertuples() if r.exact_quality not in ("identical", "drift") and r.n_final
-              and _ok(r.delta)]
+              and _ok(r.delta) and not r.n_stopped]
+    stopped = [r for r in others.itertuples() if r.n_stopped and _ok(r.delta)]
+    if stopped:
+        parts.append("metric where early stopping stopped, against the full run of the same seed: " + ", ".join(
+            f"{r.technique} ({r.metric} {r.delta:+.4f}" + (f" [{r.delta_lo:+.4f}, {r.delta_hi:+.4f}]"
+                                                           if _ok(r.delta_lo) else "")
+            + f", {_verdict_words(r.delta_verdict)}; {r.n_stopped}/{r.n_final} runs stopped)" for r in stopped))
     changed = [r for r in judged if r.delta_verdict in ("better", "worse")]
     if changed:
         parts.append("quality differs at equal samples: " + ", ".join(
@@ -533,6 +541,12 @@ def _quality_points(others: pd.DataFrame) -> list[str]:
     if cut:
         parts.append("quality runs cut by the safety cap, not compared: " + ", ".join(cut))
     return parts
+
+
+def _verdict_words(verdict: str | None) -> str:
+    if verdict in (None, stats.NONE):
+        return "no verdict"
+    return "no significant difference" if verdict == stats.SAME else verdict
 
 
 def _ttt_points(rows: pd.DataFrame, others: pd.DataFrame) -> list[str]:
@@ -553,8 +567,12 @@ def _ttt_points(rows: pd.DataFrame, others: pd.DataFrame) -> list[str]:
         head += "; sooner: " + ", ".join(sooner)
     if later:
         head += "; later: " + ", ".join(later)
+    some = [f"{r.technique} ({round(r.ttt_miss_rate * r.n_ttt)}/{r.n_ttt})" for r in others.itertuples()
+            if r.n_ttt and r.technique not in missed and _ok(r.ttt_miss_rate) and r.ttt_miss_rate > 0]
     if missed:
         head += "; median run misses the target: " + ", ".join(missed)
+    if some:
+        head += "; some runs miss it: " + ", ".join(some)
     return [f"time to target: {head}"]
 
 
