@@ -14,6 +14,11 @@ Method card
   faster and cannot reach a target sooner than the same run without it: its saving is the budget after the stop.
   On the tiny CPU workloads (150 steps, 10 evaluations) the metric still improves at the end of the budget for
   most seeds, so expect it to stop rarely, or to stop on noise and give up quality: the numbers say which.
+- Measured (2-core AMD EPYC, tiny workloads, 5 seeds, 30 evaluations; reports/example-cpu-convergence): with
+  the default patience of 3 evaluations (15 steps apart) it stopped 5/5 cnn and 5/5 mlp runs, saving 13-70% of the
+  steps, and gave up accuracy at the stop (cnn -0.034, mlp -0.076 against the full run of the same seed; intervals
+  cross 0) and the target (cnn: 4/5 runs stop before it). The tiny curves are noisy enough for three evaluations
+  without a new best to happen mid-climb: raise patience or min_delta for short runs.
 - Sources: Prechelt, "Early Stopping - But When?", in Neural Networks: Tricks of the Trade, 1998; PyTorch Lightning
   ``lightning.pytorch.callbacks.EarlyStopping`` (monitor, min_delta, patience, mode, stopping_threshold,
   divergence_threshold, check_finite).
