@@ -161,16 +161,16 @@ DISTRIBUTED_COLUMNS = [
 RECORD_COLUMNS = [
     "source", "machine", "key", "sweep_id", "trial_id", "timestamp_utc", "workload", "technique", "names",
     "components", "kind", "mode", "seed", "repeat", "position", "device", "status", "reason", "notes",
-    "batch_size", "first_step_s", "one_off_s",
+    "batch_size", "first_step_s", "one_off_s", "probe_s",
     "samples_per_s", "tokens_per_s", "step_time_s", "step_time_iqr_s", "window_steps", "data_wait_frac",
     "contention_frac", "contended", "contention_retries", "flops_per_step", "achieved_flops", "compute_dtype",
     "peak_flops", "mfu",
     "mfu_datasheet",
     "peak_bytes", "peak_rss_bytes", *(f"mem_{c}_bytes" for c in BREAKDOWN), "breakdown_skipped",
     "metric", "higher_is_better", "target", "budget_samples", "samples_trained", "final", "train_time_s", "cut",
-    "curve", "samples_to_target", "steps_to_target", "time_to_target_s", "time_to_target_one_off_s",
+    "stopped_by", "curve", "samples_to_target", "steps_to_target", "time_to_target_s", "time_to_target_one_off_s",
     "parity_kind", "parity_ok", "parity_loss_diff", "parity_distance_diff", "parity_loss_tol",
-    "parity_distance_tol", "parity_note", "energy_j",
+    "parity_distance_tol", "parity_note", "energy_j", "technique_results",
     *DISTRIBUTED_COLUMNS,
 ]
 
@@ -188,6 +188,7 @@ def _record_row(r: TrialRecord, source: str, machine: str) -> dict[str, Any]:
         "status": r.status, "reason": r.reason, "notes": tuple(r.notes),
         "batch_size": b.batch_size if b else wl.get("batch_size"),
         "first_step_s": b.first_step_s if b else None, "one_off_s": b.one_off_s if b else None,
+        "probe_s": b.probe_s if b else None,
         "samples_per_s": s.samples_per_s if s else None, "tokens_per_s": s.tokens_per_s if s else None,
         "step_time_s": s.step_time_s.median if s else None, "step_time_iqr_s": s.step_time_s.iqr if s else None,
         "window_steps": s.steps if s else None, "data_wait_frac": s.data_wait_frac if s else None,
@@ -204,7 +205,8 @@ def _record_row(r: TrialRecord, source: str, machine: str) -> dict[str, Any]:
         "target": q.target if q else wl.get("target"),
         "budget_samples": q.budget_samples if q else None, "samples_trained": q.samples_trained if q else None,
         "final": q.final if q else None, "train_time_s": q.train_time_s if q else None, "cut": q.cut if q else None,
-        "curve": q.curve if q else [], "samples_to_target": q.samples_to_target if q else None,
+        "stopped_by": q.stopped_by if q else None, "curve": q.curve if q else [],
+        "samples_to_target": q.samples_to_target if q else None,
         "steps_to_target": q.steps_to_target if q else None,
         "time_to_target_s": q.time_to_target_s if q else None,
         "time_to_target_one_off_s": q.time_to_target_with_one_off_s if q else None,
@@ -213,6 +215,7 @@ def _record_row(r: TrialRecord, source: str, machine: str) -> dict[str, Any]:
         "parity_loss_tol": p.loss_tolerance if p else None, "parity_distance_tol": p.distance_tolerance if p else None,
         "parity_note": p.note if p else None,
         "energy_j": r.energy.joules if r.energy else None,
+        "technique_results": r.technique_results,
         "n_params": b.n_params if b else wl.get("n_params"),
         **_distributed_fields(r.world_size, s, m),
     }
@@ -393,6 +396,7 @@ def _identity(machine: str, workload: str, technique: str, g: pd.DataFrame, ok: 
         "notes": sorted({n for ns in g["notes"] for n in ns}),
         "batch_size": next((b for b in g["batch_size"] if b), None),
         "first_step_s": _median(ok["first_step_s"]), "one_off_s": _median(ok["one_off_s"]),
+        "probe_s": _median(ok["probe_s"]),
         "world_size": g["world_size"].iloc[0],
     }
 
@@ -461,6 +465,7 @@ def _quality(ok: pd.DataFrame, ref: pd.DataFrame | None, kind: str, th: Threshol
         "final_mean": float(np.mean(finals)) if finals else None,
         "final_std": float(np.std(finals, ddof=1)) if len(finals) > 1 else (0.0 if finals else None),
         "train_time_s": _median(complete["train_time_s"]),
+        **_stopped_early(complete),
     }
     ref_complete = _complete(ref) if ref is not None else None
     words = ("better", "worse") if hib is not False else ("worse", "better")
@@ -472,6 +477,15 @@ def _quality(ok: pd.DataFrame, ref: pd.DataFrame | None, kind: str, th: Threshol
     row["quality_same_exact"] = same
     row.update(_equal_time(complete, ref_complete, words, th))
     return row
+
+
+def _stopped_early(complete: pd.DataFrame) -> dict[str, Any]:
+    """How many complete runs a technique ended early (early stopping) and the median share of the budget's samples
+    the stopped ones trained: their final metric is the metric at the stop, not at equal samples."""
+    fractions = [t / b for t, b, stop in zip(complete["samples_trained"], complete["budget_samples"],
+                                             complete["stopped_by"], strict=True) if stop and _ok(t) and _ok(b) and b]
+    return {"n_stopped": sum(bool(s) for s in complete["stopped_by"]),
+            "samples_frac_median": float(np.median(fractions)) if fractions else None}
 
 
 EXACT_QUALITY = {
@@ -556,6 +570,7 @@ def _time_to_target(ok: pd.DataFrame, ref: pd.DataFrame | None, th: Thresholds) 
     row: dict[str, Any] = {
         "target": target, "n_ttt": len(ttt),
         "ttt_median": stats.censored_median(ttt), "ttt_miss_rate": stats.miss_rate(ttt),
+        **_median_interval(ttt),
         "ttt_one_off_median": stats.censored_median(list(runs["time_to_target_one_off_s"])),
         "stt_median": stats.censored_median(list(runs["samples_to_target"])),
     }
@@ -570,6 +585,16 @@ def _time_to_target(ok: pd.DataFrame, ref: pd.DataFrame | None, th: Thresholds) 
         return row
     row.update(_compare("ttt_ratio", mine, theirs, True, th.time_to_target, ("later", "sooner")))
     return row
+
+
+MIN_MEDIAN_COVERAGE = 0.9  # below it (fewer than 5 seeds) an interval of the median is too weak to show
+
+
+def _median_interval(values: list[Any]) -> dict[str, Any]:
+    found = stats.median_interval(values)
+    if found is None or found[2] < MIN_MEDIAN_COVERAGE:
+        return {"ttt_lo": None, "ttt_hi": None, "ttt_coverage": None}
+    return dict(zip(("ttt_lo", "ttt_hi", "ttt_coverage"), found, strict=True))
 
 
 def _parity(ok: pd.DataFrame) -> dict[str, Any]:

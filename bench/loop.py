@@ -8,12 +8,16 @@ One call of ``TrainLoop.step`` is one optimizer step:
         with forward contexts (autocast, ...):  out = model(x); loss = loss_fn(out, y); loss hooks
         backward(loss / micro_batches)           (the backward owner, e.g. fp16's loss scaler, or loss.backward())
     optimizer step                               (the step owner, e.g. the loss scaler, or optimizer.step())
+    after-step hooks of every subscriber         (LR schedules), then ctx.step += 1
 
+The loop counts what it trained: ``tokens`` (real tokens, so a shortened sequence counts as short) and
+``shapes`` (optimizer steps per distinct input shape, so FLOPs can follow the shapes actually trained).
 The returned loss is a detached tensor (no ``.item()``: that would sync the device every step).
 """
 
 from __future__ import annotations
 
+import collections
 import contextlib
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -39,6 +43,7 @@ class TrainLoop:
         techniques: Sequence[Technique],
         ctx: Context,
         micro_batches: int = 1,
+        tokens_per_sample: int = 0,
     ) -> None:
         self.model = model
         self.optimizer = optimizer
@@ -46,11 +51,18 @@ class TrainLoop:
         self.ctx = ctx
         self.micro_batches = micro_batches
         self.device = ctx.device
+        self.techniques = tuple(techniques)
         self._context_techs = [t for t in techniques if _overrides(t, "forward_context")]
         self._micro_techs = [t for t in techniques if _overrides(t, "micro_batch_context")]
         self._loss_techs = [t for t in techniques if _overrides(t, "loss")]
         self._backward_owner = _single_owner(techniques, "backward")
         self._step_owner = _single_owner(techniques, "optimizer_step")
+        self._after_techs = [t for t in techniques if _overrides(t, "after_step")]
+        self.sequences = tokens_per_sample > 0  # inputs are (batch, sequence) token ids
+        self.tokens = 0
+        self.shapes: collections.Counter[tuple[int, ...]] = collections.Counter()
+        for tech in techniques:
+            tech.attach(optimizer, ctx)
 
     def forward_context(self) -> contextlib.AbstractContextManager[Any]:
         """The techniques' forward contexts entered together (also used around evaluation)."""
@@ -73,6 +85,10 @@ class TrainLoop:
 
     def step(self, batch: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
         x, y = batch
+        shape = tuple(x.shape)
+        self.shapes[shape] += 1
+        self.ctx.batch_tokens = shape[0] * shape[1] if self.sequences else 0
+        self.tokens += self.ctx.batch_tokens
         x = x.to(self.device, non_blocking=True)
         y = y.to(self.device, non_blocking=True)
         self.optimizer.zero_grad(set_to_none=True)
@@ -97,6 +113,9 @@ class TrainLoop:
             total = detached if total is None else total + detached
         if self._step_owner is None or not self._step_owner.optimizer_step(self.optimizer, self.ctx):
             self.optimizer.step()
+        for tech in self._after_techs:
+            tech.after_step(self.optimizer, self.ctx)
+        self.ctx.step += 1
         assert total is not None
         return total / n if n > 1 else total
 
@@ -116,6 +135,14 @@ def default_optimizer(lr: float, weight_decay: float = 0.0) -> Callable[..., tor
         return torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay)
 
     return make
+
+
+def plain_loop(built: Any, lr: float, device: torch.device, micro_batches: int = 1) -> TrainLoop:
+    """A loop with no techniques and the default optimizer on a built workload's model (a
+    ``bench.workloads.BuiltWorkload``): what references, probes and FLOP counts run."""
+    optimizer = default_optimizer(lr)(built.model.parameters())
+    return TrainLoop(built.model, optimizer, built.loss_fn, [], Context(device=device), micro_batches,
+                     built.tokens_per_sample)
 
 
 def build_optimizer(

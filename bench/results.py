@@ -95,6 +95,8 @@ class BuildInfo:
                                      "lazy initialisation and first-touch allocation land here")
     one_off_s: float | None = doc("first_step_s minus a steady step of the same run: the one-off cost kept out of "
                                   "throughput and of time_to_target_s")
+    probe_s: float = doc("wall time of the techniques' probes before training (LR range test, batch-size search, "
+                         "difficulty scoring): a one-off cost like one_off_s", 0.0)
 
 
 @dataclass(frozen=True)
@@ -107,13 +109,15 @@ class SpeedResult:
     step_time_s: StepStats = doc("per-step times")
     samples_per_s: float = doc("global samples / window_s")
     samples_per_s_per_device: float = doc("samples_per_s / world size")
-    tokens_per_s: float | None = doc("samples_per_s * tokens_per_sample (language models)")
+    tokens_per_s: float | None = doc("tokens trained in the window / window_s (language models; the real lengths "
+                                     "when a technique shortens sequences)")
     data_wait_frac: float | None = doc("share of the window spent fetching batches")
     contention: Contention = doc("other processes' CPU time during the window")
     contended: bool = doc("other processes used more than 10% of the CPUs during the window (the one kept, after "
                           "the retries); such a window is kept out of speed verdicts")
     flops_per_step: int | None = doc("model FLOPs of one optimizer step (FlopCounterMode on the eager fp32 reference "
-                                     "step: the same for every technique of a workload)")
+                                     "step: the same for every technique of a workload; the window's mean when its "
+                                     "steps had other input shapes, each shape counted once)")
     achieved_flops: float | None = doc("flops_per_step * steps / window_s: the same clock as samples_per_s")
     compute_dtype: str = doc("the dtype matmuls run in: float32, tfloat32, bfloat16, float16")
     peak_flops: float | None = doc("this machine's calibrated matmul peak for compute_dtype at this trial's thread "
@@ -124,6 +128,8 @@ class SpeedResult:
     mfu_datasheet: float | None = doc("achieved_flops / datasheet_peak_flops")
     contention_retries: list[float] = doc("contention fraction of each window measured again because others used "
                                           "the CPUs (at most budget.contention_retries, after a pause)", factory=list)
+    shapes: dict[str, int] | None = doc("input shape -> steps, when the window's steps had other shapes than the "
+                                        "workload's batch (sequence-length curriculum, ...)", None)
 
 
 @dataclass(frozen=True)
@@ -149,10 +155,12 @@ class QualityResult:
     samples_to_target: int | None = doc("samples at the first evaluation that reached the target (None: a miss)")
     steps_to_target: int | None = doc("optimizer steps at that evaluation")
     time_to_target_s: float | None = doc("training clock at that evaluation")
-    time_to_target_with_one_off_s: float | None = doc("time_to_target_s + build.one_off_s")
+    time_to_target_with_one_off_s: float | None = doc("time_to_target_s + build.one_off_s + build.probe_s")
     contention: Contention | None = doc("other processes' CPU time during the quality run")
     stopped_by: str | None = doc("a technique that ended the run early through its on_eval hook (early stopping): "
                                  "the run is complete at that point", None)
+    tokens_trained: int | None = doc("tokens actually trained (sequence workloads: shortened sequences count as "
+                                     "short)", None)
 
 
 @dataclass(frozen=True)
@@ -238,6 +246,9 @@ class TrialRecord:
     memory: MemoryResult | None = doc("memory passes", None)
     energy: EnergyResult | None = doc("energy over the timed window", None)
     notes: list[str] = doc("remarks of the harness about this record", factory=list)
+    technique_results: dict[str, Any] = doc("what each technique found, by name (an LR range test's curve and "
+                                            "choice, a batch-size search trace, early stopping's savings)",
+                                            factory=dict)
     error: str | None = doc("traceback of a failed trial (last 4000 characters)", None)
     env_ref: str = doc("the environment file beside results.jsonl", "env.json")
     config_hash: str = doc("hash of the sweep settings the trial ran under (budget, mode, device, threads, processes, "

@@ -219,6 +219,27 @@ def censored_median(values: Sequence[float | None]) -> float | None:
     return float(np.median(np.array(v)))  # numpy's median of [1, inf] is inf: half missed, no finite median
 
 
+def median_interval(values: Sequence[float | None], confidence: float = 0.95) -> tuple[float, float, float] | None:
+    """A distribution-free interval for the median from order statistics: (low, high, coverage).
+
+    With n values sorted (a miss counts as +inf), [x_(j), x_(n+1-j)] covers the median with probability
+    1 - 2 P(Binomial(n, 1/2) < j); j is the largest whose coverage reaches ``confidence``. Below that many values
+    (n < 6 for 95%) no order-statistic interval reaches it: the whole range is returned with its smaller coverage,
+    which the caller states. Misses stay in, so a high end of +inf says the median may be a miss.
+    """
+    v = sorted(math.inf if x is None else float(x) for x in values)
+    n = len(v)
+    if n < 2:
+        return None
+    best_j, best_cov = 1, 1 - 2 * float(sps.binom.cdf(0, n, 0.5))
+    for j in range(2, n // 2 + 1):
+        coverage = 1 - 2 * float(sps.binom.cdf(j - 1, n, 0.5))  # P(Binomial(n, 1/2) < j)
+        if coverage < confidence:
+            break
+        best_j, best_cov = j, coverage
+    return v[best_j - 1], v[n - best_j], best_cov
+
+
 def miss_rate(values: Sequence[float | None]) -> float | None:
     if not values:
         return None

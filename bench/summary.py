@@ -67,8 +67,10 @@ def quality_text(c: Any) -> str:
         return f"{c.metric} {c.final_mean:.4g}"
     text = f"{c.delta:+.4f}"
     if c.delta_verdict in (None, stats.NONE):
-        return text + "?"
-    return text + ("" if c.delta_verdict == stats.SAME else f" {c.delta_verdict}")
+        text += "?"
+    else:
+        text += "" if c.delta_verdict == stats.SAME else f" {c.delta_verdict}"
+    return text + (f" at stop ({c.n_stopped}/{c.n_final} stopped)" if c.n_stopped else "")
 
 
 def ttt_text(c: Any) -> str:
@@ -78,6 +80,8 @@ def ttt_text(c: Any) -> str:
     if c.ttt_median is None or not math.isfinite(c.ttt_median):
         return f"missed ({misses}/{c.n_ttt})"
     text = f"{c.ttt_median:.2f} s"
+    if c.ttt_lo is not None and c.ttt_hi is not None:
+        text += f" [{c.ttt_lo:.2f}, {'miss' if not math.isfinite(c.ttt_hi) else f'{c.ttt_hi:.2f}'}]"
     if misses:
         text += f" ({misses}/{c.n_ttt} missed)"
     return text
@@ -118,13 +122,19 @@ def summarize(records: list[TrialRecord], baseline: str = BASELINE) -> list[Summ
             memory_ratio=("1" if c.peak_bytes or c.peak_rss_bytes else "-") if c.is_reference else
             ratio_text(c.mem_ratio, c.mem_ratio_verdict) + (source if _ok(c.mem_ratio) else ""),
             mfu=c.mfu,
-            one_off_s=c.one_off_s,
+            one_off_s=_one_off(c),
             quality=quality_text(c),
             time_to_target=ttt_text(c),
             parity=parity_text(c),
             note="; ".join(notes)[:300],
         ))
     return rows
+
+
+def _one_off(c: Any) -> float | None:
+    """The first step's excess plus the techniques' probes (LR range test, batch search): one-off costs."""
+    parts = [v for v in (c.one_off_s, c.probe_s) if _ok(v)]
+    return sum(parts) if parts else None
 
 
 def _bytes(b: float | None) -> str:
@@ -153,8 +163,10 @@ LEGEND = ("Speedup and memory ratio: geometric mean over seeds of each trial's r
           "threshold (5% speed, 1% memory); 'x?' marks an estimate without a verdict (fewer than 3 repeats). "
           "Quality at equal samples: every set trains the same samples from the same initial weights; an exact set "
           "must reproduce the reference's eval curve ('same'), others show the metric's difference at the full "
-          "budget. Time to target: median training time (one-off cost excluded) over seeds, a miss counting as "
-          "never. One-off: the first step's cost beyond a steady step (torch.compile's compilation).")
+          "budget ('at stop' when early stopping ended runs: the metric where it stopped). Time to target: median "
+          "training time (one-off cost excluded) over seeds, a miss counting as never, with an order-statistic "
+          "interval of the median (its coverage is in the report). One-off: the first step's cost beyond a steady "
+          "step (torch.compile's compilation) plus the techniques' probes (LR range test, batch search).")
 
 
 def to_markdown(rows: list[SummaryRow], title: str = "Sweep summary") -> str:

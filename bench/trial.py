@@ -24,6 +24,7 @@ first; the speed window does not care what the weights are.
 from __future__ import annotations
 
 import atexit
+import collections
 import dataclasses
 import datetime as dt
 import functools
@@ -51,9 +52,10 @@ from bench import workloads
 from bench.config import Budget, TechniqueSet, TechniqueSpec
 from bench.env import datasheet_peak
 from bench.files import write_atomic
-from bench.loop import TrainLoop, build_optimizer
+from bench.loop import TrainLoop, build_optimizer, plain_loop
 from bench.measure import energy as energy_mod
 from bench.measure.energy import EnergyMeter
+from bench.measure.flops import count_flops
 from bench.measure.memory import (
     PeakRss,
     TensorMemoryTracker,
@@ -79,7 +81,16 @@ from bench.results import (
     sanitize,
 )
 from techniques._distributed import model_state_bytes, zero_formula_bytes
-from techniques.base import Context, Kind, Technique, TrainConfig, set_compute_dtype, set_kind, set_zero_stage
+from techniques.base import (
+    Context,
+    Kind,
+    Probe,
+    Technique,
+    TrainConfig,
+    set_compute_dtype,
+    set_kind,
+    set_zero_stage,
+)
 
 log = logging.getLogger(__name__)
 
@@ -140,6 +151,8 @@ class Session:
     steps_done: int = 0
     first_step_s: float | None = None  # the process's first training step, timed alone
     one_off_s: float | None = None  # its excess over a steady step of the stage that ran it
+    probe_s: float = 0.0  # the techniques' probes before training (tune)
+    full_batch: dict[str, Any] = field(default_factory=dict)  # "batch": the workload's first batch, before techniques
 
     @property
     def device(self) -> torch.device:
@@ -150,26 +163,83 @@ class Session:
 
 
 def build(spec: TrialSpec, budget: Budget, device: torch.device) -> Session:
-    """The workload's model with the techniques applied in phase order, its optimizer, loop and batches."""
+    """The workload's model with the techniques applied in phase order, its optimizer, loop and batches.
+
+    Techniques that tune the run (``tune``: LR range test, batch-size search) probe fresh copies of the workload
+    first; their wall time is the trial's ``probe_s``, a one-off cost.
+    """
     wl = workloads.get(spec.workload)
     techs = sorted((TechniqueSpec.parse(t).resolve() for t in spec.techniques), key=lambda t: t.phase)
     built = wl.build(spec.size, spec.seed, device)
-    cfg = TrainConfig(batch_size=built.batch_size, lr=built.lr)
-    for tech in techs:
-        cfg = tech.configure(cfg)
-    ctx = Context(device=device, workload=spec.workload, seed=spec.seed, rank=_rank(), world_size=spec.world_size,
-                  has_blocks=wl.has_blocks, has_batchnorm=wl.has_batchnorm,
-                  technique_names=tuple(t.name for t in techs))
-    ctx.state.update(lr=cfg.lr, local_batch_size=cfg.batch_size // spec.world_size // cfg.micro_batches)
+    cfg, ctx, probe_s = configure(wl, spec.size, built, techs, budget, spec.seed, device, spec.world_size,
+                                  Path(spec.reference_dir) if spec.reference_dir else None)
     model = built.model
     for tech in techs:
         model = tech.transform_model(model, ctx)
     optimizer = build_optimizer(model, techs, ctx, cfg.lr, cfg.weight_decay)
-    batches = built.batches(cfg.batch_size, spec.seed)
+    full: dict[str, Any] = {}
+    batches = _noting_first(built.batches(cfg.batch_size, spec.seed), full)
     for tech in techs:
         batches = tech.wrap_data(batches, ctx)
-    loop = TrainLoop(model, optimizer, built.loss_fn, techs, ctx, cfg.micro_batches)
-    return Session(spec, budget, built, techs, ctx, cfg, model, optimizer, loop, batches, set_kind(techs))
+    loop = TrainLoop(model, optimizer, built.loss_fn, techs, ctx, cfg.micro_batches, built.tokens_per_sample)
+    return Session(spec, budget, built, techs, ctx, cfg, model, optimizer, loop, batches, set_kind(techs),
+                   probe_s=probe_s, full_batch=full)
+
+
+def _noting_first(batches: Iterator[Any], into: dict[str, Any]) -> Iterator[Any]:
+    """The workload's batches, the first one kept (cloned: small) as the full batch FLOPs are counted against."""
+    first = next(batches)
+    into["batch"] = tuple(t.clone() for t in first)
+    yield first
+    yield from batches
+
+
+def configure(wl: workloads.Workload, size: str, built: workloads.BuiltWorkload, techs: list[Technique],
+              budget: Budget, seed: int, device: torch.device, world_size: int = 1, cache_dir: Path | None = None
+              ) -> tuple[TrainConfig, Context, float]:
+    """The TrainConfig the techniques settle on (``configure``, then ``tune``'s probes), the context they share,
+    and the probes' wall time."""
+    cfg = TrainConfig(batch_size=built.batch_size, lr=built.lr)
+    for tech in techs:
+        cfg = tech.configure(cfg)
+    ctx = Context(device=device, workload=wl.name, seed=seed, rank=_rank(), world_size=world_size,
+                  has_blocks=wl.has_blocks, has_batchnorm=wl.has_batchnorm,
+                  technique_names=tuple(t.name for t in techs), metric=built.metric,
+                  higher_is_better=built.higher_is_better, sequence_length=built.tokens_per_sample,
+                  cache_dir=cache_dir)
+    _plan_into(ctx, budget, built, cfg)
+    cfg, probe_s = _tune(techs, cfg, ctx, Probe(functools.partial(_fresh, wl, size, seed, device), device, seed))
+    _plan_into(ctx, budget, built, cfg)
+    ctx.state.update(lr=cfg.lr, local_batch_size=cfg.batch_size // world_size // cfg.micro_batches)
+    return cfg, ctx, probe_s
+
+
+def _fresh(wl: workloads.Workload, size: str, seed: int, device: torch.device, other_seed: int | None = None
+           ) -> workloads.BuiltWorkload:
+    return wl.build(size, seed if other_seed is None else other_seed, device)
+
+
+def _tune(techs: list[Technique], cfg: TrainConfig, ctx: Context, probe: Probe) -> tuple[TrainConfig, float]:
+    """Each tuning technique's probes, in the set's order, on fresh copies of the workload, and their time less
+    what went into work cached for the whole sweep; the global RNG is restored afterwards so the trial's own run
+    does not depend on how much the probes drew."""
+    tuners = [t for t in techs if type(t).tune is not Technique.tune]
+    if not tuners:
+        return cfg, 0.0
+    started = time.perf_counter()
+    with torch.random.fork_rng(devices=[ctx.device] if ctx.is_cuda else []):
+        for tech in tuners:
+            cfg = tech.tune(cfg, probe, ctx)
+    gc.collect()
+    if ctx.is_cuda:
+        torch.cuda.empty_cache()
+    return cfg, max(time.perf_counter() - started - probe.shared_s, 0.0)
+
+
+def _plan_into(ctx: Context, budget: Budget, built: workloads.BuiltWorkload, cfg: TrainConfig) -> None:
+    """Tell the techniques the quality run's plan (0 steps when the workload has no quality budget)."""
+    plan = quality_plan(budget, built, cfg)
+    ctx.total_steps, ctx.total_samples = plan.steps, plan.budget_samples
 
 
 def build_info(session: Session) -> BuildInfo:
@@ -181,6 +251,7 @@ def build_info(session: Session) -> BuildInfo:
         threads=torch.get_num_threads(),
         first_step_s=session.first_step_s,
         one_off_s=session.one_off_s,
+        probe_s=session.probe_s,
     )
 
 
@@ -275,15 +346,12 @@ class QualityPlan:
     eval_steps: tuple[int, ...]
 
 
-def quality_plan(session: Session) -> QualityPlan:
+def quality_plan(budget: Budget, built: workloads.BuiltWorkload, cfg: TrainConfig) -> QualityPlan:
     """The sample budget (the size's documented budget, or --steps, at the workload's global batch) and the steps
-    at which every set evaluates."""
-    budget, built = session.budget, session.built
+    at which every set evaluates. A workload without a quality budget plans 0 steps."""
     ref_steps = budget.train_steps or built.quality_steps
-    if ref_steps <= 0:
-        raise ValueError(f"workload {session.spec.workload}:{session.spec.size} has no quality budget: give --steps")
-    samples = ref_steps * built.batch_size
-    steps = math.ceil(samples / session.cfg.batch_size)
+    samples = max(ref_steps, 0) * built.batch_size
+    steps = math.ceil(samples / cfg.batch_size)
     points = budget.eval_points or built.eval_points
     evals = sorted({math.ceil(steps * i / points) for i in range(1, points + 1)} | {steps})
     return QualityPlan(samples, steps, tuple(evals))
@@ -296,8 +364,12 @@ def quality_run(session: Session) -> QualityResult:
     evaluation), so queued GPU work between them is not serialised. The first step's excess over a steady step is
     the one-off cost: the curve's times leave it out (``build.one_off_s`` has it).
     """
-    plan, budget, built = quality_plan(session), session.budget, session.built
+    budget, built = session.budget, session.built
+    plan = quality_plan(budget, built, session.cfg)
+    if plan.steps <= 0:
+        raise ValueError(f"workload {session.spec.workload}:{session.spec.size} has no quality budget: give --steps")
     batch = session.cfg.batch_size
+    tokens_before = session.loop.tokens
     curve: list[list[Any]] = []
     clock, pending, cut, stopped = 0.0, [], None, None
     evals = set(plan.eval_steps)
@@ -332,8 +404,10 @@ def quality_run(session: Session) -> QualityResult:
                     cut = (f"stopped at step {step} of {plan.steps}: the training clock passed "
                            f"max_train_seconds={budget.max_train_seconds:g} (a safety cap, not a budget)")
                     break
+                if step == plan.steps:  # the budget ends here: nothing left to stop
+                    continue
                 asked = [t.name for t in session.techs if t.on_eval({built.metric: curve[-1][-1]}, session.ctx)]
-                if step < plan.steps and _agree(bool(asked)):
+                if _agree(bool(asked)):
                     stopped = f"{', '.join(asked) or 'another rank'} stopped the run at step {step} of {plan.steps}"
                     break
             _sync(session.device)
@@ -343,7 +417,8 @@ def quality_run(session: Session) -> QualityResult:
     session.one_off_s = one_off = _one_off(session.first_step_s, clock, steps)
     for point in curve[1:]:
         point[2] = max(point[2] - one_off, 0.0)
-    return _quality_result(session, plan, curve, one_off, cut, stopped, busy)
+    tokens = session.loop.tokens - tokens_before if built.tokens_per_sample else None
+    return _quality_result(session, plan, curve, one_off, cut, stopped, busy, tokens)
 
 
 def _one_off(first_step_s: float | None, clock: float, steps: int) -> float:
@@ -355,7 +430,7 @@ def _one_off(first_step_s: float | None, clock: float, steps: int) -> float:
 
 
 def _quality_result(session: Session, plan: QualityPlan, curve: list[list[Any]], one_off: float,
-                    cut: str | None, stopped: str | None, busy: Any) -> QualityResult:
+                    cut: str | None, stopped: str | None, busy: Any, tokens: int | None) -> QualityResult:
     built = session.built
     steps = curve[-1][1]
     target = built.target
@@ -370,8 +445,9 @@ def _quality_result(session: Session, plan: QualityPlan, curve: list[list[Any]],
         final=None if cut else curve[-1][4],
         samples_to_target=hit[0] if hit else None, steps_to_target=hit[1] if hit else None,
         time_to_target_s=hit[2] if hit else None,
-        time_to_target_with_one_off_s=hit[2] + one_off if hit else None,
+        time_to_target_with_one_off_s=hit[2] + one_off + session.probe_s if hit else None,
         contention=Contention(**dataclasses.asdict(busy)),
+        tokens_trained=tokens,
     )
 
 
@@ -401,6 +477,10 @@ class WindowPeaks:
 def speed_window(session: Session, ref: ReferenceResult) -> tuple[SpeedResult, WindowPeaks, EnergyResult]:
     """Warm-up (covering the parity steps when this stage runs first), then the timed window."""
     budget, spec, device = session.budget, session.spec, session.device
+    # A step's speed in steady state, past the quality run's plan, whether the quality run came first or not:
+    # techniques that change the step over the plan (a sequence-length warm-up) are then at their final shapes,
+    # so mode=speed and mode=both time the same step.
+    session.ctx.step = max(session.ctx.step, session.ctx.total_steps)
     warmup_times = _warm_up(session)
     gc.collect()
     rss = PeakRss()
@@ -413,7 +493,9 @@ def speed_window(session: Session, ref: ReferenceResult) -> tuple[SpeedResult, W
     # contended, are recorded, and the analysis keeps contended windows out of speed verdicts.
     retried: list[float] = []
     while True:
+        tokens_before, shapes_before = session.loop.tokens, collections.Counter(session.loop.shapes)
         window, energy_result, busy, loss, steps = _timed_window(session, planned)
+        tokens, shapes = session.loop.tokens - tokens_before, session.loop.shapes - shapes_before
         session.steps_done += steps
         contended = _agree(busy.fraction > CONTENTION_WARN)
         if not contended or len(retried) >= budget.contention_retries:
@@ -432,9 +514,9 @@ def speed_window(session: Session, ref: ReferenceResult) -> tuple[SpeedResult, W
     dtype = set_compute_dtype(session.techs)
     peak = spec.peaks.get(dtype)
     ranks = spec.world_size if device.type == "cuda" else 1  # ranks on one CPU host share its calibrated peak
-    achieved = ref.flops_per_step * window.n_steps / window.total_s if ref.flops_per_step else None
+    flops_per_step, shape_steps = window_flops(session, ref.flops_per_step, shapes)
+    achieved = flops_per_step * window.n_steps / window.total_s if flops_per_step else None
     sheet = datasheet_peak(torch.cuda.get_device_name(device), dtype) if device.type == "cuda" else None
-    tokens = session.built.tokens_per_sample
     result = SpeedResult(
         warmup_steps=len(warmup_times),
         steps=window.n_steps,
@@ -442,12 +524,12 @@ def speed_window(session: Session, ref: ReferenceResult) -> tuple[SpeedResult, W
         step_time_s=step_stats,
         samples_per_s=samples_per_s,
         samples_per_s_per_device=samples_per_s / spec.world_size,
-        tokens_per_s=samples_per_s * tokens if tokens else None,
+        tokens_per_s=tokens * spec.world_size / window.total_s if session.built.tokens_per_sample else None,
         data_wait_frac=window.data_wait_s / window.total_s if window.total_s else None,
         contention=Contention(**dataclasses.asdict(busy)),
         contended=contended,
         contention_retries=retried,
-        flops_per_step=ref.flops_per_step,
+        flops_per_step=flops_per_step,
         achieved_flops=achieved,
         compute_dtype=dtype,
         peak_flops=peak * ranks if peak else None,
@@ -455,8 +537,42 @@ def speed_window(session: Session, ref: ReferenceResult) -> tuple[SpeedResult, W
         mfu=achieved / (peak * ranks) if achieved and peak else None,
         datasheet_peak_flops=sheet * ranks if sheet else None,
         mfu_datasheet=achieved / (sheet * ranks) if achieved and sheet else None,
+        shapes=shape_steps,
     )
     return result, peaks, EnergyResult(**dataclasses.asdict(energy_result))
+
+
+def window_flops(session: Session, reference_flops: int | None, shapes: collections.Counter[tuple[int, ...]]
+                 ) -> tuple[int | None, dict[str, int] | None]:
+    """FLOPs per optimizer step over the window's steps, and the steps per input shape when they were not all the
+    workload's full batch (a sequence-length curriculum). The reference counts the full batch; any other shape is
+    counted once, on a fresh eager copy of the model with a batch cut to that shape, and weighted by its steps."""
+    if not reference_flops or not shapes:
+        return reference_flops, None
+    spec = session.spec
+    x_full, y_full = session.full_batch["batch"]
+    local = session.cfg.batch_size // spec.world_size
+    full = (local, *x_full.shape[1:])
+    if set(shapes) == {full}:
+        return reference_flops, None
+    counted = {}
+    with torch.random.fork_rng(devices=[]):  # building re-seeds: the trial's own stages keep their RNG state
+        cpu = torch.device("cpu")  # FLOPs do not depend on the device; nothing is allocated beside the trial's
+        fresh = workloads.get(spec.workload).build(spec.size, spec.seed, cpu)
+        loop = plain_loop(fresh, fresh.lr, cpu)
+        for shape in shapes:
+            if shape == full:
+                counted[shape] = reference_flops / spec.world_size
+                continue
+            x, y = _cut(x_full, shape), _cut(y_full, shape)
+            counted[shape] = count_flops(lambda x=x, y=y: loop.step((x, y)))
+    total = sum(n * counted[shape] * spec.world_size for shape, n in shapes.items())
+    return round(total / sum(shapes.values())), {"x".join(map(str, s)): n for s, n in sorted(shapes.items())}
+
+
+def _cut(t: torch.Tensor, shape: tuple[int, ...]) -> torch.Tensor:
+    """``t`` cut to ``shape`` in its leading dimensions (a label vector keeps only the batch dimension's cut)."""
+    return t[tuple(slice(0, n) for n in shape[: t.dim()])]
 
 
 def _timed_window(
@@ -666,6 +782,7 @@ def _stages(spec: TrialSpec, head: dict[str, Any], out: dict[str, Any], own_proc
         out["memory"] = memory(session, peaks, own_process)
     for tech in session.techs:
         tech.finalize(session.model, session.ctx)
+    out["technique_results"] = {t.name: found for t in session.techs if (found := t.results(session.ctx))}
 
 
 # ---- multi-process trials (torchrun) ------------------------------------------------------------------------

@@ -5,18 +5,28 @@ loop (``bench/loop.py``) calls the hooks in one documented order; a technique ov
 
     launch(ctx)                         -> how many processes / which backend (distributed techniques)
     configure(cfg)                      -> adjust the TrainConfig (micro-batches, ...) before anything is built
+    tune(cfg, probe, ctx)               -> may probe fresh copies of the workload (LR range test, batch search)
+                                           and return a changed TrainConfig; its time is the trial's one-off cost
     transform_model(model, ctx)         -> in phase order: surgery, precision, checkpointing, compile, sharding
     build_optimizer(params, default, ctx)
-    wrap_data(batches, ctx)
+    attach(optimizer, ctx)              -> once, with the optimizer the loop steps (LR schedules start here)
+    wrap_data(batches, ctx)             -> batches are pulled one step at a time: ``ctx.step`` is the step to come
     micro_batch_context(model, last, ctx) -> context manager around each micro-batch's forward + backward
                                            (with grad_accum; e.g. DDP's no_sync for all but the last one)
     forward_context(ctx)                -> context manager entered around each forward + loss
     loss(out, batch, base_loss, ctx)    -> may replace the loss (distillation, multi-token, ...)
     backward(loss, ctx) -> bool         -> True if it ran backward itself (one owner: loss scaling)
     optimizer_step(opt, ctx) -> bool    -> True if it stepped the optimizer itself
+    after_step(optimizer, ctx)          -> after every optimizer step, whoever owned it (fp16's scaler, DeepSpeed);
+                                           several techniques may subscribe (an LR schedule beside early stopping)
     on_eval(metrics, ctx) -> bool       -> True asks the loop to stop (early stopping)
     eval_model(model, ctx) -> module    -> the module evaluation runs (compile: its eager original)
     finalize(model, ctx)
+    results(ctx) -> dict | None         -> what the technique found (a search trace, a curve) for the record
+
+The context says where training stands: ``step`` (optimizer steps completed), ``total_steps`` and
+``total_samples`` (the quality run's plan; a speed window runs past it), ``batch_tokens`` (tokens of the batch being
+trained, 0 for non-sequence workloads). The loop advances ``step`` after the ``after_step`` hooks.
 
 Facts the harness needs about a technique are typed class attributes, never name checks in the core:
 ``kind`` (how quality is judged), ``compute_dtype`` (the matmul dtype it switches to: MFU's peak), ``hides_tensors``
@@ -35,6 +45,7 @@ import types
 import typing
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, ClassVar
 
 import torch
@@ -95,11 +106,36 @@ class Context:
     has_batchnorm: bool = False
     available_packages: frozenset[str] = frozenset()
     technique_names: tuple[str, ...] = ()  # every technique of the set, so modifiers can check their partners
+    step: int = 0  # optimizer steps completed in this process (the loop advances it)
+    total_steps: int = 0  # optimizer steps the quality run plans (the sample budget at this set's batch)
+    total_samples: int = 0  # samples the quality run plans
+    batch_tokens: int = 0  # tokens of the batch being trained (sequence workloads; 0 otherwise)
+    sequence_length: int = 0  # the workload's tokens per sample (sequence workloads; 0 otherwise)
+    metric: str = ""  # the workload's quality metric and its direction (early stopping monitors it)
+    higher_is_better: bool = True
+    cache_dir: Path | None = None  # where a technique may cache what it computed once per sweep (scorers, ...)
     state: dict[str, Any] = field(default_factory=dict)
 
     @property
     def is_cuda(self) -> bool:
         return self.device.type == "cuda"
+
+
+@dataclass
+class Probe:
+    """What ``tune`` may use: fresh, untouched copies of the trial's workload (same size and seed), built on demand.
+
+    ``fresh()`` returns a new ``bench.workloads.BuiltWorkload`` (model, ``batches(batch_size, seed)``, ``loss_fn``,
+    ``evaluate``, ``train_data``, ``quality_steps``, ...); ``fresh(seed)`` one initialised from another seed (a
+    scorer shared by every trial). The trial's own model is never touched by a probe. Work computed once and
+    cached for every trial (a difficulty scorer) adds its time to ``shared_s``: it is reported by the technique,
+    not charged to the trial as a one-off cost.
+    """
+
+    fresh: Callable[..., Any]
+    device: torch.device
+    seed: int = 0
+    shared_s: float = 0.0  # time a technique spent on work cached for every trial of the sweep (not this trial's)
 
 
 class OptionError(ValueError):
@@ -172,6 +208,11 @@ class Technique:
     def configure(self, cfg: TrainConfig) -> TrainConfig:
         return cfg
 
+    def tune(self, cfg: TrainConfig, probe: Probe, ctx: Context) -> TrainConfig:
+        """Probe fresh copies of the workload and return the TrainConfig to train with (the time it takes is a
+        one-off cost of the trial, recorded as ``build.probe_s``)."""
+        return cfg
+
     def transform_model(self, model: nn.Module, ctx: Context) -> nn.Module:
         return model
 
@@ -179,6 +220,10 @@ class Technique:
         self, params: Iterable[nn.Parameter], default: Callable[..., torch.optim.Optimizer], ctx: Context
     ) -> torch.optim.Optimizer | None:
         """Return an optimizer to replace the default one, or None to keep it."""
+        return None
+
+    def attach(self, optimizer: torch.optim.Optimizer, ctx: Context) -> None:
+        """Called once with the optimizer the loop steps, before the first step."""
         return None
 
     def wrap_data(self, batches: Iterator[Any], ctx: Context) -> Iterator[Any]:
@@ -201,6 +246,10 @@ class Technique:
     def optimizer_step(self, optimizer: torch.optim.Optimizer, ctx: Context) -> bool:
         return False
 
+    def after_step(self, optimizer: torch.optim.Optimizer, ctx: Context) -> None:
+        """After each optimizer step (``ctx.step`` still counts the steps before it)."""
+        return None
+
     def on_eval(self, metrics: dict[str, float], ctx: Context) -> bool:
         return False
 
@@ -210,6 +259,10 @@ class Technique:
         return model
 
     def finalize(self, model: nn.Module, ctx: Context) -> None:
+        return None
+
+    def results(self, ctx: Context) -> dict[str, Any] | None:
+        """What the technique found, kept in the record's ``technique_results`` under its name."""
         return None
 
 

@@ -13,6 +13,11 @@ TECHNIQUE_SETTINGS: dict[str, tuple[str, str]] = {
     "compile": ("compile", "mlp"),
     "tf32": ("tf32", "gpt"),
     "fused_adamw": ("fused_adamw", "gpt"),
+    "lr_schedule": ("lr_schedule:schedule=one_cycle", "gpt"),
+    "lr_finder": ("lr_finder:steps=20", "mlp"),
+    "early_stopping": ("early_stopping:patience=2", "mlp"),
+    "curriculum": ("curriculum", "gpt"),
+    "batch_size": ("batch_size:mode=noise:noise_repeats=2:warmup_steps=5", "mlp"),
 }
 
 # Data-parallel / sharding techniques run under torchrun with 2 gloo ranks (tests/dist_worker.py).

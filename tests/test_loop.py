@@ -76,3 +76,42 @@ def test_an_uneven_micro_batch_split_is_refused():
         make_loop([], micro=3).step((torch.randn(8, 4), torch.randn(8, 1)))
     with pytest.raises(ValueError, match="into 16 equal"):
         make_loop([], micro=16).step((torch.randn(8, 4), torch.randn(8, 1)))
+
+
+class StepCounter(Technique):
+    name = "step_counter"
+
+    def __init__(self, tag, log):
+        super().__init__()
+        self.tag, self.log = tag, log
+
+    def attach(self, optimizer, ctx):
+        self.log.append((self.tag, "attach", ctx.step))
+
+    def after_step(self, optimizer, ctx):
+        self.log.append((self.tag, "after", ctx.step))
+
+
+def test_several_techniques_subscribe_to_after_step_once_per_optimizer_step():
+    """after_step runs for every subscriber after the optimizer step (owned here by Recorder), once per step
+    however many micro-batches; the loop then advances ctx.step."""
+    log, rec_log = [], []
+    loop = make_loop([Recorder(rec_log), StepCounter("a", log), StepCounter("b", log)], micro=2)
+    assert log == [("a", "attach", 0), ("b", "attach", 0)]
+    for _ in range(2):
+        loop.step((torch.randn(4, 4), torch.randn(4, 1)))
+    assert log[2:] == [("a", "after", 0), ("b", "after", 0), ("a", "after", 1), ("b", "after", 1)]
+    assert loop.ctx.step == 2 and rec_log.count("step") == 2
+
+
+def test_the_loop_counts_tokens_and_shapes_of_sequence_batches():
+    model = torch.nn.Sequential(torch.nn.Embedding(10, 4), torch.nn.Linear(4, 10))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    ctx = Context(torch.device("cpu"))
+    loop = TrainLoop(model, opt, lambda out, y: torch.nn.functional.cross_entropy(out.flatten(0, 1), y.flatten()),
+                     [], ctx, tokens_per_sample=8)
+    for length in (8, 4, 4):
+        x = torch.randint(10, (3, length))
+        loop.step((x, x))
+    assert loop.tokens == 3 * 16 and ctx.batch_tokens == 12
+    assert dict(loop.shapes) == {(3, 8): 1, (3, 4): 2}

@@ -206,7 +206,8 @@ def test_throughput_matches_an_independent_count(spec, monkeypatch):
     monkeypatch.setattr(workloads, "get", lambda n: CountingWorkload() if n == "counting" else real_get(n))
     monkeypatch.setattr(trial_mod, "reference", lambda session: trial_mod.reference_mod.ReferenceResult(
         "x", [1.0] * 4, [1.0] * 4, 1000, "t", 0.0))
-    rec = run(spec("counting", min_steps=30, memory=False, warmup_steps=4, mode="speed"))
+    # no contention retry: a window measured again would draw more batches than the record counts
+    rec = run(spec("counting", min_steps=30, memory=False, warmup_steps=4, mode="speed", contention_retries=0))
     assert rec.status == "ok", rec.reason
     draws = CountingWorkload.draws[0]
     window = draws[4:]  # after the four warm-up batches

@@ -82,6 +82,7 @@ class Report:
     interactions: Table | None
     distributed: Table | None
     distributed_notes: list[str]
+    tuning: Table | None
     claims: Table | None
     claims_note: str | None
     problems: Table | None
@@ -218,6 +219,9 @@ def _breakdown(c: Any) -> Cell:
 
 
 def _one_off(c: Any) -> Cell:
+    if _ok(c.probe_s) and c.probe_s > 0:
+        first = fmt_secs(c.one_off_s) if _ok(c.one_off_s) else "-"
+        return Cell(f"{first} + probes {fmt_secs(c.probe_s)}", "warn")
     if not _ok(c.one_off_s):
         return Cell("-")
     return Cell(fmt_secs(c.one_off_s), "warn" if c.one_off_s > 1.0 else "")
@@ -239,6 +243,13 @@ def quality_cell(c: Any) -> Cell:
                     f"{c.curve_pairs} seeds)", "good")
     delta = delta_cell(c.delta, c.delta_lo, c.delta_hi, c.delta_verdict, c.delta_why)
     text = f"{value}; {delta.text}"
+    if c.n_stopped:
+        clock = (f"; all runs: median {fmt_secs(c.train_time_s)} of training against the reference's "
+                 f"{fmt_secs(c.equal_time_s)}"
+                 if _ok(c.train_time_s) and _ok(c.equal_time_s) else "")
+        text = (f"stopped early in {c.n_stopped}/{c.n_final} runs (the stopped ones trained a median "
+                f"{c.samples_frac_median:.0%} of the samples{clock}): the metric at the stop against the full run of "
+                f"the same seed: {text}")
     if c.exact_quality:
         apart = f"eval curves {c.curve_max_rel_diff:.1%} of the range apart"
         why = {"drift": f"same within noise (exact; {apart}: rounding, first steps match)",
@@ -266,6 +277,14 @@ def exact_drift(c: Any) -> str:
     return f"{head}; {EXACT_QUALITY[c.exact_quality]}"
 
 
+def ttt_interval(c: Any) -> tuple[str, str]:
+    """The order-statistic interval of the median time-to-target and its coverage ("" without one)."""
+    if not _ok(c.ttt_lo) or not _ok(c.ttt_hi):
+        return "", ""
+    high = fmt_secs(c.ttt_hi) if math.isfinite(c.ttt_hi) else "miss"
+    return f" [{fmt_secs(c.ttt_lo)}, {high}]", f"{c.ttt_coverage:.0%} interval"
+
+
 def ttt_cell(c: Any) -> Cell:
     """Censored median time-to-target (training clock, one-off excluded), misses, samples, and the ratio."""
     if c.target is None or not c.n_ttt:
@@ -274,9 +293,12 @@ def ttt_cell(c: Any) -> Cell:
     missed = f"{misses}/{c.n_ttt} missed"
     if not _ok(c.ttt_median) or not math.isfinite(c.ttt_median):
         return Cell(f"not reached: median is a miss ({missed})", "muted" if c.is_reference else "bad")
-    text = f"{fmt_secs(c.ttt_median)}"
-    if _ok(c.one_off_s) and c.one_off_s > 0.05 * c.ttt_median and math.isfinite(c.ttt_one_off_median):
-        text += f" ({fmt_secs(c.ttt_one_off_median)} with one-off)"
+    interval, coverage = ttt_interval(c)
+    asides = [coverage] if coverage else []
+    one_off = (c.one_off_s if _ok(c.one_off_s) else 0.0) + (c.probe_s if _ok(c.probe_s) else 0.0)
+    if one_off > 0.05 * c.ttt_median and math.isfinite(c.ttt_one_off_median):
+        asides.append(f"{fmt_secs(c.ttt_one_off_median)} with one-off")
+    text = fmt_secs(c.ttt_median) + interval + (f" ({'; '.join(asides)})" if asides else "")
     text += f"; {fmt_num(c.stt_median)} samples; {missed}"
     if c.is_reference or not _ok(c.ttt_ratio):
         why = f"; {c.ttt_ratio_why}" if c.ttt_ratio_why and not c.is_reference else ""
@@ -434,6 +456,8 @@ def _sweep_facts(analysis: Analysis) -> list[tuple[str, str]]:
 
 
 def _speed_points(analysis: Analysis, rows: pd.DataFrame, others: pd.DataFrame) -> list[str]:
+    if not any(_ok(v) for v in rows["sps_median"]) and not any(_ok(v) for v in rows["peak_bytes"]):
+        return ["speed and memory not measured here (quality runs only: --mode quality)"]
     parts = []
     faster = others[others["speedup_verdict"] == "faster"]
     if len(faster):
@@ -498,7 +522,13 @@ def _quality_points(others: pd.DataFrame) -> list[str]:
         if r.exact_quality in ("expected mismatch", "bug", "drift changes quality", "unverified drift"):
             parts.append(f"{r.technique}: {exact_drift(r)}")
     judged = [r for r in others.itertuples() if r.exact_quality not in ("identical", "drift") and r.n_final
-              and _ok(r.delta)]
+              and _ok(r.delta) and not r.n_stopped]
+    stopped = [r for r in others.itertuples() if r.n_stopped and _ok(r.delta)]
+    if stopped:
+        parts.append("metric where early stopping stopped, against the full run of the same seed: " + ", ".join(
+            f"{r.technique} ({r.metric} {r.delta:+.4f}" + (f" [{r.delta_lo:+.4f}, {r.delta_hi:+.4f}]"
+                                                           if _ok(r.delta_lo) else "")
+            + f", {_verdict_words(r.delta_verdict)}; {r.n_stopped}/{r.n_final} runs stopped)" for r in stopped))
     changed = [r for r in judged if r.delta_verdict in ("better", "worse")]
     if changed:
         parts.append("quality differs at equal samples: " + ", ".join(
@@ -511,6 +541,12 @@ def _quality_points(others: pd.DataFrame) -> list[str]:
     if cut:
         parts.append("quality runs cut by the safety cap, not compared: " + ", ".join(cut))
     return parts
+
+
+def _verdict_words(verdict: str | None) -> str:
+    if verdict in (None, stats.NONE):
+        return "no verdict"
+    return "no significant difference" if verdict == stats.SAME else verdict
 
 
 def _ttt_points(rows: pd.DataFrame, others: pd.DataFrame) -> list[str]:
@@ -531,8 +567,12 @@ def _ttt_points(rows: pd.DataFrame, others: pd.DataFrame) -> list[str]:
         head += "; sooner: " + ", ".join(sooner)
     if later:
         head += "; later: " + ", ".join(later)
+    some = [f"{r.technique} ({round(r.ttt_miss_rate * r.n_ttt)}/{r.n_ttt})" for r in others.itertuples()
+            if r.n_ttt and r.technique not in missed and _ok(r.ttt_miss_rate) and r.ttt_miss_rate > 0]
     if missed:
         head += "; median run misses the target: " + ", ".join(missed)
+    if some:
+        head += "; some runs miss it: " + ", ".join(some)
     return [f"time to target: {head}"]
 
 
@@ -783,6 +823,9 @@ def build(analysis: Analysis, figures: dict[str, Figure] | None = None, input_no
                        f"'{analysis.baseline}', so the measured side of each claim is relative to it.")
     sweep_ids = ", ".join(dict.fromkeys(str(s) for s in analysis.frame["sweep_id"]))
     distributed, distributed_notes = _distributed_table(analysis, names)
+    from bench.report.tuning import tuning_table  # it formats with this module's cells
+
+    tuning = tuning_table(analysis.frame, lambda machine, workload: _where(workload, names[machine]))
     return Report(
         title=f"trainbench report: {sweep_ids}",
         subtitle=(f"{len(analysis.frame)} trials, {analysis.frame['workload'].nunique()} workloads, "
@@ -796,6 +839,7 @@ def build(analysis: Analysis, figures: dict[str, Figure] | None = None, input_no
         interactions=_interactions_table(analysis, names),
         distributed=distributed,
         distributed_notes=distributed_notes,
+        tuning=tuning,
         claims=_claims_table(analysis, names),
         claims_note=claims_note,
         problems=_problems_table(analysis, names),

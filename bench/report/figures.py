@@ -323,6 +323,37 @@ def interaction_figure(analysis: Analysis, colors: dict[str, str]) -> Figure | N
                    "of its parts' speedups. On the dashed line the gains multiply; below it they partly cancel.")
 
 
+# ---- what the techniques found -------------------------------------------------------------------------------
+
+
+def lr_range_figure(analysis: Analysis) -> Figure | None:
+    """The LR range tests' smoothed loss against the LR, one line per trial, the chosen LR marked."""
+    ok = analysis.frame[analysis.frame["status"] == "ok"]
+    panels: dict[str, list[tuple[str, dict[str, Any]]]] = {}
+    for r in ok.itertuples():
+        found = (r.technique_results or {}).get("lr_finder")
+        if found and found.get("curve"):
+            panels.setdefault(r.workload, []).append((f"{r.technique} seed {r.seed}", found))
+    if not panels:
+        return None
+    fig, axes = _grid(len(panels), 3.4)
+    for ax, (workload, runs) in zip(axes, panels.items(), strict=False):
+        for label, found in runs:
+            lrs = [p[0] for p in found["curve"]]
+            smoothed = [p[2] for p in found["curve"]]
+            line = ax.plot(lrs, smoothed, linewidth=1.2, alpha=0.8, label=_t(label))[0]
+            ax.axvline(found["chosen_lr"], color=line.get_color(), linewidth=0.8, linestyle=":")
+        ax.set_xscale("log")
+        ax.set_xlabel("learning rate (log scale)", fontsize=9)
+        ax.set_ylabel("training loss (smoothed)", fontsize=9)
+        if len(runs) <= 6:
+            ax.legend(fontsize=8, frameon=False, loc="best")
+        _style(ax, _t(workload))
+    return _finish(fig, "lr_range", "LR range tests",
+                   "Smoothed training loss of each range test's exponential LR sweep on a fresh copy of the model; "
+                   "dotted: the LR the trial then trained with. A sweep ends early once the loss passes 4x its best.")
+
+
 # ---- all ----------------------------------------------------------------------------------------------------
 
 
@@ -335,6 +366,7 @@ def make_figures(analysis: Analysis) -> dict[str, Figure]:
         lambda: pareto_figure(analysis, colors),
         lambda: curves_figure(analysis, colors),
         lambda: interaction_figure(analysis, colors),
+        lambda: lr_range_figure(analysis),
     ]
     out = {}
     for make in makers:

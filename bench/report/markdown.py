@@ -74,6 +74,13 @@ def render(report: Report) -> str:
         out += table(report.interactions) + [""]
         out += _figure(figs.get("interaction"))
 
+    if report.tuning is not None:
+        out += ["## What the techniques found", "",
+                "Learning rates, batch sizes and stops the techniques chose or estimated, seed by seed; their "
+                "probes' time is the one-off cost in the workload tables.", ""]
+        out += table(report.tuning) + [""]
+        out += _figure(figs.get("lr_range"))
+
     if report.distributed is not None:
         out += ["## Data-parallel and sharded trials", ""]
         out += table(report.distributed) + [""]

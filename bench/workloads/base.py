@@ -37,6 +37,8 @@ class BuiltWorkload:
     eval_points: int = 10  # evaluations spread over the quality budget (plus one before training)
     dataset: dict[str, Any] = field(default_factory=dict)  # name, source, sha256, n_train, n_eval
     params: dict[str, Any] = field(default_factory=dict)  # the size preset's resolved parameters
+    train_data: tuple[torch.Tensor, torch.Tensor] | None = None  # the in-memory training set of a classifier
+    # (inputs, labels): techniques that choose which samples to train on (curriculum) draw from it
 
 
 class Workload(abc.ABC):

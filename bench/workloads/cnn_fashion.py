@@ -195,4 +195,5 @@ class CNNFashion(Workload):
                 "normalize_std": std,
             },
             params=p,
+            train_data=(x_train, y_train),
         )

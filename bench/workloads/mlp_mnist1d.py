@@ -210,4 +210,5 @@ class MLPMnist1D(Workload):
                 "n_eval": N_EVAL,
             },
             params=p,
+            train_data=(x_train, y_train),
         )

@@ -1,0 +1,116 @@
+"""What the techniques found, per configuration: the LR a range test chose, the batch a search chose (and the
+critical batch size it estimated), where early stopping stopped, what a curriculum trained on.
+
+The numbers come from each record's ``technique_results`` (one entry per technique that reports one); the seeds of a
+configuration are listed side by side, so a finding that changes from seed to seed shows it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from bench.report.content import Cell, Table, fmt_secs
+
+# Seeds listed one by one up to this many; beyond, the median and range.
+LISTED = 6
+
+
+def _g(x: float | None) -> str:
+    if x is None:
+        return "-"
+    return str(x) if isinstance(x, int) else f"{x:.3g}"
+
+
+def _values(xs: list[float | None]) -> str:
+    got = [x for x in xs if x is not None]
+    if not got:
+        return "-"
+    if len(got) <= LISTED:
+        return ", ".join(_g(x) for x in got)
+    return f"median {_g(float(np.median(got)))} (range {_g(min(got))}-{_g(max(got))}, n={len(got)})"
+
+
+def _lr_finder(found: list[dict[str, Any]]) -> str:
+    rule = found[0].get("rule")
+    chosen = _values([f.get("chosen_lr") for f in found])
+    other = "valley" if rule == "steepest" else "steepest"
+    alt = _values([(f.get("suggestions") or {}).get(other) for f in found])
+    fell = sum(bool(f.get("fell_back")) for f in found)
+    text = (f"chosen LR ({rule} rule): {chosen}; the {other} rule would give {alt}; the workload's default "
+            f"{_g(found[0].get('default_lr'))}")
+    return text + (f"; {fell} probe(s) found no suggestion and kept the default" if fell else "")
+
+
+def _batch_size(found: list[dict[str, Any]]) -> str:
+    mode = found[0].get("mode")
+    text = f"mode {mode}: trained at batch {_values([f.get('batch_size') for f in found])} " \
+           f"(default {found[0].get('default_batch_size')}), LR {_values([f.get('lr_after') for f in found])} " \
+           f"({found[0].get('rule')} rule)"
+    if mode == "noise":
+        text += f"; critical batch size B_simple {_values([f.get('b_simple') for f in found])}"
+        failed = sum(bool(f.get("estimate_failed")) for f in found)
+        if failed:
+            text += (f" ({failed} estimate(s) failed: the noise swamped the mean gradient; those kept the default "
+                     "batch)")
+    return text
+
+
+def _early_stopping(found: list[dict[str, Any]]) -> str:
+    ran = [f for f in found if f.get("evaluations")]
+    if not ran:
+        return "no evaluation in these trials (speed only): nothing to stop"
+    stopped = [f for f in ran if f.get("stopped")]
+    if not stopped:
+        return f"never stopped ({len(ran)} runs): the metric kept improving within the patience"
+    saved = _values([f.get("steps_saved_frac") for f in stopped])
+    return f"stopped {len(stopped)}/{len(ran)} runs, saving {saved} of the planned steps"
+
+
+def _curriculum(found: list[dict[str, Any]]) -> str:
+    first = found[0]
+    if "full_length" in first:
+        lengths = [int(k) for k in first.get("warmup_lengths") or {}]
+        if not lengths:
+            return f"order {first['order']}: no length warm-up (warmup=0): every step at {first['full_length']}"
+        share = first.get("tokens_fraction_of_plan")
+        return (f"order {first['order']}: lengths {min(lengths)}-{max(lengths)} of {first['full_length']} over "
+                f"{first['warmup_steps']} steps" + (f"; {share:.0%} of the plan's tokens" if share is not None else ""))
+    scorer = first.get("scorer") or {}
+    cost = max((f.get("scorer") or {}).get("scorer_train_s") or 0 for f in found)
+    return (f"order {first['order']}, pool from {first['start']:.0%} to all over {first['warmup']:.0%} of the steps; "
+            f"difficulty = loss of a scorer trained {scorer.get('steps')} steps once ({fmt_secs(cost)}, cached and "
+            "shared by every trial of the sweep)")
+
+
+def _lr_schedule(found: list[dict[str, Any]]) -> str:
+    first = found[0]
+    peaks = _values([f.get("peak_lr") for f in found])
+    return f"{first['schedule']}, peak LR {peaks} over {first['planned_steps']} steps"
+
+
+SUMMARIES: dict[str, Callable[[list[dict[str, Any]]], str]] = {
+    "lr_finder": _lr_finder, "batch_size": _batch_size, "early_stopping": _early_stopping,
+    "curriculum": _curriculum, "lr_schedule": _lr_schedule,
+}
+
+
+def tuning_table(frame: pd.DataFrame, where: Callable[[str, str], str]) -> Table | None:
+    """One row per configuration and technique that reported findings; ``where(machine, workload)`` names it."""
+    ok = frame[frame["status"] == "ok"]
+    rows = []
+    for (machine, workload, technique), g in ok.groupby(["machine", "workload", "technique"], sort=False):
+        per_name: dict[str, list[dict[str, Any]]] = {}
+        for results in g.sort_values("seed")["technique_results"]:
+            for name, found in (results or {}).items():
+                per_name.setdefault(name, []).append(found)
+        for name, found in per_name.items():
+            summary = SUMMARIES.get(name)
+            text = summary(found) if summary else "see technique_results in the records"
+            rows.append([Cell(where(machine, workload)), Cell(technique), Cell(name), Cell(text)])
+    if not rows:
+        return None
+    return Table(["where", "technique set", "technique", "what it found (seeds in order)"], rows, wrap=(3,))
