@@ -128,11 +128,8 @@ class Curriculum(Technique):
     def _paced(self, batches: Iterator[Any], ctx: Context, warmup_steps: int) -> Iterator[Any]:
         x_first, _ = next(batches)  # the batch size; the trial notes the workload's first batch as its full shape
         size = len(x_first)
-        difficulty = getattr(self, "_difficulty", None)
-        if difficulty is None:
-            raise ValueError("curriculum needs the workload's training set (BuiltWorkload.train_data) or sequences")
-        x_all, y_all = self._train_data
-        order = pool_order(difficulty, self.options.order, ctx.seed)
+        x_all, y_all = self._train_data  # set by tune, which scores the examples
+        order = pool_order(self._difficulty, self.options.order, ctx.seed)
         gen = torch.Generator().manual_seed(ctx.seed)
         while True:
             pool = max(size, math.ceil(len(order) * paced_fraction(ctx.step, warmup_steps, self.options.start)))
@@ -143,12 +140,11 @@ class Curriculum(Technique):
         o = self.options
         out: dict[str, Any] = {"order": o.order, "start": o.start, "warmup": o.warmup}
         if ctx.sequence_length and hasattr(self, "_lengths"):
-            full = ctx.sequence_length
-            out.update(full_length=full, warmup_steps=len(self._lengths),
-                       warmup_lengths={str(n): self._lengths.count(n) for n in sorted(set(self._lengths))},
-                       tokens_fraction_of_plan=(sum(self._lengths) + full * max(ctx.total_steps - len(self._lengths),
-                                                                                 0)) / (full * ctx.total_steps)
-                       if ctx.total_steps else None)
+            full, lengths, planned = ctx.sequence_length, self._lengths, ctx.total_steps
+            tokens = sum(lengths) + full * max(planned - len(lengths), 0)  # per sample, over the planned steps
+            out.update(full_length=full, warmup_steps=len(lengths),
+                       warmup_lengths={str(n): lengths.count(n) for n in sorted(set(lengths))},
+                       tokens_fraction_of_plan=tokens / (full * planned) if planned else None)
         elif hasattr(self, "_scorer"):
             out["scorer"] = self._scorer
         return out
@@ -173,9 +169,10 @@ def difficulty_scores(probe: Probe, cache_dir: Path | None) -> tuple[torch.Tenso
     for _ in range(fresh.quality_steps):
         loop.step(next(batches))
     scores = per_example_loss(fresh.model, *fresh.train_data, probe.device)
-    probe.shared_s += time.perf_counter() - started
+    elapsed = time.perf_counter() - started
+    probe.shared_s += elapsed  # paid once for the sweep: not this trial's one-off cost
     meta = {"seed": SCORER_SEED, "steps": fresh.quality_steps, "batch_size": fresh.batch_size,
-            "scorer_train_s": round(time.perf_counter() - started, 3), "key": key,
+            "scorer_train_s": round(elapsed, 3), "key": key,
             "loss_quantiles": [round(float(q), 4) for q in torch.quantile(scores, torch.tensor([0.1, 0.5, 0.9]))]}
     if path is not None:
         path.parent.mkdir(parents=True, exist_ok=True)
