@@ -28,7 +28,8 @@ from torch import nn
 from techniques.base import Context, Technique
 
 
-def _overrides(tech: Technique, hook: str) -> bool:
+def overrides(tech: Technique, hook: str) -> bool:
+    """Whether ``tech`` implements ``hook`` (the base class's is a no-op)."""
     return getattr(type(tech), hook) is not getattr(Technique, hook)
 
 
@@ -52,12 +53,12 @@ class TrainLoop:
         self.micro_batches = micro_batches
         self.device = ctx.device
         self.techniques = tuple(techniques)
-        self._context_techs = [t for t in techniques if _overrides(t, "forward_context")]
-        self._micro_techs = [t for t in techniques if _overrides(t, "micro_batch_context")]
-        self._loss_techs = [t for t in techniques if _overrides(t, "loss")]
+        self._context_techs = [t for t in techniques if overrides(t, "forward_context")]
+        self._micro_techs = [t for t in techniques if overrides(t, "micro_batch_context")]
+        self._loss_techs = [t for t in techniques if overrides(t, "loss")]
         self._backward_owner = _single_owner(techniques, "backward")
         self._step_owner = _single_owner(techniques, "optimizer_step")
-        self._after_techs = [t for t in techniques if _overrides(t, "after_step")]
+        self._after_techs = [t for t in techniques if overrides(t, "after_step")]
         self.sequences = tokens_per_sample > 0  # inputs are (batch, sequence) token ids
         self.tokens = 0
         self.shapes: collections.Counter[tuple[int, ...]] = collections.Counter()
@@ -121,7 +122,7 @@ class TrainLoop:
 
 
 def _single_owner(techniques: Sequence[Technique], hook: str) -> Technique | None:
-    owners = [t for t in techniques if _overrides(t, hook)]
+    owners = [t for t in techniques if overrides(t, hook)]
     if len(owners) > 1:
         names = ", ".join(t.name for t in owners)
         raise ValueError(f"several techniques want to own {hook}(): {names}; combine at most one of them")

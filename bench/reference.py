@@ -35,9 +35,8 @@ from torch import nn
 
 from bench import workloads
 from bench.files import write_atomic
-from bench.loop import TrainLoop, build_optimizer
+from bench.loop import plain_loop
 from bench.measure.flops import count_flops
-from techniques.base import Context
 
 log = logging.getLogger(__name__)
 
@@ -121,9 +120,7 @@ def compute(key: ReferenceKey, device: torch.device) -> ReferenceResult:
     started = time.perf_counter()
     wl = workloads.get(key.workload)
     built = wl.build(key.size, key.seed, device)
-    ctx = Context(device=device, workload=key.workload, seed=key.seed)
-    opt = build_optimizer(built.model, [], ctx, built.lr)
-    loop = TrainLoop(built.model, opt, built.loss_fn, [], ctx)
+    loop = plain_loop(built, built.lr, device)
     batches = built.batches(key.batch_size, key.seed)
     trajectory = Trajectory(built.model)
     losses, distances = [], []

@@ -52,7 +52,7 @@ from bench import workloads
 from bench.config import Budget, TechniqueSet, TechniqueSpec
 from bench.env import datasheet_peak
 from bench.files import write_atomic
-from bench.loop import TrainLoop, build_optimizer, plain_loop
+from bench.loop import TrainLoop, build_optimizer, overrides, plain_loop
 from bench.measure import energy as energy_mod
 from bench.measure.energy import EnergyMeter
 from bench.measure.flops import count_flops
@@ -223,7 +223,7 @@ def _tune(techs: list[Technique], cfg: TrainConfig, ctx: Context, probe: Probe) 
     """Each tuning technique's probes, in the set's order, on fresh copies of the workload, and their time less
     what went into work cached for the whole sweep; the global RNG is restored afterwards so the trial's own run
     does not depend on how much the probes drew."""
-    tuners = [t for t in techs if type(t).tune is not Technique.tune]
+    tuners = [t for t in techs if overrides(t, "tune")]
     if not tuners:
         return cfg, 0.0
     started = time.perf_counter()
