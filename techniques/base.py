@@ -102,7 +102,8 @@ class Context:
     seed: int = 0
     rank: int = 0
     world_size: int = 1
-    has_blocks: bool = True  # the model exposes ``model.blocks`` (an nn.ModuleList) for per-block transforms
+    blocks: str | None = "blocks"  # dotted path of the model's nn.ModuleList of repeated blocks, for per-block
+    # transforms (``model_blocks``); None when the model has none
     has_batchnorm: bool = False
     available_packages: frozenset[str] = frozenset()
     technique_names: tuple[str, ...] = ()  # every technique of the set, so modifiers can check their partners
@@ -119,6 +120,21 @@ class Context:
     @property
     def is_cuda(self) -> bool:
         return self.device.type == "cuda"
+
+    @property
+    def has_blocks(self) -> bool:
+        return self.blocks is not None
+
+
+def model_blocks(model: nn.Module, ctx: Context) -> nn.ModuleList | None:
+    """The model's blocks (``ctx.blocks``: ``model.blocks`` for the built-in workloads, found or named for a user's
+    model), or None when it has none."""
+    if ctx.blocks is None:
+        return None
+    blocks = model.get_submodule(ctx.blocks)
+    if not isinstance(blocks, nn.ModuleList):
+        raise TypeError(f"the model's blocks {ctx.blocks!r} are a {type(blocks).__name__}, not an nn.ModuleList")
+    return blocks
 
 
 @dataclass

@@ -24,7 +24,7 @@ import torch
 from torch import nn
 
 from techniques._distributed import FSDP_TECHNIQUES
-from techniques.base import Claim, Context, Kind, Phase, Technique, register
+from techniques.base import Claim, Context, Kind, Phase, Technique, model_blocks, register
 
 
 @register
@@ -51,8 +51,9 @@ class Compile(Technique):
         if FSDP_TECHNIQUES & set(ctx.technique_names) and ctx.has_blocks:
             # FSDP2 shards after this: compile block by block (torchtitan's order), so each block's fully_shard
             # hooks gather its parameters around the compiled code; a whole-model graph would meet DTensors.
-            for i, block in enumerate(model.blocks):
-                model.blocks[i] = torch.compile(block, **opts)
+            blocks = model_blocks(model, ctx)
+            for i, block in enumerate(blocks):
+                blocks[i] = torch.compile(block, **opts)
             return model
         return torch.compile(model, **opts)
 
