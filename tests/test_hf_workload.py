@@ -31,7 +31,8 @@ def test_presets_resolve_with_their_training_keys(wl):
 
 def test_one_override_keeps_the_rest_of_the_preset(wl):
     p = wl.size_params("gpt2:n_layer=3")
-    assert p == {**wl.size_params("tiny"), "n_layer": 3, "target": None}
+    assert p == {**wl.size_params("tiny"), "n_layer": 3, "target": None}  # the preset's target is for its model
+    assert wl.size_params("gpt2")["target"] == wl.size_params("tiny")["target"] is not None
     p = wl.size_params("llama:lr=1e-3:batch_size=8")
     assert (p["model_type"], p["lr"], p["batch_size"], p["num_hidden_layers"]) == ("llama", 1e-3, 8, 2)
 

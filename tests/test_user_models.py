@@ -159,7 +159,8 @@ def test_user_model_and_plugin_techniques_end_to_end(tmp_path):
     source = records[0]["workload"]["source"]
     assert source["file"] == str(MODELS) and source["sha256"] == plugins.sha256_of(MODELS)
     assert records[0]["workload"]["name"] == "models"
-    assert "models:small" in (out / "report.md").read_text()
+    report = (out / "report.md").read_text()
+    assert "models:small" in report and f"your model {MODELS}:build" in report
 
     import bench
 
