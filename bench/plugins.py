@@ -14,6 +14,7 @@ import importlib
 import importlib.metadata
 import importlib.util
 import logging
+import os
 import sys
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -56,6 +57,8 @@ class Plugin:
     source: str  # resolved: an absolute file path, or a module name, then ":attr"
     name: str | None = None  # a model's workload name
     blocks: str | None = None  # a model's blocks path, when given (--blocks)
+    path: str | None = None  # a module source's directory of origin (the user's working directory), put on
+    # sys.path in child processes, which run in the harness's directory
 
     def to_dict(self) -> dict[str, Any]:
         return {k: v for k, v in asdict(self).items() if v is not None}
@@ -102,6 +105,12 @@ def digest(source: str) -> str | None:
             return None
         path = Path(spec.origin) if spec and spec.origin and spec.origin not in ("built-in", "frozen") else None
     return sha256_of(path) if path is not None and path.is_file() else None
+
+
+def search_path(source: str) -> str | None:
+    """The directory a child process needs on sys.path for ``source``: this one, for a module source (a file
+    source puts its own directory there)."""
+    return None if is_file_source(split_source(source, "source")[0]) else os.getcwd()
 
 
 def load_attr(text: str, what: str) -> tuple[Any, Origin]:
@@ -180,18 +189,13 @@ def register_technique(text: str) -> Plugin:
         raise PluginError(f"--technique {shown(text)}: {origin.attr} needs a class attribute `name`, a Python "
                           "identifier such as 'my_technique'")
     _register_technique_class(cls, origin.source)
-    return Plugin("technique", origin.source)
+    return Plugin("technique", origin.source, path=search_path(origin.source))
 
 
 def _register_technique_class(cls: type, source: str) -> None:
     from techniques import base as tbase
 
-    known = tbase.registry().get(cls.name)
-    if known is not None and known is not cls:
-        raise PluginError(f"technique name {shown(cls.name)} is defined twice: by {_where(known)} and by {source}; "
-                          "rename one of them")
-    tbase.register(cls)
-    _SOURCES[("technique", cls.name)] = source
+    _register("technique", cls, source, tbase.registry(), tbase.register)
 
 
 def register_workload_class(cls: type, source: str) -> None:
@@ -199,20 +203,21 @@ def register_workload_class(cls: type, source: str) -> None:
 
     if not (isinstance(cls, type) and issubclass(cls, wbase.Workload)):
         raise PluginError(f"{source} is not a subclass of bench.workloads.Workload")
-    known = wbase.registry().get(cls.name)
-    if known is not None and known is not cls:
-        raise PluginError(f"workload name {shown(cls.name)} is defined twice: by {_where(known)} and by {source}; "
-                          "rename one of them")
-    wbase.register(cls)
-    _SOURCES[("workload", cls.name)] = source
+    _register("workload", cls, source, wbase.registry(), wbase.register)
 
 
 _SOURCES: dict[tuple[str, str], str] = {}  # (kind, name) -> the source that registered it in this process
 
 
-def _where(cls: type) -> str:
-    kind = "workload" if hasattr(cls, "sizes") else "technique"
-    return _SOURCES.get((kind, cls.name)) or f"{cls.__module__}.{cls.__qualname__}"
+def _register(kind: str, cls: Any, source: str, known: dict[str, Any], register: Any) -> None:
+    """Register ``cls`` under its name; the same name from another source is an error naming both."""
+    other = known.get(cls.name)
+    if other is not None and other is not cls:
+        where = _SOURCES.get((kind, cls.name)) or f"{other.__module__}.{other.__qualname__}"
+        raise PluginError(f"{kind} name {shown(cls.name)} is defined twice: by {where} and by {source}; "
+                          "rename one of them")
+    register(cls)
+    _SOURCES[(kind, cls.name)] = source
 
 
 # ---- entry points ---------------------------------------------------------------------------------------------
@@ -256,6 +261,8 @@ def load(plugins: list[dict[str, Any]] | tuple[Plugin, ...]) -> None:
     load_entry_points()
     for item in plugins:
         plugin = item if isinstance(item, Plugin) else Plugin(**item)
+        if plugin.path and plugin.path not in sys.path:
+            sys.path.append(plugin.path)
         if plugin.kind == "technique":
             register_technique(plugin.source)
         elif plugin.kind == "model":

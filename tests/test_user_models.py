@@ -128,6 +128,15 @@ def test_model_registers_with_its_facts_and_default_size():
     assert [w.label for w in again.workloads] == ["mlp:tiny", "resmlp:small"]  # named workloads and the model
 
 
+def test_a_model_from_an_importable_module(monkeypatch):
+    monkeypatch.chdir(REPO)  # the user's project directory: children get it on sys.path
+    cfg = build_config("smoke", {"models": ["tests.fixtures.plugins.models:build_flat"]})
+    model = cfg.models[0]
+    assert (model.name, model.source, model.path) == ("build_flat", "tests.fixtures.plugins.models:build_flat",
+                                                      str(REPO))
+    assert user.register_model(model)().size_params("default")["blocks"] is None
+
+
 def test_dataset_train_data_batches_whole_epochs():
     ds = torch.utils.data.TensorDataset(torch.arange(10.0)[:, None], torch.arange(10))
     batches, n = user._batches_of(ds, "test")

@@ -191,6 +191,18 @@ def load_corpus(corpus_mb: float = 0.0) -> tuple[np.ndarray, list[str], dict[str
     return ids.astype(np.int64), [chr(c) for c in uniq], record
 
 
+def corpus_split(corpus_mb: float, seq_len: int, eval_windows: int
+                 ) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor], list[str], dict[str, Any]]:
+    """(training ids, held-out (inputs, targets), vocabulary, dataset record). The held-out windows are fixed and
+    evenly spaced: the same for every trial, no RNG involved."""
+    ids, vocab, record = load_corpus(corpus_mb)
+    data = torch.from_numpy(ids)
+    train, held_out = data[: record["n_train"]], data[record["n_train"] :]
+    starts = torch.linspace(0, len(held_out) - seq_len - 1, eval_windows).long()
+    windows = held_out[starts[:, None] + torch.arange(seq_len + 1)]
+    return train, (windows[:, :-1], windows[:, 1:]), vocab, record
+
+
 def window_batches(data: torch.Tensor, batch_size: int, seq_len: int, seed: int) -> Iterator[Batch]:
     """Endless random windows: x = data[i : i+T], y = data[i+1 : i+T+1], starts drawn from ``seed``."""
     gen = torch.Generator().manual_seed(seed)
@@ -235,14 +247,8 @@ class GPTChars(Workload):
 
     def build(self, size: str, seed: int, device: torch.device) -> BuiltWorkload:
         p: dict[str, Any] = self.size_params(size)
-        ids, vocab, record = load_corpus(p["corpus_mb"])
-        data = torch.from_numpy(ids)
-        train, held_out = data[: record["n_train"]], data[record["n_train"] :]
         T = p["seq_len"]
-        # Fixed held-out windows, evenly spaced: the same for every trial, no RNG involved.
-        starts = torch.linspace(0, len(held_out) - T - 1, p["eval_windows"]).long()
-        windows = held_out[starts[:, None] + torch.arange(T + 1)]
-        x_eval, y_eval = windows[:, :-1], windows[:, 1:]
+        train, (x_eval, y_eval), vocab, record = corpus_split(p["corpus_mb"], T, p["eval_windows"])
         p["vocab_size"] = len(vocab)
 
         cfg = GPTConfig(vocab_size=len(vocab), seq_len=T, n_layer=p["n_layer"], n_head=p["n_head"],

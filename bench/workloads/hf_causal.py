@@ -44,7 +44,7 @@ from torch import nn
 
 from bench.text import shown
 from bench.workloads.base import BuiltWorkload, Workload, WorkloadError, register
-from bench.workloads.gpt_chars import lm_loss, lm_metrics, load_corpus, window_batches
+from bench.workloads.gpt_chars import corpus_split, lm_loss, lm_metrics, window_batches
 
 # model type -> (config class, model class, decoder layers relative to the HF model, context-length attribute)
 MODEL_TYPES = {
@@ -162,14 +162,8 @@ class HFCausalLM(Workload):
 
         p = self.size_params(size)
         cfg_name, model_name, layers, context_key = MODEL_TYPES[p["model_type"]]
-        ids, vocab, record = load_corpus(p["corpus_mb"])
-        data = torch.from_numpy(ids)
-        train, held_out = data[: record["n_train"]], data[record["n_train"] :]
         T = p["seq_len"]
-        # Fixed held-out windows, evenly spaced, as in the gpt workload: the same for every trial.
-        starts = torch.linspace(0, len(held_out) - T - 1, p["eval_windows"]).long()
-        windows = held_out[starts[:, None] + torch.arange(T + 1)]
-        x_eval, y_eval = windows[:, :-1], windows[:, 1:]
+        train, (x_eval, y_eval), vocab, record = corpus_split(p["corpus_mb"], T, p["eval_windows"])
         p["vocab_size"] = len(vocab)
 
         kwargs = {k: v for k, v in p.items() if k not in TRAIN_KEYS and k not in ("model_type", "target", "vocab_size")}

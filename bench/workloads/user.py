@@ -34,9 +34,11 @@ from bench.plugins import (
     Origin,
     Plugin,
     PluginError,
+    is_file_source,
     load_attr,
     register_workload_class,
     resolve,
+    search_path,
     split_source,
 )
 from bench.text import shown
@@ -270,11 +272,12 @@ def parse_model(text: str, blocks: str | None = None) -> Plugin:
     source = resolve(source, "--model")
     where, attr = split_source(source, "--model")
     if not name:
-        name = attr if attr != "build" else os.path.splitext(os.path.basename(where))[0].split(".")[-1]
+        module = os.path.splitext(os.path.basename(where))[0] if is_file_source(where) else where.split(".")[-1]
+        name = attr if attr != "build" else module
     if not name or any(c in name for c in ":/+,= ") or name != name.strip():
         raise PluginError(f"--model {shown(text)}: {shown(name)} cannot be a workload name (no ':/+,= ' in it; "
                           "write NAME=PATH.py:FUNCTION)")
-    return Plugin("model", source, name=name, blocks=blocks)
+    return Plugin("model", source, name=name, blocks=blocks, path=search_path(source))
 
 
 def register_model(plugin: Plugin) -> type[UserWorkload]:
