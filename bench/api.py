@@ -69,6 +69,11 @@ def sweep(
     overrides = {"workloads": _listed(workloads), "techniques": _listed(techniques), "models": _listed(models),
                  "blocks": blocks, "technique_plugins": _listed(technique_plugins), "device": device, **options,
                  "budget": budget or None}
+    if options.get("nnodes", 1) != 1:
+        raise ConfigError("bench.sweep() runs on this machine only (nnodes=1); for a multi-node sweep run "
+                          "`python -m bench sweep --nnodes N --node-rank R --rdzv-endpoint HOST:PORT` on every node")
+    if extend and not resume:
+        raise ConfigError("extend=True grows a sweep that exists: use it with resume=True and out=DIR")
     out_dir = Path(out) if out is not None else None
     config_path = Path(config) if config is not None else None
     if resume:

@@ -113,6 +113,9 @@ class WorkloadSpec:
         name, _, size = text.strip().partition(":")
         try:
             wl = workloads.get(name)
+            if not size and wl.size_required:
+                raise ConfigError(f"workload {shown(name)} needs a size ({wl.summary}: build's size parameter has no "
+                                  f"default); write {name}:SIZE")
             spec = cls(name, size or wl.default_size or default_size)
             wl.size_params(spec.size)
         except workloads.WorkloadError as exc:
@@ -359,6 +362,8 @@ def build_config(
                     raise ConfigError(f"budget must be a table of budget keys, e.g. [budget] then min_seconds = 1.0; "
                                       f"got {shown(value)} ({type(value).__name__})")
                 budget.update(value)
+            elif key in ("models", "technique_plugins") and merged.get(key):
+                merged[key] = [*_sources(key, merged), *_sources(key, layer)]  # additive: --model beside a config's
             else:
                 merged[key] = value
     if file_data.get("name"):
@@ -401,8 +406,8 @@ def _load_plugins(merged: dict[str, Any]) -> tuple[tuple[plugins.Plugin, ...], t
     blocks = merged.get("blocks")
     if blocks is not None:
         _check_type("blocks", blocks, "str")
-    techs = tuple(plugins.register_technique(t) for t in _sources("technique_plugins", merged))
-    models = tuple(user.parse_model(m, blocks) for m in _sources("models", merged))
+    techs = tuple(dict.fromkeys(plugins.register_technique(t) for t in _sources("technique_plugins", merged)))
+    models = tuple(dict.fromkeys(user.parse_model(m, blocks) for m in _sources("models", merged)))
     if blocks is not None and not models:
         raise ConfigError("--blocks names the blocks of a --model; there is none")
     names = [m.name for m in models]
@@ -410,13 +415,14 @@ def _load_plugins(merged: dict[str, Any]) -> tuple[tuple[plugins.Plugin, ...], t
         sources = [m.source for m in models if m.name == name]
         raise ConfigError(f"two --model entries are named {shown(name)} ({sources[0]} and {sources[1]}): name them "
                           "apart with NAME=PATH.py:FUNCTION")
-    for m in models:
-        user.register_model(m)
+    device = merged.get("device", "auto")
+    for m in models:  # checked where the sweep runs (a GPU machine's --device cpu: on the CPU)
+        user.register_model(m, device if device in ("auto", "cpu", "cuda") else "auto")
     return techs, models
 
 
-def _sources(key: str, merged: dict[str, Any]) -> list[str]:
-    value = merged.get(key) or []
+def _sources(key: str, layer: dict[str, Any]) -> list[str]:
+    value = layer.get(key) or []
     if isinstance(value, str):
         value = [value]
     if not (isinstance(value, list) and all(isinstance(v, str) for v in value)):

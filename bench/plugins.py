@@ -14,7 +14,6 @@ import importlib
 import importlib.metadata
 import importlib.util
 import logging
-import os
 import sys
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -57,8 +56,8 @@ class Plugin:
     source: str  # resolved: an absolute file path, or a module name, then ":attr"
     name: str | None = None  # a model's workload name
     blocks: str | None = None  # a model's blocks path, when given (--blocks)
-    path: str | None = None  # a module source's directory of origin (the user's working directory), put on
-    # sys.path in child processes, which run in the harness's directory
+    path: str | None = None  # the sys.path entry a module source was found under, put on sys.path in child
+    # processes (they run in the harness's directory, not the user's)
 
     def to_dict(self) -> dict[str, Any]:
         return {k: v for k, v in asdict(self).items() if v is not None}
@@ -108,9 +107,26 @@ def digest(source: str) -> str | None:
 
 
 def search_path(source: str) -> str | None:
-    """The directory a child process needs on sys.path for ``source``: this one, for a module source (a file
-    source puts its own directory there)."""
-    return None if is_file_source(split_source(source, "source")[0]) else os.getcwd()
+    """The sys.path entry a module source's top-level package was found under (its parent directory), so child
+    processes import the same code; None for a file source (it puts its own directory there)."""
+    where, _ = split_source(source, "source")
+    if is_file_source(where):
+        return None
+    try:
+        spec = importlib.util.find_spec(where.split(".")[0])
+    except (ImportError, ValueError):
+        return None
+    if spec is None:
+        return None
+    if spec.submodule_search_locations:  # a package: the directory holding it
+        return str(Path(next(iter(spec.submodule_search_locations))).resolve().parent)
+    return str(Path(spec.origin).resolve().parent) if spec.origin and Path(spec.origin).is_file() else None
+
+
+def use_path(plugin: Plugin) -> None:
+    """Make a plugin's code importable here (appended: the harness's own modules keep their names)."""
+    if plugin.path and plugin.path not in sys.path:
+        sys.path.append(plugin.path)
 
 
 def load_attr(text: str, what: str) -> tuple[Any, Origin]:
@@ -137,15 +153,16 @@ def load_attr(text: str, what: str) -> tuple[Any, Origin]:
 def _import_file(path: Path, what: str, text: str) -> ModuleType:
     # One module per file (name from its path's digest), importable again by that name in this process: pickling
     # (DataLoader workers) and a second --model naming the same file find the module already loaded.
-    name = f"trainbench_user_{path.stem}_{hashlib.sha1(str(path).encode()).hexdigest()[:8]}"
+    # The digest of the content is in the name: an edited file (a notebook's second sweep) is imported afresh.
+    name = f"trainbench_user_{path.stem}_{hashlib.sha1(str(path).encode()).hexdigest()[:8]}_{sha256_of(path)[:8]}"
     if name in sys.modules:
         return sys.modules[name]
     spec = importlib.util.spec_from_file_location(name, path)
     if spec is None or spec.loader is None:
         raise PluginError(f"{what} {shown(text)}: {path} cannot be imported as a Python module")
     module = importlib.util.module_from_spec(spec)
-    if str(path.parent) not in sys.path:  # the user's file may import its neighbours, as `python file.py` would
-        sys.path.append(str(path.parent))
+    if str(path.parent) not in sys.path:  # the user's file may import its neighbours (appended: an installed
+        sys.path.append(str(path.parent))  # module of the same name wins, unlike `python file.py`)
     sys.modules[name] = module
     try:
         spec.loader.exec_module(module)
@@ -209,6 +226,17 @@ def register_workload_class(cls: type, source: str) -> None:
 _SOURCES: dict[tuple[str, str], str] = {}  # (kind, name) -> the source that registered it in this process
 
 
+def technique_origin(name: str) -> dict[str, Any] | None:
+    """Where a plugin technique came from, for its trial records: its source and the file's sha256 (an installed
+    package's entry point names the package and version); None for a built-in technique."""
+    source = _SOURCES.get(("technique", name))
+    if source is None:
+        return None
+    if source.startswith("entry point"):
+        return {"source": source}
+    return {"source": source, "sha256": digest(source)}
+
+
 def _register(kind: str, cls: Any, source: str, known: dict[str, Any], register: Any) -> None:
     """Register ``cls`` under its name; the same name from another source is an error naming both."""
     other = known.get(cls.name)
@@ -233,27 +261,23 @@ def load_entry_points() -> None:
     global _ENTRY_POINTS_LOADED
     if _ENTRY_POINTS_LOADED:
         return
-    _ENTRY_POINTS_LOADED = True
+    from techniques import base as tbase
+
     for group, register in ((TECHNIQUE_GROUP, _register_technique_class), (WORKLOAD_GROUP, register_workload_class)):
         for ep in importlib.metadata.entry_points(group=group):
             dist = getattr(ep.dist, "name", None) or "?"
-            label = f"entry point {ep.name} = {ep.value} (package {dist}, group {group})"
+            version = getattr(ep.dist, "version", None) or "?"
+            label = f"entry point {ep.name} = {ep.value} (package {dist} {version}, group {group})"
             try:
                 cls = ep.load()
             except Exception as exc:
-                _ENTRY_POINTS_LOADED = False
                 raise PluginError(f"{label} failed to load: {_one_line(exc)}; fix or uninstall {dist}") from None
-            if group == TECHNIQUE_GROUP:
-                from techniques import base as tbase
-
-                if not (isinstance(cls, type) and issubclass(cls, tbase.Technique)):
-                    _ENTRY_POINTS_LOADED = False
-                    raise PluginError(f"{label} is not a subclass of techniques.Technique")
-            try:
-                register(cls, label)
-            except PluginError:
-                _ENTRY_POINTS_LOADED = False
-                raise
+            if group == TECHNIQUE_GROUP and not (isinstance(cls, type) and issubclass(cls, tbase.Technique)):
+                raise PluginError(f"{label} is not a subclass of techniques.Technique")
+            if not isinstance(getattr(cls, "name", None), str) or not cls.name:
+                raise PluginError(f"{label} has no class attribute `name`")
+            register(cls, label)
+    _ENTRY_POINTS_LOADED = True
 
 
 def load(plugins: list[dict[str, Any]] | tuple[Plugin, ...]) -> None:
@@ -261,8 +285,7 @@ def load(plugins: list[dict[str, Any]] | tuple[Plugin, ...]) -> None:
     load_entry_points()
     for item in plugins:
         plugin = item if isinstance(item, Plugin) else Plugin(**item)
-        if plugin.path and plugin.path not in sys.path:
-            sys.path.append(plugin.path)
+        use_path(plugin)
         if plugin.kind == "technique":
             register_technique(plugin.source)
         elif plugin.kind == "model":

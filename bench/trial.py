@@ -767,7 +767,7 @@ def _stages(spec: TrialSpec, head: dict[str, Any], out: dict[str, Any], own_proc
         torch.set_num_threads(spec.threads)
     session = build(spec, budget, device)
     built = session.built
-    head["techniques"] = [t.describe() for t in session.techs]
+    head["techniques"] = [t.describe() | (plugins.technique_origin(t.name) or {}) for t in session.techs]
     head["kind"] = session.kind.value
     if built.source:
         head["workload"]["source"] = built.source
@@ -903,10 +903,10 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=os.environ.get("TRAINBENCH_LOG", "WARNING"), stream=sys.stderr,
                         format="%(levelname)s %(name)s: %(message)s")
     spec = TrialSpec.from_json(Path(argv[0]).read_text())
-    plugins.load(spec.plugins)  # users' models and techniques, as the sweep registered them
     if spec.reference_dir is None:  # every rank must look in the same place: beside the record
         spec.reference_dir = str(Path(argv[1]).resolve().parent / "references")
     if spec.world_size == 1:
+        plugins.load(spec.plugins)  # users' models and techniques, as the sweep registered them
         record = run(spec, own_process=True)
         write_atomic(argv[1], record.to_json() + "\n")  # the runner reads a whole record or none
         return 0
@@ -915,6 +915,7 @@ def main(argv: list[str] | None = None) -> int:
     rank = int(os.environ.get("RANK", "0"))
     code = 1  # every way out of the try but its last line is a failure
     try:
+        plugins.load(spec.plugins)
         _init_distributed(spec)
         if os.environ.get("TRAINBENCH_FAULT_RANK") == str(rank):  # test hook: prove a failing rank ends the trial
             if os.environ.get("TRAINBENCH_FAULT") == "hang":  # ... or a hanging one, through the runner's timeout

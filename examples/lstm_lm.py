@@ -12,7 +12,10 @@ a little between Python releases (98 characters of vocabulary on 3.11.7). The fi
 fixed, evenly spaced windows from the last 10%.
 
 The model: a token embedding, ``model.blocks`` (an ``nn.ModuleList`` of residual blocks, each LayerNorm ->
-single-layer ``nn.LSTM`` -> add), a final LayerNorm and a linear head.
+single-layer ``nn.LSTM`` -> add), a final LayerNorm and a linear head. Two things a user measuring an LSTM should
+know: torch.compile's Dynamo does not trace RNN modules by default (``torch._dynamo.config.allow_rnn``), so
+``compile`` compiles the code around ``nn.LSTM`` and leaves the recurrence eager; and CPU bf16 autocast fails for
+``nn.LSTM`` on CPUs without AVX-512 (see ``_cpu_bf16_lstm_works``), where the LSTM runs in fp32.
 
 Calibration (2-core AMD EPYC, torch 2.13 CPU, Python 3.11.7; ``small``, batch_size 32, AdamW, 250 steps, 10 evals):
 
@@ -97,10 +100,11 @@ class LSTMBlock(nn.Module):
         super().__init__()
         self.norm = nn.LayerNorm(d)
         self.lstm = nn.LSTM(d, d, batch_first=True)
+        self.cpu_bf16_lstm = _cpu_bf16_lstm_works()  # probed once, outside forward (which torch.compile traces)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         h = self.norm(x)
-        if x.device.type == "cpu" and torch.is_autocast_enabled("cpu") and not _cpu_bf16_lstm_works():
+        if x.device.type == "cpu" and torch.is_autocast_enabled("cpu") and not self.cpu_bf16_lstm:
             with torch.autocast("cpu", enabled=False):  # see _cpu_bf16_lstm_works
                 out, _ = self.lstm(h.float())
         else:

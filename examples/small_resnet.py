@@ -13,6 +13,8 @@ The model: a 3x3 conv stem, ``model.blocks`` (an ``nn.ModuleList`` of residual b
 al. 2016, arXiv:1512.03385; a stride-2 block halves the resolution and widens the channels), global average pooling
 and a linear head. Activation checkpointing and per-block compile wrap each block (trainbench's checkpointing holds
 BatchNorm's running statistics still while a block is recomputed, so they are updated once per step, as without it).
+Gradient accumulation is not exact for a BatchNorm model (each micro-batch is normalised with its own statistics):
+the report says so instead of expecting the baseline's curve.
 
 Calibration (2-core AMD EPYC, torch 2.13 CPU; ``small``, batch_size 32, AdamW, 300 steps, about one epoch of
 the subset, 10 evaluations):

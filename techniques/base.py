@@ -33,7 +33,9 @@ Facts the harness needs about a technique are typed class attributes, never name
 (the tensor-memory tracker cannot see inside it), ``zero_stage`` (the ZeRO stage of a sharding technique) and
 ``memory_note`` (how its per-rank memory departs from the ZeRO formula).
 
-Register with ``@register`` and add the module to the explicit import list in ``techniques/__init__.py``.
+Register with ``@register`` and add the module to the explicit import list in ``techniques/__init__.py`` (a
+third-party technique comes from a file or an entry point instead: docs/plugins.md). Per-block transforms find the
+blocks with ``model_blocks(model, ctx)``, never ``model.blocks``.
 """
 
 from __future__ import annotations
@@ -126,13 +128,14 @@ class Context:
         return self.blocks is not None
 
 
-def model_blocks(model: nn.Module, ctx: Context) -> nn.ModuleList | None:
+def model_blocks(model: nn.Module, ctx: Context) -> nn.ModuleList | nn.Sequential | None:
     """The model's blocks (``ctx.blocks``: ``model.blocks`` for the built-in workloads, found or named for a user's
-    model), or None when it has none."""
+    model; an nn.ModuleList, or an nn.Sequential a user named), or None when it has none. Per-block techniques use
+    this, never ``model.blocks`` (a user's or a Hugging Face model keeps its blocks elsewhere)."""
     if ctx.blocks is None:
         return None
     blocks = model.get_submodule(ctx.blocks)
-    if not isinstance(blocks, nn.ModuleList):
+    if not isinstance(blocks, nn.ModuleList | nn.Sequential):
         raise TypeError(f"the model's blocks {ctx.blocks!r} are a {type(blocks).__name__}, not an nn.ModuleList")
     return blocks
 

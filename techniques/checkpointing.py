@@ -68,10 +68,10 @@ class CheckpointedBlock(nn.Module):
         return checkpoint(run, *args, use_reentrant=False, **kwargs)
 
 
-def apply_checkpointing(model: nn.Module, blocks: nn.ModuleList | None = None) -> nn.Module:
+def apply_checkpointing(model: nn.Module, blocks: nn.ModuleList | nn.Sequential | None = None) -> nn.Module:
     """Wrap each module of ``blocks`` (default ``model.blocks``) in place; returns the model."""
     blocks = getattr(model, "blocks", None) if blocks is None else blocks
-    if not isinstance(blocks, nn.ModuleList):
+    if not isinstance(blocks, nn.ModuleList | nn.Sequential):
         raise TypeError("activation checkpointing needs the model's blocks as an nn.ModuleList (model.blocks)")
     for i, block in enumerate(blocks):
         if not isinstance(block, CheckpointedBlock):

@@ -48,3 +48,11 @@ def test_sweep_returns_the_trials_it_ran(tmp_path):
     assert frame.attrs["out"] == str(tmp_path / "out") and len(seen) == 1 and seen[0].record.status == "ok"
     assert (tmp_path / "out" / "report.md").is_file() and (tmp_path / "out" / "summary.md").is_file()
     assert frame.samples_per_s.iloc[0] > 0 and frame.final.iloc[0] is not None
+
+
+def test_sweep_refuses_what_the_cli_refuses(tmp_path):
+    with pytest.raises(bench.ConfigError, match="nnodes=1"):
+        bench.sweep("mlp", "bf16", nnodes=2, out=tmp_path / "out")
+    with pytest.raises(bench.ConfigError, match="extend=True grows a sweep that exists"):
+        bench.sweep("mlp", "bf16", extend=True, out=tmp_path / "out")
+    assert not (tmp_path / "out").exists()

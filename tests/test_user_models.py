@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -13,7 +15,7 @@ from bench import cli, plugins
 from bench.config import build_config
 from bench.plan import plan
 from bench.workloads import user
-from tests.conftest import REPO, TINY_BUDGET, run_cli
+from tests.conftest import REPO, TINY_BUDGET
 
 FIXTURES = REPO / "tests" / "fixtures" / "plugins"
 MODELS = FIXTURES / "models.py"
@@ -128,13 +130,10 @@ def test_model_registers_with_its_facts_and_default_size():
     assert [w.label for w in again.workloads] == ["mlp:tiny", "resmlp:small"]  # named workloads and the model
 
 
-def test_a_model_from_an_importable_module(monkeypatch):
-    monkeypatch.chdir(REPO)  # the user's project directory: children get it on sys.path
-    cfg = build_config("smoke", {"models": ["tests.fixtures.plugins.models:build_flat"]})
-    model = cfg.models[0]
-    assert (model.name, model.source, model.path) == ("build_flat", "tests.fixtures.plugins.models:build_flat",
-                                                      str(REPO))
-    assert user.register_model(model)().size_params("default")["blocks"] is None
+def test_a_model_from_an_importable_module():
+    model = user.parse_model("tests.fixtures.plugins.models:build")
+    # named after the module; children get the sys.path entry the package was found under
+    assert (model.name, model.source, model.path) == ("models", "tests.fixtures.plugins.models:build", str(REPO))
 
 
 def test_dataset_train_data_batches_whole_epochs():
@@ -151,28 +150,119 @@ def test_dataset_train_data_batches_whole_epochs():
 
 @pytest.mark.slow
 def test_user_model_and_plugin_techniques_end_to_end(tmp_path):
-    """A model file, a technique from a file and one from an installed package's entry point, through `bench sweep`
-    in a subprocess: records name the model's file and digest; the report renders; `bench.load` reads them back."""
+    """A model from the user's own module (run in their project directory), a technique from a file and one from an
+    installed package's entry point, through `bench sweep` in a subprocess: records name the model's file and
+    digest and the plugin technique's; the report renders; `bench.load` reads them back."""
+    project = tmp_path / "project"
+    project.mkdir()
+    (project / "models.py").write_text(MODELS.read_text())
     out = tmp_path / "sweep"
     budget = dict(TINY_BUDGET, memory=False)
-    env = dict(os.environ, PYTHONPATH=str(FIXTURES / "installed"))
-    args = ["sweep", "--preset", "smoke", "--model", f"{MODELS}:build", "--technique",
+    env = dict(os.environ, PYTHONPATH=str(FIXTURES / "installed"))  # the harness itself is pip-installed
+    args = ["sweep", "--preset", "smoke", "--model", "models:build", "--technique",
             f"{FIXTURES}/my_technique.py:LabelSmoothing", "--techniques", "label_smoothing:eps=0.2,sgd_momentum",
             "--repeats", "1", "--steps", str(budget["train_steps"]), "--eval-points", "2", "--window-steps", "4",
             "--window-seconds", "0.05", "--no-memory", "--out", str(out)]
-    proc = run_cli(*args, env=env, timeout=300)
+    proc = subprocess.run([sys.executable, "-m", "bench", *args], cwd=project, env=env, capture_output=True,
+                          text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
     records = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
     assert {r["technique_label"]: r["status"] for r in records} == {
         "baseline": "ok", "label_smoothing:eps=0.2": "ok", "sgd_momentum": "ok"}
     source = records[0]["workload"]["source"]
-    assert source["file"] == str(MODELS) and source["sha256"] == plugins.sha256_of(MODELS)
+    assert source == {"file": None, "module": "models", "function": "build", "sha256": plugins.sha256_of(MODELS)}
     assert records[0]["workload"]["name"] == "models"
+    smoothing = next(r for r in records if r["technique_label"].startswith("label_smoothing"))["techniques"][0]
+    assert smoothing["source"] == f"{FIXTURES}/my_technique.py:LabelSmoothing"
+    assert smoothing["sha256"] == plugins.sha256_of(FIXTURES / "my_technique.py")
+    sgd = next(r for r in records if r["technique_label"] == "sgd_momentum")["techniques"][0]
+    assert "package trainbench-demo-plugin 0.1" in sgd["source"]
     report = (out / "report.md").read_text()
-    assert "models:small" in report and f"your model {MODELS}:build" in report
+    assert "models:small" in report and "your model models:build" in report
 
     import bench
 
     frame = bench.load(out)
     assert len(frame) == 3 and set(frame["workload"]) == {"models:small"}
     assert frame.set_index("technique").loc["sgd_momentum", "final"] is not None
+
+
+# ---- review findings: data, signatures, re-registration, resume, A/B ----------------------------------------------
+
+
+@pytest.mark.parametrize("function,expected", [
+    ("build_ignores_batch_size", "gave batches of 16 and 16 samples when asked for 32 and 2"),
+    ("build_returns_a_list_of_batches", "returned a list; it must return an iterator"),
+    ("build_small_dataset", "batch_size 32 is larger than the Dataset (20 items)"),
+])
+def test_check_finds_bad_training_data(function, expected):
+    plugin = user.parse_model(f"data_{function}={MODELS}:{function}")
+    with pytest.raises(plugins.PluginError) as caught:
+        user.check(plugin, user.DEFAULT_SIZE, torch.device("cpu"))
+    assert expected in str(caught.value)
+
+
+def test_iterable_dataset_is_refused_with_what_is_valid():
+    class Stream(torch.utils.data.IterableDataset):
+        def __iter__(self):
+            yield torch.zeros(2), torch.tensor(0)
+
+    with pytest.raises(plugins.PluginError, match="IterableDataset.*give a map-style Dataset"):
+        user._batches_of(Stream(), "test")
+
+
+def test_build_signatures():
+    kw = user.register_model(user.parse_model(f"kw={MODELS}:build_keywords"))
+    built = kw().build(user.DEFAULT_SIZE, 3, torch.device("cpu"))
+    assert built.model.given == ["device", "seed", "size"] and kw.default_size == user.DEFAULT_SIZE
+    required = user.register_model(user.parse_model(f"req={MODELS}:build_size_without_default"))
+    assert required.size_required
+    with pytest.raises(Exception, match="needs a size .*write req:SIZE"):
+        build_config("smoke", {"models": [f"req={MODELS}:build_size_without_default"]})
+    cfg = build_config("smoke", {"models": [f"req={MODELS}:build_size_without_default"], "workloads": "req:large"})
+    assert [w.label for w in cfg.workloads] == ["req:large"]
+
+
+def test_a_notebook_registers_an_edited_or_other_model_again(tmp_path):
+    first, second = tmp_path / "a" / "net.py", tmp_path / "b" / "net.py"
+    for path in (first, second):
+        path.parent.mkdir()
+        path.write_text(MODELS.read_text())
+    one = user.register_model(user.parse_model(f"{first}:build"))
+    assert user.register_model(user.parse_model(f"{first}:build")) is one  # unchanged: the same class
+    with open(first, "a") as f:
+        f.write("\nSIZES['small'] = 48\n")
+    edited = user.register_model(user.parse_model(f"{first}:build"))
+    assert edited is not one and edited().build("small", 0, torch.device("cpu")).model.inp.out_features == 48
+    other = user.register_model(user.parse_model(f"{second}:build"))  # same name "net", another file: replaced
+    assert other.origin.file == str(second)
+
+
+def test_resume_refuses_an_edited_model_file_and_extend_adds_a_model(tmp_path):
+    from bench import sweepdir
+    from bench.files import write_atomic
+
+    model = tmp_path / "net.py"
+    model.write_text(MODELS.read_text())
+    out = tmp_path / "sweep"
+    out.mkdir()
+    cfg = build_config("smoke", {"models": [f"{model}:build"]})
+    write_atomic(out / "sweep.toml", cfg.to_toml())
+    extended = sweepdir.resumed_config(out, build_config("smoke", {"models": [f"flat={MODELS}:build_flat"]},
+                                                         out / "sweep.toml"), extend=True)
+    assert {w.label for w in extended.workloads} == {"net:small", "flat:default"}
+    with open(model, "a") as f:
+        f.write("\n# edited\n")
+    with pytest.raises(Exception, match="net.py changed since the sweep .* started"):
+        sweepdir.resumed_config(out, build_config("smoke", None, out / "sweep.toml"), extend=False)
+
+
+def test_ab_against_a_checkout_without_plugin_support_is_refused(tmp_path):
+    from bench.ab import AbRunner, Checkout
+
+    old = tmp_path / "old"
+    (old / "bench").mkdir(parents=True)
+    (old / "bench" / "trial.py").write_text("")
+    cfg = build_config("smoke", {"models": [f"{MODELS}:build"]})
+    with pytest.raises(Exception, match="predates --model and --technique"):
+        AbRunner(cfg, tmp_path / "out", torch.device("cpu"), Checkout(old, "v0", None))

@@ -53,6 +53,7 @@ class Workload(abc.ABC):
     has_blocks: ClassVar[bool] = True
     has_batchnorm: ClassVar[bool] = False
     default_size: ClassVar[str | None] = None  # the size a label without one gets (None: the sweep's default)
+    size_required: ClassVar[bool] = False  # a label must name the size
 
     def check(self) -> str | None:
         """Why this workload cannot be built here (e.g. its dataset is missing); None when it can."""

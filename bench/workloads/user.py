@@ -24,6 +24,7 @@ import sys
 from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, ClassVar
 
 import numpy as np
@@ -34,18 +35,21 @@ from bench.plugins import (
     Origin,
     Plugin,
     PluginError,
+    digest,
     is_file_source,
     load_attr,
     register_workload_class,
     resolve,
     search_path,
     split_source,
+    use_path,
 )
 from bench.text import shown
 from bench.workloads.base import Batch, BuiltWorkload, Workload, forget, registry
 from bench.workloads.mlp_mnist1d import shuffled_batches
 
 PARAMETERS = ("size", "seed", "device")
+REPO_DIR = Path(__file__).resolve().parents[2]
 DEFAULT_SIZE = "default"  # a build without a ``size`` parameter (or without a default for it) has this one size
 CHECK_TIMEOUT_S = 600.0
 
@@ -99,8 +103,9 @@ def check_blocks(model: nn.Module, path: str, where: str) -> str:
     except AttributeError:
         raise PluginError(f"{where}: blocks {shown(path)} is not a submodule of the model (give the dotted path of "
                           "an nn.ModuleList, e.g. encoder.layers)") from None
-    if not isinstance(found, nn.ModuleList):
-        raise PluginError(f"{where}: blocks {shown(path)} is a {type(found).__name__}, not an nn.ModuleList")
+    if not isinstance(found, nn.ModuleList | nn.Sequential):
+        raise PluginError(f"{where}: blocks {shown(path)} is a {type(found).__name__}, not an nn.ModuleList or "
+                          "nn.Sequential of blocks")
     return path
 
 
@@ -113,8 +118,9 @@ class UserWorkload(Workload):
     plugin: ClassVar[Plugin]
     function: ClassVar[Callable[..., Any]]
     origin: ClassVar[Origin]
-    default_size: ClassVar[str] = DEFAULT_SIZE
+    default_size: ClassVar[str | None] = DEFAULT_SIZE  # None: build's size has no default, labels must name one
     facts: ClassVar[dict[str, dict[str, Any]]]  # per size, from the check process (planning process only)
+    check_device: ClassVar[str] = "auto"  # the sweep's device, where the check builds and steps the model
 
     @property
     def where(self) -> str:
@@ -124,15 +130,22 @@ class UserWorkload(Workload):
         """The size's facts, checked in a child process the first time they are asked for."""
         if size not in self.facts:
             self._check_size_name(size)
-            type(self).facts[size] = run_check(self.plugin, size)
+            type(self).facts[size] = run_check(self.plugin, size, self.check_device)
         return dict(self.facts[size])
 
     def traits(self, size: str) -> tuple[str | None, bool]:
         facts = self.size_params(size)
         return facts["blocks"], facts["has_batchnorm"]
 
+    def _accepted(self) -> set[str]:
+        """The parameters ``build`` takes by name (all three when it takes ``**kwargs``)."""
+        params = inspect.signature(self.function).parameters
+        if any(p.kind == p.VAR_KEYWORD for p in params.values()):
+            return set(PARAMETERS)
+        return set(params) & set(PARAMETERS)
+
     def _check_size_name(self, size: str) -> None:
-        if "size" not in inspect.signature(self.function).parameters and size != DEFAULT_SIZE:
+        if "size" not in self._accepted() and size != DEFAULT_SIZE:
             raise PluginError(f"{self.where}: {self.origin.attr}() takes no size parameter, so its only size is "
                               f"'{DEFAULT_SIZE}'; got {shown(size)} (write {self.name} without a size)")
 
@@ -140,7 +153,7 @@ class UserWorkload(Workload):
         self._check_size_name(size)
         _seed_everything(seed)
         kwargs = {"size": size, "seed": seed, "device": device}
-        accepted = inspect.signature(self.function).parameters
+        accepted = self._accepted()
         try:
             raw = self.function(**{k: v for k, v in kwargs.items() if k in accepted})
         except Exception as exc:
@@ -242,9 +255,18 @@ def _batches_of(data: Any, where: str) -> tuple[Callable[[int, int], Iterator[Ba
         if len(x) != len(y):
             raise PluginError(f"{where}: train_data's inputs and targets differ in length ({len(x)} and {len(y)})")
         return (lambda batch_size, seed: shuffled_batches(x, y, batch_size, seed)), len(x)
+    if isinstance(data, torch.utils.data.IterableDataset):
+        raise PluginError(f"{where}: train_data is an IterableDataset, which the harness cannot shuffle by seed; give "
+                          "a map-style Dataset, tensors, or a function batches(batch_size, seed)")
     if isinstance(data, torch.utils.data.Dataset):
-        n = len(data) if hasattr(data, "__len__") else None
-        return (lambda batch_size, seed: _dataset_batches(data, batch_size, seed)), n
+        n = len(data)
+
+        def batches(batch_size: int, seed: int) -> Iterator[Batch]:
+            if batch_size > n:
+                raise ValueError(f"batch_size {batch_size} is larger than the Dataset ({n} items)")
+            return _dataset_batches(data, batch_size, seed)
+
+        return batches, n
     if callable(data):
         return data, None
     raise PluginError(f"{where}: train_data must be (inputs, targets) tensors, a torch Dataset of (input, target) "
@@ -280,32 +302,43 @@ def parse_model(text: str, blocks: str | None = None) -> Plugin:
     return Plugin("model", source, name=name, blocks=blocks, path=search_path(source))
 
 
-def register_model(plugin: Plugin) -> type[UserWorkload]:
-    """The workload class of a model plugin, registered under its name (again: the same class)."""
+def register_model(plugin: Plugin, check_device: str = "auto") -> type[UserWorkload]:
+    """The workload class of a model plugin, registered under its name: again the same class while the plugin and
+    its file are unchanged. An earlier user model of that name (another file, an edited one, other options: a
+    notebook's next sweep) is replaced; a built-in or installed workload of that name is an error."""
+    use_path(plugin)
     known = registry().get(plugin.name or "")
-    if known is not None and issubclass(known, UserWorkload) and known.plugin.source == plugin.source:
-        if known.plugin == plugin:
+    if known is not None and issubclass(known, UserWorkload):
+        if known.plugin == plugin and known.origin.sha256 == digest(plugin.source):
+            known.check_device = check_device
             return known
-        forget(plugin.name or "")  # the same model with other options (--blocks): registered again
+        forget(plugin.name or "")
     function, origin = load_attr(plugin.source, "--model")
     where = f"--model {plugin.source}"
     if not callable(function):
         raise PluginError(f"{where}: {origin.attr} is a {type(function).__name__}, not a function")
-    params = inspect.signature(function).parameters
+    try:
+        params = inspect.signature(function).parameters
+    except (TypeError, ValueError):
+        raise PluginError(f"{where}: {origin.attr} has no inspectable signature; give a Python function") from None
     extra = [n for n, p in params.items() if n not in PARAMETERS and p.default is inspect.Parameter.empty
              and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
     if extra:
         raise PluginError(f"{where}: {origin.attr}() may take only {', '.join(PARAMETERS)} (by name); it requires "
                           f"{', '.join(extra)}")
-    size_default = params["size"].default if "size" in params else None
+    # A size parameter without a default: every label must name its size (the config says so in one line).
+    size_default = params["size"].default if "size" in params else DEFAULT_SIZE
+    default_size = size_default if isinstance(size_default, str) else None
     cls = type(f"UserModel_{plugin.name}", (UserWorkload,), {
         "name": plugin.name,
         "summary": f"your model: {origin.source}",
         "plugin": plugin,
         "function": staticmethod(function),
         "origin": origin,
-        "default_size": size_default if isinstance(size_default, str) else DEFAULT_SIZE,
+        "default_size": default_size,
+        "size_required": default_size is None,
         "facts": {},
+        "check_device": check_device,
     })
     register_workload_class(cls, origin.source)
     return cls
@@ -319,7 +352,8 @@ def run_check(plugin: Plugin, size: str, device: str = "auto") -> dict[str, Any]
     error (exit 2) as a PluginError."""
     cmd = [sys.executable, "-m", "bench.workloads.user", json.dumps(plugin.to_dict()), size, device]
     try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=CHECK_TIMEOUT_S,
+        # In the harness's directory, as trial processes run: the check fails exactly when they would.
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=CHECK_TIMEOUT_S, cwd=REPO_DIR,
                               env=dict(os.environ, PYTHONUNBUFFERED="1"))
     except subprocess.TimeoutExpired:
         raise PluginError(f"--model {plugin.source}: checking size {shown(size)} (build, one step, one evaluation) "
@@ -331,7 +365,12 @@ def run_check(plugin: Plugin, size: str, device: str = "auto") -> dict[str, Any]
         tail = " | ".join(lines[-3:])[-500:]
         raise PluginError(f"--model {plugin.source}: checking size {shown(size)} crashed (exit {proc.returncode}): "
                           f"{tail}")
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    out = proc.stdout.strip().splitlines()
+    try:
+        return json.loads(out[-1])
+    except (IndexError, json.JSONDecodeError):
+        raise PluginError(f"--model {plugin.source}: checking size {shown(size)} ended without its result (did the "
+                          "model's code exit the process or print to stdout last?)") from None
 
 
 def check(plugin: Plugin, size: str, device: torch.device) -> dict[str, Any]:
@@ -339,10 +378,26 @@ def check(plugin: Plugin, size: str, device: torch.device) -> dict[str, Any]:
     wl = register_model(plugin)()
     where = wl.where
     built = wl.build(size, 0, device)
-    batch = next(iter(built.batches(built.batch_size, 0)))
+    try:
+        it = built.batches(built.batch_size, 0)
+        if iter(it) is not it:
+            raise PluginError(f"{where}: train_data(batch_size, seed) returned a {type(it).__name__}; it must return "
+                              "an iterator (write it as a generator: yield each batch)")
+        batch = next(it)
+        small = next(built.batches(2, 1))  # techniques split and resize the batch: the size must be honoured
+    except PluginError:
+        raise
+    except Exception as exc:
+        raise PluginError(f"{where}: drawing a training batch raised {type(exc).__name__}: "
+                          f"{' '.join(str(exc).split())[:300]}") from None
     if not (isinstance(batch, tuple | list) and len(batch) == 2):
         raise PluginError(f"{where}: a training batch must be a pair (inputs, targets); got "
                           f"{type(batch).__name__}{f' of {len(batch)}' if isinstance(batch, tuple | list) else ''}")
+    sizes = [len(b[0]) if isinstance(b, tuple | list) and b and hasattr(b[0], "__len__") else None
+             for b in (batch, small)]
+    if sizes != [built.batch_size, 2]:
+        raise PluginError(f"{where}: train_data gave batches of {sizes[0]} and {sizes[1]} samples when asked for "
+                          f"{built.batch_size} and 2; it must honour batch_size (techniques split and resize it)")
     x, y = (t.to(device) if isinstance(t, torch.Tensor) else t for t in batch)
     model = built.model.train()
     try:
