@@ -203,6 +203,31 @@ def corpus_split(corpus_mb: float, seq_len: int, eval_windows: int
     return train, (windows[:, :-1], windows[:, 1:]), vocab, record
 
 
+def lm_workload(model: nn.Module, train: torch.Tensor, held_out: tuple[torch.Tensor, torch.Tensor],
+                p: dict[str, Any], record: dict[str, Any], **extra: Any) -> BuiltWorkload:
+    """A character language model's BuiltWorkload: random training windows of ``p["seq_len"]``, mean cross-entropy,
+    held-out val_loss (lower is better), and the size's budget (``p``)."""
+    T = p["seq_len"]
+    x_eval, y_eval = held_out
+    return BuiltWorkload(
+        model=model,
+        batches=lambda batch_size, bseed: window_batches(train, batch_size, T, bseed),
+        loss_fn=lm_loss,
+        evaluate=lambda m: lm_metrics(m, x_eval, y_eval, chunk=p["batch_size"]),
+        metric="val_loss",
+        higher_is_better=False,
+        batch_size=p["batch_size"],
+        tokens_per_sample=T,
+        lr=p["lr"],
+        target=p["target"],
+        quality_steps=p["quality_steps"],
+        eval_points=p["eval_points"],
+        dataset=dict(record),
+        params=p,
+        **extra,
+    )
+
+
 def window_batches(data: torch.Tensor, batch_size: int, seq_len: int, seed: int) -> Iterator[Batch]:
     """Endless random windows: x = data[i : i+T], y = data[i+1 : i+T+1], starts drawn from ``seed``."""
     gen = torch.Generator().manual_seed(seed)
@@ -256,19 +281,4 @@ class GPTChars(Workload):
         torch.manual_seed(seed)
         model = GPT(cfg).to(device)
 
-        return BuiltWorkload(
-            model=model,
-            batches=lambda batch_size, bseed: window_batches(train, batch_size, T, bseed),
-            loss_fn=lm_loss,
-            evaluate=lambda m: lm_metrics(m, x_eval, y_eval, chunk=p["batch_size"]),
-            metric="val_loss",
-            higher_is_better=False,
-            batch_size=p["batch_size"],
-            tokens_per_sample=T,
-            lr=p["lr"],
-            target=p["target"],
-            quality_steps=p["quality_steps"],
-            eval_points=p["eval_points"],
-            dataset=dict(record),
-            params=p,
-        )
+        return lm_workload(model, train, (x_eval, y_eval), p, record)

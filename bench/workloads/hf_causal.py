@@ -44,7 +44,7 @@ from torch import nn
 
 from bench.text import shown
 from bench.workloads.base import BuiltWorkload, Workload, WorkloadError, register
-from bench.workloads.gpt_chars import corpus_split, lm_loss, lm_metrics, window_batches
+from bench.workloads.gpt_chars import corpus_split, lm_workload
 
 # model type -> (config class, model class, decoder layers relative to the HF model, context-length attribute)
 MODEL_TYPES = {
@@ -176,23 +176,7 @@ class HFCausalLM(Workload):
         hf = model_cls(cfg_cls(**kwargs))
         model = LogitsOnly(hf).to(device)
 
-        return BuiltWorkload(
-            model=model,
-            batches=lambda batch_size, bseed: window_batches(train, batch_size, T, bseed),
-            loss_fn=lm_loss,
-            evaluate=lambda m: lm_metrics(m, x_eval, y_eval, chunk=p["batch_size"]),
-            metric="val_loss",
-            higher_is_better=False,
-            batch_size=p["batch_size"],
-            tokens_per_sample=T,
-            lr=p["lr"],
-            target=p["target"],
-            quality_steps=p["quality_steps"],
-            eval_points=p["eval_points"],
-            dataset=dict(record),
-            params=p,
-            blocks=f"hf.{layers}",
-        )
+        return lm_workload(model, train, (x_eval, y_eval), p, record, blocks=f"hf.{layers}")
 
 
 class LogitsOnly(nn.Module):
