@@ -141,6 +141,9 @@ class AbRunner:
         self, cfg: SweepConfig, out_dir: Path, device: torch.device, other: Checkout, resume: bool = False,
         command: str = "", threshold: float = compare_mod.DEFAULT_THRESHOLD, extend: bool = False,
     ) -> None:
+        if cfg.plugins and not (other.code_dir / "bench" / "plugins.py").is_file():
+            raise ConfigError(f"--ab {other.spec}: that checkout predates --model and --technique, so its trial code "
+                              "cannot load them; compare against a revision that has bench/plugins.py")
         self.cfg = cfg
         self.out_dir = Path(out_dir)
         self.resume = resume

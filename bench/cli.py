@@ -46,6 +46,17 @@ def _add_sweep(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--techniques",
                    help="comma list of technique sets; '+' joins a combination, ':k=v' sets options, "
                         "e.g. bf16,grad_accum:steps=4,bf16+compile (baseline is always added)")
+    p.add_argument("--model", action="append", metavar="[NAME=]PATH.py:FUNCTION",
+                   help="your own model: a function that builds it (docs/models.md), e.g. my_model.py:build or "
+                        "package.module:build; repeatable. It becomes a workload named NAME (default: the file's "
+                        "name) at its build's default size; the sweep runs only the models unless --workloads is "
+                        "given too")
+    p.add_argument("--blocks", metavar="ATTR.PATH",
+                   help="dotted path of a --model's nn.ModuleList of repeated blocks (for checkpointing, per-block "
+                        "compile, FSDP), when it has no `blocks` attribute and is not found by itself")
+    p.add_argument("--technique", action="append", metavar="PATH.py:CLASS",
+                   help="your own technique class (a techniques.Technique subclass, docs/plugins.md), e.g. "
+                        "my_tech.py:MyTechnique; repeatable. Then name it in --techniques")
     p.add_argument("--repeats", type=int, help="repeats (seeds) per configuration")
     p.add_argument("--seed", type=int, help="seed of repeat 0 (repeat r uses seed + r)")
     p.add_argument("--mode", choices=["speed", "quality", "both"],
@@ -186,6 +197,9 @@ def sweep_config_from_args(args: argparse.Namespace, resume_dir: Path | None) ->
         "nproc": args.nproc,
         "nnodes": args.nnodes,
         "budget": {k: v for k, v in budget.items() if v is not None} or None,
+        "models": args.model,
+        "blocks": args.blocks,
+        "technique_plugins": args.technique,
     }
     return build_config(args.preset or "quick", overrides, config_path)
 
@@ -258,11 +272,9 @@ def _sweep(args: argparse.Namespace) -> int:
                       f"continue with: python -m bench sweep --resume --out {out_dir}")
             return interrupted_code(exc)
     wall = time.perf_counter() - started
-    rows = summary_mod.summarize(records)
-    md = summary_mod.to_markdown(rows, title=f"Sweep '{cfg.name}' summary")
-    md += f"\nWall time of this invocation: {wall:.0f} s. Records: {len(records)} in results.jsonl.\n"
-    write_atomic(out_dir / "summary.md", md)
-    _print_summary(rows)
+    from bench.api import write_summary
+
+    _print_summary(write_summary(out_dir, records, wall, cfg.name))
     from bench.report import write_report
 
     for path in write_report([out_dir]).values():
@@ -293,8 +305,10 @@ def _print_summary(rows: list[summary_mod.SummaryRow]) -> None:
 
 def cmd_list(args: argparse.Namespace) -> int:
     import techniques
+    from bench import plugins
     from techniques.base import Context
 
+    plugins.load_entry_points()
     device = resolve_device(args.device)
     wl_table = Table(title="Workloads (sizes with their quality budget and validation target)")
     for col in ("name", "sizes", "available", "about"):
@@ -337,7 +351,6 @@ def cmd_env(args: argparse.Namespace) -> int:
 
 def cmd_compare(args: argparse.Namespace) -> int:
     from bench import compare as compare_mod
-    from bench.files import write_atomic
     from bench.report.inputs import blocking_file
 
     threshold = compare_mod.parse_threshold(args.threshold)

@@ -17,15 +17,11 @@ from typing import Any
 import tomli_w
 
 import techniques
-from bench import workloads
+from bench import plugins, workloads
+from bench.errors import ConfigError
 from bench.results import MODES
 from bench.text import shown
 from techniques.base import OptionError
-
-
-class ConfigError(ValueError):
-    """Bad user input: the message says what was wrong and what is valid."""
-
 
 # ---- techniques ---------------------------------------------------------------------------------------------
 
@@ -115,9 +111,13 @@ class WorkloadSpec:
     @classmethod
     def parse(cls, text: str, default_size: str = "tiny") -> WorkloadSpec:
         name, _, size = text.strip().partition(":")
-        spec = cls(name, size or default_size)
         try:
-            workloads.get(spec.name).size_params(spec.size)
+            wl = workloads.get(name)
+            if not size and wl.size_required:
+                raise ConfigError(f"workload {shown(name)} needs a size ({wl.summary}: build's size parameter has no "
+                                  f"default); write {name}:SIZE")
+            spec = cls(name, size or wl.default_size or default_size)
+            wl.size_params(spec.size)
         except workloads.WorkloadError as exc:
             raise ConfigError(str(exc)) from None
         return spec
@@ -225,6 +225,8 @@ class SweepConfig:
     threads: int = 0  # torch intra-op threads in each trial (0: torch's default)
     mode: str = "both"  # speed (timed window, memory) | quality (quality run) | both
     budget: Budget = field(default_factory=Budget)
+    models: tuple[plugins.Plugin, ...] = ()  # users' models (--model), registered as workloads
+    technique_plugins: tuple[plugins.Plugin, ...] = ()  # users' technique classes (--technique)
 
     def __post_init__(self) -> None:
         for f in dataclasses.fields(self):
@@ -251,6 +253,16 @@ class SweepConfig:
             raise ConfigError(f"nproc and nnodes must be >= 1, got {self.nproc} and {self.nnodes}")
         if not self.workloads or not self.techniques:
             raise ConfigError("a sweep needs at least one workload and one technique set")
+        if self.mode != "speed" and not self.budget.train_steps:
+            for w in self.workloads:
+                if not workloads.get(w.name).size_params(w.size).get("quality_steps"):
+                    raise ConfigError(f"workload {w.label} states no quality budget (quality_steps): give --steps, "
+                                      "or quality_steps in its build's result, or use --mode speed")
+
+    @property
+    def plugins(self) -> tuple[plugins.Plugin, ...]:
+        """What every process of the sweep loads before it resolves a workload or technique name."""
+        return (*self.technique_plugins, *self.models)
 
     @property
     def world_size(self) -> int:
@@ -269,7 +281,24 @@ class SweepConfig:
             "threads": self.threads,
             "mode": self.mode,
             "budget": dataclasses.asdict(self.budget),
+            **self._plugin_dict(),
         }
+
+    def _plugin_dict(self) -> dict[str, Any]:
+        """Users' code, only when there is some (older sweeps' settings stay as they were): the sources as given
+        back to ``build_config``, and each file's sha256 so a resume notices an edited file."""
+        if not self.plugins:
+            return {}
+        out: dict[str, Any] = {}
+        if self.models:
+            out["models"] = [f"{m.name}={m.source}" for m in self.models]
+            blocks = {m.blocks for m in self.models} - {None}
+            if blocks:
+                out["blocks"] = blocks.pop()
+        if self.technique_plugins:
+            out["technique_plugins"] = [t.source for t in self.technique_plugins]
+        out["sources_sha256"] = {p.source: plugins.digest(p.source) or "" for p in self.plugins}
+        return out
 
     def to_toml(self) -> str:
         return tomli_w.dumps(self.to_dict())
@@ -308,7 +337,8 @@ PRESETS: dict[str, dict[str, Any]] = {
 }
 
 SWEEP_KEYS = ("preset", "workloads", "techniques", "repeats", "seed", "device", "nproc", "nnodes", "threads", "mode",
-              "budget")
+              "budget", "models", "blocks", "technique_plugins")
+RECORDED_KEYS = ("sources_sha256",)  # written into sweep.toml by the harness; not settings a user gives
 
 
 def build_config(
@@ -332,10 +362,20 @@ def build_config(
                     raise ConfigError(f"budget must be a table of budget keys, e.g. [budget] then min_seconds = 1.0; "
                                       f"got {shown(value)} ({type(value).__name__})")
                 budget.update(value)
+            elif key in ("models", "technique_plugins") and merged.get(key):
+                merged[key] = [*_sources(key, merged), *_sources(key, layer)]  # additive: --model beside a config's
             else:
                 merged[key] = value
     if file_data.get("name"):
         merged["name"] = file_data["name"]
+    technique_plugins, models = _load_plugins(merged)
+    if models:  # a model adds itself to the workloads, which are only the models unless workloads were given
+        given = "workloads" in file_data or (overrides or {}).get("workloads") is not None
+        raw = _names("workloads", merged["workloads"]) if given else []
+        labels = [x for x in (raw.split(",") if isinstance(raw, str) else raw) if x.strip()]
+        named = {x.strip().partition(":")[0] for x in labels}
+        labels += [m.name for m in models if m.name not in named]
+        merged["workloads"] = labels
     valid_budget = {f.name for f in dataclasses.fields(Budget)}
     unknown = set(budget) - valid_budget
     if unknown:
@@ -353,7 +393,41 @@ def build_config(
         threads=merged.get("threads", 0),
         mode=merged.get("mode", "both"),
         budget=Budget(**budget),
+        models=models,
+        technique_plugins=technique_plugins,
     )
+
+
+def _load_plugins(merged: dict[str, Any]) -> tuple[tuple[plugins.Plugin, ...], tuple[plugins.Plugin, ...]]:
+    """Installed plugins, then the technique classes and models the config names, registered in this process."""
+    from bench.workloads import user
+
+    plugins.load_entry_points()
+    blocks = merged.get("blocks")
+    if blocks is not None:
+        _check_type("blocks", blocks, "str")
+    techs = tuple(dict.fromkeys(plugins.register_technique(t) for t in _sources("technique_plugins", merged)))
+    models = tuple(dict.fromkeys(user.parse_model(m, blocks) for m in _sources("models", merged)))
+    if blocks is not None and not models:
+        raise ConfigError("--blocks names the blocks of a --model; there is none")
+    names = [m.name for m in models]
+    for name in {n for n in names if names.count(n) > 1}:
+        sources = [m.source for m in models if m.name == name]
+        raise ConfigError(f"two --model entries are named {shown(name)} ({sources[0]} and {sources[1]}): name them "
+                          "apart with NAME=PATH.py:FUNCTION")
+    device = merged.get("device", "auto")
+    for m in models:  # checked where the sweep runs (a GPU machine's --device cpu: on the CPU)
+        user.register_model(m, device if device in ("auto", "cpu", "cuda") else "auto")
+    return techs, models
+
+
+def _sources(key: str, layer: dict[str, Any]) -> list[str]:
+    value = layer.get(key) or []
+    if isinstance(value, str):
+        value = [value]
+    if not (isinstance(value, list) and all(isinstance(v, str) for v in value)):
+        raise ConfigError(f"{key} must be an array of strings such as [\"my_model.py:build\"]; got {shown(value)}")
+    return value
 
 
 def load_toml(path: Path) -> dict[str, Any]:
@@ -370,7 +444,7 @@ def load_toml(path: Path) -> dict[str, Any]:
         raise ConfigError(f"cannot read config file {path}: {exc.strerror}") from None
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"malformed TOML in {path}: {exc}") from None
-    unknown = set(data) - set(SWEEP_KEYS) - {"name"}
+    unknown = set(data) - set(SWEEP_KEYS) - {"name", *RECORDED_KEYS}
     if unknown:
         raise ConfigError(f"unknown key(s) in {path}: {', '.join(shown(k) for k in sorted(unknown))} "
                           f"(valid: {', '.join(SWEEP_KEYS + ('name',))})")

@@ -75,12 +75,13 @@ def incompatibility(techs: TechniqueSet, workload: WorkloadSpec, device: torch.d
         clash = tech.conflicts & set(techs.names)
         if clash:
             return f"{tech.name} cannot be combined with {', '.join(sorted(clash))}"
+    blocks, has_batchnorm = wl.traits(workload.size)
     ctx = Context(
         device=device,
         workload=workload.name,
         world_size=world_size,
-        has_blocks=wl.has_blocks,
-        has_batchnorm=wl.has_batchnorm,
+        blocks=blocks,
+        has_batchnorm=has_batchnorm,
         available_packages=available_packages(),
         technique_names=techs.names,
     )

@@ -149,13 +149,15 @@ def load(cache_dir: Path, key: ReferenceKey) -> ReferenceResult | None:
 
 
 def ensure(keys: Iterable[ReferenceKey], cache_dir: Path, device: str, code_dir: Path = REPO_DIR,
-           timeout_s: float = 900.0) -> None:
-    """Compute, in one child process, every reference of ``keys`` that ``cache_dir`` lacks."""
+           timeout_s: float = 900.0, plugins: list[dict] | None = None) -> None:
+    """Compute, in one child process, every reference of ``keys`` that ``cache_dir`` lacks (``plugins``: users'
+    models and techniques the process loads first)."""
     missing = list(dict.fromkeys(k for k in keys if load(cache_dir, k) is None))
     if not missing:
         return
     Path(cache_dir).mkdir(parents=True, exist_ok=True)
-    cmd = [sys.executable, "-m", "bench.reference", str(cache_dir), device, *(json.dumps(asdict(k)) for k in missing)]
+    cmd = [sys.executable, "-m", "bench.reference", str(cache_dir), device,
+           *(["--plugins", json.dumps(plugins)] if plugins else []), *(json.dumps(asdict(k)) for k in missing)]
     log.info("computing %d parity reference(s) in a child process", len(missing))
     proc = subprocess.run(cmd, cwd=code_dir, capture_output=True, text=True, timeout=timeout_s,
                           env=dict(os.environ, PYTHONUNBUFFERED="1"))
@@ -171,8 +173,14 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     logging.basicConfig(level=os.environ.get("TRAINBENCH_LOG", "WARNING"), stream=sys.stderr,
                         format="%(levelname)s %(name)s: %(message)s")
-    cache_dir, device = Path(argv[0]), torch.device(argv[1])
-    for text in argv[2:]:
+    from bench import plugins
+
+    cache_dir, device, keys = Path(argv[0]), torch.device(argv[1]), argv[2:]
+    given = []
+    if keys[0] == "--plugins":
+        given, keys = json.loads(keys[1]), keys[2:]
+    plugins.load(given)  # installed plugins always; users' models and techniques when the sweep has some
+    for text in keys:
         key = ReferenceKey(**json.loads(text))
         result = compute(key, device)
         write_atomic(path_of(cache_dir, key), json.dumps(asdict(result)) + "\n")

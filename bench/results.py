@@ -226,8 +226,10 @@ class TrialRecord:
     sweep_id: str = doc("the sweep directory's name")
     trial_id: str = doc("workload:size/technique set[/npN]/seedS/rR")
     workload: dict[str, Any] = doc("name, size, dataset {...}, params {...}, metric, higher_is_better, batch_size, "
-                                   "tokens_per_sample, n_params, target")
-    techniques: list[dict[str, Any]] = doc("[{name, options}] in phase order; empty for the baseline")
+                                   "tokens_per_sample, n_params, target; a user's model (--model) also source "
+                                   "{file or module, function, sha256}")
+    techniques: list[dict[str, Any]] = doc("[{name, options}] in phase order; empty for the baseline; a plugin "
+                                           "technique also has source (and sha256 of its file)")
     technique_label: str = doc("the set as written: bf16+grad_accum:steps=4, or baseline")
     seed: int = doc("seed of the model's initialisation and the batch order")
     repeat: int = doc("repeat index; repeat r uses seed + r")

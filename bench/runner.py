@@ -196,7 +196,8 @@ class SweepRunner:
         keys = [k for k in (reference_key(t, self.cfg.budget) for t in trials if not t.skip_reason) if k]
         try:
             reference_mod.ensure(keys, self.reference_dir, self.device.type, self.code_dir,
-                                 timeout_s=max(self.cfg.budget.timeout_s, 120.0) * max(len(keys), 1))
+                                 timeout_s=max(self.cfg.budget.timeout_s, 120.0) * max(len(keys), 1),
+                                 plugins=[p.to_dict() for p in self.cfg.plugins])
         except (RuntimeError, subprocess.TimeoutExpired) as exc:
             # Not fatal here: each trial asks for its reference again and, if that fails too, is recorded as
             # failed with the reason, like any other trial error.
@@ -233,6 +234,7 @@ class SweepRunner:
             mode=self.cfg.mode,
             position=trial.position,
             reference_dir=str(self.reference_dir),
+            plugins=[p.to_dict() for p in self.cfg.plugins],
         )
 
     def _skipped(self, trial: Trial) -> TrialRecord:

@@ -27,14 +27,15 @@ from typing import Any
 
 import psutil
 
-from bench.config import ConfigError, SweepConfig, build_config
+from bench.config import ConfigError, SweepConfig, build_config, load_toml
 from bench.text import shown
 
 log = logging.getLogger(__name__)
 
 LOCK_NAME = ".trainbench.lock"
 TEMP_PREFIX = "trainbench-trial-"
-PLAN_KEYS = ("workloads", "techniques", "repeats")  # what --extend may grow; every other setting must match
+PLAN_KEYS = ("workloads", "techniques", "repeats", "models", "technique_plugins")  # what --extend may grow; every
+# other setting must match (users' files must be unchanged: ``sources_sha256``)
 
 
 def check_new(out_dir: Path) -> None:
@@ -137,7 +138,7 @@ class SweepLock:
 
 def settings(cfg: SweepConfig) -> dict[str, Any]:
     """What every trial of the sweep ran under: everything but the plan's extent (and the sweep's name)."""
-    return {k: v for k, v in cfg.to_dict().items() if k not in (*PLAN_KEYS, "name")}
+    return {k: v for k, v in cfg.to_dict().items() if k not in (*PLAN_KEYS, "name", "sources_sha256")}
 
 
 def settings_hash(cfg: SweepConfig) -> str:
@@ -172,7 +173,10 @@ def resumed_config(out_dir: Path, cfg: SweepConfig, extend: bool) -> SweepConfig
         raise ConfigError(f"--resume: these settings differ from the sweep's in {out_dir} ({'; '.join(changed[:4])}"
                           f"{'; ...' if len(changed) > 4 else ''}); a report must not mix records made under two "
                           "settings: resume without changing them, or start a new --out")
-    plan_changes = differences({k: stored.to_dict()[k] for k in PLAN_KEYS}, {k: cfg.to_dict()[k] for k in PLAN_KEYS})
+    recorded = load_toml(out_dir / "sweep.toml").get("sources_sha256") or {}  # the files when the sweep started
+    _check_sources(recorded, cfg.to_dict().get("sources_sha256") or {}, out_dir)
+    plan_changes = differences({k: stored.to_dict().get(k) for k in PLAN_KEYS},
+                               {k: cfg.to_dict().get(k) for k in PLAN_KEYS})
     if not plan_changes:
         return cfg
     if not extend:
@@ -183,8 +187,19 @@ def resumed_config(out_dir: Path, cfg: SweepConfig, extend: bool) -> SweepConfig
         **{**{k: getattr(stored, k) for k in ("name", "seed", "device", "nproc", "nnodes", "threads", "mode",
                                               "budget")},
            "workloads": tuple(dict.fromkeys([*stored.workloads, *cfg.workloads])),
+           "models": tuple(dict.fromkeys([*stored.models, *cfg.models])),
+           "technique_plugins": tuple(dict.fromkeys([*stored.technique_plugins, *cfg.technique_plugins])),
            "techniques": tuple(sets),
            "repeats": max(stored.repeats, cfg.repeats)})
+
+
+def _check_sources(stored: dict[str, str], now: dict[str, str], out_dir: Path) -> None:
+    """A user's model or technique file edited since the sweep started: its records and the new ones would mix."""
+    for source in sorted(set(stored) & set(now)):
+        if stored[source] != now[source]:
+            raise ConfigError(f"--resume: {source.rpartition(':')[0]} changed since the sweep in {out_dir} started "
+                              f"(sha256 {stored[source][:12]}... then, {now[source][:12]}... now); a report must not "
+                              "mix two versions of it: restore the file, or start a new --out")
 
 
 def check_records(hashes: list[str], expected: str, out_dir: Path) -> None:

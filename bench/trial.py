@@ -47,8 +47,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from bench import plugins, workloads
 from bench import reference as reference_mod
-from bench import workloads
 from bench.config import Budget, TechniqueSet, TechniqueSpec
 from bench.env import datasheet_peak
 from bench.files import write_atomic
@@ -119,13 +119,15 @@ class TrialSpec:
     mode: str = "both"  # speed | quality | both
     position: int = 0  # index in the sweep's run order
     reference_dir: str | None = None  # cache of parity references (None: a temporary one)
+    plugins: list[dict[str, Any]] = field(default_factory=list)  # users' models and techniques to load first
 
     @classmethod
     def from_json(cls, text: str) -> TrialSpec:
         return cls(**json.loads(text))
 
     def to_json(self) -> str:
-        return json.dumps(dataclasses.asdict(self))
+        # Without users' code the spec stays as older checkouts read it (``sweep --ab REV`` runs their trial code).
+        return json.dumps({k: v for k, v in dataclasses.asdict(self).items() if k != "plugins" or v})
 
 
 class Diverged(RuntimeError):
@@ -203,7 +205,7 @@ def configure(wl: workloads.Workload, size: str, built: workloads.BuiltWorkload,
     for tech in techs:
         cfg = tech.configure(cfg)
     ctx = Context(device=device, workload=wl.name, seed=seed, rank=_rank(), world_size=world_size,
-                  has_blocks=wl.has_blocks, has_batchnorm=wl.has_batchnorm,
+                  blocks=built.blocks, has_batchnorm=has_batchnorm(built.model),
                   technique_names=tuple(t.name for t in techs), metric=built.metric,
                   higher_is_better=built.higher_is_better, sequence_length=built.tokens_per_sample,
                   cache_dir=cache_dir)
@@ -212,6 +214,10 @@ def configure(wl: workloads.Workload, size: str, built: workloads.BuiltWorkload,
     _plan_into(ctx, budget, built, cfg)
     ctx.state.update(lr=cfg.lr, local_batch_size=cfg.batch_size // world_size // cfg.micro_batches)
     return cfg, ctx, probe_s
+
+
+def has_batchnorm(model: nn.Module) -> bool:
+    return any(isinstance(m, nn.modules.batchnorm._BatchNorm) for m in model.modules())
 
 
 def _fresh(wl: workloads.Workload, size: str, seed: int, device: torch.device, other_seed: int | None = None
@@ -271,7 +277,7 @@ def reference(session: Session) -> ReferenceResult:
     cache = Path(spec.reference_dir) if spec.reference_dir else _private_reference_dir()
     found = reference_mod.load(cache, key)
     if found is None and _rank() == 0:
-        reference_mod.ensure([key], cache, session.device.type)
+        reference_mod.ensure([key], cache, session.device.type, plugins=spec.plugins)
     if _world() > 1:
         dist.barrier()
     found = found or reference_mod.load(cache, key)
@@ -761,8 +767,10 @@ def _stages(spec: TrialSpec, head: dict[str, Any], out: dict[str, Any], own_proc
         torch.set_num_threads(spec.threads)
     session = build(spec, budget, device)
     built = session.built
-    head["techniques"] = [t.describe() for t in session.techs]
+    head["techniques"] = [t.describe() | (plugins.technique_origin(t.name) or {}) for t in session.techs]
     head["kind"] = session.kind.value
+    if built.source:
+        head["workload"]["source"] = built.source
     head["workload"].update(dataset=built.dataset, params=built.params, metric=built.metric,
                             higher_is_better=built.higher_is_better, batch_size=session.cfg.batch_size,
                             tokens_per_sample=built.tokens_per_sample, target=built.target,
@@ -898,6 +906,7 @@ def main(argv: list[str] | None = None) -> int:
     if spec.reference_dir is None:  # every rank must look in the same place: beside the record
         spec.reference_dir = str(Path(argv[1]).resolve().parent / "references")
     if spec.world_size == 1:
+        plugins.load(spec.plugins)  # users' models and techniques, as the sweep registered them
         record = run(spec, own_process=True)
         write_atomic(argv[1], record.to_json() + "\n")  # the runner reads a whole record or none
         return 0
@@ -906,6 +915,7 @@ def main(argv: list[str] | None = None) -> int:
     rank = int(os.environ.get("RANK", "0"))
     code = 1  # every way out of the try but its last line is a failure
     try:
+        plugins.load(spec.plugins)
         _init_distributed(spec)
         if os.environ.get("TRAINBENCH_FAULT_RANK") == str(rank):  # test hook: prove a failing rank ends the trial
             if os.environ.get("TRAINBENCH_FAULT") == "hang":  # ... or a hanging one, through the runner's timeout

@@ -15,7 +15,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from techniques.base import Context
+from techniques.base import Context, model_blocks
 
 SHARDING_TECHNIQUES = ("ddp", "zero1", "zero2", "zero3", "deepspeed")
 
@@ -126,8 +126,8 @@ def apply_fsdp(model: nn.Module, ctx: Context, reshard_after_forward: bool) -> n
     from torch.distributed.fsdp import CPUOffloadPolicy, OffloadPolicy, fully_shard
 
     policy = CPUOffloadPolicy(pin_memory=ctx.is_cuda) if "offload" in ctx.technique_names else OffloadPolicy()
-    blocks = getattr(model, "blocks", None)
-    if isinstance(blocks, nn.ModuleList):
+    blocks = model_blocks(model, ctx)
+    if blocks is not None:
         for block in blocks:
             fully_shard(block, reshard_after_forward=reshard_after_forward, offload_policy=policy)
     fully_shard(model, reshard_after_forward=reshard_after_forward, offload_policy=policy)

@@ -33,7 +33,9 @@ Facts the harness needs about a technique are typed class attributes, never name
 (the tensor-memory tracker cannot see inside it), ``zero_stage`` (the ZeRO stage of a sharding technique) and
 ``memory_note`` (how its per-rank memory departs from the ZeRO formula).
 
-Register with ``@register`` and add the module to the explicit import list in ``techniques/__init__.py``.
+Register with ``@register`` and add the module to the explicit import list in ``techniques/__init__.py`` (a
+third-party technique comes from a file or an entry point instead: docs/plugins.md). Per-block transforms find the
+blocks with ``model_blocks(model, ctx)``, never ``model.blocks``.
 """
 
 from __future__ import annotations
@@ -102,7 +104,8 @@ class Context:
     seed: int = 0
     rank: int = 0
     world_size: int = 1
-    has_blocks: bool = True  # the model exposes ``model.blocks`` (an nn.ModuleList) for per-block transforms
+    blocks: str | None = "blocks"  # dotted path of the model's nn.ModuleList of repeated blocks, for per-block
+    # transforms (``model_blocks``); None when the model has none
     has_batchnorm: bool = False
     available_packages: frozenset[str] = frozenset()
     technique_names: tuple[str, ...] = ()  # every technique of the set, so modifiers can check their partners
@@ -119,6 +122,22 @@ class Context:
     @property
     def is_cuda(self) -> bool:
         return self.device.type == "cuda"
+
+    @property
+    def has_blocks(self) -> bool:
+        return self.blocks is not None
+
+
+def model_blocks(model: nn.Module, ctx: Context) -> nn.ModuleList | nn.Sequential | None:
+    """The model's blocks (``ctx.blocks``: ``model.blocks`` for the built-in workloads, found or named for a user's
+    model; an nn.ModuleList, or an nn.Sequential a user named), or None when it has none. Per-block techniques use
+    this, never ``model.blocks`` (a user's or a Hugging Face model keeps its blocks elsewhere)."""
+    if ctx.blocks is None:
+        return None
+    blocks = model.get_submodule(ctx.blocks)
+    if not isinstance(blocks, nn.ModuleList | nn.Sequential):
+        raise TypeError(f"the model's blocks {ctx.blocks!r} are a {type(blocks).__name__}, not an nn.ModuleList")
+    return blocks
 
 
 @dataclass

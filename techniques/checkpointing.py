@@ -26,7 +26,7 @@ from torch import nn
 from torch.nn.modules.batchnorm import _BatchNorm
 from torch.utils.checkpoint import checkpoint
 
-from techniques.base import Claim, Context, Kind, Phase, Technique, register
+from techniques.base import Claim, Context, Kind, Phase, Technique, model_blocks, register
 
 
 @contextlib.contextmanager
@@ -68,11 +68,11 @@ class CheckpointedBlock(nn.Module):
         return checkpoint(run, *args, use_reentrant=False, **kwargs)
 
 
-def apply_checkpointing(model: nn.Module) -> nn.Module:
-    """Wrap each module of ``model.blocks`` in place; returns the model."""
-    blocks = getattr(model, "blocks", None)
-    if not isinstance(blocks, nn.ModuleList):
-        raise TypeError("activation checkpointing needs the model to expose its blocks as `model.blocks` (nn.ModuleList)")
+def apply_checkpointing(model: nn.Module, blocks: nn.ModuleList | nn.Sequential | None = None) -> nn.Module:
+    """Wrap each module of ``blocks`` (default ``model.blocks``) in place; returns the model."""
+    blocks = getattr(model, "blocks", None) if blocks is None else blocks
+    if not isinstance(blocks, nn.ModuleList | nn.Sequential):
+        raise TypeError("activation checkpointing needs the model's blocks as an nn.ModuleList (model.blocks)")
     for i, block in enumerate(blocks):
         if not isinstance(block, CheckpointedBlock):
             blocks[i] = CheckpointedBlock(block)
@@ -92,8 +92,9 @@ class Checkpointing(Technique):
 
     def check(self, ctx: Context) -> str | None:
         if not ctx.has_blocks:
-            return f"workload '{ctx.workload}' exposes no model.blocks to checkpoint"
+            return (f"workload '{ctx.workload}' has no blocks to checkpoint (no model.blocks and no nn.ModuleList "
+                    "of repeated modules; a user's model can name them: --blocks attr.path)")
         return None
 
     def transform_model(self, model: nn.Module, ctx: Context) -> nn.Module:
-        return apply_checkpointing(model)
+        return apply_checkpointing(model, model_blocks(model, ctx))

@@ -38,7 +38,7 @@ def test_list_shows_workloads_and_techniques(cli):
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        (["--workloads", "resnet"], "unknown workload 'resnet' (known: cnn, gpt, mlp"),
+        (["--workloads", "resnet"], "unknown workload 'resnet' (known: "),
         (["--techniques", "bf17"], "unknown technique 'bf17' (known: baseline, batch_size, bf16"),
         (["--techniques", "grad_accum:stepz=2"], "has no option 'stepz' (valid options: steps)"),
         (["--repeats", "0"], "repeats must be >= 1"),

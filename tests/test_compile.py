@@ -20,3 +20,25 @@ def test_compiled_mlp_matches_eager_losses():
 
 def test_compile_options_parse():
     assert Compile.parse_options({"mode": "reduce-overhead"}).mode == "reduce-overhead"
+
+
+def test_results_count_what_dynamo_captured():
+    from torch._dynamo.utils import counters
+
+    counters.clear()
+    ctx = build_loop("mlp", "baseline")[0].ctx
+    compiled = torch.compile(torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.ReLU()))
+    compiled(torch.randn(2, 4)).sum().backward()
+    assert Compile().results(ctx) == {"graphs": 1, "graph_breaks": 0}
+    counters.clear()
+    lstm = torch.compile(torch.nn.LSTM(4, 4, batch_first=True))  # Dynamo skips RNN modules: nothing captured
+    lstm(torch.randn(2, 3, 4))[0].sum().backward()
+    assert Compile().results(ctx)["graphs"] == 0
+
+
+def test_report_says_when_nothing_was_compiled():
+    from bench.report.tuning import SUMMARIES
+
+    assert "ran eager" in SUMMARIES["compile"]([{"graphs": 0, "graph_breaks": 0}] * 3)
+    assert SUMMARIES["compile"]([{"graphs": 1, "graph_breaks": 0}, {"graphs": 2, "graph_breaks": 1}]) == \
+        "graphs compiled 1, 2; graph breaks 0, 1"

@@ -142,7 +142,7 @@ def test_fsdp_with_compile_needs_blocks():
                                  "nproc": 2})
     reasons = {t.techniques.label: t.skip_reason for t in plan(cfg, torch.device("cpu"))}
     assert reasons["zero3+compile"] is None and reasons["ddp+compile"] is None
-    ctx = Context(device=torch.device("cpu"), world_size=2, has_blocks=False, technique_names=("zero3", "compile"))
+    ctx = Context(device=torch.device("cpu"), world_size=2, blocks=None, technique_names=("zero3", "compile"))
     from techniques._distributed import fsdp_check
 
     assert "got mixed torch.Tensor and DTensor" in fsdp_check(ctx, "zero3")

@@ -59,8 +59,10 @@ def test_declared_fields(name):
     assert built.metric and built.lr > 0 and built.target is not None and built.params
     assert {"name", "source", "sha256", "n_train", "n_eval"} <= set(built.dataset)
     assert len(built.dataset["sha256"]) == 64
+    assert (wl.traits("tiny")[0] is None) == (built.blocks is None)
     if wl.has_blocks:
-        assert isinstance(built.model.blocks, nn.ModuleList) and len(built.model.blocks) > 0
+        blocks = built.model.get_submodule(built.blocks)
+        assert isinstance(blocks, nn.ModuleList) and len(blocks) > 0
     assert wl.has_batchnorm == any(isinstance(m, nn.modules.batchnorm._BatchNorm) for m in built.model.modules())
 
 

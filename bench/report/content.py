@@ -362,12 +362,18 @@ def _workload_info(analysis: Analysis, machine: str, workload: str) -> str:
         return "no trial of this workload finished"
     wl = recs[0].workload
     parts = []
+    source = wl.get("source")
+    if isinstance(source, dict):  # a user's model (--model): which file, which version
+        versions = {(r.workload.get("source") or {}).get("sha256") for r in recs}
+        where = source.get("file") or source.get("module")
+        parts.append(f"your model {where}:{source.get('function')} (sha256 {str(source.get('sha256'))[:12]})"
+                     + (f"; WARNING: records from {len(versions)} versions of the file" if len(versions) > 1 else ""))
     if wl.get("n_params"):
         parts.append(f"{wl['n_params']:,} parameters")
     if wl.get("batch_size"):
         parts.append(f"batch {wl['batch_size']}")
     data = wl.get("dataset")
-    if isinstance(data, dict) and data.get("name"):
+    if isinstance(data, dict) and data.get("name") and not isinstance(source, dict):
         parts.append(f"data {data['name']}")
     direction = "higher is better" if wl.get("higher_is_better", True) else "lower is better"
     metric = f"metric {wl.get('metric')} ({direction})"

@@ -92,9 +92,16 @@ def _lr_schedule(found: list[dict[str, Any]]) -> str:
     return f"{first['schedule']}, peak LR {peaks} over {first['planned_steps']} steps"
 
 
+def _compile(found: list[dict[str, Any]]) -> str:
+    graphs = [f.get("graphs") for f in found]
+    if all(g == 0 for g in graphs):
+        return "captured no graph: TorchDynamo skipped the model, so these trials ran eager (not a compile result)"
+    return f"graphs compiled {_values(graphs)}; graph breaks {_values([f.get('graph_breaks') for f in found])}"
+
+
 SUMMARIES: dict[str, Callable[[list[dict[str, Any]]], str]] = {
     "lr_finder": _lr_finder, "batch_size": _batch_size, "early_stopping": _early_stopping,
-    "curriculum": _curriculum, "lr_schedule": _lr_schedule,
+    "curriculum": _curriculum, "lr_schedule": _lr_schedule, "compile": _compile,
 }
 
 

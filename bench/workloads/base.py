@@ -23,7 +23,7 @@ class WorkloadError(RuntimeError):
 class BuiltWorkload:
     """One built instance of a workload: model, data, loss and evaluation, all seeded."""
 
-    model: nn.Module  # block-structured models expose ``model.blocks`` (nn.ModuleList)
+    model: nn.Module
     batches: Callable[[int, int], Iterator[Batch]]  # (batch_size, seed) -> endless iterator of training batches
     loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]  # (model output, targets) -> mean loss
     evaluate: Callable[[nn.Module], dict[str, float]]  # held-out metrics; the harness sets eval()/no_grad
@@ -39,6 +39,9 @@ class BuiltWorkload:
     params: dict[str, Any] = field(default_factory=dict)  # the size preset's resolved parameters
     train_data: tuple[torch.Tensor, torch.Tensor] | None = None  # the in-memory training set of a classifier
     # (inputs, labels): techniques that choose which samples to train on (curriculum) draw from it
+    blocks: str | None = "blocks"  # dotted path (``model.get_submodule``) of the nn.ModuleList of repeated blocks
+    # that per-block techniques wrap (checkpointing, per-block compile, FSDP); None when the model has none
+    source: dict[str, Any] | None = None  # a user's model: {"file" or "module", "function", "sha256"}
 
 
 class Workload(abc.ABC):
@@ -49,6 +52,8 @@ class Workload(abc.ABC):
     sizes: ClassVar[dict[str, dict[str, Any]]] = {}
     has_blocks: ClassVar[bool] = True
     has_batchnorm: ClassVar[bool] = False
+    default_size: ClassVar[str | None] = None  # the size a label without one gets (None: the sweep's default)
+    size_required: ClassVar[bool] = False  # a label must name the size
 
     def check(self) -> str | None:
         """Why this workload cannot be built here (e.g. its dataset is missing); None when it can."""
@@ -60,6 +65,11 @@ class Workload(abc.ABC):
                 f"workload '{self.name}' has no size {shown(size)} (valid sizes: {', '.join(self.sizes)})"
             )
         return dict(self.sizes[size])
+
+    def traits(self, size: str) -> tuple[str | None, bool]:
+        """(the blocks' path or None, has BatchNorm) at ``size``, known without building the model: what the plan
+        checks technique sets against."""
+        return ("blocks" if self.has_blocks else None), self.has_batchnorm
 
     @abc.abstractmethod
     def build(self, size: str, seed: int, device: torch.device) -> BuiltWorkload:
@@ -75,6 +85,11 @@ def register(cls: type[Workload]) -> type[Workload]:
         raise ValueError(f"workload name '{cls.name}' is registered twice")
     _REGISTRY[cls.name] = cls
     return cls
+
+
+def forget(name: str) -> None:
+    """Remove a registration (a user's model registered again with other options in the same process)."""
+    _REGISTRY.pop(name, None)
 
 
 def registry() -> dict[str, type[Workload]]:

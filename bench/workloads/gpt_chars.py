@@ -191,6 +191,43 @@ def load_corpus(corpus_mb: float = 0.0) -> tuple[np.ndarray, list[str], dict[str
     return ids.astype(np.int64), [chr(c) for c in uniq], record
 
 
+def corpus_split(corpus_mb: float, seq_len: int, eval_windows: int
+                 ) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor], list[str], dict[str, Any]]:
+    """(training ids, held-out (inputs, targets), vocabulary, dataset record). The held-out windows are fixed and
+    evenly spaced: the same for every trial, no RNG involved."""
+    ids, vocab, record = load_corpus(corpus_mb)
+    data = torch.from_numpy(ids)
+    train, held_out = data[: record["n_train"]], data[record["n_train"] :]
+    starts = torch.linspace(0, len(held_out) - seq_len - 1, eval_windows).long()
+    windows = held_out[starts[:, None] + torch.arange(seq_len + 1)]
+    return train, (windows[:, :-1], windows[:, 1:]), vocab, record
+
+
+def lm_workload(model: nn.Module, train: torch.Tensor, held_out: tuple[torch.Tensor, torch.Tensor],
+                p: dict[str, Any], record: dict[str, Any], **extra: Any) -> BuiltWorkload:
+    """A character language model's BuiltWorkload: random training windows of ``p["seq_len"]``, mean cross-entropy,
+    held-out val_loss (lower is better), and the size's budget (``p``)."""
+    T = p["seq_len"]
+    x_eval, y_eval = held_out
+    return BuiltWorkload(
+        model=model,
+        batches=lambda batch_size, bseed: window_batches(train, batch_size, T, bseed),
+        loss_fn=lm_loss,
+        evaluate=lambda m: lm_metrics(m, x_eval, y_eval, chunk=p["batch_size"]),
+        metric="val_loss",
+        higher_is_better=False,
+        batch_size=p["batch_size"],
+        tokens_per_sample=T,
+        lr=p["lr"],
+        target=p["target"],
+        quality_steps=p["quality_steps"],
+        eval_points=p["eval_points"],
+        dataset=dict(record),
+        params=p,
+        **extra,
+    )
+
+
 def window_batches(data: torch.Tensor, batch_size: int, seq_len: int, seed: int) -> Iterator[Batch]:
     """Endless random windows: x = data[i : i+T], y = data[i+1 : i+T+1], starts drawn from ``seed``."""
     gen = torch.Generator().manual_seed(seed)
@@ -235,14 +272,8 @@ class GPTChars(Workload):
 
     def build(self, size: str, seed: int, device: torch.device) -> BuiltWorkload:
         p: dict[str, Any] = self.size_params(size)
-        ids, vocab, record = load_corpus(p["corpus_mb"])
-        data = torch.from_numpy(ids)
-        train, held_out = data[: record["n_train"]], data[record["n_train"] :]
         T = p["seq_len"]
-        # Fixed held-out windows, evenly spaced: the same for every trial, no RNG involved.
-        starts = torch.linspace(0, len(held_out) - T - 1, p["eval_windows"]).long()
-        windows = held_out[starts[:, None] + torch.arange(T + 1)]
-        x_eval, y_eval = windows[:, :-1], windows[:, 1:]
+        train, (x_eval, y_eval), vocab, record = corpus_split(p["corpus_mb"], T, p["eval_windows"])
         p["vocab_size"] = len(vocab)
 
         cfg = GPTConfig(vocab_size=len(vocab), seq_len=T, n_layer=p["n_layer"], n_head=p["n_head"],
@@ -250,19 +281,4 @@ class GPTChars(Workload):
         torch.manual_seed(seed)
         model = GPT(cfg).to(device)
 
-        return BuiltWorkload(
-            model=model,
-            batches=lambda batch_size, bseed: window_batches(train, batch_size, T, bseed),
-            loss_fn=lm_loss,
-            evaluate=lambda m: lm_metrics(m, x_eval, y_eval, chunk=p["batch_size"]),
-            metric="val_loss",
-            higher_is_better=False,
-            batch_size=p["batch_size"],
-            tokens_per_sample=T,
-            lr=p["lr"],
-            target=p["target"],
-            quality_steps=p["quality_steps"],
-            eval_points=p["eval_points"],
-            dataset=dict(record),
-            params=p,
-        )
+        return lm_workload(model, train, (x_eval, y_eval), p, record)

@@ -1,0 +1,132 @@
+"""The Python API: run a sweep and read results from a notebook or a script (docs/api.md).
+
+    import bench
+    frame = bench.sweep(models=["my_model.py:build"], techniques=["bf16", "grad_accum:steps=4"], repeats=3)
+    frame = bench.load("reports/quick-20261201-120000")      # one row per trial, flat columns
+    configs = bench.configurations(frame)                     # one row per workload x technique set
+
+``sweep`` takes the CLI's options as keyword arguments and writes the same directory (results.jsonl, env.json,
+summary.md, report.md/html); bad input raises ``bench.ConfigError`` with the CLI's one-line message.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from bench import analysis
+from bench.errors import ConfigError
+
+log = logging.getLogger(__name__)
+
+BUDGET_ARGS = {"steps": "train_steps", "eval_points": "eval_points", "seconds": "max_train_seconds",
+               "window_steps": "min_steps", "window_seconds": "min_seconds", "timeout": "timeout_s",
+               "memory": "memory"}
+
+
+def sweep(
+    workloads: str | Sequence[str] | None = None,
+    techniques: str | Sequence[str] | None = None,
+    *,
+    models: str | Sequence[str] | None = None,
+    blocks: str | None = None,
+    technique_plugins: str | Sequence[str] | None = None,
+    preset: str = "quick",
+    config: str | Path | None = None,
+    out: str | Path | None = None,
+    resume: bool = False,
+    extend: bool = False,
+    device: str | None = None,
+    on_trial: Callable[[Any], None] | None = None,
+    **options: Any,
+) -> pd.DataFrame:
+    """Run a sweep (the CLI's ``sweep``) and return its trials as ``load`` does.
+
+    ``workloads``, ``techniques``, ``models`` and ``technique_plugins`` take a comma string or a list, as
+    ``--workloads``/``--techniques``/``--model``/``--technique`` do. Other options by the CLI's names:
+    ``repeats``, ``seed``, ``mode``, ``threads``, ``nproc``, ``nnodes``, and the budget's ``steps``,
+    ``eval_points``, ``seconds``, ``window_steps``, ``window_seconds``, ``timeout``, ``memory`` (bool).
+    ``on_trial`` is called with a ``bench.runner.Progress`` after each trial. The report is written into ``out``
+    (default: reports/<preset>-<UTC time>/), whose path is in the frame's ``attrs["out"]``.
+    """
+    from bench.config import build_config
+    from bench.plan import resolve_device
+    from bench.report import write_report
+    from bench.runner import SweepRunner, default_out_dir
+
+    budget = {BUDGET_ARGS[k]: options.pop(k) for k in list(options) if k in BUDGET_ARGS}
+    known = {"repeats", "seed", "mode", "threads", "nproc", "nnodes"}
+    unknown = sorted(set(options) - known)
+    if unknown:
+        raise ConfigError(f"bench.sweep() got unknown option(s) {', '.join(unknown)} (valid: workloads, techniques, "
+                          f"models, blocks, technique_plugins, preset, config, out, resume, extend, device, on_trial, "
+                          f"{', '.join(sorted(known | set(BUDGET_ARGS)))})")
+    overrides = {"workloads": _listed(workloads), "techniques": _listed(techniques), "models": _listed(models),
+                 "blocks": blocks, "technique_plugins": _listed(technique_plugins), "device": device, **options,
+                 "budget": budget or None}
+    if options.get("nnodes", 1) != 1:
+        raise ConfigError("bench.sweep() runs on this machine only (nnodes=1); for a multi-node sweep run "
+                          "`python -m bench sweep --nnodes N --node-rank R --rdzv-endpoint HOST:PORT` on every node")
+    if extend and not resume:
+        raise ConfigError("extend=True grows a sweep that exists: use it with resume=True and out=DIR")
+    out_dir = Path(out) if out is not None else None
+    config_path = Path(config) if config is not None else None
+    if resume:
+        if out_dir is None:
+            raise ConfigError("resume=True needs out= (the sweep directory to continue)")
+        if config_path is None and (out_dir / "sweep.toml").exists():
+            config_path = out_dir / "sweep.toml"
+    cfg = build_config(preset, overrides, config_path)
+    out_dir = out_dir or default_out_dir(cfg)
+    runner = SweepRunner(cfg, out_dir, resolve_device(cfg.device), resume=resume, extend=extend,
+                         command=f"bench.sweep(...) from Python ({_call_text(overrides, preset)})")
+    started = time.perf_counter()
+    records = runner.run(on_trial)
+    write_summary(out_dir, records, time.perf_counter() - started, cfg.name)
+    write_report([out_dir])
+    frame = load(out_dir)
+    frame.attrs["out"] = str(out_dir)
+    return frame
+
+
+def write_summary(out_dir: Path, records: list, wall_s: float, name: str) -> list:
+    """summary.md beside the records; returns the summary rows (the CLI prints them)."""
+    from bench import summary as summary_mod
+    from bench.files import write_atomic
+
+    rows = summary_mod.summarize(records)
+    md = summary_mod.to_markdown(rows, title=f"Sweep '{name}' summary")
+    md += f"\nWall time of this invocation: {wall_s:.0f} s. Records: {len(records)} in results.jsonl.\n"
+    write_atomic(Path(out_dir) / "summary.md", md)
+    return rows
+
+
+def load(*dirs: str | Path) -> pd.DataFrame:
+    """The trials of one or more sweep directories: one row per trial, the columns of
+    ``bench.analysis.RECORD_COLUMNS`` (documented in docs/api.md), read from each ``results.jsonl`` (and the
+    machine from ``env.json``). Raises ``bench.analysis.InputError`` when a directory holds no sweep."""
+    if not dirs:
+        raise ConfigError("bench.load() needs at least one sweep directory")
+    return analysis.records_frame(analysis.load([Path(d) for d in dirs]))
+
+
+def configurations(frame: pd.DataFrame, baseline: str = analysis.BASELINE) -> pd.DataFrame:
+    """One row per machine x workload x technique set from ``load``'s frame: the speedups, memory ratios, quality
+    differences and time-to-target with their intervals and verdicts, as the report shows them."""
+    return analysis.configurations(frame, baseline)
+
+
+def _listed(value: str | Sequence[str] | None) -> str | list[str] | None:
+    if value is None or isinstance(value, str):
+        return value
+    return list(value)
+
+
+def _call_text(overrides: dict[str, Any], preset: str) -> str:
+    given = {k: v for k, v in overrides.items() if v is not None}
+    return ", ".join([f"preset={preset!r}", *(f"{k}={v!r}" for k, v in given.items())])

@@ -1,0 +1,190 @@
+"""Hugging Face causal language models, built from a config, on the ``gpt`` workload's character corpus.
+
+Source: ``transformers``' ``GPT2LMHeadModel`` built from a ``GPT2Config`` and ``LlamaForCausalLM`` from a
+``LlamaConfig`` (the optional ``trainbench[transformers]`` extra). No weights are downloaded: the model is
+initialised by transformers' own ``post_init`` after ``torch.manual_seed(seed)``, so it builds offline.
+
+Why it exists: every other workload is a model the harness wrote; this one trains a model written by someone else,
+with its own modules and calling conventions, through the same loop, techniques, data and metric. ``model`` is a
+thin adapter whose ``forward(input_ids)`` returns the logits; the Hugging Face model is ``model.hf`` and its
+decoder layers (``blocks``) are ``hf.transformer.h`` (GPT-2) or ``hf.model.layers`` (Llama).
+
+Corpus, batches, loss and metric are the ``gpt`` workload's (``gpt_chars.load_corpus``, ``window_batches``,
+``lm_loss``, ``lm_metrics``): the vocabulary is the corpus's characters, so the config's ``vocab_size`` and context
+length (``seq_len``) are set by the workload. Dropout is 0 and the KV cache is off, so a run is deterministic.
+
+Sizes: ``tiny`` is a GPT-2 of ``gpt:tiny``'s shape and budget (2 layers, 2 heads, d_model 64, context 64, batch
+16, lr 3e-3, 150 steps, 10 evaluations of 32 windows), so the two can be compared; ``llama-tiny`` is a Llama of
+the same width, depth and budget (SwiGLU width 176, about 8/3 of d_model, so its MLP has about as many parameters
+as GPT-2's 4x MLP; tied embeddings like ``gpt:tiny``). Any other size is written ``MODEL_TYPE[:key=value...]``,
+e.g. ``gpt2:n_layer=4:n_embd=128`` or ``llama:num_hidden_layers=2:hidden_size=128``: keys are attributes of the
+model type's config class or the training keys (``batch_size``, ``lr``, ``seq_len``, ``quality_steps``,
+``eval_points``, ``eval_windows``, ``corpus_mb``); unset keys come from that model type's tiny preset.
+
+Quality budgets and validation targets (``quality_steps`` at ``batch_size``; see docs/methodology.md), set as for
+``gpt``: the less demanding of the median over seeds of the baseline's val_loss at the evaluation nearest 70% of
+the budget and the worst seed's best evaluation, from ``scripts/calibrate_targets.py`` (transformers 5.24, CPU):
+
+- ``tiny``: seeds 0-6 at step 105: 2.304, 2.398, 2.660, 2.371, 2.321, 2.464, 2.609 (median 2.398), but seed 2
+  never gets below 2.503 in the budget. Target 2.51 (2.503 rounded in the lenient direction).
+- ``llama-tiny``: seeds 0-6 at step 105: 2.546, 2.261, 2.199, 2.112, 2.065, 2.392, 2.367 (median 2.261), but seed
+  0 never gets below 2.299. Target 2.30.
+
+Any other size has no target: a preset's target holds for its own model and budget only.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import inspect
+from typing import Any
+
+import torch
+from torch import nn
+
+from bench.text import shown
+from bench.workloads.base import BuiltWorkload, Workload, WorkloadError, register
+from bench.workloads.gpt_chars import corpus_split, lm_workload
+
+# model type -> (config class, model class, decoder layers relative to the HF model, context-length attribute)
+MODEL_TYPES = {
+    "gpt2": ("GPT2Config", "GPT2LMHeadModel", "transformer.h", "n_positions"),
+    "llama": ("LlamaConfig", "LlamaForCausalLM", "model.layers", "max_position_embeddings"),
+}
+TRAIN_KEYS = {"batch_size": int, "lr": float, "seq_len": int, "quality_steps": int, "eval_points": int,
+              "eval_windows": int, "corpus_mb": float}
+# Config attributes the workload sets itself: the corpus fixes the vocabulary, seq_len the context; no generation,
+# so no cache and no special tokens (GPT-2's default bos/eos 50256 lie outside a character vocabulary).
+FIXED = {"vocab_size", "n_positions", "max_position_embeddings", "use_cache", "bos_token_id", "eos_token_id",
+         "pad_token_id"}
+NO_DROPOUT = {"gpt2": {"resid_pdrop": 0.0, "embd_pdrop": 0.0, "attn_pdrop": 0.0}, "llama": {"attention_dropout": 0.0}}
+_TRAINING = {"batch_size": 16, "lr": 3e-3, "seq_len": 64, "quality_steps": 150, "eval_points": 10,
+             "eval_windows": 32, "corpus_mb": 0}
+_DEFAULT_PRESET = {"gpt2": "tiny", "llama": "llama-tiny"}
+
+
+def _config_class(model_type: str) -> type | None:
+    """The transformers config class of ``model_type``, or None when transformers is not installed."""
+    if importlib.util.find_spec("transformers") is None:
+        return None
+    import transformers
+
+    return getattr(transformers, MODEL_TYPES[model_type][0])
+
+
+def _parse(text: str) -> Any:
+    low = text.lower()
+    if low in ("true", "false"):
+        return low == "true"
+    if low == "none":
+        return None
+    for conv in (int, float):
+        try:
+            return conv(text)
+        except ValueError:
+            pass
+    return text  # a string: accepted only where the config's default is one
+
+
+_KIND = {bool: "true or false", int: "an integer", float: "a number", str: "a string"}
+
+
+def _typed(value: Any, default: Any, where: str, raw: str) -> Any:
+    """``value`` as the type of ``default`` (an int may stand for a float), or a WorkloadError."""
+    kind = type(default)
+    ok = (isinstance(value, kind) and (kind is bool) == isinstance(value, bool)) or \
+        (kind is float and isinstance(value, int) and not isinstance(value, bool)) or default is None
+    if not ok:
+        raise WorkloadError(f"{where} must be {_KIND.get(kind, kind.__name__)}, not {shown(raw)}")
+    return float(value) if kind is float else value
+
+
+@register
+class HFCausalLM(Workload):
+    name = "hf"
+    summary = "Hugging Face GPT-2 / Llama (transformers, built from a config) on the gpt characters; metric val_loss"
+    has_blocks = True
+    sizes = {
+        "tiny": {"model_type": "gpt2", "n_layer": 2, "n_head": 2, "n_embd": 64, **_TRAINING, "target": 2.51},
+        "llama-tiny": {"model_type": "llama", "num_hidden_layers": 2, "num_attention_heads": 2, "hidden_size": 64,
+                       "intermediate_size": 176, "tie_word_embeddings": True, **_TRAINING, "target": 2.30},
+    }
+
+    def check(self) -> str | None:
+        if importlib.util.find_spec("transformers") is None:
+            return "needs the transformers extra: pip install 'trainbench[transformers]'"
+        return None
+
+    def size_params(self, size: str) -> dict[str, Any]:
+        if size in self.sizes:
+            return dict(self.sizes[size])
+        model_type, *items = size.split(":")
+        if model_type not in MODEL_TYPES:
+            raise WorkloadError(f"hf size {shown(size)}: unknown model type {shown(model_type)} (presets: "
+                                f"{', '.join(self.sizes)}; model types: {', '.join(MODEL_TYPES)}, e.g. gpt2:n_layer=2)")
+        preset = self.sizes[_DEFAULT_PRESET[model_type]]
+        p, seen = dict(preset), set()
+        cfg_cls = _config_class(model_type)
+        if cfg_cls is not None:  # its own attributes (not the generic PreTrainedConfig ones) and their aliases
+            base = set(inspect.signature(cfg_cls.__mro__[1].__init__).parameters)
+            own = [k for k in inspect.signature(cfg_cls.__init__).parameters if k not in base | FIXED]
+            aliases, defaults = dict(getattr(cfg_cls, "attribute_map", {})), cfg_cls()
+        for item in items:
+            key, eq, raw = item.partition("=")
+            where = f"hf size {shown(size)}: {shown(key)}"
+            if not (eq and key and raw):
+                raise WorkloadError(f"hf size {shown(size)}: {shown(item)} is not KEY=VALUE "
+                                    f"(e.g. {model_type}:{list(preset)[1]}=4)")
+            value = _parse(raw)
+            if key in TRAIN_KEYS:
+                value = _typed(value, TRAIN_KEYS[key](0), where, raw)
+                if value < 0 or (value == 0 and key != "corpus_mb"):
+                    raise WorkloadError(f"{where} must be positive, not {shown(raw)}")
+            elif key in FIXED or (cfg_cls is not None and aliases.get(key) in FIXED):
+                raise WorkloadError(f"{where} is set by the workload (the vocabulary by the corpus, the context "
+                                    f"by seq_len)")
+            elif cfg_cls is not None:
+                key = aliases.get(key, key)
+                if key not in own:
+                    raise WorkloadError(f"{where}: {cfg_cls.__name__} has no such attribute (valid keys include "
+                                        f"{', '.join(own[:8])}; training keys: {', '.join(TRAIN_KEYS)})")
+                value = _typed(value, getattr(defaults, key), where, raw)
+            if key in seen:
+                raise WorkloadError(f"hf size {shown(size)}: {key} is given twice")
+            seen.add(key)
+            p[key] = value
+        if p != preset:  # the preset's target (if any) is for the preset's model and budget only
+            p["target"] = None
+        return p
+
+    def build(self, size: str, seed: int, device: torch.device) -> BuiltWorkload:
+        import transformers  # lazily: an optional extra, and slow to import
+
+        p = self.size_params(size)
+        cfg_name, model_name, layers, context_key = MODEL_TYPES[p["model_type"]]
+        T = p["seq_len"]
+        train, (x_eval, y_eval), vocab, record = corpus_split(p["corpus_mb"], T, p["eval_windows"])
+        p["vocab_size"] = len(vocab)
+
+        kwargs = {k: v for k, v in p.items() if k not in TRAIN_KEYS and k not in ("model_type", "target", "vocab_size")}
+        kwargs = {**NO_DROPOUT[p["model_type"]], **kwargs, "vocab_size": len(vocab), context_key: T,
+                  "use_cache": False, "bos_token_id": None, "eos_token_id": None, "pad_token_id": None}
+        cfg_cls, model_cls = getattr(transformers, cfg_name), getattr(transformers, model_name)
+        if getattr(model_cls, "_supports_sdpa", False):  # the fused attention the gpt workload uses too
+            kwargs["attn_implementation"] = "sdpa"
+        torch.manual_seed(seed)
+        hf = model_cls(cfg_cls(**kwargs))
+        model = LogitsOnly(hf).to(device)
+
+        return lm_workload(model, train, (x_eval, y_eval), p, record, blocks=f"hf.{layers}")
+
+
+class LogitsOnly(nn.Module):
+    """``forward(input_ids)`` returns the logits tensor, as the harness's ``loss_fn(model(x), y)`` expects."""
+
+    def __init__(self, hf: nn.Module) -> None:
+        super().__init__()
+        self.hf = hf
+
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        return self.hf(input_ids=input_ids, use_cache=False).logits
