@@ -398,7 +398,17 @@ def _identity(machine: str, workload: str, technique: str, g: pd.DataFrame, ok: 
         "first_step_s": _median(ok["first_step_s"]), "one_off_s": _median(ok["one_off_s"]),
         "probe_s": _median(ok["probe_s"]),
         "world_size": g["world_size"].iloc[0],
+        "caveats": _caveats(ok),
     }
+
+
+def _caveats(ok: pd.DataFrame) -> tuple[str, ...]:
+    """What makes a set's numbers mean something else than its name says, from what its techniques recorded."""
+    compiled = [(r or {}).get("compile") for r in ok["technique_results"]]
+    if compiled and all(c is not None and c.get("graphs") == 0 for c in compiled):
+        return ("torch.compile captured no graph (TorchDynamo skipped the model): these trials ran eager, so "
+                "their numbers are not a compile result",)
+    return ()
 
 
 def _uncontended(rows: pd.DataFrame | None) -> pd.DataFrame | None:

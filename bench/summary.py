@@ -102,7 +102,7 @@ def summarize(records: list[TrialRecord], baseline: str = BASELINE) -> list[Summ
     configs = analysis.configurations(analysis.records_frame(records), baseline)
     rows = []
     for c in configs.itertuples():
-        notes = list(c.problems) + ([f"skipped: {c.skip_reason}"] if c.skip_reason else [])
+        notes = [*c.caveats, *c.problems] + ([f"skipped: {c.skip_reason}"] if c.skip_reason else [])
         if c.n_contended:
             notes.append(f"{c.n_contended} timed window(s) shared the CPU with other processes (left out of the "
                          "speed numbers)")

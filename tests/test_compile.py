@@ -42,3 +42,14 @@ def test_report_says_when_nothing_was_compiled():
     assert "ran eager" in SUMMARIES["compile"]([{"graphs": 0, "graph_breaks": 0}] * 3)
     assert SUMMARIES["compile"]([{"graphs": 1, "graph_breaks": 0}, {"graphs": 2, "graph_breaks": 1}]) == \
         "graphs compiled 1, 2; graph breaks 0, 1"
+
+
+def test_a_set_that_compiled_nothing_is_flagged_in_the_analysis():
+    import pandas as pd
+
+    from bench.analysis import _caveats
+
+    eager = pd.DataFrame({"technique_results": [{"compile": {"graphs": 0, "graph_breaks": 0}}] * 3})
+    assert "ran eager" in _caveats(eager)[0]
+    some = pd.DataFrame({"technique_results": [{"compile": {"graphs": 0}}, {"compile": {"graphs": 2}}]})
+    assert _caveats(some) == () and _caveats(pd.DataFrame({"technique_results": [{}, None]})) == ()
