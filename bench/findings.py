@@ -155,6 +155,10 @@ def _reference_findings(c: Any) -> list[tuple[str, str]]:
         out.append(("overhead", f"{c.workload} reaches {c.mfu:.1%} MFU at {c.technique}: per-op overhead dominates "
                                 "a model this small; a larger batch or model, or torch.compile (fuses ops), shows "
                                 "technique effects closer to published ones"))
+    diagnosis = getattr(c, "phase_diagnosis", None)
+    if diagnosis and diagnosis.split(":")[0] in ("copy-bound", "optimizer-bound", "overhead-bound"):
+        # input-bound has its own finding from the timed window's data wait; compute-bound is no news
+        out.append(("bottleneck", f"{c.workload}'s step at {c.technique} is {diagnosis}"))
     peak = c.peak_bytes
     if peak and c.mem_activations_bytes is not None and c.mem_activations_bytes / peak > ACTIVATIONS_DOMINANT:
         out.append(("memory", f"activations are {c.mem_activations_bytes / peak:.0%} of {c.workload}'s tensor "
@@ -251,7 +255,8 @@ def diagnose(configs: pd.DataFrame, interactions_: pd.DataFrame | None = None,
                 ", ".join(t for t, _ in waits)
             out.append(Finding(machine, workload, None, "data",
                                f"{workload} waits for data {share} of the timed window ({sets}): the input "
-                               "pipeline limits throughput; prefetch or cache batches before tuning the model"))
+                               "pipeline limits throughput; try loader:workers=2 (a DataLoader with worker "
+                               "processes), or cache the transformed batches, before tuning the model"))
     for c in configs.itertuples():
         if c.n_ok == 0:
             continue

@@ -337,7 +337,8 @@ def test_diagnosis_finds_one_off_costs_slowdowns_data_wait_and_memory_categories
     texts = {(f.topic, f.technique): f.text for f in found}
     assert texts[("data", None)] == (
         "mlp:tiny waits for data 30% of the timed window (baseline, compile): the input pipeline limits throughput; "
-        "prefetch or cache batches before tuning the model")
+        "try loader:workers=2 (a DataLoader with worker processes), or cache the transformed batches, before tuning "
+        "the model")
     assert texts[("overhead", None)].startswith("mlp:tiny reaches 1.0% MFU at baseline")
     assert texts[("memory", None)].startswith("activations are 60% of mlp:tiny's tensor peak")
     assert texts[("one-off", "compile")] == (
