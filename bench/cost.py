@@ -25,6 +25,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+
 from bench.errors import ConfigError
 from bench.text import shown
 
@@ -169,7 +171,8 @@ def energy_to_target(joules_per_sample: float, samples_to_target: float | None) 
 
 
 def money(value: float | None) -> str:
-    """A cost for people: 4 significant digits below 1, thousands separators above."""
+    """A cost for people: 4 significant digits below 1 (never in exponent notation: 0.00003932, not 3.932e-05,
+    which reads as a large number at a glance), thousands separators above."""
     if value is None or not math.isfinite(value):
         return "-"
     a = abs(value)
@@ -177,7 +180,7 @@ def money(value: float | None) -> str:
         return f"{value:,.0f}"
     if a >= 1:
         return f"{value:,.2f}"
-    return f"{value:.4g}"
+    return str(np.format_float_positional(value, precision=4, unique=False, fractional=False, trim="-"))
 
 
 def interval_text(value: float, lo: float | None, hi: float | None) -> str:

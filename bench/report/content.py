@@ -1055,7 +1055,7 @@ def cost_section(analysis: Analysis, names: dict[str, str], price: cost.Price | 
         "as many machines as the reference (else compare the cost per million samples); the speedup's 95% "
         "interval maps to the saving's endpoint by endpoint, and a speedup that is not significant saves nothing: "
         "it says so."]
-    table = Table(["workload", "set", "machines", "per million samples", "to target", "quality run",
+    table = Table(["workload", "set", "machines", "cost per million samples", "cost to target", "cost of quality run",
                    f"saved per 1,000 h vs {analysis.baseline} [95% CI]"], rows, wrap=(6,))
     return Section("Cost", "cost", lines, table)
 
