@@ -37,6 +37,7 @@ import numpy as np
 import pandas as pd
 
 from bench import findings, stats
+from bench.bottleneck import PHASES, diagnose
 from bench.findings import REPLICA_BYTES_PER_PARAM, frame_of
 from bench.results import ResultStore, TrialRecord
 
@@ -171,6 +172,7 @@ RECORD_COLUMNS = [
     "stopped_by", "curve", "samples_to_target", "steps_to_target", "time_to_target_s", "time_to_target_one_off_s",
     "parity_kind", "parity_ok", "parity_loss_diff", "parity_distance_diff", "parity_loss_tol",
     "parity_distance_tol", "parity_note", "energy_j", "technique_results",
+    "phase_step_s", *(f"phase_{p}_share" for p in PHASES),
     *DISTRIBUTED_COLUMNS,
 ]
 
@@ -216,6 +218,8 @@ def _record_row(r: TrialRecord, source: str, machine: str) -> dict[str, Any]:
         "parity_note": p.note if p else None,
         "energy_j": r.energy.joules if r.energy else None,
         "technique_results": r.technique_results,
+        "phase_step_s": r.phases.step_s if r.phases else None,
+        **{f"phase_{name}_share": r.phases.share.get(name) if r.phases else None for name in PHASES},
         "n_params": b.n_params if b else wl.get("n_params"),
         **_distributed_fields(r.world_size, s, m),
     }
@@ -376,6 +380,7 @@ def configurations(frame: pd.DataFrame, baseline: str = BASELINE, thresholds: Th
         row.update(_quality(ok, ref_ok, row["kind"], th))
         row.update(_time_to_target(ok, ref_ok, th))
         row.update(_parity(ok))
+        row.update(_phases(ok, first_device(g)))
         row["exact_quality"] = exact_quality(row)
         row.update(_distributed(g, ok))
         rows.append(row)
@@ -437,6 +442,22 @@ def _speed(ok: pd.DataFrame, ref: pd.DataFrame | None, th: Thresholds) -> dict[s
     row["noisy"] = row["sps_rel_iqr"] is not None and row["sps_rel_iqr"] > stats.NOISY_IQR_OVER_MEDIAN
     row.update(_compare("speedup", keyed(ok, "samples_per_s"), keyed(ref, "samples_per_s"), True, th.speed,
                         ("faster", "slower")))
+    return row
+
+
+def first_device(g: pd.DataFrame) -> str:
+    return next((d for d in g["device"] if d), "cpu")
+
+
+def _phases(ok: pd.DataFrame, device: str) -> dict[str, Any]:
+    """Where the step's time goes: the median over trials of each phase's share and of the phase pass's step
+    time, and the diagnosis those medians point to (None when no trial ran a phase pass)."""
+    shares = {name: _median(ok[f"phase_{name}_share"]) for name in PHASES}
+    row: dict[str, Any] = {f"phase_{name}_share": v for name, v in shares.items()}
+    row["phase_step_s"] = _median(ok["phase_step_s"])
+    names = tuple(ok["names"].iloc[0]) if len(ok) else ()
+    complete = all(v is not None for v in shares.values())
+    row["phase_diagnosis"] = diagnose(shares, names, device) if complete else None  # type: ignore[arg-type]
     return row
 
 

@@ -87,20 +87,23 @@ def sweep(
                          command=f"bench.sweep(...) from Python ({_call_text(overrides, preset)})")
     started = time.perf_counter()
     records = runner.run(on_trial)
-    write_summary(out_dir, records, time.perf_counter() - started, cfg.name)
+    price = runner.cfg.price
+    write_summary(out_dir, records, time.perf_counter() - started, cfg.name, price.per_hour if price else None)
     write_report([out_dir])
     frame = load(out_dir)
     frame.attrs["out"] = str(out_dir)
     return frame
 
 
-def write_summary(out_dir: Path, records: list, wall_s: float, name: str) -> list:
-    """summary.md beside the records; returns the summary rows (the CLI prints them)."""
+def write_summary(out_dir: Path, records: list, wall_s: float, name: str, price_per_hour: float | None = None
+                  ) -> list:
+    """summary.md beside the records (with cost amounts when a price is known); returns the summary rows (the CLI
+    prints them)."""
     from bench import summary as summary_mod
     from bench.files import write_atomic
 
     rows = summary_mod.summarize(records)
-    md = summary_mod.to_markdown(rows, title=f"Sweep '{name}' summary")
+    md = summary_mod.to_markdown(rows, title=f"Sweep '{name}' summary", price_per_hour=price_per_hour)
     md += f"\nWall time of this invocation: {wall_s:.0f} s. Records: {len(records)} in results.jsonl.\n"
     write_atomic(Path(out_dir) / "summary.md", md)
     return rows

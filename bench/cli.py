@@ -1,4 +1,4 @@
-"""Command line: ``python -m bench {sweep,list,report,compare,env}``. The only module that prints.
+"""Command line: ``python -m bench {sweep,list,report,compare,profile,env}``. The only module that prints.
 
 Bad input (unknown workload or technique, bad option, malformed TOML) gets one line on stderr naming what is
 valid, and exit code 2. Results already recorded are never lost: an interrupted sweep resumes with --resume.
@@ -19,8 +19,8 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from bench import cost, workloads
 from bench import summary as summary_mod
-from bench import workloads
 from bench.config import PRESETS, ConfigError, SweepConfig, build_config
 from bench.files import write_atomic
 from bench.plan import available_packages, resolve_device
@@ -81,6 +81,7 @@ def _add_sweep(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--node-rank", type=int, default=0, help="this node's rank (multi-node; node 0 records results)")
     p.add_argument("--rdzv-endpoint", help="HOST:PORT of the rendezvous, the same on every node (multi-node)")
     p.add_argument("--device", choices=["auto", "cpu", "cuda"], help="device for every trial (default: auto)")
+    _add_price(p)
     p.add_argument("--out", type=Path, help="output directory (default: reports/<preset>-<UTC time>/)")
     p.add_argument("--resume", action="store_true",
                    help="continue the sweep in --out: finished trials are kept and not rerun; its settings must not "
@@ -93,6 +94,17 @@ def _add_sweep(sub: argparse._SubParsersAction) -> None:
                    help="A/B run: every trial runs with this checkout's code (OUT/a) and with another's (OUT/b), "
                         "alternating; REV_OR_DIR is a git revision (checked out into a temporary worktree) or a "
                         "directory holding another checkout ('.' for an A/A run); writes OUT/compare.md")
+
+
+def _add_price(p: argparse.ArgumentParser) -> None:
+    group = p.add_mutually_exclusive_group()
+    group.add_argument("--price-per-hour", type=float, metavar="PRICE",
+                       help="price of the machine per hour (the whole instance, all its devices), e.g. 2.50: adds "
+                            "a Cost section to the report (cost per million samples, to the target, saved per "
+                            "1,000 training hours)")
+    group.add_argument("--instance", metavar="NAME",
+                       help="take the price per hour from an example on-demand price (as listed 2025; check the "
+                            f"current one): {', '.join(cost.INSTANCES)}; a config's [prices] table adds others")
 
 
 def _add_list(sub: argparse._SubParsersAction) -> None:
@@ -149,6 +161,39 @@ def _add_report(sub: argparse._SubParsersAction) -> None:
                         "counts when its whole 95%% interval lies beyond it")
     p.add_argument("--out", type=Path,
                    help="directory to write into (default: DIR itself; required with several DIRs)")
+    _add_price(p)
+    p.add_argument("-v", "--verbose", action="store_true", help="log what the harness does")
+
+
+def _add_profile(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "profile",
+        help="find the bottleneck of one workload x technique set: phase breakdown, top operators, a trace",
+        description="Build one workload with one technique set exactly as a sweep trial does, then: warm-up steps; "
+                    "a phase pass (each labelled region of the step timed: data wait, host-to-device copy, forward, "
+                    "backward, optimizer, other; with its share and spread); a pass under torch.profiler that "
+                    "writes a Chrome/Perfetto trace and ranks operators by self time; and a diagnosis that names "
+                    "the bottleneck and the technique to try. See docs/profiling.md.",
+    )
+    p.add_argument("workload", nargs="?", help="name[:size] (see `python -m bench list`); omit with --model")
+    p.add_argument("--techniques", default="baseline",
+                   help="ONE technique set ('+' joins techniques, ':k=v' sets options), e.g. loader:workers=2 or "
+                        "bf16+compile (default: baseline)")
+    p.add_argument("--model", action="append", metavar="[NAME=]PATH.py:FUNCTION",
+                   help="profile your own model (docs/models.md) instead of a built-in workload")
+    p.add_argument("--blocks", metavar="ATTR.PATH", help="dotted path of the --model's repeated blocks")
+    p.add_argument("--technique", action="append", metavar="PATH.py:CLASS",
+                   help="your own technique class (docs/plugins.md); then name it in --techniques")
+    p.add_argument("--steps", type=int, default=5, help="profiled steps in the trace (default 5)")
+    p.add_argument("--phase-steps", type=int, default=20,
+                   help="steps of the phase pass, timed without the profiler (default 20)")
+    p.add_argument("--warmup", type=int, default=3, help="untimed steps first (default 3; compilation happens here)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the model and the batch order (default 0)")
+    p.add_argument("--threads", type=int, help="torch threads (default: torch's choice)")
+    p.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto", help="device (default: auto)")
+    p.add_argument("--out", type=Path,
+                   help="directory for profile.json, profile.md and trace.json (default: "
+                        "profiles/<workload>-<set>-<UTC time>/)")
     p.add_argument("-v", "--verbose", action="store_true", help="log what the harness does")
 
 
@@ -163,6 +208,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_env(sub)
     _add_compare(sub)
     _add_report(sub)
+    _add_profile(sub)
     return parser
 
 
@@ -200,6 +246,8 @@ def sweep_config_from_args(args: argparse.Namespace, resume_dir: Path | None) ->
         "models": args.model,
         "blocks": args.blocks,
         "technique_plugins": args.technique,
+        "price_per_hour": args.price_per_hour,
+        "instance": args.instance,
     }
     return build_config(args.preset or "quick", overrides, config_path)
 
@@ -274,7 +322,8 @@ def _sweep(args: argparse.Namespace) -> int:
     wall = time.perf_counter() - started
     from bench.api import write_summary
 
-    _print_summary(write_summary(out_dir, records, wall, cfg.name))
+    price = runner.cfg.price
+    _print_summary(write_summary(out_dir, records, wall, cfg.name, price.per_hour if price else None), price)
     from bench.report import write_report
 
     for path in write_report([out_dir]).values():
@@ -283,7 +332,7 @@ def _sweep(args: argparse.Namespace) -> int:
     return 0
 
 
-def _print_summary(rows: list[summary_mod.SummaryRow]) -> None:
+def _print_summary(rows: list[summary_mod.SummaryRow], price: cost.Price | None = None) -> None:
     # The terminal gets the columns that fit; notes go below the table (summary.md and the report have all).
     shown = [c for c in summary_mod.COLUMNS if c != "notes"]
     table = Table(title="Summary (against baseline; see summary.md for the legend)")
@@ -298,6 +347,8 @@ def _print_summary(rows: list[summary_mod.SummaryRow]) -> None:
     out.print(table)
     for note in notes:
         out.print(f"note: {note}", markup=False, highlight=False)
+    for line in summary_mod.cost_lines(rows, price.per_hour if price else None):
+        out.print(f"cost: {line}", markup=False, highlight=False)
 
 
 # ---- list / env ---------------------------------------------------------------------------------------------
@@ -381,10 +432,11 @@ def cmd_report(args: argparse.Namespace) -> int:
     from bench.compare import parse_threshold
     from bench.report import InputError, parse_formats, write_report
 
+    price = cost.resolve(args.price_per_hour, args.instance)  # an unknown instance: one line, exit 2 (main)
     try:
         thresholds = Thresholds(speed=parse_threshold(args.threshold))
         paths = write_report(args.dirs, out_dir=args.out, baseline=args.baseline, formats=parse_formats(args.format),
-                             thresholds=thresholds)
+                             thresholds=thresholds, price=price)
     except InputError as exc:
         print("error: " + " ".join(str(exc).split()), file=sys.stderr)  # one line, whatever the records hold
         return EXIT_USAGE
@@ -393,7 +445,46 @@ def cmd_report(args: argparse.Namespace) -> int:
     return 0
 
 
-COMMANDS = {"sweep": cmd_sweep, "list": cmd_list, "env": cmd_env, "compare": cmd_compare, "report": cmd_report}
+def cmd_profile(args: argparse.Namespace) -> int:
+    from bench import profile as profile_mod
+
+    for name in ("steps", "phase_steps"):
+        if getattr(args, name) < 1:
+            raise ConfigError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
+    if args.warmup < 0:
+        raise ConfigError(f"--warmup must be >= 0, got {args.warmup}")
+    if not args.workload and not args.model:
+        raise ConfigError("name a workload (e.g. `python -m bench profile cnn:tiny`) or give --model PATH.py:FUNCTION")
+    overrides = {"workloads": args.workload, "techniques": args.techniques, "models": args.model,
+                 "blocks": args.blocks, "technique_plugins": args.technique, "device": args.device,
+                 "threads": args.threads, "seed": args.seed, "mode": "speed", "repeats": 1}
+    cfg = build_config("quick", overrides)
+    device = resolve_device(cfg.device)
+    workload, techs = profile_mod.validate(cfg, device)  # bad input: one line, before the banner
+    out_dir = args.out or profile_mod.default_out_dir(workload.label, techs.label)
+    err.print(f"[bold]trainbench[/] profile {workload.label} / {techs.label} on {device} -> {out_dir}",
+              markup=True, highlight=False, soft_wrap=True)
+    result = profile_mod.profile(cfg, device, out_dir, args.steps, args.phase_steps, args.warmup)
+    profile_mod.write(result, out_dir)
+    table = Table(title=f"Where a step's time goes ({result.phases.steps} steps, mean "
+                        f"{result.phases.step_s * 1e3:.2f} ms)")
+    for col in ("phase", "mean ms", "median ms", "IQR ms", "share"):
+        table.add_column(col, justify="left" if col == "phase" else "right")
+    for row in profile_mod.phase_rows(result.phases):
+        table.add_row(*row)
+    out.print(table)
+    ops = Table(title=f"Top operators by {result.self_time_by} self time ({result.profiled_steps} profiled steps)")
+    for col in ("operator", "calls", "self ms/step", "share"):
+        ops.add_column(col, justify="left" if col == "operator" else "right", overflow="fold")
+    for op in result.top_ops[:10]:
+        ops.add_row(op.name, str(op.calls), f"{op.per_step_s * 1e3:.3f}", f"{100 * op.share:.1f}%")
+    out.print(ops)
+    out.print(f"diagnosis: {result.phases.diagnosis}", markup=False, highlight=False)
+    out.print(f"trace: {result.trace}; profile.md and profile.json in {out_dir}", markup=False, highlight=False)
+    return 0
+
+
+COMMANDS = {"profile": cmd_profile, "sweep": cmd_sweep, "list": cmd_list, "env": cmd_env, "compare": cmd_compare, "report": cmd_report}
 
 
 def main(argv: list[str] | None = None) -> int:

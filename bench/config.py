@@ -17,7 +17,7 @@ from typing import Any
 import tomli_w
 
 import techniques
-from bench import plugins, workloads
+from bench import cost, plugins, workloads
 from bench.errors import ConfigError
 from bench.results import MODES
 from bench.text import shown
@@ -227,11 +227,19 @@ class SweepConfig:
     budget: Budget = field(default_factory=Budget)
     models: tuple[plugins.Plugin, ...] = ()  # users' models (--model), registered as workloads
     technique_plugins: tuple[plugins.Plugin, ...] = ()  # users' technique classes (--technique)
+    # Money, for the report's Cost section only (not a measurement setting: kept out of the settings hash, so a
+    # resumed sweep may change it): a price per machine-hour, or an instance of bench.cost.INSTANCES / ``prices``.
+    price_per_hour: float | None = None
+    instance: str | None = None
+    prices: tuple[tuple[str, float], ...] = ()  # [prices] name = price per hour: overrides and extends the table
 
     def __post_init__(self) -> None:
         for f in dataclasses.fields(self):
             if f.type in ("int", "str"):
                 _check_type(f.name, getattr(self, f.name), f.type)
+        if self.instance is not None:
+            _check_type("instance", self.instance, "str")
+        cost.resolve(self.price_per_hour, self.instance, dict(self.prices))  # an unknown instance: an error now
         if self.repeats < 1:
             raise ConfigError(f"repeats must be >= 1, got {self.repeats}")
         cpus = os.cpu_count() or 1
@@ -268,6 +276,22 @@ class SweepConfig:
     def world_size(self) -> int:
         return self.nproc * self.nnodes
 
+    @property
+    def price(self) -> cost.Price | None:
+        """The price per machine-hour the report's Cost section uses (None: no Cost section)."""
+        return cost.resolve(self.price_per_hour, self.instance, dict(self.prices))
+
+    def _price_dict(self) -> dict[str, Any]:
+        """The price settings as given (only when there are some), for sweep.toml and the report."""
+        out: dict[str, Any] = {}
+        if self.price_per_hour is not None:
+            out["price_per_hour"] = self.price_per_hour
+        if self.instance is not None:
+            out["instance"] = self.instance
+        if self.prices:
+            out["prices"] = dict(self.prices)
+        return out
+
     def to_dict(self) -> dict[str, Any]:
         return {
             "name": self.name,
@@ -301,7 +325,9 @@ class SweepConfig:
         return out
 
     def to_toml(self) -> str:
-        return tomli_w.dumps(self.to_dict())
+        # The price goes into sweep.toml (the report reads it) but not into to_dict(), whose settings a resume
+        # must keep: a price changes no measurement.
+        return tomli_w.dumps({**self.to_dict(), **self._price_dict()})
 
 
 MAX_TRIALS = 10_000  # a sweep of more trials is a typo (--repeats 1000000000), not a plan: refused before planning
@@ -337,7 +363,7 @@ PRESETS: dict[str, dict[str, Any]] = {
 }
 
 SWEEP_KEYS = ("preset", "workloads", "techniques", "repeats", "seed", "device", "nproc", "nnodes", "threads", "mode",
-              "budget", "models", "blocks", "technique_plugins")
+              "budget", "models", "blocks", "technique_plugins", "price_per_hour", "instance", "prices")
 RECORDED_KEYS = ("sources_sha256",)  # written into sweep.toml by the harness; not settings a user gives
 
 
@@ -364,6 +390,15 @@ def build_config(
                 budget.update(value)
             elif key in ("models", "technique_plugins") and merged.get(key):
                 merged[key] = [*_sources(key, merged), *_sources(key, layer)]  # additive: --model beside a config's
+            elif key in ("price_per_hour", "instance"):  # one setting: a later layer's either replaces both
+                if "price_per_hour" in layer and "instance" in layer:
+                    raise ConfigError("give price_per_hour or instance, not both (the instance's price is looked "
+                                      "up in [prices] and the built-in table)")
+                merged.pop("price_per_hour", None)
+                merged.pop("instance", None)
+                merged[key] = value
+            elif key == "prices":
+                merged[key] = {**merged.get(key, {}), **cost.check_prices(value)}
             else:
                 merged[key] = value
     if file_data.get("name"):
@@ -395,6 +430,10 @@ def build_config(
         budget=Budget(**budget),
         models=models,
         technique_plugins=technique_plugins,
+        price_per_hour=(cost.check_price(merged["price_per_hour"], "price_per_hour")
+                        if merged.get("price_per_hour") is not None else None),
+        instance=merged.get("instance"),
+        prices=tuple(sorted(merged.get("prices", {}).items())),
     )
 
 

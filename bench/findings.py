@@ -20,6 +20,7 @@ DATA_WAIT_HIGH = 0.20  # data loading takes more than this fraction of the timed
 LOW_MFU = 0.05  # below this the reference is bound by per-op overhead rather than matmul throughput
 ACTIVATIONS_DOMINANT = 0.50  # activations above this share of the tensor peak
 OPTIMIZER_DOMINANT = 0.40  # optimizer state above this share of the tensor peak
+MEMORY_WORTH = 0.9  # a slower set that cuts the peak at least this much is a memory trade worth naming
 ONE_OFF_COST_S = 0.5  # a one-off cost above this (and 3x the reference's) is worth a remark
 
 MODEL_STATE_SLACK = 0.01  # exact bytes may miss a claimed range's edge by shard padding (uneven tensors)
@@ -155,6 +156,10 @@ def _reference_findings(c: Any) -> list[tuple[str, str]]:
         out.append(("overhead", f"{c.workload} reaches {c.mfu:.1%} MFU at {c.technique}: per-op overhead dominates "
                                 "a model this small; a larger batch or model, or torch.compile (fuses ops), shows "
                                 "technique effects closer to published ones"))
+    diagnosis = getattr(c, "phase_diagnosis", None)
+    if diagnosis and diagnosis.split(":")[0] in ("copy-bound", "optimizer-bound", "overhead-bound"):
+        # input-bound has its own finding from the timed window's data wait; compute-bound is no news
+        out.append(("bottleneck", f"{c.workload}'s step at {c.technique} is {diagnosis}"))
     peak = c.peak_bytes
     if peak and c.mem_activations_bytes is not None and c.mem_activations_bytes / peak > ACTIVATIONS_DOMINANT:
         out.append(("memory", f"activations are {c.mem_activations_bytes / peak:.0%} of {c.workload}'s tensor "
@@ -214,9 +219,11 @@ def _technique_findings(c: Any, ref: Any) -> list[tuple[str, str]]:
         out.append(("one-off", one_off))
     if c.speedup_verdict == "slower":
         mem = ""
-        if c.mem_ratio_verdict == "less":
+        if c.mem_ratio_verdict == "less" and c.mem_ratio <= MEMORY_WORTH:
             mem = (f"; it cuts peak memory to {c.mem_ratio:.2f}x ({c.mem_ratio_source}), so use it only when memory "
                    "is the limit")
+        elif c.mem_ratio_verdict == "less":  # a few percent less is a side effect, not a reason to pay the time
+            mem = f"; its peak memory is only {c.mem_ratio:.2f}x ({c.mem_ratio_source}): not a memory trade either"
         out.append(("slower", f"{c.technique} is {1 - c.speedup:.0%} slower than {ref.technique} on {c.workload} "
                               f"({c.speedup:.2f}x){mem}"))
     quality = _quality_finding(c)
@@ -232,6 +239,19 @@ def _technique_findings(c: Any, ref: Any) -> list[tuple[str, str]]:
             out.append(("parity", f"{head}: it does not compute the same thing here; check it before trusting "
                                   "its speed"))
     return out
+
+
+def _data_fix(rows: pd.DataFrame) -> str:
+    """What to try for a data wait: a DataLoader with workers, unless this sweep measured one that did not help."""
+    loaders = [r for r in rows.itertuples() if "loader" in r.names and r.n_ok and r.speedup is not None
+               and r.speedup_verdict in ("slower", stats.SAME)]
+    if not loaders:
+        return ("try loader:workers=2 (a DataLoader with worker processes), or cache the transformed batches, before "
+                "tuning the model")
+    measured = ", ".join(f"{r.technique} {r.speedup:.2f}x" for r in loaders)
+    return (f"worker processes did not pay here ({measured}: on a machine with few cores they take the cores the "
+            "step uses), so cache the transformed batches, make the transform cheaper, or run where cores are idle "
+            "(a GPU host)")
 
 
 def diagnose(configs: pd.DataFrame, interactions_: pd.DataFrame | None = None,
@@ -251,7 +271,7 @@ def diagnose(configs: pd.DataFrame, interactions_: pd.DataFrame | None = None,
                 ", ".join(t for t, _ in waits)
             out.append(Finding(machine, workload, None, "data",
                                f"{workload} waits for data {share} of the timed window ({sets}): the input "
-                               "pipeline limits throughput; prefetch or cache batches before tuning the model"))
+                               f"pipeline limits throughput; {_data_fix(rows)}"))
     for c in configs.itertuples():
         if c.n_ok == 0:
             continue

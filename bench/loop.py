@@ -13,6 +13,10 @@ One call of ``TrainLoop.step`` is one optimizer step:
 The loop counts what it trained: ``tokens`` (real tokens, so a shortened sequence counts as short) and
 ``shapes`` (optimizer steps per distinct input shape, so FLOPs can follow the shapes actually trained).
 The returned loss is a detached tensor (no ``.item()``: that would sync the device every step).
+
+Its regions are labelled (``h2d``, ``forward``, ``backward``, ``optimizer``) for a phase pass
+(``bench.measure.phases``): ``time_phases(clock)`` attaches a clock; without one each label is a shared no-op
+context (a function call per region, well under 1% of the smallest step: docs/overhead.md).
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from bench.measure.phases import PhaseClock, no_region
 from techniques.base import Context, Technique
 
 
@@ -56,12 +61,13 @@ class TrainLoop:
         self._context_techs = [t for t in techniques if overrides(t, "forward_context")]
         self._micro_techs = [t for t in techniques if overrides(t, "micro_batch_context")]
         self._loss_techs = [t for t in techniques if overrides(t, "loss")]
-        self._backward_owner = _single_owner(techniques, "backward")
-        self._step_owner = _single_owner(techniques, "optimizer_step")
+        self._backward_owner = single_owner(techniques, "backward")
+        self._step_owner = single_owner(techniques, "optimizer_step")
         self._after_techs = [t for t in techniques if overrides(t, "after_step")]
         self.sequences = tokens_per_sample > 0  # inputs are (batch, sequence) token ids
         self.tokens = 0
         self.shapes: collections.Counter[tuple[int, ...]] = collections.Counter()
+        self._region = no_region
         for tech in techniques:
             tech.attach(optimizer, ctx)
 
@@ -84,15 +90,22 @@ class TrainLoop:
             stack.enter_context(tech.micro_batch_context(self.model, last, self.ctx))
         return stack
 
+    def time_phases(self, clock: PhaseClock | None) -> None:
+        """Time the step's labelled regions on ``clock`` from now on (None: stop timing them)."""
+        self._region = clock.region if clock is not None else no_region
+
     def step(self, batch: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+        region = self._region
         x, y = batch
         shape = tuple(x.shape)
         self.shapes[shape] += 1
         self.ctx.batch_tokens = shape[0] * shape[1] if self.sequences else 0
         self.tokens += self.ctx.batch_tokens
-        x = x.to(self.device, non_blocking=True)
-        y = y.to(self.device, non_blocking=True)
-        self.optimizer.zero_grad(set_to_none=True)
+        with region("h2d"):
+            x = x.to(self.device, non_blocking=True)
+            y = y.to(self.device, non_blocking=True)
+        with region("optimizer"):
+            self.optimizer.zero_grad(set_to_none=True)
         n = self.micro_batches
         if n > 1 and (x.shape[0] % n or y.shape[0] != x.shape[0]):
             # chunk() would return fewer, unequal pieces: the last micro-batch (DDP's all-reduce) might never run
@@ -102,26 +115,28 @@ class TrainLoop:
         total = None
         for i, (xm, ym) in enumerate(pieces):
             with self._micro_batch_context(last=i == n - 1):
-                with self.forward_context():
+                with region("forward"), self.forward_context():
                     out = self.model(xm)
                     loss = self.loss_fn(out, ym)
                     for tech in self._loss_techs:
                         loss = tech.loss(out, (xm, ym), loss, self.ctx)
-                scaled = loss / n if n > 1 else loss
-                if self._backward_owner is None or not self._backward_owner.backward(scaled, self.ctx):
-                    scaled.backward()
+                with region("backward"):
+                    scaled = loss / n if n > 1 else loss
+                    if self._backward_owner is None or not self._backward_owner.backward(scaled, self.ctx):
+                        scaled.backward()
             detached = loss.detach()
             total = detached if total is None else total + detached
-        if self._step_owner is None or not self._step_owner.optimizer_step(self.optimizer, self.ctx):
-            self.optimizer.step()
-        for tech in self._after_techs:
-            tech.after_step(self.optimizer, self.ctx)
+        with region("optimizer"):
+            if self._step_owner is None or not self._step_owner.optimizer_step(self.optimizer, self.ctx):
+                self.optimizer.step()
+            for tech in self._after_techs:
+                tech.after_step(self.optimizer, self.ctx)
         self.ctx.step += 1
         assert total is not None
         return total / n if n > 1 else total
 
 
-def _single_owner(techniques: Sequence[Technique], hook: str) -> Technique | None:
+def single_owner(techniques: Sequence[Technique], hook: str) -> Technique | None:
     owners = [t for t in techniques if overrides(t, hook)]
     if len(owners) > 1:
         names = ", ".join(t.name for t in owners)

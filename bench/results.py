@@ -216,6 +216,23 @@ class EnergyResult:
     reason: str | None = doc("why nothing was measured", None)
 
 
+@dataclass(frozen=True)
+class PhaseResult:
+    """Where a step's time goes: a pass of its own after the timed window, each labelled region of the step timed
+    (synced at its edges on a GPU, so its steps are slower than the window's there)."""
+
+    steps: int = doc("steps of the pass")
+    step_s: float = doc("mean wall time of a step in the pass, data fetch included")
+    mean_s: dict[str, float] = doc("phase -> mean seconds per step: data (waiting for the batch), h2d (inputs to "
+                                   "the device), forward (and loss), backward (and any all-reduce overlapped with "
+                                   "it), optimizer (zero_grad, step, after-step hooks), other (the rest)")
+    median_s: dict[str, float] = doc("phase -> median seconds per step")
+    iqr_s: dict[str, float] = doc("phase -> interquartile range of its seconds per step")
+    share: dict[str, float] = doc("phase -> its share of the pass's step time (the shares add up to 1)")
+    diagnosis: str = doc("the bottleneck these shares point to, and the technique to try (rules in "
+                         "docs/profiling.md)")
+
+
 # ---- the record -----------------------------------------------------------------------------------------------
 
 
@@ -247,6 +264,7 @@ class TrialRecord:
     parity: ParityResult | None = doc("parity against the reference (exact and numeric sets)", None)
     memory: MemoryResult | None = doc("memory passes", None)
     energy: EnergyResult | None = doc("energy over the timed window", None)
+    phases: PhaseResult | None = doc("where a step's time goes (a pass after the timed window)", None)
     notes: list[str] = doc("remarks of the harness about this record", factory=list)
     technique_results: dict[str, Any] = doc("what each technique found, by name (an LR range test's curve and "
                                             "choice, a batch-size search trace, early stopping's savings)",

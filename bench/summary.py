@@ -11,7 +11,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from bench import analysis, stats
+from bench import analysis, cost, stats
 from bench.results import TrialRecord
 from bench.text import cell, escape
 
@@ -34,6 +34,12 @@ class SummaryRow:
     time_to_target: str
     parity: str
     note: str
+    # the speed estimate behind ``speedup``, for the cost lines (``cost_lines``)
+    is_reference: bool = False
+    speedup_value: float | None = None
+    speedup_lo: float | None = None
+    speedup_hi: float | None = None
+    speedup_verdict: str | None = None
 
 
 def _ok(v: Any) -> bool:
@@ -127,6 +133,11 @@ def summarize(records: list[TrialRecord], baseline: str = BASELINE) -> list[Summ
             time_to_target=ttt_text(c),
             parity=parity_text(c),
             note="; ".join(notes)[:300],
+            is_reference=bool(c.is_reference),
+            speedup_value=c.speedup if _ok(c.speedup) else None,
+            speedup_lo=c.speedup_lo if _ok(c.speedup_lo) else None,
+            speedup_hi=c.speedup_hi if _ok(c.speedup_hi) else None,
+            speedup_verdict=c.speedup_verdict,
         ))
     return rows
 
@@ -169,11 +180,49 @@ LEGEND = ("Speedup and memory ratio: geometric mean over seeds of each trial's r
           "step (torch.compile's compilation) plus the techniques' probes (LR range test, batch search).")
 
 
-def to_markdown(rows: list[SummaryRow], title: str = "Sweep summary") -> str:
+def cost_lines(rows: list[SummaryRow], price_per_hour: float | None = None) -> list[str]:
+    """One line per workload with a speed measurement: the set that trains a million samples cheapest, named only
+    when its speedup over the reference is significant ("faster"); otherwise "no significant saving". At one price
+    per machine-hour for every set, the cheapest per sample is the one with the most samples/s, so the relative
+    cost (1/speedup) holds at any price; with ``price_per_hour`` the amounts are added (``bench.cost``)."""
+    out = []
+    for workload in dict.fromkeys(r.workload for r in rows):
+        mine = [r for r in rows if r.workload == workload]
+        ref = next((r for r in mine if r.is_reference), None)
+        if ref is None or not _ok(ref.samples_per_s):
+            continue
+        faster = [r for r in mine if not r.is_reference and r.speedup_verdict == "faster" and _ok(r.samples_per_s)
+                  and _ok(r.speedup_value)]
+        if not faster:
+            out.append(f"{workload}: no significant saving (no set's speedup over {ref.techniques} cleared the "
+                       f"{stats.THRESHOLDS['speed']:.0%} threshold with 95% confidence)")
+            continue
+        best = max(faster, key=lambda r: r.samples_per_s)
+        s, lo, hi = best.speedup_value, best.speedup_lo, best.speedup_hi
+        ci = f" [{lo:.2f}, {hi:.2f}]" if _ok(lo) and _ok(hi) and len({f"{v:.2f}" for v in (s, lo, hi)}) > 1 else ""
+        text = (f"{workload}: cheapest per million samples: {best.techniques} ({s:.2f}x{ci} faster than "
+                f"{ref.techniques}: {1 / s:.2f}x its cost per sample at any price")
+        if price_per_hour is not None:
+            saved, saved_lo, saved_hi = cost.saved_interval(price_per_hour, s, lo, hi)
+            saved_ci = cost.interval_text(saved, saved_lo, saved_hi)
+            mine_cost = cost.per_million_samples(price_per_hour, best.samples_per_s)
+            ref_cost = cost.per_million_samples(price_per_hour, ref.samples_per_s)
+            text += (f"; at {price_per_hour:g} per machine-hour {cost.money(mine_cost)} against "
+                     f"{cost.money(ref_cost)} per million samples, {cost.money(saved)}{saved_ci} saved per 1,000 "
+                     "training hours")
+        out.append(text + ")")
+    return out
+
+
+def to_markdown(rows: list[SummaryRow], title: str = "Sweep summary", price_per_hour: float | None = None) -> str:
     """``summary.md``. Cells go through the report's escaping (``bench.text``): a reason such as
     ``<lambda>`` stays visible text and ``a|b`` cannot split a cell."""
     lines = [f"# {escape(title)}", "", "| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
     for row in rows:
         lines.append("| " + " | ".join(cell(c) for c in row_cells(row)) + " |")
+    costs = cost_lines(rows, price_per_hour)
+    if costs:
+        lines += ["", "Cost per sample (one machine, the same price for every set):", ""]
+        lines += [f"- {escape(line)}" for line in costs]
     lines += ["", LEGEND]
     return "\n".join(lines) + "\n"

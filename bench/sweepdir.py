@@ -186,6 +186,9 @@ def resumed_config(out_dir: Path, cfg: SweepConfig, extend: bool) -> SweepConfig
     return SweepConfig(
         **{**{k: getattr(stored, k) for k in ("name", "seed", "device", "nproc", "nnodes", "threads", "mode",
                                               "budget")},
+           # the price changes no measurement: the one given now wins, else the stored one
+           **({k: getattr(cfg, k) for k in ("price_per_hour", "instance", "prices")} if cfg.price is not None
+              else {k: getattr(stored, k) for k in ("price_per_hour", "instance", "prices")}),
            "workloads": tuple(dict.fromkeys([*stored.workloads, *cfg.workloads])),
            "models": tuple(dict.fromkeys([*stored.models, *cfg.models])),
            "technique_plugins": tuple(dict.fromkeys([*stored.technique_plugins, *cfg.technique_plugins])),

@@ -49,10 +49,11 @@ from torch import nn
 
 from bench import plugins, workloads
 from bench import reference as reference_mod
+from bench.bottleneck import diagnose
 from bench.config import Budget, TechniqueSet, TechniqueSpec
 from bench.env import datasheet_peak
 from bench.files import write_atomic
-from bench.loop import TrainLoop, build_optimizer, overrides, plain_loop
+from bench.loop import TrainLoop, build_optimizer, overrides, plain_loop, single_owner
 from bench.measure import energy as energy_mod
 from bench.measure.energy import EnergyMeter
 from bench.measure.flops import count_flops
@@ -64,6 +65,7 @@ from bench.measure.memory import (
     return_freed_memory_to_os,
     trim_heap,
 )
+from bench.measure.phases import PhaseClock, summarize_phases
 from bench.measure.timing import ContentionResult, CpuContention, StepTimer, WindowResult, summarize
 from bench.reference import ReferenceKey, ReferenceResult, Trajectory
 from bench.results import (
@@ -73,6 +75,7 @@ from bench.results import (
     EnergyResult,
     MemoryResult,
     ParityResult,
+    PhaseResult,
     QualityResult,
     SpeedResult,
     StepStats,
@@ -180,7 +183,9 @@ def build(spec: TrialSpec, budget: Budget, device: torch.device) -> Session:
         model = tech.transform_model(model, ctx)
     optimizer = build_optimizer(model, techs, ctx, cfg.lr, cfg.weight_decay)
     full: dict[str, Any] = {}
-    batches = _noting_first(built.batches(cfg.batch_size, spec.seed), full)
+    source = single_owner(techs, "batches")
+    loaded = source.batches(built.pipeline, cfg.batch_size, spec.seed, ctx) if source is not None else None
+    batches = _noting_first(loaded if loaded is not None else built.batches(cfg.batch_size, spec.seed), full)
     for tech in techs:
         batches = tech.wrap_data(batches, ctx)
     loop = TrainLoop(model, optimizer, built.loss_fn, techs, ctx, cfg.micro_batches, built.tokens_per_sample)
@@ -545,7 +550,7 @@ def speed_window(session: Session, ref: ReferenceResult) -> tuple[SpeedResult, W
         mfu_datasheet=achieved / (sheet * ranks) if achieved and sheet else None,
         shapes=shape_steps,
     )
-    return result, peaks, EnergyResult(**dataclasses.asdict(energy_result))
+    return result, peaks, _energy_over_ranks(EnergyResult(**dataclasses.asdict(energy_result)), device)
 
 
 def window_flops(session: Session, reference_flops: int | None, shapes: collections.Counter[tuple[int, ...]]
@@ -632,6 +637,33 @@ def _warm_up(session: Session) -> list[float]:
             session.probe.after_step(loss)
     _check_finite(loss, session.steps_done)
     return times
+
+
+# ---- stage: phases ----------------------------------------------------------------------------------------------
+
+PHASE_STEPS = 10  # steps of the phase pass: enough for a median and an IQR, a fraction of the window's
+
+
+def phase_pass(session: Session, steps: int = PHASE_STEPS) -> PhaseResult:
+    """Where a step's time goes: ``steps`` more steps, each labelled region timed (synced at its edges on a GPU),
+    after the timed window and apart from it (``bench.measure.phases``)."""
+    clock = PhaseClock(session.device)
+    session.loop.time_phases(clock)
+    try:
+        for _ in range(steps):
+            with clock.step():
+                with clock.region("data"):
+                    batch = next(session.batches)
+                loss = session.loop.step(batch)
+            session.steps_done += 1
+    finally:
+        session.loop.time_phases(None)
+    _check_finite(loss, session.steps_done)
+    stats = summarize_phases(clock.steps)
+    names = tuple(t.name for t in session.techs)
+    return PhaseResult(steps=stats.steps, step_s=stats.step_s, mean_s=stats.mean_s, median_s=stats.median_s,
+                       iqr_s=stats.iqr_s, share=stats.share,
+                       diagnosis=diagnose(stats.share, names, session.device.type))
 
 
 # ---- stage: memory ----------------------------------------------------------------------------------------------
@@ -784,6 +816,7 @@ def _stages(spec: TrialSpec, head: dict[str, Any], out: dict[str, Any], own_proc
         out["build"] = build_info(session)
     if spec.mode in ("speed", "both"):
         out["speed"], peaks, out["energy"] = speed_window(session, ref)
+        out["phases"] = phase_pass(session)
         out["build"] = build_info(session)
     out["parity"] = parity(session, ref)
     if spec.mode in ("speed", "both"):
@@ -828,6 +861,30 @@ def _agree(flag: bool) -> bool:
     t = torch.tensor([1.0 if flag else 0.0])
     dist.all_reduce(t, op=dist.ReduceOp.MAX)
     return bool(t.item())
+
+
+def _energy_over_ranks(mine: EnergyResult, device: torch.device) -> EnergyResult:
+    """The trial's energy from every rank's reading (``combine_energy``)."""
+    if _world() == 1:
+        return mine
+    ranks: list[Any] = [None] * _world()
+    dist.all_gather_object(ranks, (dataclasses.asdict(mine), os.environ.get("LOCAL_RANK", "0") == "0"))
+    return combine_energy(ranks, device.type == "cuda")
+
+
+def combine_energy(ranks: list[tuple[dict[str, Any], bool]], cuda: bool) -> EnergyResult:
+    """Rank readings (EnergyResult fields, is the host's local rank 0) -> the trial's energy. On CUDA each rank read
+    its own GPU, so all are summed; on CPU the ranks of one host read the same RAPL package counters, so each host
+    counts once (its local rank 0's reading). One reading missing: no total, with that rank's reason."""
+    counted = [e for e, first_on_host in ranks if cuda or first_on_host] or [ranks[0][0]]  # never empty under torchrun
+    missing = next((e for e in counted if e["joules"] is None), None)
+    if missing is not None:
+        return EnergyResult(joules=None, source=None, reason=missing["reason"])
+    sources = ", ".join(dict.fromkeys(str(e["source"]) for e in counted))
+    how = (f"sum over {len(counted)} GPUs" if cuda else
+           f"read once for the {len(ranks)} ranks of one host" if len(counted) == 1 else
+           f"sum over {len(counted)} hosts")
+    return EnergyResult(joules=sum(e["joules"] for e in counted), source=f"{sources} ({how})", reason=None)
 
 
 def _mean_over_ranks(values: torch.Tensor) -> torch.Tensor:

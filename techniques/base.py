@@ -10,6 +10,8 @@ loop (``bench/loop.py``) calls the hooks in one documented order; a technique ov
     transform_model(model, ctx)         -> in phase order: surgery, precision, checkpointing, compile, sharding
     build_optimizer(params, default, ctx)
     attach(optimizer, ctx)              -> once, with the optimizer the loop steps (LR schedules start here)
+    batches(pipeline, batch_size, seed, ctx) -> where batches come from (one owner; None keeps the workload's own):
+                                           a DataLoader over the workload's Dataset (``loader``)
     wrap_data(batches, ctx)             -> batches are pulled one step at a time: ``ctx.step`` is the step to come
     micro_batch_context(model, last, ctx) -> context manager around each micro-batch's forward + backward
                                            (with grad_accum; e.g. DDP's no_sync for all but the last one)
@@ -243,6 +245,12 @@ class Technique:
 
     def attach(self, optimizer: torch.optim.Optimizer, ctx: Context) -> None:
         """Called once with the optimizer the loop steps, before the first step."""
+        return None
+
+    def batches(self, pipeline: Any, batch_size: int, seed: int, ctx: Context) -> Iterator[Any] | None:
+        """Load the global batches of ``batch_size`` from ``pipeline`` (a ``bench.data.Pipeline``: the workload's
+        training set as a Dataset, and the key order the workload's own batches follow) instead of the workload's
+        in-memory path; None keeps the workload's own. At most one technique of a set owns it."""
         return None
 
     def wrap_data(self, batches: Iterator[Any], ctx: Context) -> Iterator[Any]:

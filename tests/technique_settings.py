@@ -18,6 +18,9 @@ TECHNIQUE_SETTINGS: dict[str, tuple[str, str]] = {
     "early_stopping": ("early_stopping:patience=2", "mlp"),
     "curriculum": ("curriculum", "gpt"),
     "batch_size": ("batch_size:mode=noise:noise_repeats=2:warmup_steps=5", "mlp"),
+    "loader": ("loader:workers=2", "cnn_aug"),
+    "channels_last": ("channels_last", "cnn"),
+    "sdpa_backend": ("sdpa_backend:backend=math", "gpt"),
 }
 
 # Data-parallel / sharding techniques run under torchrun with 2 gloo ranks (tests/dist_worker.py).

@@ -337,7 +337,8 @@ def test_diagnosis_finds_one_off_costs_slowdowns_data_wait_and_memory_categories
     texts = {(f.topic, f.technique): f.text for f in found}
     assert texts[("data", None)] == (
         "mlp:tiny waits for data 30% of the timed window (baseline, compile): the input pipeline limits throughput; "
-        "prefetch or cache batches before tuning the model")
+        "try loader:workers=2 (a DataLoader with worker processes), or cache the transformed batches, before tuning "
+        "the model")
     assert texts[("overhead", None)].startswith("mlp:tiny reaches 1.0% MFU at baseline")
     assert texts[("memory", None)].startswith("activations are 60% of mlp:tiny's tensor peak")
     assert texts[("one-off", "compile")] == (
@@ -367,3 +368,13 @@ def test_diagnosis_flags_parity_quality_and_noise():
 def test_curve_of_builds_a_monotone_curve():
     curve = curve_of(0.8, 0.1, 640, 64, 2.0)
     assert curve[0] == [0, 0, 0.0, None, 0.1] and curve[-1][:3] == [640, 10, 2.0] and curve[-1][-1] == 0.8
+
+
+def test_a_data_wait_finding_does_not_suggest_a_loader_this_sweep_measured_slower():
+    records = [record(seed=i, sps=100, data_wait=0.6) for i in range(3)]
+    records += [record("loader:workers=2", seed=i, sps=v, data_wait=0.12) for i, v in enumerate([74, 75, 73])]
+    texts = [f.text for f in findings.diagnose(configs_of(records).reset_index(drop=True)) if f.topic == "data"]
+    assert len(texts) == 1 and "worker processes did not pay here (loader:workers=2 0.74x" in texts[0]
+    assert "try loader:workers=2" not in texts[0]
+    slowdown = [f.text for f in findings.diagnose(configs_of(records).reset_index(drop=True)) if f.topic == "slower"]
+    assert slowdown and "cuts peak memory" not in slowdown[0]

@@ -468,6 +468,18 @@ def test_rapl_fake_sysfs_with_wraparound(tmp_path):
     assert result.reason is None
 
 
+def test_rapl_counter_that_wraps_without_a_range_is_an_error_not_a_guess(tmp_path):
+    d = tmp_path / "intel-rapl:0"
+    d.mkdir()
+    (d / "name").write_text("package-0\n")
+    (d / "energy_uj").write_text("500\n")  # no max_energy_range_uj: a wrap cannot be corrected
+    meter = EnergyMeter("cpu", powercap_root=tmp_path)
+    meter.start()
+    (d / "energy_uj").write_text("100\n")
+    with pytest.raises(ValueError, match="went backwards and has no max_energy_range_uj"):
+        meter.stop()
+
+
 def test_rapl_psys_only_and_unreadable(tmp_path):
     _zone(tmp_path, "intel-rapl:0", "psys", 100)
     reader = RaplReader(tmp_path)

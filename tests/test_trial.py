@@ -210,8 +210,8 @@ def test_throughput_matches_an_independent_count(spec, monkeypatch):
     rec = run(spec("counting", min_steps=30, memory=False, warmup_steps=4, mode="speed", contention_retries=0))
     assert rec.status == "ok", rec.reason
     draws = CountingWorkload.draws[0]
-    window = draws[4:]  # after the four warm-up batches
-    assert len(window) == rec.speed.steps
+    window = draws[4:4 + rec.speed.steps]  # after the four warm-up batches; the phase pass's batches follow
+    assert len(draws) == 4 + rec.speed.steps + trial_mod.PHASE_STEPS
     samples = sum(n for _, n in window)
     # the window ends after the last step, so from the first draw to the last one misses exactly one step
     span = window[-1][0] - window[0][0]

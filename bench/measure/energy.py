@@ -43,8 +43,8 @@ class _Zone:
 class RaplReader:
     """Reads the package-level RAPL counters under a powercap root (injectable, for tests with a fake tree).
 
-    Only top-level zones are summed: sub-zones (core, uncore, dram under a package) are already included in their
-    package. A "psys" zone (whole platform) overlaps the packages, so it is used only when there is no package zone.
+    Only top-level zones are summed: the core and uncore sub-zones are already included in their package; a dram
+    sub-zone is a separate domain that is not added (the energy is the CPU packages', DRAM excluded). A "psys" zone (whole platform) overlaps the packages, so it is used only when there is no package zone.
     """
 
     def __init__(self, root: Path = POWERCAP_ROOT) -> None:

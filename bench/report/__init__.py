@@ -16,6 +16,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from bench import analysis as analysis_mod
+from bench import cost
 from bench.analysis import BASELINE, Analysis, InputError, Sweep, Thresholds
 from bench.files import write_atomic
 from bench.report import content, figures, html, inputs, markdown
@@ -58,13 +59,14 @@ def load(dirs: Sequence[Path | str]) -> tuple[Sweep, list[str]]:
 
 
 def build(dirs: Sequence[Path | str], baseline: str = BASELINE, with_figures: bool = True,
-          thresholds: Thresholds | None = None) -> tuple[Analysis, content.Report]:
-    """Analyse the sweeps in ``dirs`` and build the report's content (figures rendered when asked)."""
+          thresholds: Thresholds | None = None, price: cost.Price | None = None) -> tuple[Analysis, content.Report]:
+    """Analyse the sweeps in ``dirs`` and build the report's content (figures rendered when asked). ``price``
+    (per machine-hour) overrides the one each sweep recorded in its sweep.toml, for the Cost section."""
     sweep, notes = load(dirs)
     try:
         result = analysis_mod.analyze(sweep, baseline=baseline, thresholds=thresholds)
         figs = figures.make_figures(result) if with_figures else {}
-        return result, content.build(result, figs, notes)
+        return result, content.build(result, figs, notes, price=price)
     except (TypeError, KeyError, AttributeError, IndexError) as exc:
         # The records passed the type check, so this is a shape it does not cover (an eval curve row too short,
         # a per-rank entry without its keys): say so in one line rather than a traceback.
@@ -74,7 +76,8 @@ def build(dirs: Sequence[Path | str], baseline: str = BASELINE, with_figures: bo
 
 
 def write_report(dirs: Sequence[Path | str], out_dir: Path | str | None = None, baseline: str = BASELINE,
-                 formats: Sequence[str] = FORMATS, thresholds: Thresholds | None = None) -> dict[str, Path]:
+                 formats: Sequence[str] = FORMATS, thresholds: Thresholds | None = None,
+                 price: cost.Price | None = None) -> dict[str, Path]:
     """Write ``report.md`` / ``report.html`` and ``figures/*.png`` into ``out_dir`` (default: the only directory).
 
     Returns the written paths by format. Raises ``InputError`` for unusable input (no results.jsonl, an unknown
@@ -92,7 +95,7 @@ def write_report(dirs: Sequence[Path | str], out_dir: Path | str | None = None, 
     blocker = inputs.blocking_file(out)
     if blocker is not None:
         raise InputError(f"cannot write the report into {out}: {blocker} is a file, not a directory (--out DIR)")
-    _, report = build(dirs, baseline, thresholds=thresholds)
+    _, report = build(dirs, baseline, thresholds=thresholds, price=price)
     try:
         written = _write(report, out, formats)
     except OSError as exc:  # unwritable, a path under a file, a full disk

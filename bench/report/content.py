@@ -11,10 +11,12 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 import pandas as pd
 
-from bench import stats
+from bench import cost, stats
 from bench.analysis import BREAKDOWN, EXACT_CURVE_RTOL, EXACT_QUALITY, Analysis
+from bench.bottleneck import PHASES
 from bench.results import PARITY_TOLERANCES
 
 # ---- data ---------------------------------------------------------------------------------------------------
@@ -70,6 +72,17 @@ class Headline:
 
 
 @dataclass
+class Section:
+    """A titled section: paragraphs, then a table (energy, cost)."""
+
+    title: str
+    anchor: str
+    lines: list[str]
+    table: Table | None = None
+    notes: list[str] = field(default_factory=list)
+
+
+@dataclass
 class Report:
     title: str
     subtitle: str
@@ -91,6 +104,9 @@ class Report:
     method: list[str]
     figures: dict[str, Figure] = field(default_factory=dict)
     input_notes: list[str] = field(default_factory=list)  # what was wrong with the input and what was done about it
+    phases: Table | None = None  # where a step's time goes, per set, with the bottleneck it points to
+    energy: Section | None = None  # joules per sample and to the target, or why energy was not measured
+    cost: Section | None = None  # only with a price per machine-hour
 
 
 # ---- number formatting --------------------------------------------------------------------------------------
@@ -791,9 +807,10 @@ def _method(analysis: Analysis) -> list[str]:
     ]
 
 
-def build(analysis: Analysis, figures: dict[str, Figure] | None = None, input_notes: list[str] | None = None
-          ) -> Report:
-    """The report's content from an analysis (and figures already rendered); ``input_notes`` are shown at the top."""
+def build(analysis: Analysis, figures: dict[str, Figure] | None = None, input_notes: list[str] | None = None,
+          price: cost.Price | None = None) -> Report:
+    """The report's content from an analysis (and figures already rendered); ``input_notes`` are shown at the top.
+    ``price`` (per machine-hour) replaces the one each sweep recorded, for the Cost section."""
     names = _machine_names(analysis)
     sweep = analysis.sweep
     machines = []
@@ -855,7 +872,192 @@ def build(analysis: Analysis, figures: dict[str, Figure] | None = None, input_no
         method=_method(analysis),
         figures=figures or {},
         input_notes=list(input_notes or []),
+        phases=_phases_table(analysis, names),
+        energy=energy_section(analysis, names),
+        cost=cost_section(analysis, names, price),
     )
+
+
+def _phases_table(analysis: Analysis, names: dict[str, str]) -> Table | None:
+    """Per set: the phase pass's step time, each phase's share, and the bottleneck the shares point to."""
+    rows = analysis.configs[analysis.configs["phase_step_s"].notna()]
+    if rows.empty:
+        return None
+    several = len(names) > 1
+    body = []
+    for r in rows.itertuples():
+        cells = [Cell(_where(r.workload, names[r.machine]) if several else r.workload), Cell(r.technique),
+                 Cell(f"{1e3 * r.phase_step_s:.2f} ms")]
+        for phase in PHASES:
+            share = getattr(r, f"phase_{phase}_share")
+            cells.append(Cell(fmt_pct(share), "warn" if phase == "data" and _ok(share) and share >= 0.2 else ""))
+        cells.append(Cell(r.phase_diagnosis or "-"))
+        body.append(cells)
+    return Table(["workload", "set", "step (phase pass)", *PHASES, "bottleneck"], body, wrap=(len(PHASES) + 3,))
+
+
+# ---- energy and cost ----------------------------------------------------------------------------------------
+
+
+def _window_energy(analysis: Analysis) -> dict[tuple[str, str, str], list[tuple[float, float | None, str]]]:
+    """Per set, each usable trial's (J/sample, samples to target or None, counter): ok trials whose timed window
+    had the cores to itself (a contended window's counters also counted the other processes) and measured joules.
+    Samples in the window = samples/s x window seconds (= steps x the global batch)."""
+    out: dict[tuple[str, str, str], list[tuple[float, float | None, str]]] = {}
+    for source in analysis.sweep.sources:
+        for r in source.records:
+            e, sp = r.energy, r.speed
+            if r.status != "ok" or e is None or e.joules is None or sp is None or sp.contended:
+                continue
+            samples = sp.samples_per_s * sp.window_s
+            if not samples:
+                continue
+            q = r.quality
+            stt = None
+            if q is not None and not q.cut and q.target is not None:
+                stt = math.inf if q.samples_to_target is None else float(q.samples_to_target)
+            key = (source.machine, r.workload_label, r.technique_label)
+            out.setdefault(key, []).append((cost.energy_per_sample(e.joules, samples), stt, e.source or "?"))
+    return out
+
+
+def _energy_unavailable(analysis: Analysis, names: dict[str, str]) -> dict[str, list[str]]:
+    """Why energy was not measured, with the sets each reason applies to (records that have an energy section
+    without joules)."""
+    reasons: dict[str, list[str]] = {}
+    for source in analysis.sweep.sources:
+        for r in source.records:
+            if r.status == "ok" and r.energy is not None and r.energy.joules is None:
+                where = f"{_where(r.workload_label, names[source.machine])} {r.technique_label}"
+                sets = reasons.setdefault(r.energy.reason or "no reason recorded", [])
+                if where not in sets:
+                    sets.append(where)
+    return reasons
+
+
+def energy_section(analysis: Analysis, names: dict[str, str]) -> Section | None:
+    """Joules per sample and to the target per set where a counter measured them; one line per reason where none
+    did, never an estimate. None when no record has an energy section (quality-only sweeps)."""
+    if not any(r.energy is not None for r in analysis.sweep.records):
+        return None
+    measured = _window_energy(analysis)
+    reasons = _energy_unavailable(analysis, names)
+    rows = []
+    for c in analysis.configs.itertuples():
+        trials = measured.get((c.machine, c.workload, c.technique))
+        if not trials:
+            continue
+        per_sample = float(np.median([t[0] for t in trials]))
+        to_target = [cost.energy_to_target(t[0], t[1]) for t in trials if t[1] is not None]
+        target = "-"
+        if to_target:
+            med = stats.censored_median([math.inf if v is None else v for v in to_target])
+            misses = sum(v is None for v in to_target)
+            target = ("miss" if med is None or not math.isfinite(med) else _joules(med)) + \
+                (f" ({misses}/{len(to_target)} missed)" if misses else "")
+        counters = ", ".join(dict.fromkeys(t[2] for t in trials))
+        rows.append([Cell(_where(c.workload, names[c.machine])), Cell(c.technique),
+                     Cell(f"{_joules(per_sample)}/sample (n={len(trials)})"), Cell(target), Cell(counters)])
+    lines = []
+    if rows:
+        lines.append("Energy over the timed window, where a hardware counter measured it: joules per sample = the "
+                     "window's joules / the samples trained in it (median over uncontended trials); to target = "
+                     "each trial's joules per sample x the samples its quality run needed to reach the target, "
+                     "median over seeds with a miss counted as never. The steady step's energy only: evaluation, "
+                     "the one-off cost and idle time are not in it. What a counter covers: NVML the GPU board "
+                     "(summed over the trial's GPUs), RAPL the CPU packages (read once per machine; RAPL's "
+                     "separate DRAM domain is not added); neither counts the power supply, fans or cooling.")
+    partial = bool(rows) or len(reasons) > 1  # then say which sets each reason covers
+    for reason, where in reasons.items():
+        lines.append(f"energy: unavailable ({reason})" + (f" for {', '.join(where)}" if partial else ""))
+    table = Table(["workload", "set", "energy per sample", "energy to target", "counter"], rows) if rows else None
+    return Section("Energy", "energy", lines, table)
+
+
+def _joules(j: float) -> str:
+    a = abs(j)
+    if a >= 1e6:
+        return f"{j / 1e6:.3g} MJ"
+    if a >= 1e3:
+        return f"{j / 1e3:.3g} kJ"
+    if a >= 1:
+        return f"{j:.3g} J"
+    return f"{j * 1e3:.3g} mJ"
+
+
+def _prices(analysis: Analysis, price: cost.Price | None) -> dict[str, cost.Price]:
+    """The price per machine-hour of each machine: the one given to the report, else its first sweep's."""
+    out: dict[str, cost.Price] = {}
+    for source in analysis.sweep.sources:
+        found = price or cost.from_settings(source.settings)
+        if found is not None:
+            out.setdefault(source.machine, found)
+    return out
+
+
+def _machines_used(analysis: Analysis, machine: str, world_size: int | None) -> int:
+    """Machines a trial occupied: a multi-process trial of a multi-node sweep ran on ``nnodes`` of them."""
+    if (world_size or 1) <= 1:
+        return 1
+    nnodes = [int((s.settings or {}).get("nnodes") or 1) for s in analysis.sweep.sources if s.machine == machine]
+    return max(nnodes or [1])
+
+
+def _saved_cell(c: Any, p: float) -> Cell:
+    if c.is_reference:
+        return Cell("reference", "muted") if c.n_ok else Cell("-")
+    if not _ok(c.speedup):
+        return Cell("-")
+    lo = c.speedup_lo if _ok(c.speedup_lo) else None
+    hi = c.speedup_hi if _ok(c.speedup_hi) else None
+    saved, saved_lo, saved_hi = cost.saved_interval(p, c.speedup, lo, hi)
+    text = f"{cost.money(saved)}{cost.interval_text(saved, saved_lo, saved_hi)}"
+    if c.speedup_verdict in (None, stats.NONE):
+        return Cell(f"{text} (no verdict: {c.speedup_why or 'no interval'})", "muted")
+    if c.speedup_verdict == stats.SAME:
+        return Cell(f"no significant saving ({text})", "muted")
+    if c.speedup_verdict == "faster":
+        return Cell(f"{text} saved", "good")
+    return Cell(f"{text}: extra cost", "bad")
+
+
+def cost_section(analysis: Analysis, names: dict[str, str], price: cost.Price | None) -> Section | None:
+    """Cost per million samples, to the target and of the quality run, and what the speedup saves per 1,000
+    training hours (its interval mapped endpoint by endpoint); only where a price is known."""
+    prices = _prices(analysis, price)
+    if not prices:
+        return None
+    rows = []
+    for c in analysis.configs.itertuples():
+        pr = prices.get(c.machine)
+        if pr is None:
+            continue
+        p, machines = pr.per_hour, _machines_used(analysis, c.machine, c.world_size)
+        per_million = cost.per_million_samples(p, c.sps_median, machines) if _ok(c.sps_median) and c.sps_median \
+            else None
+        target = "-"
+        if c.target is not None and c.n_ttt and _ok(c.ttt_one_off_median):
+            reached = cost.to_target(p, c.ttt_one_off_median, machines)
+            target = "miss" if reached is None else cost.money(reached)
+        run = cost.run_cost(p, c.train_time_s, machines) if _ok(c.train_time_s) else None
+        rows.append([Cell(_where(c.workload, names[c.machine])), Cell(c.technique),
+                     Cell(str(machines)), Cell(cost.money(per_million)), Cell(target), Cell(cost.money(run)),
+                     _saved_cell(c, p)])
+    bases = list(dict.fromkeys(f"{f'price ({names[m]})' if names[m] else 'price'}: {pr.basis}"
+                               for m, pr in prices.items()))
+    lines = bases + [
+        "The price is per machine-hour (the whole instance, all its devices, whatever the trial used of it); a "
+        "multi-process trial of a multi-node sweep counts its nodes as machines. Per million samples = price x "
+        "machines / (median samples/s x 3600) x 1e6. To target = price x machines x the median time to target "
+        "with the one-off cost (first-step excess and probes) / 3600; a median that misses has no cost ('miss'). "
+        "Quality run = price x machines x its median training clock (evaluation excluded) / 3600. Saved per "
+        "1,000 training hours = 1000 x price x (1 - 1/speedup), negative when the set costs more, for a set on "
+        "as many machines as the reference (else compare the cost per million samples); the speedup's 95% "
+        "interval maps to the saving's endpoint by endpoint, and a speedup that is not significant saves nothing: "
+        "it says so."]
+    table = Table(["workload", "set", "machines", "cost per million samples", "cost to target", "cost of quality run",
+                   f"saved per 1,000 h vs {analysis.baseline} [95% CI]"], rows, wrap=(6,))
+    return Section("Cost", "cost", lines, table)
 
 
 def _anchor(text: str) -> str:
@@ -865,4 +1067,4 @@ def _anchor(text: str) -> str:
     return "w-" + (slug or "workload")
 
 
-__all__ = ["Cell", "Figure", "Headline", "Report", "Table", "WorkloadSection", "build"]
+__all__ = ["Cell", "Figure", "Headline", "Report", "Section", "Table", "WorkloadSection", "build"]

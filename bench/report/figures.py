@@ -6,7 +6,8 @@ One panel per machine x workload in each figure:
 - ``memory``: the tensor-level peak stacked by category (params, grads, optimizer, activations, other);
 - ``pareto``: final metric against training wall-clock, the Pareto front drawn through the sets nobody beats;
 - ``curves``: the evaluation metric over training wall-clock, every trial;
-- ``interaction``: for combined sets, the observed speedup against the product of the single ones.
+- ``interaction``: for combined sets, the observed speedup against the product of the single ones;
+- ``phases``: where a step's time goes, one stacked bar per set (data, h2d, forward, backward, optimizer, other).
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure as MplFigure
 
 from bench.analysis import BREAKDOWN, MODEL_STATE, Analysis
+from bench.bottleneck import PHASES
 from bench.report.content import Figure
 
 DPI = 100
@@ -30,6 +32,8 @@ PANEL_W = 5.6  # inches per panel column
 MIB = 2**20
 CATEGORY_COLORS = {"params": "#4c72b0", "grads": "#55a868", "optimizer": "#c44e52", "activations": "#dd8452",
                    "other": "#8c8c8c"}
+PHASE_COLORS = {"data": "#c44e52", "h2d": "#937860", "forward": "#4c72b0", "backward": "#55a868",
+                "optimizer": "#dd8452", "other": "#b0b0b0"}
 VERDICT_COLORS = {"faster": "#2e7d32", "slower": "#c62828"}
 NEUTRAL = "#9e9e9e"
 PALETTE = ["#4c72b0", "#dd8452", "#55a868", "#c44e52", "#8172b3", "#937860", "#da8bc3", "#8c8c8c", "#ccb974",
@@ -201,6 +205,39 @@ def memory_figure(analysis: Analysis) -> Figure | None:
     return _finish(fig, "memory", "Peak memory by category", caption)
 
 
+# ---- phases -------------------------------------------------------------------------------------------------
+
+
+def phases_figure(analysis: Analysis) -> Figure | None:
+    panels = []
+    for machine, title, rows in _panels(analysis):
+        rows = rows[rows["phase_step_s"].notna()]
+        if len(rows):
+            panels.append((machine, title, rows))
+    if not panels:
+        return None
+    most = max(len(p[2]) for p in panels)
+    fig, axes = _grid(len(panels), max(2.4, 0.45 * most + 1.5))
+    for ax, (_, title, rows) in zip(axes, panels, strict=False):
+        rows = rows.iloc[::-1]
+        y = list(range(len(rows)))
+        left = [0.0] * len(rows)
+        for phase in PHASES:
+            ms = [1e3 * float(r.phase_step_s) * float(getattr(r, f"phase_{phase}_share") or 0.0)
+                  for r in rows.itertuples()]
+            ax.barh(y, ms, left=left, color=PHASE_COLORS[phase], height=0.6, label=phase)
+            left = [a + b for a, b in zip(left, ms, strict=True)]
+        ax.set_yticks(y, [_t(label) for label in rows["technique"]])
+        ax.set_xlabel("ms per step (phase pass, median over seeds)", fontsize=9)
+        _style(ax, title)
+    axes[0].legend(fontsize=8, frameon=False, ncols=len(PHASES), loc="lower left", bbox_to_anchor=(0, 1.08))
+    return _finish(fig, "phases", "Where a step's time goes",
+                   "Each bar is one step of the set split into its labelled phases (median share over seeds times "
+                   "the phase pass's median step time): data = waiting for the batch, h2d = copying inputs to the "
+                   "device, forward (with the loss), backward (with any all-reduce it overlaps), optimizer "
+                   "(zero_grad, step, hooks), other = the rest. Timed in a pass of its own after the timed window.")
+
+
 # ---- accuracy vs time ---------------------------------------------------------------------------------------
 
 
@@ -366,6 +403,7 @@ def make_figures(analysis: Analysis) -> dict[str, Figure]:
         lambda: pareto_figure(analysis, colors),
         lambda: curves_figure(analysis, colors),
         lambda: interaction_figure(analysis, colors),
+        lambda: phases_figure(analysis),
         lambda: lr_range_figure(analysis),
     ]
     out = {}

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import re
 
-from bench.report.content import Figure, Report, Table
+from bench.report.content import Figure, Report, Section, Table
 from bench.text import cell, escape
 
 
@@ -29,6 +29,19 @@ def _figure(fig: Figure | None) -> list[str]:
     if fig is None:
         return []
     return [f"![{escape(fig.title)}]({fig.path})", "", f"*{escape(fig.caption)}*", ""]
+
+
+def extra_section(s: Section | None) -> list[str]:
+    if s is None:
+        return []
+    out = [f"## {escape(s.title)}", ""]
+    for line in s.lines:
+        out += [escape(line), ""]
+    if s.table is not None:
+        out += table(s.table) + [""]
+    for note in s.notes:
+        out += [escape(note), ""]
+    return out
 
 
 def render(report: Report) -> str:
@@ -67,6 +80,14 @@ def render(report: Report) -> str:
     for name in ("memory", "pareto", "curves"):
         out += _figure(figs.get(name))
 
+    if report.phases is not None:
+        out += ["## Where the step's time goes", "",
+                "Each set's step split into its labelled phases, timed in a pass of its own after the timed "
+                "window (median share over seeds), and the bottleneck the shares point to "
+                "(`python -m bench profile WORKLOAD --techniques SET` adds a trace and the top operators).", ""]
+        out += table(report.phases) + [""]
+        out += _figure(figs.get("phases"))
+
     if report.interactions is not None:
         out += ["## Combined techniques", "",
                 "Do the gains multiply? Each combination's observed speedup beside the product of its parts' "
@@ -85,6 +106,9 @@ def render(report: Report) -> str:
         out += ["## Data-parallel and sharded trials", ""]
         out += table(report.distributed) + [""]
         out += [escape(n) + "\n" for n in report.distributed_notes]
+
+    for extra in (report.energy, report.cost):
+        out += extra_section(extra)
 
     out += ["## Claims check", ""]
     if report.claims is not None:

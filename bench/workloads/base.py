@@ -42,6 +42,8 @@ class BuiltWorkload:
     blocks: str | None = "blocks"  # dotted path (``model.get_submodule``) of the nn.ModuleList of repeated blocks
     # that per-block techniques wrap (checkpointing, per-block compile, FSDP); None when the model has none
     source: dict[str, Any] | None = None  # a user's model: {"file" or "module", "function", "sha256"}
+    pipeline: Any = None  # a ``bench.data.Pipeline``: the training set as a map-style Dataset and the key order
+    # ``batches`` follows, for techniques that load batches themselves (``loader``: a DataLoader with workers)
 
 
 class Workload(abc.ABC):

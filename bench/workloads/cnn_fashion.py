@@ -38,6 +38,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from bench.data import classifier_pipeline
 from bench.workloads.base import BuiltWorkload, Workload, WorkloadError, register
 from bench.workloads.mlp_mnist1d import classification_metrics, shuffled_batches
 
@@ -196,4 +197,5 @@ class CNNFashion(Workload):
             },
             params=p,
             train_data=(x_train, y_train),
+            pipeline=classifier_pipeline(x_train, y_train),  # the same batches as a Dataset, for ``loader``
         )

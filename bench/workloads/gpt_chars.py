@@ -47,6 +47,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from bench.data import window_pipeline
 from bench.workloads.base import Batch, BuiltWorkload, Workload, register
 
 TRAIN_FRACTION = 0.9
@@ -224,6 +225,7 @@ def lm_workload(model: nn.Module, train: torch.Tensor, held_out: tuple[torch.Ten
         eval_points=p["eval_points"],
         dataset=dict(record),
         params=p,
+        pipeline=window_pipeline(train, T),  # the same windows as a Dataset, for ``loader``
         **extra,
     )
 

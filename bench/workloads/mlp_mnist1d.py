@@ -35,6 +35,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from bench.data import classifier_pipeline
 from bench.workloads.base import Batch, BuiltWorkload, Workload, register
 
 DATASET_SEED = 0
@@ -211,4 +212,5 @@ class MLPMnist1D(Workload):
             },
             params=p,
             train_data=(x_train, y_train),
+            pipeline=classifier_pipeline(x_train, y_train),  # the same batches as a Dataset, for ``loader``
         )

@@ -31,6 +31,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from bench.data import Pipeline, classifier_pipeline, dataset_pipeline
 from bench.plugins import (
     Origin,
     Plugin,
@@ -184,6 +185,7 @@ class UserWorkload(Workload):
                      "sha256": self.origin.sha256, "n_train": n_train},
             params={"size": size},
             train_data=spec.train_data if isinstance(spec.train_data, tuple) else None,
+            pipeline=_pipeline_of(spec.train_data),
             blocks=blocks,
             source=self.origin.record(),
         )
@@ -272,6 +274,16 @@ def _batches_of(data: Any, where: str) -> tuple[Callable[[int, int], Iterator[Ba
     raise PluginError(f"{where}: train_data must be (inputs, targets) tensors, a torch Dataset of (input, target) "
                       f"items, or a function batches(batch_size, seed) returning an iterator; got "
                       f"{type(data).__name__}")
+
+
+def _pipeline_of(data: Any) -> Pipeline | None:
+    """The training set as a ``bench.data.Pipeline`` whose batches equal ``_batches_of``'s (for ``loader``); None
+    for a batches function, whose samples the harness cannot address one by one. Call after ``_batches_of``."""
+    if isinstance(data, tuple | list) and len(data) == 2 and all(isinstance(t, torch.Tensor) for t in data):
+        return classifier_pipeline(data[0], data[1])
+    if isinstance(data, torch.utils.data.Dataset) and not isinstance(data, torch.utils.data.IterableDataset):
+        return dataset_pipeline(data)
+    return None
 
 
 def _dataset_batches(data: torch.utils.data.Dataset, batch_size: int, seed: int) -> Iterator[Batch]:

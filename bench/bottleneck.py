@@ -1,0 +1,38 @@
+"""Phases of a training step and the bottleneck their shares point to (torch-free: the analysis and the report
+use it too). The phases are timed by ``bench.measure.phases``; the rules are documented in docs/profiling.md."""
+
+from __future__ import annotations
+
+PHASES = ("data", "h2d", "forward", "backward", "optimizer", "other")  # in step order; "other" is the remainder
+LOOP_PHASES = ("h2d", "forward", "backward", "optimizer")  # the regions the loop labels itself
+
+INPUT_BOUND = 0.2  # a fifth of the step waiting for data is worth a loader
+COPY_BOUND = 0.15
+OPTIMIZER_BOUND = 0.25
+OVERHEAD_BOUND = 0.25
+
+
+def diagnose(share: dict[str, float], techniques: tuple[str, ...] = (), device: str = "cpu") -> str:
+    """One line naming the bottleneck of a step from its phase shares, and the technique to try next.
+
+    The thresholds are rules of thumb (documented in docs/profiling.md), checked in order of how cheap the fix is:
+    data, host-to-device copies, the optimizer, overhead outside the labelled regions; otherwise the model's math.
+    """
+    pct = {k: round(100 * v) for k, v in share.items()}
+    if share.get("data", 0.0) >= INPUT_BOUND:
+        fix = ("raise loader:workers, or make the per-sample transform cheaper" if "loader" in techniques
+               else "try loader:workers=2 (a DataLoader with worker processes)")
+        return f"input-bound: {pct['data']}% of the step waits for data; {fix}"
+    if share.get("h2d", 0.0) >= COPY_BOUND:
+        fix = "try loader:pin_memory=true" if device == "cuda" else "keep the data on the device"
+        return f"copy-bound: {pct['h2d']}% of the step copies inputs to the device; {fix}"
+    if share.get("optimizer", 0.0) >= OPTIMIZER_BOUND:
+        fix = "try fused_adamw" if "fused_adamw" not in techniques else "a ZeRO set spreads it over ranks"
+        return f"optimizer-bound: {pct['optimizer']}% of the step is the optimizer; {fix}"
+    if share.get("other", 0.0) >= OVERHEAD_BOUND:
+        fix = "try compile (fewer Python and kernel-launch costs)" if "compile" not in techniques \
+            else "look at the trace's top operators"
+        return f"overhead-bound: {pct['other']}% of the step is outside the labelled phases; {fix}"
+    compute = pct.get("forward", 0) + pct.get("backward", 0)
+    return (f"compute-bound: {compute}% of the step is forward and backward; try lower precision where its "
+            f"calibrated peak beats fp32's (bf16), or compile")

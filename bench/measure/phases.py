@@ -1,0 +1,110 @@
+"""Where a step's time goes: the labelled phases of a training step, timed in a pass of their own.
+
+The loop labels its regions (``bench.loop.TrainLoop.step``): ``h2d`` (inputs to the device), ``forward`` (forward
+and loss), ``backward`` (backward; a data-parallel all-reduce overlapped with it counts here), ``optimizer``
+(zero_grad, the step, after-step hooks); the caller labels ``data`` (waiting for the next batch). ``other`` is the
+rest of the step: Python between the regions, technique contexts entered around them.
+
+A phase pass is separate from the timed window on purpose: on a GPU each region's edges are synchronised so its
+time is its own (a sync per region serialises host and device, which the timed window must not do), and on every
+device the clock calls are kept out of the hot path. On CPU the regions are exact (execution is synchronous); on
+GPU the step is a little slower than in the window, and the report says which pass the shares come from.
+
+With ``label=True`` each region is also a ``torch.profiler.record_function`` range, so a profiler trace shows the
+phases (``bench profile``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from bench.bottleneck import PHASES
+
+_NULL = contextlib.nullcontext()
+
+
+def no_region(name: str) -> contextlib.AbstractContextManager[None]:
+    """The loop's region when no phase clock is attached: one shared no-op context, nothing timed."""
+    return _NULL
+
+
+class PhaseClock:
+    """Accumulates the time of labelled regions per step: ``with clock.step(): ... with clock.region(name): ...``.
+
+    ``clock`` is injectable so the arithmetic can be tested with a fake clock.
+    """
+
+    def __init__(self, device: torch.device | str, label: bool = False,
+                 clock: Callable[[], float] = time.perf_counter) -> None:
+        self.device = torch.device(device)
+        self.label = label
+        self.clock = clock
+        self._cuda = self.device.type == "cuda"
+        self.steps: list[dict[str, float]] = []  # per step: phase -> seconds, "other" included, and "step"
+        self._current: dict[str, float] | None = None
+
+    def _sync(self) -> None:
+        if self._cuda:
+            torch.cuda.synchronize(self.device)
+
+    @contextlib.contextmanager
+    def region(self, name: str) -> Iterator[None]:
+        """Time one region of the step in progress (several regions of one name add up: micro-batches)."""
+        if self._current is None:
+            raise RuntimeError(f"PhaseClock.region({name!r}) outside a step")
+        labelled = torch.profiler.record_function(name) if self.label else _NULL
+        self._sync()
+        t0 = self.clock()
+        with labelled:
+            yield
+        self._sync()
+        self._current[name] = self._current.get(name, 0.0) + self.clock() - t0
+
+    @contextlib.contextmanager
+    def step(self) -> Iterator[None]:
+        """One training step, data fetch included: its wall time, and ``other`` = wall - the labelled regions."""
+        self._current = {}
+        self._sync()
+        t0 = self.clock()
+        try:
+            yield
+            self._sync()
+            total = self.clock() - t0
+            named = sum(self._current.values())
+            self._current["other"] = max(total - named, 0.0)
+            self._current["step"] = total
+            self.steps.append(self._current)
+        finally:
+            self._current = None
+
+
+@dataclass(frozen=True)
+class PhaseStats:
+    """The phase pass summarised: per phase, the mean and median seconds per step, the IQR, and the share."""
+
+    steps: int
+    step_s: float  # mean wall time of a step in the pass (data fetch included): the shares' denominator
+    mean_s: dict[str, float]
+    median_s: dict[str, float]
+    iqr_s: dict[str, float]
+    share: dict[str, float]  # mean_s / step_s: the shares add up to 1 (other is the remainder)
+
+
+def summarize_phases(steps: list[dict[str, float]]) -> PhaseStats:
+    """Per-phase statistics over the steps of a pass (a phase a step never entered counts 0 for that step)."""
+    if not steps:
+        raise ValueError("no steps were timed")
+    step = np.array([s["step"] for s in steps])
+    mean, median, iqr, share = {}, {}, {}, {}
+    for phase in PHASES:
+        values = np.array([s.get(phase, 0.0) for s in steps])
+        q25, q50, q75 = np.percentile(values, [25, 50, 75])
+        mean[phase], median[phase], iqr[phase] = float(values.mean()), float(q50), float(q75 - q25)
+        share[phase] = float(values.sum() / step.sum()) if step.sum() > 0 else 0.0
+    return PhaseStats(len(steps), float(step.mean()), mean, median, iqr, share)

@@ -1,0 +1,184 @@
+"""Where a step's time goes: the phase clock's arithmetic, labels that cover the step, the trial's phase pass, the
+diagnosis of injected bottlenecks, and the report's table."""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass
+
+import numpy as np
+import pytest
+import torch
+
+from bench.bottleneck import PHASES, diagnose
+from bench.measure.phases import PhaseClock, summarize_phases
+from bench.report import build, markdown
+from bench.results import PhaseResult, ResultStore, TrialRecord
+from bench.trial import run
+from techniques.base import Kind, Technique
+from tests.helpers import build_loop
+from tests.records import record
+from tests.test_trial import registered, spec  # noqa: F401  (the fixture)
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.t = 0.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def test_regions_add_up_and_other_is_the_rest_of_the_step():
+    fake = FakeClock()
+    clock = PhaseClock("cpu", clock=fake)
+    for data, fwd in ((0.010, 0.020), (0.030, 0.020)):
+        with clock.step():
+            with clock.region("data"):
+                fake.t += data
+            for _ in range(2):  # two micro-batches: one phase, summed
+                with clock.region("forward"):
+                    fake.t += fwd / 2
+            fake.t += 0.005  # between regions: "other"
+    assert clock.steps[0] == pytest.approx({"data": 0.010, "forward": 0.020, "other": 0.005, "step": 0.035})
+    stats = summarize_phases(clock.steps)
+    assert stats.steps == 2 and stats.step_s == pytest.approx(0.045)
+    assert stats.mean_s["data"] == pytest.approx(0.020) and stats.mean_s["backward"] == 0.0
+    assert stats.share["data"] == pytest.approx(0.040 / 0.090) and sum(stats.share.values()) == pytest.approx(1.0)
+    assert stats.iqr_s["data"] == pytest.approx(0.010)  # numpy's linear interpolation over two values
+
+
+def test_a_region_outside_a_step_is_an_error():
+    with pytest.raises(RuntimeError, match="outside a step"), PhaseClock("cpu").region("data"):
+        pass
+
+
+def test_the_loop_labels_cover_the_step_and_match_a_plain_step():
+    """On a tiny model the labelled regions hold almost all of a step (the rest is Python between them), and a
+    step timed in phases takes what a plain step takes: steps alternate between the two, so the machine's drift
+    cancels (a ratio in one process with generous bounds, not a time)."""
+    torch.manual_seed(0)
+    loop, batches, _ = build_loop("mlp", "baseline")
+    for _ in range(3):
+        loop.step(next(batches))
+    clock, plain = PhaseClock("cpu"), []
+    for _ in range(40):
+        t0 = time.perf_counter()
+        loop.step(next(batches))
+        plain.append(time.perf_counter() - t0)
+        loop.time_phases(clock)
+        with clock.step():
+            with clock.region("data"):
+                batch = next(batches)
+            loop.step(batch)
+        loop.time_phases(None)
+    stats = summarize_phases(clock.steps)
+    assert stats.share["other"] < 0.3, stats.share  # the labels cover the step
+    assert all(stats.median_s[p] > 0 for p in ("h2d", "forward", "backward", "optimizer"))
+    phased = float(np.median([s["step"] - s["data"] for s in clock.steps]))
+    assert 0.5 < phased / float(np.median(plain)) < 2.0
+    assert len(clock.steps) == 40  # detached between rounds: the plain steps were not timed in phases
+
+
+class SlowStep(Technique):
+    """Exact, with a slow optimizer step (an injected bottleneck)."""
+
+    name = "slow_step"
+    kind = Kind.EXACT
+
+    @dataclass(frozen=True)
+    class Options:
+        seconds: float = 0.05
+
+    def optimizer_step(self, optimizer, ctx):
+        time.sleep(self.options.seconds)
+        optimizer.step()
+        return True
+
+
+def test_the_trial_records_its_phases_and_names_a_slow_optimizer(spec):  # noqa: F811
+    base = run(spec(mode="speed"))
+    with registered(SlowStep):
+        slow = run(spec(techniques=["slow_step"], mode="speed"))
+    assert base.status == slow.status == "ok", (base.reason, slow.reason)
+    TrialRecord.from_dict(json.loads(slow.to_json()))
+    for rec in (base, slow):
+        ph = rec.phases
+        assert ph.steps == 10 and sum(ph.share.values()) == pytest.approx(1.0) and set(ph.share) == set(PHASES)
+    assert slow.phases.diagnosis.startswith("optimizer-bound")
+    # the injected sleep moves the share; AdamW alone is already a large part of the tiny MLP's step on a CPU
+    assert slow.phases.share["optimizer"] > base.phases.share["optimizer"] + 0.2
+
+
+def test_slow_data_is_named_as_the_bottleneck():
+    loop, batches, _ = build_loop("mlp", "baseline")
+
+    def slow(source):
+        for batch in source:
+            time.sleep(0.1)
+            yield batch
+
+    clock = PhaseClock("cpu")
+    loop.time_phases(clock)
+    slow_batches = slow(batches)
+    for _ in range(5):
+        with clock.step():
+            with clock.region("data"):
+                batch = next(slow_batches)
+            loop.step(batch)
+    share = summarize_phases(clock.steps).share
+    assert share["data"] > 0.3
+    line = diagnose(share)
+    assert line.startswith("input-bound") and "loader:workers=2" in line
+
+
+@pytest.mark.parametrize(("share", "start", "hint"), [
+    ({"data": 0.41, "forward": 0.3, "backward": 0.29}, "input-bound: 41%", "loader:workers=2"),
+    ({"h2d": 0.2, "forward": 0.4, "backward": 0.4}, "copy-bound: 20%", "device"),
+    ({"optimizer": 0.3, "forward": 0.3, "backward": 0.4}, "optimizer-bound: 30%", "fused_adamw"),
+    ({"other": 0.4, "forward": 0.3, "backward": 0.3}, "overhead-bound: 40%", "compile"),
+    ({"forward": 0.4, "backward": 0.5, "other": 0.1}, "compute-bound: 90%", "bf16"),
+])
+def test_diagnosis_rules(share, start, hint):
+    line = diagnose(share)
+    assert line.startswith(start) and hint in line
+
+
+def test_diagnosis_does_not_suggest_what_the_set_already_uses():
+    assert "raise loader:workers" in diagnose({"data": 0.5}, ("loader",))
+    assert "fused_adamw" not in diagnose({"optimizer": 0.5}, ("fused_adamw",))
+    assert "pin_memory" in diagnose({"h2d": 0.5}, (), "cuda")
+
+
+def _with_phases(rec, share: dict[str, float], step_s: float, diagnosis: str = "x"):
+    full = {p: share.get(p, 0.0) for p in PHASES}
+    rec.phases = PhaseResult(steps=10, step_s=step_s, mean_s={p: v * step_s for p, v in full.items()},
+                             median_s={p: v * step_s for p, v in full.items()}, iqr_s=dict.fromkeys(PHASES, 0.0),
+                             share=full, diagnosis=diagnosis)
+    return rec
+
+
+def test_the_report_shows_each_sets_phases_and_bottleneck(tmp_path):
+    store = ResultStore(tmp_path / "results.jsonl")
+    for seed in range(3):
+        store.append(_with_phases(record("baseline", seed, workload="cnn"),
+                                  {"data": 0.5 + 0.01 * seed, "forward": 0.2, "backward": 0.25}, 0.010))
+        store.append(_with_phases(record("loader", seed, workload="cnn"),
+                                  {"data": 0.05, "forward": 0.4, "backward": 0.5}, 0.006))
+    analysis, report = build([tmp_path])
+    rows = analysis.configs.set_index("technique")
+    assert rows.loc["baseline", "phase_data_share"] == pytest.approx(0.51)  # median over seeds
+    assert rows.loc["baseline", "phase_diagnosis"].startswith("input-bound: 51%")
+    assert rows.loc["loader", "phase_diagnosis"].startswith("compute-bound")
+    text = markdown.render(report)
+    assert "## Where the step's time goes" in text and "input-bound: 51% of the step waits for data" in text
+    assert "phases" in report.figures and report.figures["phases"].png.startswith(b"\x89PNG")
+
+
+def test_records_without_phases_leave_the_section_out(tmp_path):
+    store = ResultStore(tmp_path / "results.jsonl")
+    for seed in range(2):
+        store.append(record("baseline", seed))
+    _, report = build([tmp_path], with_figures=False)
+    assert report.phases is None and "Where the step's time goes" not in markdown.render(report)
