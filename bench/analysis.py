@@ -37,7 +37,7 @@ import numpy as np
 import pandas as pd
 
 from bench import findings, stats
-from bench.bottleneck import PHASES, diagnose
+from bench.bottleneck import PHASES, bf16_faster, diagnose
 from bench.findings import REPLICA_BYTES_PER_PARAM, frame_of
 from bench.results import ResultStore, TrialRecord
 
@@ -451,14 +451,38 @@ def first_device(g: pd.DataFrame) -> str:
 
 def _phases(ok: pd.DataFrame, device: str) -> dict[str, Any]:
     """Where the step's time goes: the median over trials of each phase's share and of the phase pass's step
-    time, and the diagnosis those medians point to (None when no trial ran a phase pass)."""
+    time, and the diagnosis those medians point to (None when no trial ran a phase pass). Trials whose timed window
+    stayed contended are left out, as from the speed numbers (their phase pass ran beside the same other work);
+    ``with_diagnoses`` narrows the advice with the machine's peaks and the sweep's own loader results."""
+    ok = _uncontended(ok)
     shares = {name: _median(ok[f"phase_{name}_share"]) for name in PHASES}
     row: dict[str, Any] = {f"phase_{name}_share": v for name, v in shares.items()}
     row["phase_step_s"] = _median(ok["phase_step_s"])
+    row["phase_device"] = device
     names = tuple(ok["names"].iloc[0]) if len(ok) else ()
     complete = all(v is not None for v in shares.values())
     row["phase_diagnosis"] = diagnose(shares, names, device) if complete else None  # type: ignore[arg-type]
     return row
+
+
+def with_diagnoses(configs: pd.DataFrame, machines: Mapping[str, dict[str, Any]]) -> pd.DataFrame:
+    """The phase diagnoses again, knowing what one set alone does not: whether the machine's calibrated bf16 peak
+    beats fp32's, and which loader sets this sweep measured no faster than the reference on the same workload."""
+    if configs.empty or "phase_diagnosis" not in configs:
+        return configs
+    out = configs.copy()
+    for i, c in zip(out.index, out.itertuples(), strict=True):
+        shares = {name: getattr(c, f"phase_{name}_share") for name in PHASES}
+        if not all(_ok(v) for v in shares.values()):
+            continue
+        env = machines.get(c.machine) or {}
+        peaks = {d: (p or {}).get("flops") for d, p in (env.get("peak_flops") or {}).items()}
+        same = out[(out["machine"] == c.machine) & (out["workload"] == c.workload)]
+        loaders = [f"{r.technique} {r.speedup:.2f}x" for r in same.itertuples()
+                   if "loader" in r.names and _ok(r.speedup) and r.speedup_verdict in ("slower", stats.SAME)]
+        out.at[i, "phase_diagnosis"] = diagnose(shares, tuple(c.names), c.phase_device,
+                                                bf16_faster(peaks), ", ".join(loaders) or None)
+    return out
 
 
 def _memory(ok: pd.DataFrame, ref: pd.DataFrame | None, th: Thresholds) -> dict[str, Any]:
@@ -742,7 +766,7 @@ def analyze(sweep: Sweep, baseline: str = BASELINE, thresholds: Thresholds | Non
         known = ", ".join(dict.fromkeys(frame["technique"]))
         raise InputError(f"reference technique set '{baseline}' is not in these records (sets here: {known})")
     th = thresholds or Thresholds()
-    configs = configurations(frame, baseline, th)
+    configs = with_diagnoses(configurations(frame, baseline, th), sweep.machines)
     inter = interactions(frame, configs, baseline)
     checked = findings.claims_check(configs, sweep.machines, claims)
     return Analysis(sweep, baseline, frame, configs, inter, checked, findings.diagnose(configs, inter, checked), th)

@@ -187,7 +187,8 @@ def _add_profile(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--steps", type=int, default=5, help="profiled steps in the trace (default 5)")
     p.add_argument("--phase-steps", type=int, default=20,
                    help="steps of the phase pass, timed without the profiler (default 20)")
-    p.add_argument("--warmup", type=int, default=3, help="untimed steps first (default 3; compilation happens here)")
+    p.add_argument("--warmup", type=int, default=3,
+                   help="untimed steps first, at least 1 (default 3; compilation happens here)")
     p.add_argument("--seed", type=int, default=0, help="seed of the model and the batch order (default 0)")
     p.add_argument("--threads", type=int, help="torch threads (default: torch's choice)")
     p.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto", help="device (default: auto)")
@@ -451,8 +452,9 @@ def cmd_profile(args: argparse.Namespace) -> int:
     for name in ("steps", "phase_steps"):
         if getattr(args, name) < 1:
             raise ConfigError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
-    if args.warmup < 0:
-        raise ConfigError(f"--warmup must be >= 0, got {args.warmup}")
+    if args.warmup < 1:
+        raise ConfigError(f"--warmup must be >= 1 (the first step pays one-off costs such as compilation), "
+                          f"got {args.warmup}")
     if not args.workload and not args.model:
         raise ConfigError("name a workload (e.g. `python -m bench profile cnn:tiny`) or give --model PATH.py:FUNCTION")
     overrides = {"workloads": args.workload, "techniques": args.techniques, "models": args.model,
@@ -460,11 +462,13 @@ def cmd_profile(args: argparse.Namespace) -> int:
                  "threads": args.threads, "seed": args.seed, "mode": "speed", "repeats": 1}
     cfg = build_config("quick", overrides)
     device = resolve_device(cfg.device)
-    workload, techs = profile_mod.validate(cfg, device)  # bad input: one line, before the banner
+    workload, techs = profile_mod.validate(cfg, device, args.out)  # bad input: one line, before the banner
     out_dir = args.out or profile_mod.default_out_dir(workload.label, techs.label)
-    err.print(f"[bold]trainbench[/] profile {workload.label} / {techs.label} on {device} -> {out_dir}",
-              markup=True, highlight=False, soft_wrap=True)
-    result = profile_mod.profile(cfg, device, out_dir, args.steps, args.phase_steps, args.warmup)
+    def banner() -> None:
+        err.print(f"[bold]trainbench[/] profile {workload.label} / {techs.label} on {device} -> {out_dir}",
+                  markup=True, highlight=False, soft_wrap=True)
+
+    result = profile_mod.profile(cfg, device, out_dir, args.steps, args.phase_steps, args.warmup, on_built=banner)
     profile_mod.write(result, out_dir)
     table = Table(title=f"Where a step's time goes ({result.phases.steps} steps, mean "
                         f"{result.phases.step_s * 1e3:.2f} ms)")

@@ -144,18 +144,20 @@ def to_target(price: float, seconds: float | None, machines: int = 1) -> float |
     return run_cost(price, seconds, machines)
 
 
-def saved_per_1000_hours(price: float, speedup: float) -> float:
+def saved_per_1000_hours(price: float, speedup: float, machines_ratio: float = 1.0) -> float:
     """What a speedup ``s`` saves on 1,000 machine-hours of the reference's training: the same work takes
-    1000 / s hours. Negative when s < 1 (the set costs more)."""
-    return HOURS_SAVED_BASIS * price * (1.0 - 1.0 / speedup)
+    1000 / s hours on ``machines_ratio`` times the reference's machines (a 2-node set against a 1-node reference:
+    2), so it costs 1000 x ratio / s machine-hours. Negative when the set costs more."""
+    return HOURS_SAVED_BASIS * price * (1.0 - machines_ratio / speedup)
 
 
-def saved_interval(price: float, speedup: float, lo: float | None, hi: float | None
+def saved_interval(price: float, speedup: float, lo: float | None, hi: float | None, machines_ratio: float = 1.0
                    ) -> tuple[float, float | None, float | None]:
     """The saving at the speedup and at its interval's endpoints (the map is increasing, so the order is kept)."""
     def at(s: float | None) -> float | None:
-        return None if s is None or not math.isfinite(s) or s <= 0 else saved_per_1000_hours(price, s)
-    return saved_per_1000_hours(price, speedup), at(lo), at(hi)
+        return (None if s is None or not math.isfinite(s) or s <= 0
+                else saved_per_1000_hours(price, s, machines_ratio))
+    return saved_per_1000_hours(price, speedup, machines_ratio), at(lo), at(hi)
 
 
 def energy_per_sample(joules: float, samples: float) -> float:

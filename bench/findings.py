@@ -152,7 +152,8 @@ class Finding:
 
 def _reference_findings(c: Any) -> list[tuple[str, str]]:
     out = []
-    if c.mfu is not None and c.mfu < LOW_MFU:
+    input_bound = c.data_wait_frac is not None and c.data_wait_frac > DATA_WAIT_HIGH  # its own finding says why
+    if c.mfu is not None and c.mfu < LOW_MFU and not input_bound:
         out.append(("overhead", f"{c.workload} reaches {c.mfu:.1%} MFU at {c.technique}: per-op overhead dominates "
                                 "a model this small; a larger batch or model, or torch.compile (fuses ops), shows "
                                 "technique effects closer to published ones"))
@@ -308,10 +309,12 @@ def diagnose(configs: pd.DataFrame, interactions_: pd.DataFrame | None = None,
         ran = rows[rows["n_ok"].astype(int) > 0]
         noisy = ran[ran["noisy"].astype(bool) | (ran["n_contended"].astype(int) > 0)]
         if len(noisy):
+            had = int(ran["n_ok"].astype(int).max())
+            more = "5 or more" if had < 5 else f"more than the {had} here"
             out.append(Finding(machine, None, None, "noise",
                                f"timings are noisy for {len(noisy)} of {len(ran)} configurations (spread above "
                                f"{stats.NOISY_IQR_OVER_MEDIAN:.0%} of the median, or other processes using the "
-                               "CPU): differences of that size need more repeats (--repeats 5 or more), longer timed "
+                               f"CPU): differences of that size need more repeats (--repeats {more}), longer timed "
                                "windows (--window-seconds) or a quieter machine"))
     return out
 

@@ -19,6 +19,7 @@ import dataclasses
 import datetime as dt
 import json
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -65,8 +66,9 @@ class Profile:
 
 
 def profile(cfg: SweepConfig, device: torch.device, out_dir: Path, steps: int = 5, phase_steps: int = 20,
-            warmup: int = 3) -> Profile:
-    """Build the single workload x set of ``cfg`` and run the three passes; write the files into ``out_dir``."""
+            warmup: int = 3, on_built: Callable[[], None] | None = None) -> Profile:
+    """Build the single workload x set of ``cfg`` and run the three passes; write the files into ``out_dir``.
+    ``on_built`` is called once the set is built (a technique refusing the model raised ConfigError before)."""
     from bench import plan as plan_mod
     from bench import trial as trial_mod
 
@@ -78,15 +80,22 @@ def profile(cfg: SweepConfig, device: torch.device, out_dir: Path, steps: int = 
         size=workload.size, techniques=[s.label for s in techs.specs], seed=cfg.seed, repeat=0,
         device=str(device), budget=dataclasses.asdict(cfg.budget), threads=cfg.threads, mode="speed",
         plugins=[p.to_dict() for p in cfg.plugins])
-    session = trial_mod.build(spec, cfg.budget, device)
-    session.ctx.step = max(session.ctx.step, session.ctx.total_steps)  # steady state, as the speed window
-    warm = _warm_up(session, warmup)
-    phases = trial_mod.phase_pass(session, phase_steps)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    trace = out_dir / "trace.json"
-    ops, by = _profiled_pass(session, steps, trace)
-    for tech in session.techs:
-        tech.finalize(session.model, session.ctx)
+    try:
+        session = trial_mod.build(spec, cfg.budget, device)
+    except ValueError as exc:  # a technique refusing this model when it sees it (no Dataset, no Conv2d)
+        raise ConfigError(f"{techs.label} cannot run on {workload.label}: {exc}") from None
+    if on_built is not None:
+        on_built()
+    try:
+        session.ctx.step = max(session.ctx.step, session.ctx.total_steps)  # steady state, as the speed window
+        warm = _warm_up(session, warmup)
+        phases = trial_mod.phase_pass(session, phase_steps)
+        out_dir.mkdir(parents=True, exist_ok=True)
+        trace = out_dir / "trace.json"
+        ops, by = _profiled_pass(session, steps, trace)
+    finally:  # a loader's workers end here, whatever happened
+        for tech in session.techs:
+            tech.finalize(session.model, session.ctx)
     return Profile(
         workload=workload.label, techniques=techs.label, device=str(device), threads=torch.get_num_threads(),
         batch_size=session.cfg.batch_size, warmup_s=warm, phases=phases, profiled_steps=steps, top_ops=ops,
@@ -94,9 +103,14 @@ def profile(cfg: SweepConfig, device: torch.device, out_dir: Path, steps: int = 
         created_utc=dt.datetime.now(dt.UTC).isoformat(timespec="seconds"))
 
 
-def validate(cfg: SweepConfig, device: torch.device) -> tuple[Any, Any]:
-    """The one workload and technique set of ``cfg``, when they can be profiled here; else ConfigError (one line)."""
+def validate(cfg: SweepConfig, device: torch.device, out_dir: Path | None = None) -> tuple[Any, Any]:
+    """The one workload and technique set of ``cfg``, when they can be profiled here (and ``out_dir`` can be
+    written); else ConfigError (one line)."""
     from bench import plan as plan_mod
+    from bench.report.inputs import blocking_file
+
+    if out_dir is not None and (blocker := blocking_file(out_dir.resolve())) is not None:
+        raise ConfigError(f"cannot write into {out_dir}: {blocker} is a file, not a directory")
 
     workload, techs = _single(cfg)
     if any(spec.resolve().slot == "sharding" for spec in techs.specs):
@@ -122,7 +136,7 @@ def _warm_up(session: Any, steps: int) -> list[float]:
     from bench.trial import _sync
 
     times = []
-    for _ in range(max(steps, 1)):
+    for _ in range(steps):
         _sync(session.device)
         t0 = time.perf_counter()
         session.loop.step(next(session.batches))

@@ -49,7 +49,7 @@ from torch import nn
 
 from bench import plugins, workloads
 from bench import reference as reference_mod
-from bench.bottleneck import diagnose
+from bench.bottleneck import bf16_faster, diagnose
 from bench.config import Budget, TechniqueSet, TechniqueSpec
 from bench.env import datasheet_peak
 from bench.files import write_atomic
@@ -663,7 +663,8 @@ def phase_pass(session: Session, steps: int = PHASE_STEPS) -> PhaseResult:
     names = tuple(t.name for t in session.techs)
     return PhaseResult(steps=stats.steps, step_s=stats.step_s, mean_s=stats.mean_s, median_s=stats.median_s,
                        iqr_s=stats.iqr_s, share=stats.share,
-                       diagnosis=diagnose(stats.share, names, session.device.type))
+                       diagnosis=diagnose(stats.share, names, session.device.type,
+                                          bf16_faster(session.spec.peaks)))
 
 
 # ---- stage: memory ----------------------------------------------------------------------------------------------
@@ -693,8 +694,9 @@ def memory(session: Session, peaks: WindowPeaks, own_process: bool) -> MemoryRes
         fields["breakdown_skipped"] = f"the tensor tracker cannot see inside {', '.join(hidden)}"
     elif budget.memory:
         tracker = TensorMemoryTracker(session.model, session.optimizer)
+        batch = next(session.batches)  # fetched outside: a batch built in a loader's worker would not be counted
         with tracker:
-            session.loop.step(next(session.batches))
+            session.loop.step(batch)
         breakdown = dataclasses.asdict(tracker.result())
         fields["breakdown"] = breakdown
         if fields["peak_bytes"] is None:
@@ -798,6 +800,18 @@ def _stages(spec: TrialSpec, head: dict[str, Any], out: dict[str, Any], own_proc
     if spec.threads:
         torch.set_num_threads(spec.threads)
     session = build(spec, budget, device)
+    try:
+        _measure(spec, head, out, own_process, budget, session)
+    finally:  # also after a failure: techniques release what they hold (a loader's worker processes)
+        for tech in session.techs:
+            try:
+                tech.finalize(session.model, session.ctx)
+            except Exception:  # a failed trial's own error is the one to report
+                log.exception("finalize of %s failed", tech.name)
+
+
+def _measure(spec: TrialSpec, head: dict[str, Any], out: dict[str, Any], own_process: bool, budget: Budget,
+             session: Session) -> None:
     built = session.built
     head["techniques"] = [t.describe() | (plugins.technique_origin(t.name) or {}) for t in session.techs]
     head["kind"] = session.kind.value
@@ -821,8 +835,6 @@ def _stages(spec: TrialSpec, head: dict[str, Any], out: dict[str, Any], own_proc
     out["parity"] = parity(session, ref)
     if spec.mode in ("speed", "both"):
         out["memory"] = memory(session, peaks, own_process)
-    for tech in session.techs:
-        tech.finalize(session.model, session.ctx)
     out["technique_results"] = {t.name: found for t in session.techs if (found := t.results(session.ctx))}
 
 

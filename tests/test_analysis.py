@@ -339,7 +339,7 @@ def test_diagnosis_finds_one_off_costs_slowdowns_data_wait_and_memory_categories
         "mlp:tiny waits for data 30% of the timed window (baseline, compile): the input pipeline limits throughput; "
         "try loader:workers=2 (a DataLoader with worker processes), or cache the transformed batches, before tuning "
         "the model")
-    assert texts[("overhead", None)].startswith("mlp:tiny reaches 1.0% MFU at baseline")
+    assert ("overhead", None) not in texts  # its 1% MFU is the data wait's, which the data finding names
     assert texts[("memory", None)].startswith("activations are 60% of mlp:tiny's tensor peak")
     assert texts[("one-off", "compile")] == (
         "compile costs 5.0 s once on mlp:tiny (its first step beyond a steady one), more than the 1.50 s it saves "
@@ -378,3 +378,10 @@ def test_a_data_wait_finding_does_not_suggest_a_loader_this_sweep_measured_slowe
     assert "try loader:workers=2" not in texts[0]
     slowdown = [f.text for f in findings.diagnose(configs_of(records).reset_index(drop=True)) if f.topic == "slower"]
     assert slowdown and "cuts peak memory" not in slowdown[0]
+
+
+def test_low_mfu_is_called_per_op_overhead_only_when_the_step_does_not_wait_for_data():
+    fed = [record(seed=i, sps=100, mfu=0.01, data_wait=0.01) for i in range(3)]
+    starved = [record(seed=i, sps=100, mfu=0.01, data_wait=0.5) for i in range(3)]
+    topics = [{f.topic for f in findings.diagnose(configs_of(r).reset_index(drop=True))} for r in (fed, starved)]
+    assert "overhead" in topics[0] and "overhead" not in topics[1] and "data" in topics[1]

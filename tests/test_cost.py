@@ -265,3 +265,10 @@ def test_energy_of_every_gpu_is_summed_and_a_cpu_host_is_read_once():
     missing = combine_energy([(_reading(100.0), True), (_reading(None, None, "pynvml is not installed"), False)],
                              cuda=True)
     assert missing.joules is None and missing.reason == "pynvml is not installed"  # no partial total
+
+
+def test_a_faster_set_on_more_machines_can_cost_more():
+    # 1.8x on 2 machines: 1,000 h of the reference's work take 2 x 1000 / 1.8 = 1,111 machine-hours
+    assert cost.saved_per_1000_hours(1.0, 1.8, machines_ratio=2.0) == pytest.approx(1000 * (1 - 2 / 1.8))
+    saved, lo, hi = cost.saved_interval(1.0, 1.8, 1.6, 2.1, machines_ratio=2.0)
+    assert lo < saved < 0 < hi

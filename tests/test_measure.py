@@ -468,7 +468,7 @@ def test_rapl_fake_sysfs_with_wraparound(tmp_path):
     assert result.reason is None
 
 
-def test_rapl_counter_that_wraps_without_a_range_is_an_error_not_a_guess(tmp_path):
+def test_rapl_counter_that_wraps_without_a_range_is_no_reading_not_a_guess(tmp_path):
     d = tmp_path / "intel-rapl:0"
     d.mkdir()
     (d / "name").write_text("package-0\n")
@@ -477,7 +477,9 @@ def test_rapl_counter_that_wraps_without_a_range_is_an_error_not_a_guess(tmp_pat
     meter.start()
     (d / "energy_uj").write_text("100\n")
     with pytest.raises(ValueError, match="went backwards and has no max_energy_range_uj"):
-        meter.stop()
+        meter._reader.joules_between([500], [100])
+    result = meter.stop()  # the trial keeps its other measurements: no joules, and why
+    assert result.joules is None and "went backwards and has no max_energy_range_uj" in result.reason
 
 
 def test_rapl_psys_only_and_unreadable(tmp_path):

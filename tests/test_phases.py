@@ -107,8 +107,9 @@ def test_the_trial_records_its_phases_and_names_a_slow_optimizer(spec):  # noqa:
         ph = rec.phases
         assert ph.steps == 10 and sum(ph.share.values()) == pytest.approx(1.0) and set(ph.share) == set(PHASES)
     assert slow.phases.diagnosis.startswith("optimizer-bound")
-    # the injected sleep moves the share; AdamW alone is already a large part of the tiny MLP's step on a CPU
-    assert slow.phases.share["optimizer"] > base.phases.share["optimizer"] + 0.2
+    # the injected 50 ms sleep lands in the optimizer phase (AdamW alone is already a large part of the tiny MLP's
+    # step on a CPU, so the baseline may be called optimizer-bound too: the time is the deterministic check)
+    assert slow.phases.mean_s["optimizer"] - base.phases.mean_s["optimizer"] > 0.03
 
 
 def test_slow_data_is_named_as_the_bottleneck():
@@ -138,7 +139,7 @@ def test_slow_data_is_named_as_the_bottleneck():
     ({"h2d": 0.2, "forward": 0.4, "backward": 0.4}, "copy-bound: 20%", "device"),
     ({"optimizer": 0.3, "forward": 0.3, "backward": 0.4}, "optimizer-bound: 30%", "fused_adamw"),
     ({"other": 0.4, "forward": 0.3, "backward": 0.3}, "overhead-bound: 40%", "compile"),
-    ({"forward": 0.4, "backward": 0.5, "other": 0.1}, "compute-bound: 90%", "bf16"),
+    ({"forward": 0.4, "backward": 0.5, "other": 0.1}, "compute-bound: 90%", "compile"),
 ])
 def test_diagnosis_rules(share, start, hint):
     line = diagnose(share)
@@ -182,3 +183,21 @@ def test_records_without_phases_leave_the_section_out(tmp_path):
         store.append(record("baseline", seed))
     _, report = build([tmp_path], with_figures=False)
     assert report.phases is None and "Where the step's time goes" not in markdown.render(report)
+
+
+def test_the_reports_diagnosis_knows_the_sweeps_loader_and_the_machines_peaks(tmp_path):
+    store = ResultStore(tmp_path / "results.jsonl")
+    for seed in range(3):
+        store.append(_with_phases(record("baseline", seed, workload="cnn", sps=100),
+                                  {"data": 0.6, "forward": 0.2, "backward": 0.2}, 0.010))
+        store.append(_with_phases(record("loader:workers=2", seed, workload="cnn", sps=74 + seed),
+                                  {"data": 0.1, "forward": 0.4, "backward": 0.5}, 0.014))
+    (tmp_path / "env.json").write_text(json.dumps({"peak_flops": {"float32": {"flops": 1.5e11},
+                                                                  "bfloat16": {"flops": 1.8e10}}}))
+    analysis, _ = build([tmp_path], with_figures=False)
+    rows = analysis.configs.set_index("technique")
+    base = rows.loc["baseline", "phase_diagnosis"]
+    assert base.startswith("input-bound: 60%") and "did not pay here (loader:workers=2 0.75x" in base
+    assert "try loader" not in base
+    loader = rows.loc["loader:workers=2", "phase_diagnosis"]
+    assert loader.startswith("compute-bound") and "not bf16" in loader

@@ -34,13 +34,16 @@ def test_profile_writes_a_trace_with_the_labelled_phases(tmp_path, capsys):
 
 
 def test_profile_applies_the_technique_set(tmp_path):
-    out = tmp_path / "ga"
-    assert main(["profile", "mlp:tiny", "--techniques", "grad_accum:steps=4", "--steps", "1", "--phase-steps",
-                 "2", "--warmup", "1", "--out", str(out)]) == 0
-    found = json.loads((out / "profile.json").read_text())
-    assert found["techniques"] == "grad_accum:steps=4"
-    calls = {op["name"]: op["calls"] for op in found["top_ops"]}
-    assert calls.get("aten::addmm", 0) % 4 == 0  # four micro-batches per step: forward matmuls come in fours
+    calls = {}
+    for label in ("baseline", "grad_accum:steps=4"):
+        out = tmp_path / label.replace(":", "_")
+        assert main(["profile", "mlp:tiny", "--techniques", label, "--steps", "1", "--phase-steps", "2",
+                     "--warmup", "1", "--out", str(out)]) == 0
+        found = json.loads((out / "profile.json").read_text())
+        assert found["techniques"] == label
+        calls[label] = {op["name"]: op["calls"] for op in found["top_ops"]}
+    base = calls["baseline"]["aten::addmm"]  # one per Linear layer's forward
+    assert base > 0 and calls["grad_accum:steps=4"]["aten::addmm"] == 4 * base  # four micro-batches per step
 
 
 @pytest.mark.parametrize(("argv", "message"), [
@@ -51,9 +54,34 @@ def test_profile_applies_the_technique_set(tmp_path):
     (["profile", "mlp:tiny", "--techniques", "ddp"], "several processes"),
     (["profile", "mlp:tiny", "--techniques", "tf32"], "cannot run on mlp:tiny here"),
     (["profile", "nope:tiny"], "unknown workload"),
+    (["profile", "mlp:tiny", "--warmup", "0"], "--warmup must be >= 1"),
 ])
 def test_bad_input_is_one_line_and_exit_2(argv, message, capsys, tmp_path):
     code = main([*argv, "--out", str(tmp_path / "x")])
     err = capsys.readouterr().err.strip()
     assert code == 2 and message in err and len(err.splitlines()) == 1, err
     assert not (tmp_path / "x").exists()
+
+
+def test_an_out_that_is_a_file_is_refused_before_any_work(tmp_path, capsys):
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    assert main(["profile", "mlp:tiny", "--out", str(blocker / "sub")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "is a file, not a directory" in err and len(err.splitlines()) == 1
+
+
+def test_a_technique_refusing_the_model_at_build_is_one_line(tmp_path, capsys):
+    model = tmp_path / "gen.py"
+    model.write_text(
+        "import torch\nimport torch.nn.functional as F\n"
+        "def build(size='s', seed=0):\n"
+        "    def batches(batch_size, seed):\n"
+        "        while True:\n"
+        "            yield torch.randn(batch_size, 4), torch.randint(0, 2, (batch_size,))\n"
+        "    return dict(model=torch.nn.Linear(4, 2), train_data=batches, loss=F.cross_entropy,\n"
+        "                evaluate=lambda m: {'acc': 0.5}, metric='acc', higher_is_better=True, batch_size=8)\n")
+    code = main(["profile", "--model", f"{model}:build", "--techniques", "loader", "--out", str(tmp_path / "o")])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and "cannot run on" in err and "Dataset" in err and len(err.splitlines()) == 1, err
+

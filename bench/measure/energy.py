@@ -173,7 +173,10 @@ class EnergyMeter:
         end = self._reader.read()
         try:
             if isinstance(self._reader, RaplReader):
-                joules = self._reader.joules_between(self._start, end)
+                try:
+                    joules = self._reader.joules_between(self._start, end)
+                except ValueError as exc:  # an energy reading is auxiliary: it never fails the trial's measurements
+                    return EnergyResult(joules=None, source=self._source, reason=str(exc))
             else:
                 # The NVML counter is 64-bit millijoules: it does not wrap in practice.
                 joules = (end - self._start) / 1000.0

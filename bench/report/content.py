@@ -1003,15 +1003,21 @@ def _machines_used(analysis: Analysis, machine: str, world_size: int | None) -> 
     return max(nnodes or [1])
 
 
-def _saved_cell(c: Any, p: float) -> Cell:
+def _saved_cell(c: Any, p: float, machines_ratio: float = 1.0) -> Cell:
     if c.is_reference:
         return Cell("reference", "muted") if c.n_ok else Cell("-")
     if not _ok(c.speedup):
         return Cell("-")
     lo = c.speedup_lo if _ok(c.speedup_lo) else None
     hi = c.speedup_hi if _ok(c.speedup_hi) else None
-    saved, saved_lo, saved_hi = cost.saved_interval(p, c.speedup, lo, hi)
+    saved, saved_lo, saved_hi = cost.saved_interval(p, c.speedup, lo, hi, machines_ratio)
     text = f"{cost.money(saved)}{cost.interval_text(saved, saved_lo, saved_hi)}"
+    if machines_ratio != 1.0:  # faster on more machines can still cost more: the verdict is on the money
+        if saved_lo is not None and saved_lo > 0:
+            return Cell(f"{text} saved", "good")
+        if saved_hi is not None and saved_hi < 0:
+            return Cell(f"{text}: extra cost on {machines_ratio:g}x the machines", "bad")
+        return Cell(f"{text} ({machines_ratio:g}x the machines; no significant saving)", "muted")
     if c.speedup_verdict in (None, stats.NONE):
         return Cell(f"{text} (no verdict: {c.speedup_why or 'no interval'})", "muted")
     if c.speedup_verdict == stats.SAME:
@@ -1028,6 +1034,8 @@ def cost_section(analysis: Analysis, names: dict[str, str], price: cost.Price | 
     if not prices:
         return None
     rows = []
+    ref_machines = {(c.machine, c.workload): _machines_used(analysis, c.machine, c.world_size)
+                    for c in analysis.configs.itertuples() if c.is_reference}
     for c in analysis.configs.itertuples():
         pr = prices.get(c.machine)
         if pr is None:
@@ -1042,7 +1050,7 @@ def cost_section(analysis: Analysis, names: dict[str, str], price: cost.Price | 
         run = cost.run_cost(p, c.train_time_s, machines) if _ok(c.train_time_s) else None
         rows.append([Cell(_where(c.workload, names[c.machine])), Cell(c.technique),
                      Cell(str(machines)), Cell(cost.money(per_million)), Cell(target), Cell(cost.money(run)),
-                     _saved_cell(c, p)])
+                     _saved_cell(c, p, machines / ref_machines.get((c.machine, c.workload), 1))])
     bases = list(dict.fromkeys(f"{f'price ({names[m]})' if names[m] else 'price'}: {pr.basis}"
                                for m, pr in prices.items()))
     lines = bases + [
@@ -1050,11 +1058,14 @@ def cost_section(analysis: Analysis, names: dict[str, str], price: cost.Price | 
         "multi-process trial of a multi-node sweep counts its nodes as machines. Per million samples = price x "
         "machines / (median samples/s x 3600) x 1e6. To target = price x machines x the median time to target "
         "with the one-off cost (first-step excess and probes) / 3600; a median that misses has no cost ('miss'). "
-        "Quality run = price x machines x its median training clock (evaluation excluded) / 3600. Saved per "
-        "1,000 training hours = 1000 x price x (1 - 1/speedup), negative when the set costs more, for a set on "
-        "as many machines as the reference (else compare the cost per million samples); the speedup's 95% "
-        "interval maps to the saving's endpoint by endpoint, and a speedup that is not significant saves nothing: "
-        "it says so."]
+        "Quality run = price x machines x its median training clock (evaluation excluded) / 3600. Cost to target "
+        "and of the quality run are each set's own medians, not paired comparisons: whether a set reaches the "
+        "target sooner is the paired time-to-target ratio and its verdict in the workload table. Saved per "
+        "1,000 training hours = 1000 x price x (1 - machine ratio / speedup), negative when the set costs more; "
+        "the speedup's 95% interval maps to the saving's endpoint by endpoint, and a speedup that is not "
+        "significant saves nothing: it says so. The price prices this sweep's measured throughput: it is what "
+        "these sets would cost on an instance of that price as fast as the machine that ran them, not a "
+        "measurement of that instance."]
     table = Table(["workload", "set", "machines", "cost per million samples", "cost to target", "cost of quality run",
                    f"saved per 1,000 h vs {analysis.baseline} [95% CI]"], rows, wrap=(6,))
     return Section("Cost", "cost", lines, table)
