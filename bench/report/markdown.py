@@ -45,20 +45,26 @@ def extra_section(s: Section | None) -> list[str]:
 
 
 def render(report: Report) -> str:
-    figs = report.figures
+    """The whole report as markdown: each part below in the order a reader needs it."""
+    out = [*_head(report), *_setup(report), *_results(report), *_optional_sections(report), *_tail(report)]
+    return "\n".join(out) + "\n"
+
+
+def _head(report: Report) -> list[str]:
     out: list[str] = [f"# {escape(report.title)}", "", escape(report.subtitle), ""]
     if report.merge_note:
         out += [f"> {escape(report.merge_note)}", ""]
     for note in report.input_notes:
         out += [f"> **Input:** {escape(note)}", ""]
-
     out += ["## Summary", ""]
     for h in report.headline:
         out.append(f"- **{escape(h.label)}**")
         out += [f"  - {escape(p)}" for p in h.points]
-    out += [""] + _figure(figs.get("speedup"))
+    return out + [""] + _figure(report.figures.get("speedup"))
 
-    out += ["## Setup", ""]
+
+def _setup(report: Report) -> list[str]:
+    out = ["## Setup", ""]
     for name, facts in report.machines:
         if len(report.machines) > 1:
             out += [f"### {escape(name)}", ""]
@@ -68,9 +74,11 @@ def render(report: Report) -> str:
         out += ["### Sweep", ""]
     out += [f"- {escape(k)}: {escape(v)}" for k, v in report.sweep]
     out += ["", "Reproduce:", ""]
-    out += _code("\n".join(report.reproduce)) + [""]
+    return out + _code("\n".join(report.reproduce)) + [""]
 
-    out += ["## Results per workload", ""]
+
+def _results(report: Report) -> list[str]:
+    out = ["## Results per workload", ""]
     for section in report.workloads:
         out += [f"### {escape(section.title)}", "", escape(section.about), ""]
         out += table(section.table) + [""]
@@ -78,8 +86,13 @@ def render(report: Report) -> str:
         if section.notes:
             out.append("")
     for name in ("memory", "pareto", "curves"):
-        out += _figure(figs.get(name))
+        out += _figure(report.figures.get(name))
+    return out
 
+
+def _optional_sections(report: Report) -> list[str]:
+    """The sections a sweep has only when it measured what they show."""
+    figs, out = report.figures, []
     if report.phases is not None:
         out += ["## Where the step's time goes", "",
                 "Each set's step split into its labelled phases, timed in a pass of its own after the timed "
@@ -87,30 +100,29 @@ def render(report: Report) -> str:
                 "(`python -m bench profile WORKLOAD --techniques SET` adds a trace and the top operators).", ""]
         out += table(report.phases) + [""]
         out += _figure(figs.get("phases"))
-
     if report.interactions is not None:
         out += ["## Combined techniques", "",
                 "Do the gains multiply? Each combination's observed speedup beside the product of its parts' "
                 "speedups, each measured alone on the same workload.", ""]
         out += table(report.interactions) + [""]
         out += _figure(figs.get("interaction"))
-
     if report.tuning is not None:
         out += ["## What the techniques found", "",
                 "Learning rates, batch sizes and stops the techniques chose or estimated, seed by seed; their "
                 "probes' time is the one-off cost in the workload tables.", ""]
         out += table(report.tuning) + [""]
         out += _figure(figs.get("lr_range"))
-
     if report.distributed is not None:
         out += ["## Data-parallel and sharded trials", ""]
         out += table(report.distributed) + [""]
         out += [escape(n) + "\n" for n in report.distributed_notes]
-
     for extra in (report.energy, report.cost):
         out += extra_section(extra)
+    return out
 
-    out += ["## Claims check", ""]
+
+def _tail(report: Report) -> list[str]:
+    out = ["## Claims check", ""]
     if report.claims is not None:
         out += ["Each technique's published effect beside what this sweep measured on this hardware.", ""]
         out += table(report.claims) + [""]
@@ -118,17 +130,11 @@ def render(report: Report) -> str:
             out += [escape(report.claims_note), ""]
     else:
         out += ["No technique measured alone in this sweep carries a published claim.", ""]
-
     out += ["## Failures and skips", ""]
-    if report.problems is not None:
-        out += table(report.problems) + [""]
-    else:
-        out += ["None: every trial finished.", ""]
-
+    out += table(report.problems) + [""] if report.problems is not None else ["None: every trial finished.", ""]
     out += ["## Noise warnings", ""]
     out += [f"- {escape(n)}" for n in report.noise] + [""]
     out += ["## What to try next", ""]
     out += [f"- {escape(n)}" for n in report.next_steps] + [""]
     out += ["## How to read this report", ""]
-    out += [f"- {escape(n)}" for n in report.method]
-    return "\n".join(out) + "\n"
+    return out + [f"- {escape(n)}" for n in report.method]
