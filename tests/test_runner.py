@@ -4,6 +4,7 @@ import pytest
 import torch
 
 from bench.config import ConfigError, build_config
+from bench.launcher import TrialLauncher
 from bench.results import ResultStore
 from bench.runner import SweepRunner
 from tests.conftest import TINY_BUDGET
@@ -24,13 +25,13 @@ def test_resume_skips_finished_trials_and_loses_none(tmp_path, monkeypatch):
     assert (out / "env.json").exists() and (out / "sweep.toml").exists()
 
     launched = []
-    real = SweepRunner._launch
+    real = TrialLauncher._launch
 
     def counting(self, trial, env):
         launched.append(trial.trial_id)
         return real(self, trial, env)
 
-    monkeypatch.setattr(SweepRunner, "_launch", counting)
+    monkeypatch.setattr(TrialLauncher, "_launch", counting)
     grown = config(repeats=2, techniques="baseline,grad_accum:steps=7")
     with pytest.raises(ConfigError, match=r"the plan differs .*repeats 1 -> 2.*pass --extend"):
         SweepRunner(grown, out, CPU, resume=True).run()
