@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING, Any
 
 import psutil
 
+from bench import env as envmod
 from bench.config import ConfigError
 from bench.files import write_atomic
 from bench.launcher import TrialLauncher
@@ -135,7 +136,7 @@ class SubmititExecutor:
         done = done | gather(runner)
         launcher = runner.launcher  # its device is resolved on the node
         job = self._executor(runner, runner.cfg.budget.timeout_s).submit(
-            setup_job, launcher, runner.command, runner.resume, sorted(done))
+            setup_job, launcher, runner.command, runner.resume, sorted(done), self.describe())
         log.info("submitted the setup job %s (calibration, plan, references)", job.job_id)
         while not job.done():
             time.sleep(min(self.poll_s, 2.0))
@@ -278,13 +279,20 @@ def _import_submitit() -> Any:
 # ---- what runs in the jobs ------------------------------------------------------------------------------------
 
 
-def setup_job(launcher: TrialLauncher, command: str, resume: bool, done: list[str]) -> tuple[str, dict, list[Trial]]:
+def setup_job(launcher: TrialLauncher, command: str, resume: bool, done: list[str],
+              executor: dict[str, Any]) -> tuple[str, dict, list[Trial]]:
     """The sweep's setup on a node: resolve the device, env.json, the plan, the references the pending trials need."""
     from bench import plugins
 
     plugins.load([p.to_dict() for p in launcher.cfg.plugins])
     launcher = dataclasses.replace(launcher, device=resolve_device(launcher.cfg.device))
     env = launcher.environment(command, resume)
+    if executor.get("kind") == "slurm" and "setup_hostname" not in env:
+        # Trials run on any node of the partition: reports name the partition, not the setup job's node.
+        env["setup_hostname"] = env.get("hostname")
+        env["hostname"] = f"slurm:{executor.get('partition') or 'default partition'}"
+        env["executor"] = executor
+        write_atomic(launcher.out_dir / "env.json", json.dumps(env, indent=2, sort_keys=True, default=str))
     trials = plan(launcher.cfg, launcher.device)
     launcher.prepare_references([t for t in trials if t.trial_id not in set(done)])
     return str(launcher.device), env, trials
@@ -296,9 +304,29 @@ def trial_job(launcher: TrialLauncher, trial: Trial, env: dict, path: str) -> st
 
     plugins.load([p.to_dict() for p in launcher.cfg.plugins])
     record = launcher.run(trial, env)
+    note = node_note(env, envmod.fingerprint(None))
+    if note:
+        record.notes.append(note)
     Path(path).parent.mkdir(parents=True, exist_ok=True)
     write_atomic(Path(path), record.to_json())
     return record.status
+
+
+HARDWARE_KEYS = ("cpu_model", "cpu_logical", "memory_total_bytes")
+
+
+def node_note(env: dict[str, Any], here: dict[str, Any]) -> str | None:
+    """A note for a trial that ran on another node than the one env.json describes (Slurm), naming the hardware
+    that differs; None on the setup job's node (and for executors whose trials all run on one machine)."""
+    setup = env.get("setup_hostname")
+    if setup is None or here.get("hostname") == setup:
+        return None
+    differ = [f"{k} {here.get(k)!r} (env.json: {env.get(k)!r})" for k in HARDWARE_KEYS if here.get(k) != env.get(k)]
+    gpus = [(g or {}).get(k) for g in (here.get("gpu"), env.get("gpu")) for k in ("count", "name")]
+    if gpus[:2] != gpus[2:]:
+        differ.append(f"GPUs {gpus[0]} x {gpus[1]} (env.json: {gpus[2]} x {gpus[3]})")
+    text = f"ran on node {here.get('hostname')}; env.json describes the setup job's node {setup}"
+    return text + (f"; this node differs: {', '.join(differ)}" if differ else " (same hardware)")
 
 
 # ---- the sweep directory's job files ----------------------------------------------------------------------------

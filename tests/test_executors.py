@@ -43,7 +43,7 @@ def test_a_restarted_submitter_waits_for_running_jobs_and_resubmits_none(tmp_pat
     out = tmp_path / "sweep"
     cmd = [sys.executable, "-m", "bench", "sweep", "--preset", "smoke", "--workloads", "mlp", "--repeats", "1",
            "--techniques", "baseline,grad_accum:steps=2,grad_accum:steps=4", "--mode", "speed", "--no-memory",
-           "--window-seconds", "4", "--executor", "submitit-local", "--out", str(out)]
+           "--window-seconds", "2", "--executor", "submitit-local", "--out", str(out)]
     log = tmp_path / "first.log"  # not a pipe: the jobs inherit it, and a pipe would stay open until they end
     first = subprocess.Popen(cmd, cwd=REPO, stdout=log.open("w"), stderr=subprocess.STDOUT)
     deadline = time.monotonic() + 240
@@ -118,6 +118,17 @@ def test_the_slurm_job_has_its_node_to_itself_unless_cores_are_given(tmp_path, m
     cores = executors.SubmititExecutor(cpus_per_trial=16)._executor(runner, 3600)
     script = cores._executor._make_submission_file_text("python -m submitit.core._submit x", "uid")
     assert "--exclusive" not in script and "#SBATCH --cpus-per-task=16" in script
+
+
+def test_a_trial_on_another_node_than_env_json_says_so():
+    env = {"hostname": "slurm:gpu", "setup_hostname": "node1", "cpu_model": "EPYC 9654", "cpu_logical": 192,
+           "memory_total_bytes": 2**40, "gpu": {"count": 8, "name": "H100"}}
+    assert executors.node_note(env, {**env, "hostname": "node1"}) is None  # the setup job's node
+    assert executors.node_note({k: v for k, v in env.items() if k != "setup_hostname"}, env) is None  # one machine
+    same = executors.node_note(env, {**env, "hostname": "node7"})
+    assert same == "ran on node node7; env.json describes the setup job's node node1 (same hardware)"
+    other = executors.node_note(env, {**env, "hostname": "node9", "gpu": {"count": 8, "name": "A100"}})
+    assert other.endswith("this node differs: GPUs 8 x A100 (env.json: 8 x H100)")
 
 
 def test_executor_options_are_checked(tmp_path):

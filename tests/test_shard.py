@@ -66,18 +66,17 @@ def test_the_shard_is_kept_on_resume_and_out_of_the_settings_hash(tmp_path):
 def test_merged_shards_hold_the_unsharded_plans_trials(tmp_path):
     flags = {"workloads": "mlp,gpt", "techniques": "baseline,grad_accum:steps=2", "repeats": 1, "mode": "speed",
              "budget": {**TINY_BUDGET, "memory": False}}
-    dirs = []
-    for index in range(2):
-        out = tmp_path / f"shard{index}"
-        cmd = [sys.executable, "-m", "bench", "sweep", "--preset", "smoke", "--workloads", "mlp,gpt", "--techniques",
-               "baseline,grad_accum:steps=2", "--repeats", "1", "--mode", "speed", "--no-memory", "--window-steps",
-               "4", "--window-seconds", "0.05", "--shard", f"{index}/2", "--out", str(out)]
-        proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=300)
-        assert proc.returncode == 0, proc.stderr[-2000:]
-        dirs.append(out)
+    dirs = [tmp_path / f"shard{i}" for i in range(2)]
+    for index, out in enumerate(dirs):
+        records = SweepRunner(build_config("smoke", {**flags, "shard": f"{index}/2"}), out, CPU).run()
+        assert [r.status for r in records] == ["ok", "ok"], [r.reason for r in records]
     whole = plan(build_config("smoke", flags), CPU)
     analysis, report = build(dirs, with_figures=False)
     assert sorted(analysis.frame["trial_id"]) == sorted(t.trial_id for t in whole)
     assert any("shards 0/2, 1/2 merged" in note for note in report.input_notes)
     _, alone = build(dirs[:1], with_figures=False)
     assert any("the workloads of shard(s) 1/2 are not in it" in note for note in alone.input_notes)
+    proc = subprocess.run([sys.executable, "-m", "bench", "report", *map(str, dirs), "--out", str(tmp_path / "m"),
+                           "--format", "md"], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "shards 0/2, 1/2 merged" in (tmp_path / "m" / "report.md").read_text()
