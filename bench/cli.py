@@ -109,6 +109,9 @@ def _add_executor(p: argparse.ArgumentParser) -> None:
     p.add_argument("--slurm-cpus-per-trial", type=int, metavar="N",
                    help="cores each trial job gets; without it a job has its node to itself (--exclusive), so "
                         "timed trials never share cores")
+    p.add_argument("--slurm-option", action="append", metavar="KEY=VALUE",
+                   help="any other Slurm parameter of the jobs, e.g. account=ml, qos=high, constraint=h100; "
+                        "repeatable")
     p.add_argument("--max-running", type=int, metavar="N",
                    help="at most N trial jobs queued or running at once (slurm: no cap by default; submitit-local: "
                         "1, so timed trials never share this machine)")
@@ -326,7 +329,8 @@ def _sweep(args: argparse.Namespace) -> int:
 
     cfg = sweep_config_from_args(args, args.out)
     executor = executors.from_args(args.executor, args.out, args.resume, args.slurm_partition,
-                                   args.slurm_gpus_per_trial, args.slurm_cpus_per_trial, args.max_running)
+                                   args.slurm_gpus_per_trial, args.slurm_cpus_per_trial, args.max_running,
+                                   args.slurm_option)
     # A batch executor's trials run on other machines: the device is resolved there (its setup job).
     device = resolve_device(cfg.device) if executor.name == "local" else None
     out_dir = args.out or default_out_dir(cfg)

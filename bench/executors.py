@@ -30,7 +30,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import psutil
 
@@ -51,6 +51,18 @@ LEDGER = "jobs.json"
 TRIALS_DIR = "trials"
 JOBS_DIR = "jobs"  # submitit's folder: pickled calls, job logs
 SETUP_MARGIN_MIN = 30  # a job's time limit beyond the trial's timeout_s: start-up, imports, the record's write
+
+
+class Executor(Protocol):
+    """Where a sweep's trials run (see the module's docstring for the three steps)."""
+
+    name: str
+
+    def claim(self, runner: SweepRunner) -> None: ...
+
+    def setup(self, runner: SweepRunner, done: set[str]) -> tuple[dict, list[Trial], set[str]]: ...
+
+    def run(self, runner: SweepRunner, trials: list[Trial], env: dict) -> Iterator[tuple[Trial, TrialRecord]]: ...
 
 
 class LocalExecutor:
@@ -125,6 +137,9 @@ class SubmititExecutor:
         if runner.cfg.nnodes > 1:
             raise ConfigError(f"--executor {self.name} runs each trial on one node (torchrun with --nproc processes "
                               "there); multi-node trials (--nnodes > 1) run with --executor local on every node")
+        if self.gpus_per_trial and runner.cfg.world_size > self.gpus_per_trial:
+            raise ConfigError(f"--nproc {runner.cfg.nproc}: a data-parallel trial's ranks need that many GPUs in its "
+                              f"job, and --slurm-gpus-per-trial is {self.gpus_per_trial}")
         ledger = Ledger(runner.out_dir)
         kind = ledger.executor.get("kind")
         if kind and kind != self.name and ledger.active_jobs():
@@ -143,8 +158,9 @@ class SubmititExecutor:
         try:
             device, env, trials = job.result()
         except Exception as exc:  # submitit's FailedJobError carries the job's traceback
+            last = (str(exc).strip().splitlines() or [type(exc).__name__])[-1]
             raise RuntimeError(f"the sweep's setup job {job.job_id} failed on the {self.name} executor "
-                               f"(logs in {runner.out_dir / JOBS_DIR}): {str(exc).strip().splitlines()[-1:]}") from exc
+                               f"(logs in {runner.out_dir / JOBS_DIR}): {last}") from exc
         runner.device = resolve_device(device)
         return env, trials, done
 
@@ -198,8 +214,9 @@ class SubmititExecutor:
         params.update(dict(self.extra))
         try:
             executor.update_parameters(**params)
-        except (ValueError, TypeError) as exc:
-            raise ConfigError(f"--executor {self.name}: submitit refused the job parameters ({exc})") from None
+        except (ValueError, TypeError, NameError) as exc:  # NameError: an unknown --slurm-option
+            raise ConfigError(f"--executor {self.name}: submitit refused the job parameters "
+                              f"({' '.join(str(exc).split())[:400]})") from None
         return executor
 
     def _attach(self, runner: SweepRunner, job_id: str) -> Any:
@@ -232,7 +249,7 @@ class SubmititExecutor:
 
 def from_args(kind: str | None, out_dir: Path | None, resume: bool, partition: str | None = None,
               gpus_per_trial: int | None = None, cpus_per_trial: int | None = None,
-              max_running: int | None = None) -> LocalExecutor | SubmititExecutor:
+              max_running: int | None = None, options: list[str] | None = None) -> LocalExecutor | SubmititExecutor:
     """The executor the command line asks for; a resumed sweep keeps the one it was started with (``jobs.json``),
     with any option given now replacing the stored one."""
     stored = Ledger(out_dir).executor if resume and out_dir is not None and (out_dir / LEDGER).is_file() else {}
@@ -240,7 +257,7 @@ def from_args(kind: str | None, out_dir: Path | None, resume: bool, partition: s
     if kind not in EXECUTORS:
         raise ConfigError(f"unknown executor {kind!r} (valid: {', '.join(EXECUTORS)})")
     given = {"partition": partition, "gpus_per_trial": gpus_per_trial, "cpus_per_trial": cpus_per_trial,
-             "max_running": max_running}
+             "max_running": max_running, "option": options or None}
     if kind == "local":
         slurm_only = [k for k, v in given.items() if v is not None]
         if slurm_only:
@@ -248,14 +265,30 @@ def from_args(kind: str | None, out_dir: Path | None, resume: bool, partition: s
             raise ConfigError(f"{flag} is an option of --executor slurm or submitit-local (the local executor runs "
                               "one trial at a time on this machine)")
         return LocalExecutor()
+    same = stored.get("kind") == kind
     fields = {f.name for f in dataclasses.fields(SubmititExecutor)} - {"cluster", "extra"}
-    options = {k: v for k, v in stored.items() if k in fields} if stored.get("kind") == kind else {}
-    options.update({k: v for k, v in given.items() if v is not None})
+    settings = {k: v for k, v in stored.items() if k in fields} if same else {}
+    settings.update({k: v for k, v in given.items() if v is not None and k != "option"})
     if kind == "submitit-local":
-        options.setdefault("max_running", 1)  # its jobs share this machine: one timed trial at a time
-        options.setdefault("poll_s", 0.5)
-    return SubmititExecutor(cluster="slurm" if kind == "slurm" else "local",
-                            extra=tuple(sorted((stored.get("extra") or {}).items())), **options)
+        settings.setdefault("max_running", 1)  # its jobs share this machine: one timed trial at a time
+        settings.setdefault("poll_s", 0.5)
+    extra = {**((stored.get("extra") or {}) if same else {}), **parse_options(options or [])}
+    return SubmititExecutor(cluster="slurm" if kind == "slurm" else "local", extra=tuple(sorted(extra.items())),
+                            **settings)
+
+
+def parse_options(options: list[str]) -> dict[str, Any]:
+    """``--slurm-option account=ml`` -> ``{"slurm_account": "ml"}``: any of submitit's Slurm parameters (its
+    ``slurm_`` names without the prefix: account, qos, constraint, mem, ...); integers as integers."""
+    parsed: dict[str, Any] = {}
+    for text in options:
+        key, sep, value = text.partition("=")
+        if not sep or not key.strip():
+            raise ConfigError(f"--slurm-option must be KEY=VALUE (a Slurm parameter, e.g. account=ml or qos=high), "
+                              f"got {text!r}")
+        key = key.strip().replace("-", "_")
+        parsed[key if key.startswith("slurm_") else f"slurm_{key}"] = int(value) if value.isdigit() else value
+    return parsed
 
 
 def local_job_alive(job_id: str) -> bool:
@@ -367,7 +400,11 @@ class Ledger:
     def __init__(self, out_dir: Path) -> None:
         self.out_dir = Path(out_dir)
         self.path = self.out_dir / LEDGER
-        data = json.loads(self.path.read_text()) if self.path.exists() else {}
+        try:
+            data = json.loads(self.path.read_text()) if self.path.exists() else {}
+        except (ValueError, UnicodeDecodeError):
+            raise ConfigError(f"{self.path} is not valid JSON: the sweep's record of its jobs is damaged (restore "
+                              "it, or start a new --out)") from None
         self._executor: dict[str, Any] = data.get("executor", {})
         self.jobs: dict[str, dict[str, str]] = data.get("jobs", {})
 
@@ -404,5 +441,6 @@ class Ledger:
         write_atomic(self.path, json.dumps({"executor": self._executor, "jobs": self.jobs}, indent=1) + "\n")
 
 
-__all__ = ["EXECUTORS", "LocalExecutor", "from_args", "Ledger", "SubmititExecutor", "gather", "record_path", "setup_job",
+__all__ = ["EXECUTORS", "Executor", "Ledger", "LocalExecutor", "SubmititExecutor", "from_args", "gather",
+           "node_note", "parse_options", "record_path", "setup_job",
            "trial_job"]

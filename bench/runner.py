@@ -6,7 +6,7 @@ machine the trials run on. How a trial is launched, killed and recorded is ``ben
 executor's (``bench.executors``: this machine, one trial after another, by default; Slurm jobs through submitit).
 
 Multi-node sweeps run the same command on every node; before the first trial the nodes agree on the trials already
-done (``bench.nodes``), so a resumed sweep launches the same trials, with the same rendezvous ids, everywhere.
+done (``bench.nodes``), so a resumed sweep launches the same trials, in the same order, on every node.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -25,6 +26,9 @@ from bench.files import write_atomic
 from bench.launcher import Launch, TrialLauncher
 from bench.plan import Trial
 from bench.results import ResultStore, TrialRecord
+
+if TYPE_CHECKING:
+    from bench.executors import Executor
 
 log = logging.getLogger(__name__)
 
@@ -49,7 +53,8 @@ def default_out_dir(cfg: SweepConfig) -> Path:
 class SweepRunner:
     def __init__(
         self, cfg: SweepConfig, out_dir: Path, device: torch.device | None, resume: bool = False, command: str = "",
-        code_dir: Path | None = None, launch: Launch | None = None, extend: bool = False, executor=None,
+        code_dir: Path | None = None, launch: Launch | None = None, extend: bool = False,
+        executor: Executor | None = None,
     ) -> None:
         from bench.executors import LocalExecutor
 

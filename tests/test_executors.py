@@ -149,6 +149,19 @@ def test_executor_options_are_checked(tmp_path):
             executors.SubmititExecutor().claim(SweepRunner(config(), tmp_path, None))
 
 
+def test_slurm_options_and_gpus_are_checked(tmp_path):
+    assert executors.parse_options(["account=ml", "qos=high", "slurm_mem=64G", "cpus-per-gpu=8"]) == {
+        "slurm_account": "ml", "slurm_qos": "high", "slurm_mem": "64G", "slurm_cpus_per_gpu": 8}
+    with pytest.raises(ConfigError, match="--slurm-option must be KEY=VALUE"):
+        executors.parse_options(["account"])
+    bad = executors.from_args("submitit-local", tmp_path, resume=False, options=["flavour=x"])
+    with pytest.raises(ConfigError, match="submitit refused the job parameters .*flavour"):
+        bad._executor(SweepRunner(config(), tmp_path, None), 60)
+    runner = SweepRunner(config(nproc=8), tmp_path, None)
+    with pytest.raises(ConfigError, match="--nproc 8: .* --slurm-gpus-per-trial is 4"):
+        executors.SubmititExecutor(cluster="local", gpus_per_trial=4).claim(runner)
+
+
 def test_ab_and_batch_executors_do_not_mix(tmp_path):
     proc = subprocess.run([sys.executable, "-m", "bench", "sweep", "--ab", ".", "--executor", "submitit-local",
                            "--out", str(tmp_path / "x")], cwd=REPO, capture_output=True, text=True, timeout=120)
