@@ -18,6 +18,7 @@ both sides alike. That is what makes a CI regression gate stable on a shared mac
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import logging
 import shlex
@@ -37,6 +38,7 @@ from bench import summary as summary_mod
 from bench import sweepdir
 from bench.config import ConfigError, SweepConfig
 from bench.files import write_atomic
+from bench.launcher import Launch
 from bench.plan import Trial, plan, resolve_device
 from bench.results import TrialRecord
 from bench.runner import REPO_DIR, SweepRunner, default_out_dir
@@ -140,6 +142,7 @@ class AbRunner:
     def __init__(
         self, cfg: SweepConfig, out_dir: Path, device: torch.device, other: Checkout, resume: bool = False,
         command: str = "", threshold: float = compare_mod.DEFAULT_THRESHOLD, extend: bool = False,
+        launch: Launch | None = None,
     ) -> None:
         if cfg.plugins and not (other.code_dir / "bench" / "plugins.py").is_file():
             raise ConfigError(f"--ab {other.spec}: that checkout predates --model and --technique, so its trial code "
@@ -151,9 +154,9 @@ class AbRunner:
         self.threshold = threshold
         self.runners = {
             "a": SweepRunner(cfg, self.out_dir / "a", device, resume=resume, command=command, code_dir=REPO_DIR,
-                             extend=extend),
+                             extend=extend, launch=launch),
             "b": SweepRunner(cfg, self.out_dir / "b", device, resume=resume, command=command, extend=extend,
-                             code_dir=other.code_dir),
+                             code_dir=other.code_dir, launch=launch),
         }
         self.device = device
         self.command = command
@@ -176,9 +179,9 @@ class AbRunner:
             envs = {side: runner.prepare() for side, runner in self.runners.items()}
             self.cfg = self.runners["a"].cfg  # a resumed --extend run continues the union of the plans
             trials = plan(self.cfg, self.device)
-            done = {side: runner.store.done_trial_ids() for side, runner in self.runners.items()}
+            done = self._agree_on_done(trials)
             for side, runner in self.runners.items():  # each side's references come from its own code
-                runner.prepare_references([t for t in trials if t.trial_id not in done[side]])
+                runner.launcher.prepare_references([t for t in trials if t.trial_id not in done[side]])
             total, count = 2 * len(trials), 0
             for trial, sides in abba_order(trials):
                 for side in sides:
@@ -187,8 +190,9 @@ class AbRunner:
                     if trial.trial_id not in done[side]:
                         # The runner's own per-trial path (one child process, timeout, soft failure), one trial at
                         # a time so the two sides interleave.
-                        record = runner.run_trial(trial, envs[side])
-                        runner.store.append(record)
+                        record = runner.launcher.run(trial, envs[side])
+                        if runner.recorder:  # node 0 of a multi-node sweep
+                            runner.store.append(record)
                     count += 1
                     if on_progress:
                         on_progress(AbProgress(count, total, side, trial, record))
@@ -196,6 +200,13 @@ class AbRunner:
             for runner in self.runners.values():
                 runner.close()
         return self.finish()
+
+    def _agree_on_done(self, trials: list[Trial]) -> dict[str, set[str]]:
+        """Each side's finished trials, the same on every node of a multi-node sweep (node 0's record)."""
+        keyed = [dataclasses.replace(t, trial_id=f"{side}/{t.trial_id}") for side in SIDES for t in trials]
+        done = {f"{side}/{i}" for side, r in self.runners.items() for i in r.store.done_trial_ids()}
+        agreed = self.runners["a"].agree_on_done(keyed, done)
+        return {side: {k.partition("/")[2] for k in agreed if k.startswith(f"{side}/")} for side in SIDES}
 
     def _claim_root(self) -> None:
         """OUT itself: new or empty for a new run (it gets a/, b/, ab.json, compare.md); an A/B run's to resume
@@ -270,7 +281,9 @@ def cmd_sweep_ab(args: argparse.Namespace, out: Any, err: Any) -> int:
     command = "python -m bench " + shlex.join(args.argv)
     other = resolve_checkout(args.ab)
     try:
-        runner = AbRunner(cfg, out_dir, device, other, resume=args.resume, command=command, extend=args.extend)
+        launch = Launch(nnodes=cfg.nnodes, node_rank=args.node_rank, rdzv_endpoint=args.rdzv_endpoint)
+        runner = AbRunner(cfg, out_dir, device, other, resume=args.resume, command=command, extend=args.extend,
+                          launch=launch)
         runner.claim()  # bad input is one line, before the banner
         err.print(f"[bold]trainbench[/] A/B sweep '{runner.cfg.name}' on {device}: this checkout (A) vs {args.ab} "
                   f"(B) -> {out_dir}")

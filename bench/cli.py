@@ -81,6 +81,7 @@ def _add_sweep(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--node-rank", type=int, default=0, help="this node's rank (multi-node; node 0 records results)")
     p.add_argument("--rdzv-endpoint", help="HOST:PORT of the rendezvous, the same on every node (multi-node)")
     p.add_argument("--device", choices=["auto", "cpu", "cuda"], help="device for every trial (default: auto)")
+    _add_executor(p)
     _add_price(p)
     p.add_argument("--out", type=Path, help="output directory (default: reports/<preset>-<UTC time>/)")
     p.add_argument("--resume", action="store_true",
@@ -94,6 +95,30 @@ def _add_sweep(sub: argparse._SubParsersAction) -> None:
                    help="A/B run: every trial runs with this checkout's code (OUT/a) and with another's (OUT/b), "
                         "alternating; REV_OR_DIR is a git revision (checked out into a temporary worktree) or a "
                         "directory holding another checkout ('.' for an A/A run); writes OUT/compare.md")
+
+
+def _add_executor(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--executor", choices=["local", "slurm", "submitit-local"],
+                   help="where trials run: local (default: this machine, one trial at a time), slurm (one job per "
+                        "trial through submitit; --out must be on a filesystem the nodes share), or submitit-local "
+                        "(the submitit path on this machine, to try it); a resumed sweep keeps its executor "
+                        "(docs/clusters.md)")
+    p.add_argument("--slurm-partition", metavar="NAME", help="Slurm partition for the trial jobs")
+    p.add_argument("--slurm-gpus-per-trial", type=int, metavar="N",
+                   help="GPUs each trial job gets (its --nproc processes use them; default 0)")
+    p.add_argument("--slurm-cpus-per-trial", type=int, metavar="N",
+                   help="cores each trial job gets; without it a job has its node to itself (--exclusive), so "
+                        "timed trials never share cores")
+    p.add_argument("--slurm-option", action="append", metavar="KEY=VALUE",
+                   help="any other Slurm parameter of the jobs, e.g. account=ml, qos=high, constraint=h100; "
+                        "repeatable")
+    p.add_argument("--max-running", type=int, metavar="N",
+                   help="at most N trial jobs queued or running at once (slurm: no cap by default; submitit-local: "
+                        "1, so timed trials never share this machine)")
+    p.add_argument("--shard", metavar="I/N",
+                   help="run shard I of N (I from 0): every N-th workload of the plan, with all its technique sets "
+                        "and repeats, so each machine holds whole comparisons; merge with `bench report DIR1 DIR2 "
+                        "...`")
 
 
 def _add_price(p: argparse.ArgumentParser) -> None:
@@ -249,6 +274,7 @@ def sweep_config_from_args(args: argparse.Namespace, resume_dir: Path | None) ->
         "technique_plugins": args.technique,
         "price_per_hour": args.price_per_hour,
         "instance": args.instance,
+        "shard": args.shard,
     }
     return build_config(args.preset or "quick", overrides, config_path)
 
@@ -291,36 +317,59 @@ def cmd_sweep(args: argparse.Namespace) -> int:
 
 
 def _sweep(args: argparse.Namespace) -> int:
+    if args.ab and args.executor not in (None, "local"):
+        raise ConfigError("--ab runs both sides on this machine, back to back, so drift hits both alike; it does not "
+                          f"combine with --executor {args.executor}")
     if args.ab:  # A/B: both sides interleaved, then compared (bench/ab.py)
         from bench.ab import cmd_sweep_ab
 
         return cmd_sweep_ab(args, out, err)
+    from bench import executors
     from bench.runner import Launch, SweepRunner, default_out_dir
 
     cfg = sweep_config_from_args(args, args.out)
-    device = resolve_device(cfg.device)
+    executor = executors.from_args(args.executor, args.out, args.resume, args.slurm_partition,
+                                   args.slurm_gpus_per_trial, args.slurm_cpus_per_trial, args.max_running,
+                                   args.slurm_option)
+    # A batch executor's trials run on other machines: the device is resolved there (its setup job).
+    device = resolve_device(cfg.device) if executor.name == "local" else None
     out_dir = args.out or default_out_dir(cfg)
     command = "python -m bench " + shlex.join(args.argv)
     launch = Launch(nnodes=cfg.nnodes, node_rank=args.node_rank, rdzv_endpoint=args.rdzv_endpoint)
-    runner = SweepRunner(cfg, out_dir, device, resume=args.resume, command=command, launch=launch, extend=args.extend)
+    runner = SweepRunner(cfg, out_dir, device, resume=args.resume, command=command, launch=launch, extend=args.extend,
+                         executor=executor)
 
     runner.claim()  # bad input (the directory, a resume that changes settings) is one line, before the banner
-    err.print(f"[bold]trainbench[/] sweep '{runner.cfg.name}' on {device} -> {out_dir}")
+    where = f"on {device}" if device is not None else f"through the {executor.name} executor"
+    shard = f" (shard {args.shard})" if runner.cfg.shard else ""
+    err.print(f"[bold]trainbench[/] sweep '{runner.cfg.name}'{shard} {where} -> {out_dir}")
     started = time.perf_counter()
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                   TextColumn("{task.fields[last]}"), console=err, transient=False) as bar:
         task = bar.add_task("trials", total=None, last="measuring peak FLOP/s...")
 
+        skipped = []
+
         def on_progress(p) -> None:  # type: ignore[no-untyped-def]
+            if p.record is None:
+                skipped.append(p.trial.trial_id)
             bar.update(task, total=p.total, completed=p.done, last=progress_text(p.trial.trial_id, p.record))
 
         try:
             records = runner.run(on_progress)
         except KeyboardInterrupt as exc:
-            err.print(f"[yellow]{interrupted_word(exc)}[/]: finished trials are saved in {out_dir}/results.jsonl; "
+            queued = "" if executor.name == "local" else (
+                f"; trial jobs already submitted keep running ({executor.name}) and --resume waits for them")
+            err.print(f"[yellow]{interrupted_word(exc)}[/]: finished trials are saved in {out_dir}/results.jsonl{queued}; "
                       f"continue with: python -m bench sweep --resume --out {out_dir}")
             return interrupted_code(exc)
     wall = time.perf_counter() - started
+    if skipped:
+        err.print(f"resumed: {len(skipped)} trial(s) already done were not run again")
+    if not runner.recorder:
+        out.print(f"node {args.node_rank} took part in the trials in {wall:.0f} s; node 0 records the results and "
+                  "writes the summary and the report")
+        return 0
     from bench.api import write_summary
 
     price = runner.cfg.price

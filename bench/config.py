@@ -232,6 +232,9 @@ class SweepConfig:
     price_per_hour: float | None = None
     instance: str | None = None
     prices: tuple[tuple[str, float], ...] = ()  # [prices] name = price per hour: overrides and extends the table
+    # This machine's part of a sweep split over several (``--shard i/n``): whole workloads, see ``plan.shard``.
+    # Not a measurement setting either: the shards of one sweep share the settings hash, so their report merges them.
+    shard: tuple[int, int] | None = None
 
     def __post_init__(self) -> None:
         for f in dataclasses.fields(self):
@@ -259,6 +262,8 @@ class SweepConfig:
             raise ConfigError(f"device must be one of auto, cpu, cuda; got {shown(self.device)}")
         if self.nproc < 1 or self.nnodes < 1:
             raise ConfigError(f"nproc and nnodes must be >= 1, got {self.nproc} and {self.nnodes}")
+        if self.shard is not None:
+            check_shard(self.shard, len(self.workloads))
         if not self.workloads or not self.techniques:
             raise ConfigError("a sweep needs at least one workload and one technique set")
         if self.mode != "speed" and not self.budget.train_steps:
@@ -306,6 +311,7 @@ class SweepConfig:
             "mode": self.mode,
             "budget": dataclasses.asdict(self.budget),
             **self._plugin_dict(),
+            **({"shard": shard_text(self.shard)} if self.shard else {}),
         }
 
     def _plugin_dict(self) -> dict[str, Any]:
@@ -363,7 +369,7 @@ PRESETS: dict[str, dict[str, Any]] = {
 }
 
 SWEEP_KEYS = ("preset", "workloads", "techniques", "repeats", "seed", "device", "nproc", "nnodes", "threads", "mode",
-              "budget", "models", "blocks", "technique_plugins", "price_per_hour", "instance", "prices")
+              "budget", "models", "blocks", "technique_plugins", "price_per_hour", "instance", "prices", "shard")
 RECORDED_KEYS = ("sources_sha256",)  # written into sweep.toml by the harness; not settings a user gives
 
 
@@ -434,7 +440,36 @@ def build_config(
                         if merged.get("price_per_hour") is not None else None),
         instance=merged.get("instance"),
         prices=tuple(sorted(merged.get("prices", {}).items())),
+        shard=parse_shard(merged["shard"]) if merged.get("shard") is not None else None,
     )
+
+
+def parse_shard(text: Any) -> tuple[int, int]:
+    """``"1/3"`` -> ``(1, 3)``: this machine runs shard 1 of 3 (indices from 0)."""
+    index, sep, count = str(text).partition("/")
+    try:
+        if not sep:
+            raise ValueError
+        shard = int(index), int(count)
+    except ValueError:
+        raise ConfigError(f"shard must be INDEX/COUNT with the index counted from 0, e.g. 0/2 and 1/2; got "
+                          f"{shown(text)}") from None
+    if shard[1] < 1 or not 0 <= shard[0] < shard[1]:
+        raise ConfigError(f"shard {shown(text)}: the index must be 0 to {max(shard[1] - 1, 0)} of a count >= 1 "
+                          "(e.g. 0/2 and 1/2)")
+    return shard
+
+
+def shard_text(shard: tuple[int, int]) -> str:
+    return f"{shard[0]}/{shard[1]}"
+
+
+def check_shard(shard: tuple[int, int], n_workloads: int) -> None:
+    """A shard runs whole workloads (see ``plan.shard``): more shards than workloads would leave some empty."""
+    if shard[1] > n_workloads:
+        raise ConfigError(f"shard {shard_text(shard)}: the plan has {n_workloads} workload(s) and a shard runs whole "
+                          f"workloads (each machine keeps a workload's baseline and all its repeats, so every "
+                          f"comparison is made on one machine); use at most {n_workloads} shards")
 
 
 def _load_plugins(merged: dict[str, Any]) -> tuple[tuple[plugins.Plugin, ...], tuple[plugins.Plugin, ...]]:

@@ -126,7 +126,25 @@ def world_size_for(techs: TechniqueSet, world_size: int) -> int:
 
 
 def plan(cfg: SweepConfig, device: torch.device) -> list[Trial]:
-    """The sweep's trials in run order. A baseline set is added when the config has none (speedups need it)."""
+    """The sweep's trials in run order (this shard's, with ``cfg.shard``). A baseline set is added when the config
+    has none (speedups need it)."""
+    trials = full_plan(cfg, device)
+    return shard(trials, cfg.workloads, *cfg.shard) if cfg.shard else trials
+
+
+def shard(trials: list[Trial], workloads_in_order: tuple[WorkloadSpec, ...], index: int, count: int) -> list[Trial]:
+    """Shard ``index`` of ``count``: the trials of every ``count``-th workload, starting at ``index``.
+
+    The unit is a whole workload, not every n-th trial: reports keep machines apart, so a set whose baseline or
+    other repeats ran on another machine would have nothing to be compared with. A workload's trials keep their
+    place (``position``) in the whole plan's run order.
+    """
+    mine = {w for i, w in enumerate(workloads_in_order) if i % count == index}
+    return [t for t in trials if t.workload in mine]
+
+
+def full_plan(cfg: SweepConfig, device: torch.device) -> list[Trial]:
+    """Every trial of the sweep, whatever the shard, in run order."""
     sets = list(cfg.techniques)
     if TechniqueSet(()) not in sets:
         log.info("adding the baseline technique set: speedups are measured against it")

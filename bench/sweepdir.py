@@ -27,7 +27,7 @@ from typing import Any
 
 import psutil
 
-from bench.config import ConfigError, SweepConfig, build_config, load_toml
+from bench.config import ConfigError, SweepConfig, build_config, load_toml, shard_text
 from bench.text import shown
 
 log = logging.getLogger(__name__)
@@ -138,7 +138,7 @@ class SweepLock:
 
 def settings(cfg: SweepConfig) -> dict[str, Any]:
     """What every trial of the sweep ran under: everything but the plan's extent (and the sweep's name)."""
-    return {k: v for k, v in cfg.to_dict().items() if k not in (*PLAN_KEYS, "name", "sources_sha256")}
+    return {k: v for k, v in cfg.to_dict().items() if k not in (*PLAN_KEYS, "name", "sources_sha256", "shard")}
 
 
 def settings_hash(cfg: SweepConfig) -> str:
@@ -173,6 +173,12 @@ def resumed_config(out_dir: Path, cfg: SweepConfig, extend: bool) -> SweepConfig
         raise ConfigError(f"--resume: these settings differ from the sweep's in {out_dir} ({'; '.join(changed[:4])}"
                           f"{'; ...' if len(changed) > 4 else ''}); a report must not mix records made under two "
                           "settings: resume without changing them, or start a new --out")
+    if stored.shard != cfg.shard:
+        def name(shard: tuple[int, int] | None) -> str:
+            return f"shard {shard_text(shard)}" if shard else "not sharded"
+
+        raise ConfigError(f"--resume: the sweep in {out_dir} is {name(stored.shard)} and this command's is "
+                          f"{name(cfg.shard)}; resume each shard with its own --shard (or none)")
     recorded = load_toml(out_dir / "sweep.toml").get("sources_sha256") or {}  # the files when the sweep started
     _check_sources(recorded, cfg.to_dict().get("sources_sha256") or {}, out_dir)
     plan_changes = differences({k: stored.to_dict().get(k) for k in PLAN_KEYS},
@@ -185,7 +191,7 @@ def resumed_config(out_dir: Path, cfg: SweepConfig, extend: bool) -> SweepConfig
     sets = list(dict.fromkeys([*stored.techniques, *cfg.techniques]))
     return SweepConfig(
         **{**{k: getattr(stored, k) for k in ("name", "seed", "device", "nproc", "nnodes", "threads", "mode",
-                                              "budget")},
+                                              "budget", "shard")},
            # the price changes no measurement: the one given now wins, else the stored one
            **({k: getattr(cfg, k) for k in ("price_per_hour", "instance", "prices")} if cfg.price is not None
               else {k: getattr(stored, k) for k in ("price_per_hour", "instance", "prices")}),

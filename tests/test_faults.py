@@ -171,7 +171,7 @@ def test_a_trial_that_wrote_no_record_is_named_by_how_it_ended(tmp_path, rc, std
     runner = _runner(tmp_path)
     (trial,) = plan(runner.cfg, CPU)
     (tmp_path / "stderr").write_text(stderr + "\n")
-    rec = runner._outcome(trial, rc, tmp_path, oom_killed)
+    rec = runner.launcher._outcome(trial, rc, tmp_path, oom_killed)
     assert rec.status == status and words in rec.reason
 
 
@@ -179,10 +179,10 @@ def test_an_unreadable_record_becomes_a_failed_record_not_a_crash(tmp_path):
     runner = _runner(tmp_path)
     (trial,) = plan(runner.cfg, CPU)
     (tmp_path / "record.json").write_text(record(final=0.5).to_json()[:200])  # cut short
-    rec = runner._outcome(trial, 0, tmp_path, False)
+    rec = runner.launcher._outcome(trial, 0, tmp_path, False)
     assert rec.status == "failed" and "the trial's record could not be read" in rec.reason
     (tmp_path / "record.json").write_text(json.dumps({**record(final=0.5).to_dict(), "from_the_future": 1}))
-    rec = runner._outcome(trial, 0, tmp_path, False)
+    rec = runner.launcher._outcome(trial, 0, tmp_path, False)
     assert rec.status == "failed" and "unknown fields: 'from_the_future'" in rec.reason
 
 
@@ -190,10 +190,10 @@ def test_a_complete_record_survives_a_hang_in_teardown(tmp_path):
     runner = _runner(tmp_path)
     (trial,) = plan(runner.cfg, CPU)
     (tmp_path / "record.json").write_text(record(final=0.5).to_json())
-    rec = runner._after_timeout(trial, tmp_path / "record.json", 30.0)
+    rec = runner.launcher._after_timeout(trial, tmp_path / "record.json", 30.0)
     assert rec.status == "ok" and "hung after writing this record" in rec.notes[-1]
     (tmp_path / "record.json").unlink()
-    assert runner._after_timeout(trial, tmp_path / "record.json", 30.0).status == "timeout"
+    assert runner.launcher._after_timeout(trial, tmp_path / "record.json", 30.0).status == "timeout"
 
 
 def test_the_rank_that_failed_first_is_reported_not_the_lowest(tmp_path):
@@ -205,5 +205,5 @@ def test_the_rank_that_failed_first_is_reported_not_the_lowest(tmp_path):
         {"rank": 0, "status": "failed", "reason": "RuntimeError: Connection closed by peer", "time": now + 0.5}))
     (tmp_path / "record.json.rank1.err").write_text(json.dumps(
         {"rank": 1, "status": "oom", "reason": "out of memory", "time": now}))
-    rec = runner._outcome(trial, 1, tmp_path, False)
+    rec = runner.launcher._outcome(trial, 1, tmp_path, False)
     assert rec.status == "oom" and rec.reason == "rank 1: out of memory"

@@ -1,9 +1,12 @@
 """The runner: child processes, resume without redoing trials, timeouts and crashes as records."""
 
+import shutil
+
 import pytest
 import torch
 
 from bench.config import ConfigError, build_config
+from bench.launcher import TrialLauncher
 from bench.results import ResultStore
 from bench.runner import SweepRunner
 from tests.conftest import TINY_BUDGET
@@ -17,20 +20,32 @@ def config(**over):
                                   **over})
 
 
-def test_resume_skips_finished_trials_and_loses_none(tmp_path, monkeypatch):
-    out = tmp_path / "sweep"
-    first = SweepRunner(config(), out, CPU).run()
+@pytest.fixture(scope="module")
+def finished(tmp_path_factory):
+    """One finished one-trial sweep; each test gets a copy (a sweep costs about 15 s here)."""
+    out = tmp_path_factory.mktemp("finished") / "sweep"
+    SweepRunner(config(), out, CPU).run()
+    return out
+
+
+def copy_of(finished, tmp_path):
+    return shutil.copytree(finished, tmp_path / "sweep")
+
+
+def test_resume_skips_finished_trials_and_loses_none(tmp_path, monkeypatch, finished):
+    out = copy_of(finished, tmp_path)
+    first = ResultStore(out / "results.jsonl").read()
     assert [r.status for r in first] == ["ok"]
     assert (out / "env.json").exists() and (out / "sweep.toml").exists()
 
     launched = []
-    real = SweepRunner._launch
+    real = TrialLauncher._launch
 
     def counting(self, trial, env):
         launched.append(trial.trial_id)
         return real(self, trial, env)
 
-    monkeypatch.setattr(SweepRunner, "_launch", counting)
+    monkeypatch.setattr(TrialLauncher, "_launch", counting)
     grown = config(repeats=2, techniques="baseline,grad_accum:steps=7")
     with pytest.raises(ConfigError, match=r"the plan differs .*repeats 1 -> 2.*pass --extend"):
         SweepRunner(grown, out, CPU, resume=True).run()
@@ -46,9 +61,8 @@ def test_resume_skips_finished_trials_and_loses_none(tmp_path, monkeypatch):
     assert "grad_accum:steps=7" in (out / "sweep.toml").read_text()  # the sweep is now the union
 
 
-def test_resume_with_other_settings_is_refused_and_changes_nothing(tmp_path):
-    out = tmp_path / "sweep"
-    SweepRunner(config(), out, CPU).run()
+def test_resume_with_other_settings_is_refused_and_changes_nothing(tmp_path, finished):
+    out = copy_of(finished, tmp_path)
     before = {p.name: p.read_bytes() for p in out.iterdir() if p.is_file()}
     with pytest.raises(ConfigError, match=r"settings differ .*budget.min_seconds 0.05 -> 2.0"):
         SweepRunner(config(budget={"min_seconds": 2.0}), out, CPU, resume=True).run()
@@ -57,9 +71,8 @@ def test_resume_with_other_settings_is_refused_and_changes_nothing(tmp_path):
     assert {p.name: p.read_bytes() for p in out.iterdir() if p.is_file()} == before
 
 
-def test_existing_results_are_not_overwritten(tmp_path):
-    out = tmp_path / "sweep"
-    SweepRunner(config(), out, CPU).run()
+def test_existing_results_are_not_overwritten(tmp_path, finished):
+    out = copy_of(finished, tmp_path)
     try:
         SweepRunner(config(), out, CPU).run()
     except ConfigError as exc:

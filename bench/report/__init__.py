@@ -55,7 +55,29 @@ def load(dirs: Sequence[Path | str]) -> tuple[Sweep, list[str]]:
         source.records, repeated = inputs.unique_trials(source.records)
         if repeated:
             notes.append(inputs.duplicates_note(source.path / "results.jsonl", repeated))
+    notes.extend(shard_notes(sweep))
     return sweep, notes
+
+
+def shard_notes(sweep: Sweep) -> list[str]:
+    """What a reader of a sharded sweep must know: which shards are here, and which are missing."""
+    shards: dict[int, set[int]] = {}
+    for source in sweep.sources:
+        text = (source.settings or {}).get("shard")
+        if text:
+            index, _, count = str(text).partition("/")
+            shards.setdefault(int(count), set()).add(int(index))
+    notes = []
+    for count, present in sorted(shards.items()):
+        missing = sorted(set(range(count)) - present)
+        listed = ", ".join(f"{i}/{count}" for i in sorted(present))
+        if missing:
+            notes.append(f"this report holds shard(s) {listed} of a sweep split in {count}: the workloads of shard(s) "
+                         f"{', '.join(f'{i}/{count}' for i in missing)} are not in it (give every shard's directory)")
+        else:
+            notes.append(f"shards {listed} merged: each shard ran whole workloads on its own machine, so every "
+                         "comparison here is within one machine")
+    return notes
 
 
 def build(dirs: Sequence[Path | str], baseline: str = BASELINE, with_figures: bool = True,

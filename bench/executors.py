@@ -1,0 +1,446 @@
+"""Where a sweep's trials run: this machine, one after another (``local``), or batch jobs through submitit.
+
+An executor has three steps, called by ``SweepRunner.run``:
+
+- ``claim(runner)``: refuse, before anything runs, what it cannot do (a resume that would run twice a trial whose job
+  is still queued elsewhere; multi-node trials through a scheduler).
+- ``setup(runner, done)``: on the machine the trials will run on, fingerprint it and calibrate its peaks (env.json),
+  plan the trials (availability depends on that machine's device and packages) and compute the parity references;
+  returns ``(env, trials, done)``.
+- ``run(runner, trials, env)``: yields ``(trial, record)`` as each trial finishes, in any order.
+
+``SubmititExecutor`` submits one job per trial (``slurm``, or ``submitit-local`` which runs the same path on this
+machine, for trying it and for tests). Each job runs the trial exactly as the local executor does
+(``bench.launcher``: its own processes, timeout, record of how it ended) and writes the record to
+``OUT/trials/<id>.json``; the submitting process is the only writer of ``results.jsonl``, gathering those files as
+jobs finish, so concurrent jobs never append to one file. ``OUT/jobs.json`` keeps each trial's job id: a submitter
+stopped and started again with ``--resume`` waits for the jobs still queued or running instead of submitting them
+again, and gathers what finished meanwhile. Nothing here schedules: Slurm (or submitit's local executor) does.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+import hashlib
+import json
+import logging
+import shutil
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol
+
+import psutil
+
+from bench import env as envmod
+from bench.config import ConfigError
+from bench.files import write_atomic
+from bench.launcher import TrialLauncher
+from bench.plan import Trial, plan, resolve_device
+from bench.results import TrialRecord
+
+if TYPE_CHECKING:
+    from bench.runner import SweepRunner
+
+log = logging.getLogger(__name__)
+
+EXECUTORS = ("local", "slurm", "submitit-local")
+LEDGER = "jobs.json"
+TRIALS_DIR = "trials"
+JOBS_DIR = "jobs"  # submitit's folder: pickled calls, job logs
+SETUP_MARGIN_MIN = 30  # a job's time limit beyond the trial's timeout_s: start-up, imports, the record's write
+
+
+class Executor(Protocol):
+    """Where a sweep's trials run (see the module's docstring for the three steps)."""
+
+    name: str
+
+    def claim(self, runner: SweepRunner) -> None: ...
+
+    def setup(self, runner: SweepRunner, done: set[str]) -> tuple[dict, list[Trial], set[str]]: ...
+
+    def run(self, runner: SweepRunner, trials: list[Trial], env: dict) -> Iterator[tuple[Trial, TrialRecord]]: ...
+
+
+class LocalExecutor:
+    """Today's behaviour: every trial on this machine, one at a time, so no two timed trials share it."""
+
+    name = "local"
+
+    def claim(self, runner: SweepRunner) -> None:
+        active = Ledger(runner.out_dir).active_jobs()
+        if active:
+            kind = Ledger(runner.out_dir).executor.get("kind", "a batch executor")
+            raise ConfigError(f"{len(active)} trial job(s) of the sweep in {runner.out_dir} are still queued or "
+                              f"running ({kind}: job {active[0]}{', ...' if len(active) > 1 else ''}); running them "
+                              f"here too would record them twice: resume with --executor {kind} to wait for them, or "
+                              "cancel them first")
+
+    def setup(self, runner: SweepRunner, done: set[str]) -> tuple[dict, list[Trial], set[str]]:
+        done = done | gather(runner)
+        env = runner.prepare()
+        trials = plan(runner.cfg, runner.device)
+        done = runner.agree_on_done(trials, done)
+        runner.launcher.prepare_references([t for t in trials if t.trial_id not in done])
+        return env, trials, done
+
+    def run(self, runner: SweepRunner, trials: list[Trial], env: dict) -> Iterator[tuple[Trial, TrialRecord]]:
+        launcher = runner.launcher
+        for trial in trials:
+            yield trial, launcher.run(trial, env)
+
+
+# ---- the submitit executor ------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class SubmititExecutor:
+    """One submitit job per trial. ``cluster``: ``slurm``, or ``local`` (submitit's local executor, this machine).
+
+    Each job gets ``gpus_per_trial`` GPUs and, with ``cpus_per_trial``, that many cores; without it the job has its
+    node to itself (``--exclusive``), so timing trials never share cores or devices. ``max_running`` caps the jobs
+    queued or running at once (0: no cap; submitit-local defaults to 1, since its jobs share this machine).
+    """
+
+    cluster: str = "slurm"
+    partition: str | None = None
+    gpus_per_trial: int = 0
+    cpus_per_trial: int | None = None
+    max_running: int = 0
+    poll_s: float = 15.0
+    extra: tuple[tuple[str, Any], ...] = ()  # further submitit parameters, e.g. (("slurm_account", "ml"),)
+
+    def __post_init__(self) -> None:
+        if self.cluster not in ("slurm", "local"):
+            raise ConfigError(f"submitit cluster must be slurm or local, got {self.cluster!r}")
+        if self.gpus_per_trial < 0 or (self.cpus_per_trial is not None and self.cpus_per_trial < 1):
+            raise ConfigError("--slurm-gpus-per-trial must be >= 0 and --slurm-cpus-per-trial >= 1")
+        if self.max_running < 0:
+            raise ConfigError(f"--max-running must be >= 0 (0: no cap), got {self.max_running}")
+
+    @property
+    def name(self) -> str:
+        return "slurm" if self.cluster == "slurm" else "submitit-local"
+
+    def describe(self) -> dict[str, Any]:
+        return {"kind": self.name, **{k: v for k, v in dataclasses.asdict(self).items() if k != "extra"},
+                "extra": dict(self.extra)}
+
+    def claim(self, runner: SweepRunner) -> None:
+        _import_submitit()
+        if self.cluster == "slurm" and shutil.which("srun") is None:
+            raise ConfigError("--executor slurm: no Slurm here (no srun on PATH); start the sweep on a machine that "
+                              "submits to the cluster (a login node), or use --executor submitit-local to try it")
+        if runner.cfg.nnodes > 1:
+            raise ConfigError(f"--executor {self.name} runs each trial on one node (torchrun with --nproc processes "
+                              "there); multi-node trials (--nnodes > 1) run with --executor local on every node")
+        if self.gpus_per_trial and runner.cfg.world_size > self.gpus_per_trial:
+            raise ConfigError(f"--nproc {runner.cfg.nproc}: a data-parallel trial's ranks need that many GPUs in its "
+                              f"job, and --slurm-gpus-per-trial is {self.gpus_per_trial}")
+        ledger = Ledger(runner.out_dir)
+        kind = ledger.executor.get("kind")
+        if kind and kind != self.name and ledger.active_jobs():
+            raise ConfigError(f"trial jobs of the sweep in {runner.out_dir} were submitted with --executor {kind} and "
+                              f"some are still queued or running: resume with --executor {kind}")
+
+    def setup(self, runner: SweepRunner, done: set[str]) -> tuple[dict, list[Trial], set[str]]:
+        """env.json, the plan and the references, computed by a job on the cluster (the trials' kind of node)."""
+        done = done | gather(runner)
+        launcher = runner.launcher  # its device is resolved on the node
+        job = self._executor(runner, runner.cfg.budget.timeout_s).submit(
+            setup_job, launcher, runner.command, runner.resume, sorted(done), self.describe())
+        log.info("submitted the setup job %s (calibration, plan, references)", job.job_id)
+        while not job.done():
+            time.sleep(min(self.poll_s, 2.0))
+        try:
+            device, env, trials = job.result()
+        except Exception as exc:  # submitit's FailedJobError carries the job's traceback
+            last = (str(exc).strip().splitlines() or [type(exc).__name__])[-1]
+            raise RuntimeError(f"the sweep's setup job {job.job_id} failed on the {self.name} executor "
+                               f"(logs in {runner.out_dir / JOBS_DIR}): {last}") from exc
+        runner.device = resolve_device(device)
+        return env, trials, done
+
+    def run(self, runner: SweepRunner, trials: list[Trial], env: dict) -> Iterator[tuple[Trial, TrialRecord]]:
+        launcher = runner.launcher
+        ledger = Ledger(runner.out_dir)
+        ledger.executor = self.describe()
+        executor = self._executor(runner, runner.cfg.budget.timeout_s)
+        active: dict[str, tuple[Trial, Any]] = {}
+        queue: list[Trial] = []
+        for trial in trials:
+            if trial.skip_reason:  # no job: the plan said why it cannot run
+                yield trial, launcher.run(trial, env)
+                continue
+            job_id = ledger.job_of(trial.trial_id)
+            if job_id is None:
+                queue.append(trial)
+            elif self._alive(runner, job_id):  # still queued or running: wait for it, do not submit it again
+                active[trial.trial_id] = (trial, self._attach(runner, job_id))
+            else:  # ended while no submitter watched it, without a record (gather() found none)
+                yield trial, self._ended(runner, trial, job_id)
+        while queue or active:
+            while queue and (not self.max_running or len(active) < self.max_running):
+                trial = queue.pop(0)
+                job = executor.submit(trial_job, launcher, trial, env, str(record_path(runner.out_dir, trial)))
+                ledger.add(trial.trial_id, job.job_id)
+                active[trial.trial_id] = (trial, job)
+            time.sleep(self.poll_s)
+            for trial_id, (trial, job) in list(active.items()):
+                path = record_path(runner.out_dir, trial)
+                if path.exists() or not self._job_alive(runner, job):
+                    del active[trial_id]
+                    yield trial, _read(path, trial) if path.exists() else self._ended(runner, trial, job.job_id)
+
+    # ---- submitit ----
+
+    def _executor(self, runner: SweepRunner, timeout_s: float) -> Any:
+        submitit = _import_submitit()
+        executor = submitit.AutoExecutor(folder=runner.out_dir / JOBS_DIR, cluster=self.cluster)
+        params: dict[str, Any] = {"name": "trainbench", "timeout_min": int(timeout_s // 60) + SETUP_MARGIN_MIN,
+                                  "nodes": 1, "tasks_per_node": 1}
+        if self.gpus_per_trial:
+            params["gpus_per_node"] = self.gpus_per_trial
+        if self.cluster == "slurm":
+            if self.partition:
+                params["slurm_partition"] = self.partition
+            if self.cpus_per_trial:
+                params["cpus_per_task"] = self.cpus_per_trial
+            else:
+                params["slurm_exclusive"] = True  # the whole node: no other job's work beside a timed trial
+        params.update(dict(self.extra))
+        try:
+            executor.update_parameters(**params)
+        except (ValueError, TypeError, NameError) as exc:  # NameError: an unknown --slurm-option
+            raise ConfigError(f"--executor {self.name}: submitit refused the job parameters "
+                              f"({' '.join(str(exc).split())[:400]})") from None
+        return executor
+
+    def _attach(self, runner: SweepRunner, job_id: str) -> Any:
+        submitit = _import_submitit()
+        folder = runner.out_dir / JOBS_DIR
+        return submitit.SlurmJob(folder, job_id) if self.cluster == "slurm" else submitit.LocalJob(folder, job_id)
+
+    def _alive(self, runner: SweepRunner, job_id: str) -> bool:
+        return self._job_alive(runner, self._attach(runner, job_id))
+
+    def _job_alive(self, runner: SweepRunner, job: Any) -> bool:
+        if self.cluster == "slurm" or getattr(job, "_process", None) is not None:
+            return not job.done()
+        return local_job_alive(job.job_id)  # submitted by an earlier submitter: by its process id
+
+    def _ended(self, runner: SweepRunner, trial: Trial, job_id: str) -> TrialRecord:
+        """A job that ended without writing its trial's record (cancelled, its node lost, killed at its limit)."""
+        job = self._attach(runner, job_id)
+        try:
+            state = job.state
+        except Exception:  # noqa: BLE001 - the scheduler may have forgotten the job
+            state = "UNKNOWN"
+        tail = " | ".join((job.stderr() or "").strip().splitlines()[-3:])
+        record = runner.launcher.bare_record(
+            trial, "killed", f"{self.name} job {job_id} ended ({state}) before the trial wrote its record"
+                             + (f": {tail}" if tail else ""))
+        record.config_hash = runner.config_hash
+        return record
+
+
+def from_args(kind: str | None, out_dir: Path | None, resume: bool, partition: str | None = None,
+              gpus_per_trial: int | None = None, cpus_per_trial: int | None = None,
+              max_running: int | None = None, options: list[str] | None = None) -> LocalExecutor | SubmititExecutor:
+    """The executor the command line asks for; a resumed sweep keeps the one it was started with (``jobs.json``),
+    with any option given now replacing the stored one."""
+    stored = Ledger(out_dir).executor if resume and out_dir is not None and (out_dir / LEDGER).is_file() else {}
+    kind = kind or stored.get("kind") or "local"
+    if kind not in EXECUTORS:
+        raise ConfigError(f"unknown executor {kind!r} (valid: {', '.join(EXECUTORS)})")
+    given = {"partition": partition, "gpus_per_trial": gpus_per_trial, "cpus_per_trial": cpus_per_trial,
+             "max_running": max_running, "option": options or None}
+    if kind == "local":
+        slurm_only = [k for k, v in given.items() if v is not None]
+        if slurm_only:
+            flag = {"max_running": "--max-running"}.get(slurm_only[0], "--slurm-" + slurm_only[0].replace("_", "-"))
+            raise ConfigError(f"{flag} is an option of --executor slurm or submitit-local (the local executor runs "
+                              "one trial at a time on this machine)")
+        return LocalExecutor()
+    same = stored.get("kind") == kind
+    fields = {f.name for f in dataclasses.fields(SubmititExecutor)} - {"cluster", "extra"}
+    settings = {k: v for k, v in stored.items() if k in fields} if same else {}
+    settings.update({k: v for k, v in given.items() if v is not None and k != "option"})
+    if kind == "submitit-local":
+        settings.setdefault("max_running", 1)  # its jobs share this machine: one timed trial at a time
+        settings.setdefault("poll_s", 0.5)
+    extra = {**((stored.get("extra") or {}) if same else {}), **parse_options(options or [])}
+    return SubmititExecutor(cluster="slurm" if kind == "slurm" else "local", extra=tuple(sorted(extra.items())),
+                            **settings)
+
+
+def parse_options(options: list[str]) -> dict[str, Any]:
+    """``--slurm-option account=ml`` -> ``{"slurm_account": "ml"}``: any of submitit's Slurm parameters (its
+    ``slurm_`` names without the prefix: account, qos, constraint, mem, ...); integers as integers."""
+    parsed: dict[str, Any] = {}
+    for text in options:
+        key, sep, value = text.partition("=")
+        if not sep or not key.strip():
+            raise ConfigError(f"--slurm-option must be KEY=VALUE (a Slurm parameter, e.g. account=ml or qos=high), "
+                              f"got {text!r}")
+        key = key.strip().replace("-", "_")
+        parsed[key if key.startswith("slurm_") else f"slurm_{key}"] = int(value) if value.isdigit() else value
+    return parsed
+
+
+def local_job_alive(job_id: str) -> bool:
+    """Whether a submitit-local job (its id is its controller's pid) still runs; a reused pid is not it."""
+    try:
+        proc = psutil.Process(int(job_id))
+        return proc.status() != psutil.STATUS_ZOMBIE and "submitit" in " ".join(proc.cmdline())
+    except (psutil.Error, ValueError):
+        return False
+
+
+def _import_submitit() -> Any:
+    try:
+        import submitit
+    except ImportError:
+        raise ConfigError("--executor slurm and submitit-local need submitit: pip install 'trainbench[slurm]' "
+                          "(or pip install submitit)") from None
+    return submitit
+
+
+# ---- what runs in the jobs ------------------------------------------------------------------------------------
+
+
+def setup_job(launcher: TrialLauncher, command: str, resume: bool, done: list[str],
+              executor: dict[str, Any]) -> tuple[str, dict, list[Trial]]:
+    """The sweep's setup on a node: resolve the device, env.json, the plan, the references the pending trials need."""
+    from bench import plugins
+
+    plugins.load([p.to_dict() for p in launcher.cfg.plugins])
+    launcher = dataclasses.replace(launcher, device=resolve_device(launcher.cfg.device))
+    env = launcher.environment(command, resume)
+    if executor.get("kind") == "slurm" and "setup_hostname" not in env:
+        # Trials run on any node of the partition: reports name the partition, not the setup job's node.
+        env["setup_hostname"] = env.get("hostname")
+        env["hostname"] = f"slurm:{executor.get('partition') or 'default partition'}"
+        env["executor"] = executor
+        write_atomic(launcher.out_dir / "env.json", json.dumps(env, indent=2, sort_keys=True, default=str))
+    trials = plan(launcher.cfg, launcher.device)
+    launcher.prepare_references([t for t in trials if t.trial_id not in set(done)])
+    return str(launcher.device), env, trials
+
+
+def trial_job(launcher: TrialLauncher, trial: Trial, env: dict, path: str) -> str:
+    """One trial on a node, as the local executor runs it; its record goes to ``path`` for the submitter."""
+    from bench import plugins
+
+    plugins.load([p.to_dict() for p in launcher.cfg.plugins])
+    record = launcher.run(trial, env)
+    note = node_note(env, envmod.fingerprint(None))
+    if note:
+        record.notes.append(note)
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    write_atomic(Path(path), record.to_json())
+    return record.status
+
+
+HARDWARE_KEYS = ("cpu_model", "cpu_logical", "memory_total_bytes")
+
+
+def node_note(env: dict[str, Any], here: dict[str, Any]) -> str | None:
+    """A note for a trial that ran on another node than the one env.json describes (Slurm), naming the hardware
+    that differs; None on the setup job's node (and for executors whose trials all run on one machine)."""
+    setup = env.get("setup_hostname")
+    if setup is None or here.get("hostname") == setup:
+        return None
+    differ = [f"{k} {here.get(k)!r} (env.json: {env.get(k)!r})" for k in HARDWARE_KEYS if here.get(k) != env.get(k)]
+    gpus = [(g or {}).get(k) for g in (here.get("gpu"), env.get("gpu")) for k in ("count", "name")]
+    if gpus[:2] != gpus[2:]:
+        differ.append(f"GPUs {gpus[0]} x {gpus[1]} (env.json: {gpus[2]} x {gpus[3]})")
+    text = f"ran on node {here.get('hostname')}; env.json describes the setup job's node {setup}"
+    return text + (f"; this node differs: {', '.join(differ)}" if differ else " (same hardware)")
+
+
+# ---- the sweep directory's job files ----------------------------------------------------------------------------
+
+
+def record_path(out_dir: Path, trial: Trial | str) -> Path:
+    trial_id = trial if isinstance(trial, str) else trial.trial_id
+    return out_dir / TRIALS_DIR / (hashlib.sha1(trial_id.encode()).hexdigest()[:20] + ".json")
+
+
+def _read(path: Path, trial: Trial) -> TrialRecord:
+    try:
+        return TrialRecord.from_dict(json.loads(path.read_text()))
+    except (ValueError, TypeError, UnicodeDecodeError) as exc:
+        raise RuntimeError(f"{path}: the record of trial {trial.trial_id} could not be read ({exc})") from None
+
+
+def gather(runner: SweepRunner) -> set[str]:
+    """Append to results.jsonl the records jobs wrote while no submitter watched; their trial ids."""
+    directory = runner.out_dir / TRIALS_DIR
+    if not directory.is_dir() or not runner.recorder:
+        return set()
+    recorded = runner.store.done_trial_ids()
+    gathered = set()
+    for path in sorted(directory.glob("*.json")):
+        record = TrialRecord.from_dict(json.loads(path.read_text()))
+        if record.trial_id not in recorded:
+            runner.store.append(record)
+            gathered.add(record.trial_id)
+    if gathered:
+        log.info("gathered %d record(s) of jobs that finished while no submitter ran", len(gathered))
+    return gathered
+
+
+class Ledger:
+    """``OUT/jobs.json``: the executor's settings and each trial's job id, rewritten atomically on each change."""
+
+    def __init__(self, out_dir: Path) -> None:
+        self.out_dir = Path(out_dir)
+        self.path = self.out_dir / LEDGER
+        try:
+            data = json.loads(self.path.read_text()) if self.path.exists() else {}
+        except (ValueError, UnicodeDecodeError):
+            raise ConfigError(f"{self.path} is not valid JSON: the sweep's record of its jobs is damaged (restore "
+                              "it, or start a new --out)") from None
+        self._executor: dict[str, Any] = data.get("executor", {})
+        self.jobs: dict[str, dict[str, str]] = data.get("jobs", {})
+
+    @property
+    def executor(self) -> dict[str, Any]:
+        return self._executor
+
+    @executor.setter
+    def executor(self, value: dict[str, Any]) -> None:
+        self._executor = value
+        self._write()
+
+    def job_of(self, trial_id: str) -> str | None:
+        entry = self.jobs.get(trial_id)
+        return entry["job_id"] if entry else None
+
+    def add(self, trial_id: str, job_id: str) -> None:
+        self.jobs[trial_id] = {"job_id": str(job_id),
+                               "submitted_utc": dt.datetime.now(dt.UTC).isoformat(timespec="seconds")}
+        self._write()
+
+    def active_jobs(self) -> list[str]:
+        """Job ids of trials with no record yet whose jobs still run (submitit-local: checked by pid here)."""
+        kind = self._executor.get("kind")
+        pending = [e["job_id"] for t, e in self.jobs.items() if not record_path(self.out_dir, t).exists()]
+        if not pending or kind is None:
+            return []
+        if kind == "submitit-local":
+            return [j for j in pending if local_job_alive(j)]
+        submitit = _import_submitit()
+        return [j for j in pending if not submitit.SlurmJob(self.out_dir / JOBS_DIR, j).done()]
+
+    def _write(self) -> None:
+        write_atomic(self.path, json.dumps({"executor": self._executor, "jobs": self.jobs}, indent=1) + "\n")
+
+
+__all__ = ["EXECUTORS", "Executor", "Ledger", "LocalExecutor", "SubmititExecutor", "from_args", "gather",
+           "node_note", "parse_options", "record_path", "setup_job",
+           "trial_job"]
