@@ -125,6 +125,10 @@ class SweepRunner:
         resuming."""
         if not self.claimed:
             self.claim()
+        if not self.recorder:
+            # Another node of a multi-node sweep: its ranks write no record, so it needs no peaks, and it must not
+            # replace node 0's env.json when the nodes share the directory.
+            return {"device": str(self.device), "node_rank": self.launch.node_rank}
         try:
             return self.launcher.environment(self.command, self.resume)
         except BaseException:

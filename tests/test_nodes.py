@@ -192,5 +192,6 @@ def test_a_two_node_sweep_resumes_with_both_nodes_skipping_the_same_trials(tmp_p
     for rank in (0, 1):  # both nodes skipped the same trial: node 0's record of it
         said = " ".join((tmp_path / f"node{rank}--resume.log").read_text().split())
         assert "1 trial(s) already done were not run again" in said, said[-1000:]
-    assert not (tmp_path / "node1" / "results.jsonl").exists()  # node 0 records; node 1 only takes part
-    json.loads((tmp_path / "node1" / "env.json").read_text())
+    # node 0 records and describes the sweep; node 1 only takes part (it could share node 0's directory)
+    assert not (tmp_path / "node1" / "results.jsonl").exists() and not (tmp_path / "node1" / "env.json").exists()
+    assert json.loads((tmp_path / "node0" / "env.json").read_text())["peak_flops"]
