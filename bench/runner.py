@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from bench import nodes, sweepdir
-from bench.config import ConfigError, SweepConfig
+from bench.config import ConfigError, SweepConfig, check_shard
 from bench.files import write_atomic
 from bench.launcher import Launch, TrialLauncher
 from bench.plan import Trial
@@ -109,6 +109,8 @@ class SweepRunner:
         try:
             if self.resume:
                 self.cfg = sweepdir.resumed_config(self.out_dir, self.cfg, self.extend)
+            if self.cfg.shard:  # on the whole plan (a resume with --extend has just grown it)
+                check_shard(self.cfg.shard, len(self.cfg.workloads))
                 self.store.repair_tail()
                 sweepdir.check_records([r.config_hash for r in self.store.iter_records()], self.config_hash,
                                        self.out_dir)

@@ -59,7 +59,7 @@ def test_node_1_takes_node_0s_done_set_and_the_port_is_free_afterwards(node_0_de
     # "x" is not in the plan (a trial of a bigger earlier sweep): it is not part of the agreement.
     assert agree_on_done(endpoint, 0, 2, PLAN, {"a", "b", "x"}, timeout_s=15) == {"a", "b"}
     assert result_of(*node_1) == {"a", "b"}
-    # What torchrun's c10d rendezvous does next on node 0: host a store on the same port.
+    # What torchrun's rendezvous does next on node 0: host a store on the same port.
     store = TCPStore("127.0.0.1", port, is_master=True, wait_for_workers=False, timeout=timedelta(seconds=5))
     del store
 

@@ -64,8 +64,8 @@ def shard_notes(sweep: Sweep) -> list[str]:
     shards: dict[int, set[int]] = {}
     for source in sweep.sources:
         text = (source.settings or {}).get("shard")
-        if text:
-            index, _, count = str(text).partition("/")
+        index, _, count = str(text or "").partition("/")
+        if index.isdigit() and count.isdigit():
             shards.setdefault(int(count), set()).add(int(index))
     notes = []
     for count, present in sorted(shards.items()):
