@@ -80,11 +80,8 @@ class SweepRunner:
 
     @property
     def config_hash(self) -> str:
-        return sweepdir.settings_hash(self.cfg)
-
-    @property
-    def reference_dir(self) -> Path:
-        return self.out_dir / "references"
+        """The hash of the settings every record of this sweep carries."""
+        return self.launcher.config_hash
 
     @property
     def recorder(self) -> bool:
