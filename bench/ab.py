@@ -167,15 +167,22 @@ class AbRunner:
         for runner in self.runners.values():
             runner.claim()
 
-    def run(self, on_progress: Callable[[AbProgress], None] | None = None) -> AbResult:
+    @property
+    def recorder(self) -> bool:
+        """Node 0 of a multi-node A/B run (or the only node): it records, summarises and compares."""
+        return self.runners["a"].recorder
+
+    def run(self, on_progress: Callable[[AbProgress], None] | None = None) -> AbResult | None:
+        """The comparison; None on the other nodes of a multi-node run (node 0 records and compares)."""
         if not all(r.claimed for r in self.runners.values()):
             self.claim()
         try:
             mine = Checkout(REPO_DIR, ".", _commit_of(REPO_DIR))
-            write_atomic(self.out_dir / "ab.json", json.dumps(
-                {"a": mine.describe(), "b": self.other.describe(), "command": self.command,
-                 "order": "per trial, alternating which side goes first (ABBA, balanced per configuration)"},
-                indent=2) + "\n")
+            if self.recorder:
+                write_atomic(self.out_dir / "ab.json", json.dumps(
+                    {"a": mine.describe(), "b": self.other.describe(), "command": self.command,
+                     "order": "per trial, alternating which side goes first (ABBA, balanced per configuration)"},
+                    indent=2) + "\n")
             envs = {side: runner.prepare() for side, runner in self.runners.items()}
             self.cfg = self.runners["a"].cfg  # a resumed --extend run continues the union of the plans
             trials = plan(self.cfg, self.device)
@@ -199,7 +206,7 @@ class AbRunner:
         finally:
             for runner in self.runners.values():
                 runner.close()
-        return self.finish()
+        return self.finish() if self.recorder else None
 
     def _agree_on_done(self, trials: list[Trial]) -> dict[str, set[str]]:
         """Each side's finished trials, the same on every node of a multi-node sweep (node 0's record)."""
@@ -211,7 +218,9 @@ class AbRunner:
     def _claim_root(self) -> None:
         """OUT itself: new or empty for a new run (it gets a/, b/, ab.json, compare.md); an A/B run's to resume
         (one that stopped before writing ab.json is resumed from its sides' sweep.toml)."""
-        if self.resume:
+        if not self.recorder:  # another node of a multi-node run, which may share node 0's directory
+            pass
+        elif self.resume:
             if not (self.out_dir / "a" / "sweep.toml").exists():
                 raise ConfigError(f"--resume --out {self.out_dir}: no A/B run there to continue (no a/sweep.toml)")
         else:
@@ -305,6 +314,9 @@ def cmd_sweep_ab(args: argparse.Namespace, out: Any, err: Any) -> int:
                 return interrupted_code(exc)
     finally:
         release(other)
+    if result is None:
+        out.print(f"node {args.node_rank} took part in the A/B trials; node 0 records and compares them")
+        return 0
     out.print(result.markdown, markup=False, highlight=False)
     out.print(f"wall time {time.perf_counter() - started:.0f} s; A/B results in {out_dir} (compare.md)")
     return 0

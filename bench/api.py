@@ -49,7 +49,8 @@ def sweep(
 
     ``workloads``, ``techniques``, ``models`` and ``technique_plugins`` take a comma string or a list, as
     ``--workloads``/``--techniques``/``--model``/``--technique`` do. Other options by the CLI's names:
-    ``repeats``, ``seed``, ``mode``, ``threads``, ``nproc``, ``nnodes``, and the budget's ``steps``,
+    ``repeats``, ``seed``, ``mode``, ``threads``, ``nproc``, ``nnodes``, ``shard`` (``"0/2"``: this machine's part
+    of a sweep split over several, docs/clusters.md), and the budget's ``steps``,
     ``eval_points``, ``seconds``, ``window_steps``, ``window_seconds``, ``timeout``, ``memory`` (bool).
     ``on_trial`` is called with a ``bench.runner.Progress`` after each trial. The report is written into ``out``
     (default: reports/<preset>-<UTC time>/), whose path is in the frame's ``attrs["out"]``.
@@ -60,7 +61,7 @@ def sweep(
     from bench.runner import SweepRunner, default_out_dir
 
     budget = {BUDGET_ARGS[k]: options.pop(k) for k in list(options) if k in BUDGET_ARGS}
-    known = {"repeats", "seed", "mode", "threads", "nproc", "nnodes"}
+    known = {"repeats", "seed", "mode", "threads", "nproc", "nnodes", "shard"}
     unknown = sorted(set(options) - known)
     if unknown:
         raise ConfigError(f"bench.sweep() got unknown option(s) {', '.join(unknown)} (valid: workloads, techniques, "

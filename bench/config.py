@@ -262,8 +262,6 @@ class SweepConfig:
             raise ConfigError(f"device must be one of auto, cpu, cuda; got {shown(self.device)}")
         if self.nproc < 1 or self.nnodes < 1:
             raise ConfigError(f"nproc and nnodes must be >= 1, got {self.nproc} and {self.nnodes}")
-        if self.shard is not None:
-            check_shard(self.shard, len(self.workloads))
         if not self.workloads or not self.techniques:
             raise ConfigError("a sweep needs at least one workload and one technique set")
         if self.mode != "speed" and not self.budget.train_steps:

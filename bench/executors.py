@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 import psutil
+import torch
 
 from bench import env as envmod
 from bench.config import ConfigError
@@ -51,6 +52,11 @@ LEDGER = "jobs.json"
 TRIALS_DIR = "trials"
 JOBS_DIR = "jobs"  # submitit's folder: pickled calls, job logs
 SETUP_MARGIN_MIN = 30  # a job's time limit beyond the trial's timeout_s: start-up, imports, the record's write
+RECORD_GRACE_S = 30.0  # how long a record may lag behind its job's end on a shared filesystem
+
+
+class ExecutorError(ConfigError):
+    """A batch executor's job failed or left an unusable record: one line, what to look at, exit code 2."""
 
 
 class Executor(Protocol):
@@ -140,11 +146,7 @@ class SubmititExecutor:
         if self.gpus_per_trial and runner.cfg.world_size > self.gpus_per_trial:
             raise ConfigError(f"--nproc {runner.cfg.nproc}: a data-parallel trial's ranks need that many GPUs in its "
                               f"job, and --slurm-gpus-per-trial is {self.gpus_per_trial}")
-        ledger = Ledger(runner.out_dir)
-        kind = ledger.executor.get("kind")
-        if kind and kind != self.name and ledger.active_jobs():
-            raise ConfigError(f"trial jobs of the sweep in {runner.out_dir} were submitted with --executor {kind} and "
-                              f"some are still queued or running: resume with --executor {kind}")
+        Ledger(runner.out_dir).executor = self.describe()  # before any job: a resume finds the executor
 
     def setup(self, runner: SweepRunner, done: set[str]) -> tuple[dict, list[Trial], set[str]]:
         """env.json, the plan and the references, computed by a job on the cluster (the trials' kind of node)."""
@@ -159,9 +161,9 @@ class SubmititExecutor:
             device, env, trials = job.result()
         except Exception as exc:  # submitit's FailedJobError carries the job's traceback
             last = (str(exc).strip().splitlines() or [type(exc).__name__])[-1]
-            raise RuntimeError(f"the sweep's setup job {job.job_id} failed on the {self.name} executor "
-                               f"(logs in {runner.out_dir / JOBS_DIR}): {last}") from exc
-        runner.device = resolve_device(device)
+            raise ExecutorError(f"the sweep's setup job {job.job_id} failed on the {self.name} executor: {last} "
+                                f"(its log: {runner.out_dir / JOBS_DIR}/{job.job_id}_0_log.err)") from None
+        runner.device = torch.device(device)  # the nodes' device: this machine (a login node) may have no GPU
         return env, trials, done
 
     def run(self, runner: SweepRunner, trials: list[Trial], env: dict) -> Iterator[tuple[Trial, TrialRecord]]:
@@ -180,8 +182,8 @@ class SubmititExecutor:
                 queue.append(trial)
             elif self._alive(runner, job_id):  # still queued or running: wait for it, do not submit it again
                 active[trial.trial_id] = (trial, self._attach(runner, job_id))
-            else:  # ended while no submitter watched it, without a record (gather() found none)
-                yield trial, self._ended(runner, trial, job_id)
+            else:  # ended while no submitter watched it (its record, if it wrote one, arrives here too)
+                yield trial, self._finished(runner, trial, job_id)
         while queue or active:
             while queue and (not self.max_running or len(active) < self.max_running):
                 trial = queue.pop(0)
@@ -190,10 +192,9 @@ class SubmititExecutor:
                 active[trial.trial_id] = (trial, job)
             time.sleep(self.poll_s)
             for trial_id, (trial, job) in list(active.items()):
-                path = record_path(runner.out_dir, trial)
-                if path.exists() or not self._job_alive(runner, job):
+                if record_path(runner.out_dir, trial).exists() or not self._job_alive(runner, job):
                     del active[trial_id]
-                    yield trial, _read(path, trial) if path.exists() else self._ended(runner, trial, job.job_id)
+                    yield trial, self._finished(runner, trial, job.job_id)
 
     # ---- submitit ----
 
@@ -232,17 +233,29 @@ class SubmititExecutor:
             return not job.done()
         return local_job_alive(job.job_id)  # submitted by an earlier submitter: by its process id
 
+    def _finished(self, runner: SweepRunner, trial: Trial, job_id: str) -> TrialRecord:
+        """The record a finished job wrote; if none is there yet, wait a little (a shared filesystem may show the
+        file after the scheduler shows the job ended), then record how the job ended."""
+        path = record_path(runner.out_dir, trial)
+        deadline = time.monotonic() + RECORD_GRACE_S
+        while not path.exists() and time.monotonic() < deadline:
+            time.sleep(min(self.poll_s, 1.0))
+        return _read(path, runner) if path.exists() else self._ended(runner, trial, job_id)
+
     def _ended(self, runner: SweepRunner, trial: Trial, job_id: str) -> TrialRecord:
-        """A job that ended without writing its trial's record (cancelled, its node lost, killed at its limit)."""
+        """A job that ended without writing its trial's record: ``killed`` when it was stopped from outside
+        (cancelled, its node lost, its time limit), ``failed`` when its own process failed (its stderr says why)."""
         job = self._attach(runner, job_id)
         try:
             state = job.state
         except Exception:  # noqa: BLE001 - the scheduler may have forgotten the job
             state = "UNKNOWN"
         tail = " | ".join((job.stderr() or "").strip().splitlines()[-3:])
+        stopped = any(word in state.upper() for word in ("CANCEL", "TIMEOUT", "NODE_FAIL", "PREEMPT", "INTERRUPT",
+                                                          "BOOT_FAIL", "DEADLINE"))
         record = runner.launcher.bare_record(
-            trial, "killed", f"{self.name} job {job_id} ended ({state}) before the trial wrote its record"
-                             + (f": {tail}" if tail else ""))
+            trial, "killed" if stopped else "failed",
+            f"{self.name} job {job_id} ended ({state}) before the trial wrote its record" + (f": {tail}" if tail else ""))
         record.config_hash = runner.config_hash
         return record
 
@@ -253,6 +266,11 @@ def from_args(kind: str | None, out_dir: Path | None, resume: bool, partition: s
     """The executor the command line asks for; a resumed sweep keeps the one it was started with (``jobs.json``),
     with any option given now replacing the stored one."""
     stored = Ledger(out_dir).executor if resume and out_dir is not None and (out_dir / LEDGER).is_file() else {}
+    if resume and out_dir is not None and (out_dir / "env.json").is_file():
+        started = stored.get("kind", "local")  # env.json describes the machines of the executor it started with
+        if kind not in (None, started):
+            raise ConfigError(f"--resume: the sweep in {out_dir} ran with --executor {started} (its env.json "
+                              f"describes those machines); resume it with --executor {started}, or start a new --out")
     kind = kind or stored.get("kind") or "local"
     if kind not in EXECUTORS:
         raise ConfigError(f"unknown executor {kind!r} (valid: {', '.join(EXECUTORS)})")
@@ -370,11 +388,17 @@ def record_path(out_dir: Path, trial: Trial | str) -> Path:
     return out_dir / TRIALS_DIR / (hashlib.sha1(trial_id.encode()).hexdigest()[:20] + ".json")
 
 
-def _read(path: Path, trial: Trial) -> TrialRecord:
+def _read(path: Path, runner: SweepRunner) -> TrialRecord:
+    """A job's record, checked: readable, and made under this sweep's settings (a report never mixes two)."""
     try:
-        return TrialRecord.from_dict(json.loads(path.read_text()))
-    except (ValueError, TypeError, UnicodeDecodeError) as exc:
-        raise RuntimeError(f"{path}: the record of trial {trial.trial_id} could not be read ({exc})") from None
+        record = TrialRecord.from_dict(json.loads(path.read_text()))
+    except (ValueError, TypeError, AttributeError, UnicodeDecodeError) as exc:
+        raise ExecutorError(f"{path}: a trial job's record could not be read ({exc}); move it away and --resume "
+                            "to run that trial again") from None
+    if record.config_hash != runner.config_hash:
+        raise ExecutorError(f"{path}: a trial job's record was made under other settings (settings hash "
+                            f"{record.config_hash}, this sweep's {runner.config_hash}); move it away and --resume")
+    return record
 
 
 def gather(runner: SweepRunner) -> set[str]:
@@ -385,7 +409,7 @@ def gather(runner: SweepRunner) -> set[str]:
     recorded = runner.store.done_trial_ids()
     gathered = set()
     for path in sorted(directory.glob("*.json")):
-        record = TrialRecord.from_dict(json.loads(path.read_text()))
+        record = _read(path, runner)
         if record.trial_id not in recorded:
             runner.store.append(record)
             gathered.add(record.trial_id)
@@ -402,6 +426,8 @@ class Ledger:
         self.path = self.out_dir / LEDGER
         try:
             data = json.loads(self.path.read_text()) if self.path.exists() else {}
+            if not isinstance(data, dict):
+                raise ValueError("not an object")
         except (ValueError, UnicodeDecodeError):
             raise ConfigError(f"{self.path} is not valid JSON: the sweep's record of its jobs is damaged (restore "
                               "it, or start a new --out)") from None
@@ -441,6 +467,6 @@ class Ledger:
         write_atomic(self.path, json.dumps({"executor": self._executor, "jobs": self.jobs}, indent=1) + "\n")
 
 
-__all__ = ["EXECUTORS", "Executor", "Ledger", "LocalExecutor", "SubmititExecutor", "from_args", "gather",
+__all__ = ["EXECUTORS", "Executor", "ExecutorError", "Ledger", "LocalExecutor", "SubmititExecutor", "from_args", "gather",
            "node_note", "parse_options", "record_path", "setup_job",
            "trial_job"]

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
+import hashlib
 import json
 import logging
 import math
@@ -49,17 +50,18 @@ class Launch:
     node_rank: int = 0
     rdzv_endpoint: str | None = None
 
-    def torchrun_args(self, nproc: int) -> list[str]:
+    def torchrun_args(self, nproc: int, rdzv_id: str = "none") -> list[str]:
         """torchrun's arguments. Multi-node uses the static rendezvous: it is the one that honours ``--node-rank``
         (c10d's dynamic rendezvous ranks nodes in the order they arrive, which would put global rank 0, the rank
-        that writes the record, on any node)."""
+        that writes the record, on any node). ``rdzv_id`` prefixes its store's keys: one per trial, so a node that
+        moved on early never meets a previous trial's keys."""
         args = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc), "--max-restarts", "0"]
         if self.nnodes == 1 and self.rdzv_endpoint is None:
             return [*args, "--standalone"]
         if not self.rdzv_endpoint:
             raise ConfigError("--nnodes > 1 needs --rdzv-endpoint HOST:PORT (the same on every node)")
         return [*args, "--nnodes", str(self.nnodes), "--node-rank", str(self.node_rank), "--rdzv-backend", "static",
-                "--rdzv-endpoint", self.rdzv_endpoint]
+                "--rdzv-endpoint", self.rdzv_endpoint, "--rdzv-id", rdzv_id]
 
 
 @dataclass
@@ -189,7 +191,9 @@ class TrialLauncher:
             child_env = dict(os.environ, PYTHONUNBUFFERED="1", TORCHINDUCTOR_CACHE_DIR=str(tmp_path / "inductor"))
             cmd = [sys.executable, "-m", "bench.trial", str(spec_path), str(record_path)]
             if trial.world_size > 1:
-                cmd = [*self.launch.torchrun_args(trial.world_size // self.launch.nnodes),
+                # The same id on every node (a stable digest: Python's hash() differs between processes).
+                rdzv_id = "trainbench-" + hashlib.sha1(f"{self.cfg.name}/{trial.trial_id}".encode()).hexdigest()[:16]
+                cmd = [*self.launch.torchrun_args(trial.world_size // self.launch.nnodes, rdzv_id),
                        "-m", "bench.trial", str(spec_path), str(record_path)]
             cmd = [sys.executable, "-m", "bench.guard", str(os.getpid()), *cmd]  # dies with this process
             oom_before = oom_kills()

@@ -7,7 +7,7 @@ record nothing, start from the first trial: the nodes would launch different tri
 rendezvous ids forever. So before the first trial node 0 publishes its done set, and every other node takes it.
 
 The exchange runs over a ``torch.distributed.TCPStore`` that node 0 hosts on the rendezvous endpoint's HOST:PORT:
-that port is free between torchrun launches, and every node can already reach it. torchrun's c10d rendezvous binds
+that port is free between torchrun launches, and every node can already reach it. torchrun's (static) rendezvous binds
 it again for each trial, so node 0 closes its store before ``agree_on_done`` returns. The same exchange checks
 that all nodes planned the same trials, a mistake that would otherwise show up as a hang.
 """

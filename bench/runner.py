@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from bench import nodes, sweepdir
-from bench.config import ConfigError, SweepConfig
+from bench.config import ConfigError, SweepConfig, check_shard
 from bench.files import write_atomic
 from bench.launcher import Launch, TrialLauncher
 from bench.plan import Trial
@@ -80,11 +80,8 @@ class SweepRunner:
 
     @property
     def config_hash(self) -> str:
-        return sweepdir.settings_hash(self.cfg)
-
-    @property
-    def reference_dir(self) -> Path:
-        return self.out_dir / "references"
+        """The hash of the settings every record of this sweep carries."""
+        return self.launcher.config_hash
 
     @property
     def recorder(self) -> bool:
@@ -109,6 +106,8 @@ class SweepRunner:
         try:
             if self.resume:
                 self.cfg = sweepdir.resumed_config(self.out_dir, self.cfg, self.extend)
+            if self.cfg.shard:  # on the whole plan (a resume with --extend has just grown it)
+                check_shard(self.cfg.shard, len(self.cfg.workloads))
                 self.store.repair_tail()
                 sweepdir.check_records([r.config_hash for r in self.store.iter_records()], self.config_hash,
                                        self.out_dir)
@@ -125,6 +124,10 @@ class SweepRunner:
         resuming."""
         if not self.claimed:
             self.claim()
+        if not self.recorder:
+            # Another node of a multi-node sweep: its ranks write no record, so it needs no peaks, and it must not
+            # replace node 0's env.json when the nodes share the directory.
+            return {"device": str(self.device), "node_rank": self.launch.node_rank}
         try:
             return self.launcher.environment(self.command, self.resume)
         except BaseException:

@@ -107,3 +107,33 @@ def test_ab_end_to_end_interleaves_and_compares(tmp_path, capsys):
 def test_cli_ab_bad_input_exits_2(tmp_path, capsys):
     assert main(["sweep", "--ab", str(tmp_path / "missing"), "--out", str(tmp_path / "o")]) == 2
     assert "neither a directory nor a git revision" in capsys.readouterr().err
+
+
+def test_both_sides_keep_the_multi_node_launch_settings(tmp_path):
+    from bench.launcher import Launch
+
+    launch = Launch(nnodes=2, node_rank=1, rdzv_endpoint="10.0.0.1:29500")
+    cfg = build_config("smoke", {"workloads": "mlp", "techniques": "ddp", "repeats": 1, "nproc": 1, "nnodes": 2})
+    runner = ab.AbRunner(cfg, tmp_path / "x", torch.device("cpu"), ab.Checkout(REPO, ".", None), launch=launch)
+    for side in ab.SIDES:
+        assert runner.runners[side].launch == launch
+        assert runner.runners[side].launcher.launch.torchrun_args(1, "t")[-8:] == [
+            "--node-rank", "1", "--rdzv-backend", "static", "--rdzv-endpoint", "10.0.0.1:29500", "--rdzv-id", "t"]
+        assert not runner.runners[side].recorder  # node 1 takes part; node 0 records
+
+
+def test_other_nodes_neither_claim_nor_compare_the_shared_directory(tmp_path):
+    from bench.launcher import Launch
+
+    out = tmp_path / "x"
+    out.mkdir()
+    (out / "ab.json").write_text("{}")  # node 0 has started in the shared directory
+    cfg = build_config("smoke", {"workloads": "mlp", "techniques": "ddp", "repeats": 1, "nproc": 1, "nnodes": 2})
+    node1 = ab.AbRunner(cfg, out, torch.device("cpu"), ab.Checkout(REPO, ".", None),
+                        launch=Launch(nnodes=2, node_rank=1, rdzv_endpoint="127.0.0.1:29500"))
+    node1._claim_root()  # node 0's files are expected there
+    assert not node1.recorder
+    node0 = ab.AbRunner(cfg, out, torch.device("cpu"), ab.Checkout(REPO, ".", None),
+                        launch=Launch(nnodes=2, node_rank=0, rdzv_endpoint="127.0.0.1:29500"))
+    with pytest.raises(ConfigError, match="is not empty"):
+        node0._claim_root()

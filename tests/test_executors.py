@@ -167,3 +167,47 @@ def test_ab_and_batch_executors_do_not_mix(tmp_path):
                            "--out", str(tmp_path / "x")], cwd=REPO, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2 and proc.stderr.count("\n") == 1
     assert "--ab runs both sides on this machine" in proc.stderr
+
+
+def _finished_job(tmp_path, record_hash: str | None, monkeypatch):
+    """A trial whose job (a pid that no longer runs) ended while no submitter watched; its record if given."""
+    from bench.plan import plan
+
+    monkeypatch.setattr(executors, "RECORD_GRACE_S", 0.1)
+    out = tmp_path / "sweep"
+    runner = SweepRunner(config(), out, CPU)
+    out.mkdir(parents=True)
+    trial = plan(runner.cfg, CPU)[0]
+    record = runner.launcher.bare_record(trial, "ok", None)
+    record.config_hash = record_hash or ""
+    if record_hash is not None:
+        executors.record_path(out, trial).parent.mkdir()
+        executors.record_path(out, trial).write_text(record.to_json())
+    ledger = executors.Ledger(out)
+    ledger.executor = {"kind": "submitit-local"}
+    ledger.add(trial.trial_id, "999999999")  # no such process
+    executor = executors.SubmititExecutor(cluster="local", poll_s=0.01)
+    return lambda: list(executor.run(runner, [trial], {})), trial, record, runner
+
+
+def test_a_job_that_ended_unwatched_gives_its_record_or_says_how_it_ended(tmp_path, monkeypatch):
+    run, trial, record, runner = _finished_job(tmp_path / "1", "", monkeypatch)
+    record.config_hash = runner.config_hash
+    executors.record_path(runner.out_dir, trial).write_text(record.to_json())
+    assert run() == [(trial, record)]  # its record, although the job is gone: not "killed"
+    run, trial, _, _ = _finished_job(tmp_path / "2", None, monkeypatch)
+    ((_, ended),) = run()
+    assert ended.status == "failed" and "job 999999999 ended" in ended.reason  # no record: how it ended
+    run, *_ = _finished_job(tmp_path / "3", "0123456789abcdef", monkeypatch)
+    with pytest.raises(executors.ExecutorError, match="made under other settings"):
+        run()
+
+
+def test_a_resume_keeps_the_executor_the_sweep_started_with(tmp_path):
+    (tmp_path / "env.json").write_text("{}")  # a sweep that ran locally
+    with pytest.raises(ConfigError, match="ran with --executor local .* resume it with --executor local"):
+        executors.from_args("submitit-local", tmp_path, resume=True)
+    executors.Ledger(tmp_path).executor = {"kind": "slurm", "partition": "gpu"}
+    with pytest.raises(ConfigError, match="ran with --executor slurm"):
+        executors.from_args("local", tmp_path, resume=True)
+    assert executors.from_args(None, tmp_path, resume=True).partition == "gpu"

@@ -342,3 +342,19 @@ def test_a_shape_the_type_check_misses_still_gets_one_line(tmp_path, capsys):
     assert cli_mod.main(["report", str(sweep)]) == 2
     assert capsys.readouterr().err == (f"error: {sweep}/results.jsonl: a record of an unexpected shape stopped the "
                                        "report (IndexError: list index out of range)\n")
+
+
+def test_a_summary_without_speed_says_why():
+    from bench import analysis
+    from bench.report.content import _speed_points
+    from tests.records import record
+
+    def points(**kw):
+        records = [record(label, seed=i, **kw) for label in ("baseline", "bf16") for i in range(3)]
+        configs = analysis.configurations(analysis.records_frame(records), "baseline")
+        return _speed_points(None, configs, configs[~configs["is_reference"].astype(bool)])
+
+    assert points(contended=True) == [
+        "speed not reported: every timed window here stayed contended (other processes used the cores; see the "
+        "status column): measure again on an idle machine"]
+    assert points(mode="quality", sps=None) == ["speed and memory not measured here (quality runs only: --mode quality)"]

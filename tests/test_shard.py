@@ -41,11 +41,24 @@ def test_shards_partition_the_plan_by_whole_workloads():
 
 @pytest.mark.parametrize("text, message", [
     ("2/2", "the index must be 0 to 1"), ("1", "INDEX/COUNT"), ("a/b", "INDEX/COUNT"), ("0/0", "count >= 1"),
-    ("0/4", "the plan has 3 workload"),
 ])
 def test_bad_shards_say_what_is_valid(text, message):
     with pytest.raises(ConfigError, match=message):
         build_config("smoke", {**FLAGS, "shard": text})
+
+
+def test_more_shards_than_workloads_are_refused_on_the_whole_plan(tmp_path):
+    with pytest.raises(ConfigError, match="the plan has 3 workload.*use at most 3 shards"):
+        SweepRunner(build_config("smoke", {**FLAGS, "shard": "0/4"}), tmp_path / "a", CPU).claim()
+    # --resume --extend counts the grown plan's workloads, not only those given now
+    out = tmp_path / "b"
+    out.mkdir()
+    (out / "sweep.toml").write_text(build_config("smoke", {**FLAGS, "shard": "1/2"}).to_toml())
+    grown = build_config("smoke", {**FLAGS, "workloads": "cnn_aug", "shard": "1/2"})
+    runner = SweepRunner(grown, out, CPU, resume=True, extend=True)
+    runner.claim()
+    runner.close()
+    assert [w.name for w in runner.cfg.workloads] == ["mlp", "gpt", "cnn", "cnn_aug"]
 
 
 def test_the_shard_is_kept_on_resume_and_out_of_the_settings_hash(tmp_path):

@@ -64,8 +64,8 @@ def shard_notes(sweep: Sweep) -> list[str]:
     shards: dict[int, set[int]] = {}
     for source in sweep.sources:
         text = (source.settings or {}).get("shard")
-        if text:
-            index, _, count = str(text).partition("/")
+        index, _, count = str(text or "").partition("/")
+        if index.isdigit() and count.isdigit():
             shards.setdefault(int(count), set()).add(int(index))
     notes = []
     for count, present in sorted(shards.items()):
@@ -75,8 +75,8 @@ def shard_notes(sweep: Sweep) -> list[str]:
             notes.append(f"this report holds shard(s) {listed} of a sweep split in {count}: the workloads of shard(s) "
                          f"{', '.join(f'{i}/{count}' for i in missing)} are not in it (give every shard's directory)")
         else:
-            notes.append(f"shards {listed} merged: each shard ran whole workloads on its own machine, so every "
-                         "comparison here is within one machine")
+            notes.append(f"shards {listed} merged: each shard ran whole workloads (all their technique sets and "
+                         "repeats), so no comparison pairs trials of two shards")
     return notes
 
 

@@ -479,6 +479,9 @@ def _sweep_facts(analysis: Analysis) -> list[tuple[str, str]]:
 
 def _speed_points(analysis: Analysis, rows: pd.DataFrame, others: pd.DataFrame) -> list[str]:
     if not any(_ok(v) for v in rows["sps_median"]) and not any(_ok(v) for v in rows["peak_bytes"]):
+        if any(int(n or 0) for n in rows["n_contended"]):
+            return ["speed not reported: every timed window here stayed contended (other processes used the cores; "
+                    "see the status column): measure again on an idle machine"]
         return ["speed and memory not measured here (quality runs only: --mode quality)"]
     parts = []
     faster = others[others["speedup_verdict"] == "faster"]
