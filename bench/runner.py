@@ -106,11 +106,11 @@ class SweepRunner:
         try:
             if self.resume:
                 self.cfg = sweepdir.resumed_config(self.out_dir, self.cfg, self.extend)
-            if self.cfg.shard:  # on the whole plan (a resume with --extend has just grown it)
-                check_shard(self.cfg.shard, len(self.cfg.workloads))
                 self.store.repair_tail()
                 sweepdir.check_records([r.config_hash for r in self.store.iter_records()], self.config_hash,
                                        self.out_dir)
+            if self.cfg.shard:  # on the whole plan (a resume with --extend has just grown it)
+                check_shard(self.cfg.shard, len(self.cfg.workloads))
             self.executor.claim(self)
             sweepdir.remove_stale_temp_dirs()
             write_atomic(self.out_dir / "sweep.toml", self.cfg.to_toml())
