@@ -168,8 +168,7 @@ class SubmititExecutor:
 
     def run(self, runner: SweepRunner, trials: list[Trial], env: dict) -> Iterator[tuple[Trial, TrialRecord]]:
         launcher = runner.launcher
-        ledger = Ledger(runner.out_dir)
-        ledger.executor = self.describe()
+        ledger = Ledger(runner.out_dir)  # its executor was written by claim()
         executor = self._executor(runner, runner.cfg.budget.timeout_s)
         active: dict[str, tuple[Trial, Any]] = {}
         queue: list[Trial] = []
@@ -178,10 +177,11 @@ class SubmititExecutor:
                 yield trial, launcher.run(trial, env)
                 continue
             job_id = ledger.job_of(trial.trial_id)
-            if job_id is None:
+            job = None if job_id is None else self._attach(runner.out_dir, job_id)
+            if job is None:
                 queue.append(trial)
-            elif self._alive(runner, job_id):  # still queued or running: wait for it, do not submit it again
-                active[trial.trial_id] = (trial, self._attach(runner, job_id))
+            elif self._job_alive(job):  # still queued or running: wait for it, do not submit it again
+                active[trial.trial_id] = (trial, job)
             else:  # ended while no submitter watched it (its record, if it wrote one, arrives here too)
                 yield trial, self._finished(runner, trial, job_id)
         while queue or active:
@@ -192,7 +192,7 @@ class SubmititExecutor:
                 active[trial.trial_id] = (trial, job)
             time.sleep(self.poll_s)
             for trial_id, (trial, job) in list(active.items()):
-                if record_path(runner.out_dir, trial).exists() or not self._job_alive(runner, job):
+                if record_path(runner.out_dir, trial).exists() or not self._job_alive(job):
                     del active[trial_id]
                     yield trial, self._finished(runner, trial, job.job_id)
 
@@ -220,15 +220,13 @@ class SubmititExecutor:
                               f"({' '.join(str(exc).split())[:400]})") from None
         return executor
 
-    def _attach(self, runner: SweepRunner, job_id: str) -> Any:
+    def _attach(self, out_dir: Path, job_id: str) -> Any:
+        """A job submitted earlier, by its id (this submitter's or a previous one's)."""
         submitit = _import_submitit()
-        folder = runner.out_dir / JOBS_DIR
+        folder = out_dir / JOBS_DIR
         return submitit.SlurmJob(folder, job_id) if self.cluster == "slurm" else submitit.LocalJob(folder, job_id)
 
-    def _alive(self, runner: SweepRunner, job_id: str) -> bool:
-        return self._job_alive(runner, self._attach(runner, job_id))
-
-    def _job_alive(self, runner: SweepRunner, job: Any) -> bool:
+    def _job_alive(self, job: Any) -> bool:
         if self.cluster == "slurm" or getattr(job, "_process", None) is not None:
             return not job.done()
         return local_job_alive(job.job_id)  # submitted by an earlier submitter: by its process id
@@ -245,7 +243,7 @@ class SubmititExecutor:
     def _ended(self, runner: SweepRunner, trial: Trial, job_id: str) -> TrialRecord:
         """A job that ended without writing its trial's record: ``killed`` when it was stopped from outside
         (cancelled, its node lost, its time limit), ``failed`` when its own process failed (its stderr says why)."""
-        job = self._attach(runner, job_id)
+        job = self._attach(runner.out_dir, job_id)
         try:
             state = job.state
         except Exception:  # noqa: BLE001 - the scheduler may have forgotten the job
@@ -456,12 +454,10 @@ class Ledger:
         """Job ids of trials with no record yet whose jobs still run (submitit-local: checked by pid here)."""
         kind = self._executor.get("kind")
         pending = [e["job_id"] for t, e in self.jobs.items() if not record_path(self.out_dir, t).exists()]
-        if not pending or kind is None:
+        if not pending or kind not in ("slurm", "submitit-local"):
             return []
-        if kind == "submitit-local":
-            return [j for j in pending if local_job_alive(j)]
-        submitit = _import_submitit()
-        return [j for j in pending if not submitit.SlurmJob(self.out_dir / JOBS_DIR, j).done()]
+        executor = SubmititExecutor(cluster="slurm" if kind == "slurm" else "local")
+        return [j for j in pending if executor._job_alive(executor._attach(self.out_dir, j))]
 
     def _write(self) -> None:
         write_atomic(self.path, json.dumps({"executor": self._executor, "jobs": self.jobs}, indent=1) + "\n")
