@@ -119,9 +119,10 @@ def _batch_split_problem(instances: list[Technique], params: dict, world_size: i
 
 
 def world_size_for(techs: TechniqueSet, world_size: int) -> int:
-    """Sets with a data-parallel / sharding technique run on every process; the others (the baseline included)
-    run in one process, so they are the single-process reference the distributed sets are compared with."""
-    distributed = any(spec.resolve().slot == "sharding" for spec in techs.specs)
+    """Sets with a multi-process technique (data-parallel, sharding, model-parallel) run on every process; the
+    others (the baseline included) run in one process, so they are the single-process reference the distributed
+    sets are compared with."""
+    distributed = any(spec.resolve().multi_process for spec in techs.specs)
     return world_size if distributed else 1
 
 

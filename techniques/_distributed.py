@@ -17,8 +17,6 @@ from torch import nn
 
 from techniques.base import Context, model_blocks
 
-SHARDING_TECHNIQUES = ("ddp", "zero1", "zero2", "zero3", "deepspeed")
-
 
 def needs_world(ctx: Context, name: str) -> str | None:
     """The common check: a data-parallel technique needs several processes."""

@@ -33,7 +33,8 @@ trained, 0 for non-sequence workloads). The loop advances ``step`` after the ``a
 Facts the harness needs about a technique are typed class attributes, never name checks in the core:
 ``kind`` (how quality is judged), ``compute_dtype`` (the matmul dtype it switches to: MFU's peak), ``hides_tensors``
 (the tensor-memory tracker cannot see inside it), ``zero_stage`` (the ZeRO stage of a sharding technique) and
-``memory_note`` (how its per-rank memory departs from the ZeRO formula).
+``memory_note`` (how its per-rank memory departs from the ZeRO formula) and ``multi_process`` (the set runs on
+every process ``--nproc`` starts).
 
 Register with ``@register`` and add the module to the explicit import list in ``techniques/__init__.py`` (a
 third-party technique comes from a file or an entry point instead: docs/plugins.md). Per-block transforms find the
@@ -177,6 +178,8 @@ class Technique:
     hides_tensors: ClassVar[bool] = False  # True: the tensor tracker cannot see what it runs (compiled graphs)
     zero_stage: int | None = None  # ZeRO stage of a data-parallel/sharding technique (0 = DDP); None otherwise
     memory_note: ClassVar[str | None] = None  # how its per-rank memory departs from the ZeRO formula, if it does
+    multi_process: ClassVar[bool] = False  # runs on every process torchrun starts (--nproc); sets without such a
+    # technique run in one process, as the reference the multi-process sets are compared with
 
     @dataclass(frozen=True)
     class Options:
