@@ -18,6 +18,7 @@ from techniques import (  # noqa: F401  (imported for registration)
     fused_adamw,
     grad_accum,
     loader,
+    local_sgd,
     lr_finder,
     lr_schedule,
     offload,

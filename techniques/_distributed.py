@@ -130,3 +130,43 @@ def apply_fsdp(model: nn.Module, ctx: Context, reshard_after_forward: bool) -> n
             fully_shard(block, reshard_after_forward=reshard_after_forward, offload_policy=policy)
     fully_shard(model, reshard_after_forward=reshard_after_forward, offload_policy=policy)
     return model
+
+
+class CommCounter:
+    """Bytes this rank hands to collectives, and the global samples trained, split between the quality run (steps
+    before ``ctx.total_steps``) and the steps after it (the speed window, its warm-up and the memory passes).
+
+    Counted where a technique calls the collective, from the tensors it passes (the payload), so the number
+    follows what actually ran: a ring all-reduce then moves about 2 (N - 1) / N of the payload out of each rank
+    and as much in. Techniques call ``add`` beside each collective, ``samples`` on each global batch and put
+    ``results()`` in their record under ``"communication"``.
+    """
+
+    def __init__(self) -> None:
+        self.bytes = {"quality_run": 0, "after": 0}
+        self.samples_seen = {"quality_run": 0, "after": 0}
+        self.steps = {"quality_run": 0, "after": 0}
+        self.collectives = {"quality_run": 0, "after": 0}
+
+    @staticmethod
+    def _phase(ctx: Context) -> str:
+        return "quality_run" if ctx.step < ctx.total_steps else "after"
+
+    def add(self, tensors: Any, ctx: Context) -> None:
+        """One collective over ``tensors`` (a tensor or an iterable of them)."""
+        tensors = [tensors] if torch.is_tensor(tensors) else list(tensors)
+        self.bytes[self._phase(ctx)] += sum(t.numel() * t.element_size() for t in tensors)
+        self.collectives[self._phase(ctx)] += 1
+
+    def samples(self, n: int, ctx: Context) -> None:
+        """A global batch of ``n`` samples is about to be trained (call before the step runs)."""
+        self.samples_seen[self._phase(ctx)] += n
+        self.steps[self._phase(ctx)] += 1
+
+    def results(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"unit": "bytes this rank passed to collectives (payload), per global sample trained"}
+        for phase in ("quality_run", "after"):
+            n, b = self.samples_seen[phase], self.bytes[phase]
+            out[phase] = {"steps": self.steps[phase], "samples": n, "bytes": b, "collectives": self.collectives[phase],
+                          "bytes_per_sample": b / n if n else None}
+        return out

@@ -1,8 +1,9 @@
 """Run under torchrun by tests/test_distributed.py: train with one data-parallel technique, save what to compare.
 
-    torchrun --standalone --nproc-per-node 2 tests/dist_worker.py TECHNIQUES OUT_DIR [balanced|mlp [STEPS]]
+    torchrun --standalone --nproc-per-node 2 tests/dist_worker.py TECHNIQUES OUT_DIR [balanced|mlp [STEPS [sgd]]]
 
-TECHNIQUES is a set like ``zero3+offload``.
+TECHNIQUES is a set like ``zero3+offload`` or ``local_sgd:period=4:warmup=0``; ``sgd`` trains with plain SGD
+instead of the workload's AdamW (local SGD equals DDP only then). Each rank's ``technique_results`` are saved too.
 """
 
 from __future__ import annotations
@@ -16,9 +17,9 @@ import torch.distributed as dist
 from torch import nn
 
 from bench import workloads
+from bench.config import TechniqueSet
 from bench.loop import TrainLoop, build_optimizer
 from bench.trial import end_rank
-from techniques import get
 from techniques._distributed import model_state_bytes
 from techniques.base import Context
 
@@ -54,6 +55,15 @@ def build(balanced: bool):
     return built.model, built.batches, built.loss_fn, built.lr
 
 
+def sgd(model: nn.Module, techs: list, ctx: Context, lr: float) -> torch.optim.Optimizer:
+    """Plain SGD as the default optimizer, wrapped by a technique that builds its own (local SGD's averager)."""
+    def default(params):
+        return torch.optim.SGD(params, lr=lr)
+
+    built = [opt for t in techs if (opt := t.build_optimizer(model.parameters(), default, ctx)) is not None]
+    return built[0] if built else default(model.parameters())
+
+
 def main() -> None:
     name, out = sys.argv[1], Path(sys.argv[2])
     balanced = len(sys.argv) > 3 and sys.argv[3] == "balanced"
@@ -61,11 +71,16 @@ def main() -> None:
     rank, world = dist.get_rank(), dist.get_world_size()
     model, batches, loss_fn, lr = build(balanced)
     steps = int(sys.argv[4]) if len(sys.argv) > 4 else STEPS
-    techs = [get(n)() for n in name.split("+")]
-    ctx = Context(device=torch.device("cpu"), rank=rank, world_size=world, technique_names=tuple(name.split("+")))
+    technique_set = TechniqueSet.parse(name)
+    techs = [spec.resolve() for spec in technique_set.specs]
+    ctx = Context(device=torch.device("cpu"), rank=rank, world_size=world, technique_names=technique_set.names,
+                  total_steps=steps)
     for tech in techs:
         model = tech.transform_model(model, ctx)
-    opt = build_optimizer(model, techs, ctx, lr)
+    if len(sys.argv) > 5 and sys.argv[5] == "sgd":
+        opt = sgd(model, techs, ctx, lr)
+    else:
+        opt = build_optimizer(model, techs, ctx, lr)
     loop = TrainLoop(model, opt, loss_fn, techs, ctx)
     data = batches(BATCH, 0)
     for tech in techs:
@@ -73,6 +88,8 @@ def main() -> None:
     for _ in range(steps if not balanced else 1):
         loop.step(next(data))
     (out / f"state_rank{rank}.json").write_text(json.dumps(model_state_bytes(model, opt)))
+    found = {t.name: r for t in techs if (r := t.results(ctx))}
+    (out / f"results_rank{rank}.json").write_text(json.dumps(found))
     full = {}
     for key, p in model.named_parameters():
         tensor = p.full_tensor() if hasattr(p, "full_tensor") else p.detach()

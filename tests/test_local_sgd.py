@@ -1,0 +1,69 @@
+"""Local SGD with 2 real gloo ranks (torchrun) on CPU.
+
+- with H = 1, no warm-up and plain SGD it is DDP: the parameters after 10 steps match DDP's (averaging the ranks'
+  SGD updates is the update of the averaged gradient);
+- with H = 4 it is not DDP any more, and the bytes it counts are the gradient buckets of each warm-up step plus the
+  parameters of each average, exactly;
+- options and the one-process check give their reasons.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from bench import workloads
+from bench.config import ConfigError, TechniqueSpec
+from techniques.base import Context
+from tests.test_distributed import torchrun
+
+STEPS = 10
+
+
+def n_params() -> int:
+    return sum(p.numel() for p in workloads.get("mlp").build("tiny", 0, torch.device("cpu")).model.parameters())
+
+
+@pytest.fixture(scope="module")
+def ddp_sgd(tmp_path_factory):
+    out = tmp_path_factory.mktemp("ddp_sgd")
+    torchrun("ddp", str(out), "mlp", str(STEPS), "sgd")
+    return torch.load(out / "params.pt")
+
+
+@pytest.mark.distributed
+def test_period_one_without_warmup_is_ddp_under_sgd(tmp_path, ddp_sgd):
+    torchrun("local_sgd:period=1:warmup=0", str(tmp_path), "mlp", str(STEPS), "sgd")
+    params = torch.load(tmp_path / "params.pt")
+    initial = workloads.get("mlp").build("tiny", 0, torch.device("cpu")).model.state_dict()
+    for key, expected in ddp_sgd.items():
+        assert torch.allclose(params[key], expected, atol=1e-6), key
+        assert not torch.equal(expected, initial[key]), "training moved nothing"
+    counted = json.loads((tmp_path / "results_rank0.json").read_text())["local_sgd"]["communication"]
+    assert counted["quality_run"]["bytes"] == STEPS * 4 * n_params()  # one parameter average per step, no buckets
+
+
+@pytest.mark.distributed
+def test_period_four_drifts_from_ddp_and_counts_what_it_sends(tmp_path, ddp_sgd):
+    torchrun("local_sgd:period=4:warmup=2", str(tmp_path), "mlp", str(STEPS), "sgd")
+    params = torch.load(tmp_path / "params.pt")
+    assert any(not torch.allclose(params[k], v, atol=1e-6) for k, v in ddp_sgd.items())
+    for rank in (0, 1):
+        counted = json.loads((tmp_path / f"results_rank{rank}.json").read_text())["local_sgd"]["communication"]
+        run = counted["quality_run"]
+        # steps 0-1 all-reduce every gradient bucket (DDP); the averager then averages at steps 2 and 6 (of 0-9)
+        assert run["bytes"] == (2 + 2) * 4 * n_params()
+        assert run["samples"] == STEPS * 64 and run["steps"] == STEPS
+        assert run["bytes_per_sample"] == run["bytes"] / run["samples"]
+
+
+def test_options_and_check_give_reasons():
+    with pytest.raises(ConfigError, match="period must be at least 1"):
+        TechniqueSpec.parse("local_sgd:period=0")
+    with pytest.raises(ConfigError, match="warmup must be 0 or more"):
+        TechniqueSpec.parse("local_sgd:warmup=-1")
+    tech = TechniqueSpec.parse("local_sgd").resolve()
+    assert "--nproc 2" in tech.check(Context(device=torch.device("cpu"), world_size=1))
+    assert tech.check(Context(device=torch.device("cpu"), world_size=2)) is None
