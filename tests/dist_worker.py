@@ -21,7 +21,7 @@ from bench.config import TechniqueSet
 from bench.loop import TrainLoop, build_optimizer
 from bench.trial import end_rank
 from techniques._distributed import model_state_bytes
-from techniques.base import Context
+from techniques.base import Context, Probe, TrainConfig
 
 STEPS = 10
 BATCH = 64
@@ -40,6 +40,10 @@ class Balanced(nn.Module):
         return x
 
 
+def build_mlp():
+    return workloads.get("mlp").build("tiny", 0, torch.device("cpu"))
+
+
 def build(balanced: bool):
     if balanced:
         torch.manual_seed(0)
@@ -51,7 +55,7 @@ def build(balanced: bool):
                 yield torch.randn(batch_size, 64, generator=gen), torch.randn(batch_size, 64, generator=gen)
 
         return model, batches, nn.functional.mse_loss, 1e-3
-    built = workloads.get("mlp").build("tiny", 0, torch.device("cpu"))
+    built = build_mlp()
     return built.model, built.batches, built.loss_fn, built.lr
 
 
@@ -73,8 +77,11 @@ def main() -> None:
     steps = int(sys.argv[4]) if len(sys.argv) > 4 else STEPS
     technique_set = TechniqueSet.parse(name)
     techs = [spec.resolve() for spec in technique_set.specs]
-    ctx = Context(device=torch.device("cpu"), rank=rank, world_size=world, technique_names=technique_set.names,
+    cpu = torch.device("cpu")
+    ctx = Context(device=cpu, rank=rank, world_size=world, technique_names=technique_set.names,
                   total_steps=steps)
+    for tech in techs:  # techniques that set themselves up on a fresh copy of the workload (fedavg's clients)
+        tech.tune(TrainConfig(batch_size=BATCH, lr=lr), Probe(fresh=lambda seed=0: build_mlp(), device=cpu), ctx)
     for tech in techs:
         model = tech.transform_model(model, ctx)
     if len(sys.argv) > 5 and sys.argv[5] == "sgd":
@@ -91,7 +98,8 @@ def main() -> None:
     found = {t.name: r for t in techs if (r := t.results(ctx))}
     (out / f"results_rank{rank}.json").write_text(json.dumps(found))
     full = {}
-    for key, p in model.named_parameters():
+    evaluated = next((m for t in techs if (m := t.eval_model(model, ctx)) is not model), model)  # fedavg's server
+    for key, p in evaluated.named_parameters():
         tensor = p.full_tensor() if hasattr(p, "full_tensor") else p.detach()
         full[key.removeprefix("module.")] = tensor.clone()
     if rank == 0:
