@@ -149,19 +149,19 @@ class CommCounter:
         self.collectives = {"quality_run": 0, "after": 0}
 
     @staticmethod
-    def _phase(ctx: Context) -> str:
+    def phase(ctx: Context) -> str:
         return "quality_run" if ctx.step < ctx.total_steps else "after"
 
     def add(self, tensors: Any, ctx: Context) -> None:
         """One collective over ``tensors`` (a tensor or an iterable of them)."""
         tensors = [tensors] if torch.is_tensor(tensors) else list(tensors)
-        self.bytes[self._phase(ctx)] += sum(t.numel() * t.element_size() for t in tensors)
-        self.collectives[self._phase(ctx)] += 1
+        self.bytes[self.phase(ctx)] += sum(t.numel() * t.element_size() for t in tensors)
+        self.collectives[self.phase(ctx)] += 1
 
     def samples(self, n: int, ctx: Context) -> None:
         """A global batch of ``n`` samples is about to be trained (call before the step runs)."""
-        self.samples_seen[self._phase(ctx)] += n
-        self.steps[self._phase(ctx)] += 1
+        self.samples_seen[self.phase(ctx)] += n
+        self.steps[self.phase(ctx)] += 1
 
     def results(self) -> dict[str, Any]:
         out: dict[str, Any] = {"unit": "bytes this rank passed to collectives (payload), per global sample trained"}

@@ -121,7 +121,7 @@ class FedAvg(Technique):
         super().__init__(options)
         self.comm = CommCounter()
         self.steps = 0  # this process's optimizer steps (continuous, unlike ctx.step across stages)
-        self.rounds = 0
+        self.rounds = {"quality_run": 0, "after": 0}  # finished rounds, as CommCounter splits steps
         self.client_steps: collections.Counter[int] = collections.Counter()
 
     @property
@@ -190,6 +190,7 @@ class FedAvg(Technique):
         self.optimizer.state = self.client_state.setdefault(client, collections.defaultdict(dict))
 
     def wrap_data(self, batches: Iterator[Any], ctx: Context) -> Iterator[Any]:
+        next(batches)  # the clients draw their own batches; the harness notes the workload's first (its FLOP shape)
         generators: dict[int, torch.Generator] = {}
         while True:
             client = self._client(ctx)
@@ -232,27 +233,35 @@ class FedAvg(Technique):
                 t.copy_(self.flat[offset : offset + n].view_as(t))
                 offset += n
         self.flat.zero_()
-        self.rounds += 1
+        self.rounds[CommCounter.phase(ctx)] += 1
 
     def eval_model(self, model: nn.Module, ctx: Context) -> nn.Module:
         return self.server
 
     def results(self, ctx: Context) -> dict[str, Any] | None:
         per_rank = self.per_round // ctx.world_size
-        sizes = [len(p) for p in self.parts] if hasattr(self, "parts") else []
+        if not hasattr(self, "optimizer"):  # never set up (the trial failed before training)
+            return None
+        per_round = self.per_round * self.model_bytes
         return {
             "clients": self.options.clients, "participants_per_round": self.per_round,
-            "steps_per_round": self.options.local_steps * per_rank, "rounds_completed": self.rounds,
-            "client_samples": sizes,
-            "label_skew": label_skew(self.y, self.parts) if sizes else None,
-            "federated": {
-                "model_bytes": getattr(self, "model_bytes", None),
-                "bytes_down_per_round": self.per_round * getattr(self, "model_bytes", 0),
-                "bytes_up_per_round": self.per_round * getattr(self, "model_bytes", 0),
-                "bytes_total": 2 * self.per_round * getattr(self, "model_bytes", 0) * self.rounds,
+            "steps_per_round": self.options.local_steps * per_rank, "rounds_completed": dict(self.rounds),
+            "client_samples": [len(p) for p in self.parts], "label_skew": label_skew(self.y, self.parts),
+            "federated": {  # what a deployment would send: the model down to each participant, its update up
+                "model_bytes": self.model_bytes, "bytes_down_per_round": per_round, "bytes_up_per_round": per_round,
+                "quality_run_bytes": 2 * per_round * self.rounds["quality_run"],
             },
-            "communication": self.comm.results(),
+            "communication": self.comm.results(),  # what this simulation's all-reduce passed
+            # the simulation's own state on this rank beside the model, its gradients and the training client's
+            # optimizer state (model_state_bytes): the server's model, the average's buffer, the other clients'
+            # optimizer states
+            "simulation_state_bytes": self.model_bytes + self.flat.numel() * self.flat.element_size()
+            + sum(_bytes_of(state) for c, state in self.client_state.items() if state is not self.optimizer.state),
         }
+
+
+def _bytes_of(state: dict[Any, dict[str, Any]]) -> int:
+    return sum(v.numel() * v.element_size() for s in state.values() for v in s.values() if torch.is_tensor(v))
 
 
 def _state(model: nn.Module) -> list[torch.Tensor]:

@@ -59,7 +59,7 @@ def test_one_client_is_plain_training(local_steps):
     for (key, expected), got in zip(built.model.named_parameters(), server.parameters(), strict=True):
         assert torch.equal(got, expected), key
         assert not torch.equal(expected, mlp().model.state_dict()[key]), "training moved nothing"
-    assert tech.rounds == 12 // local_steps
+    assert tech.rounds["quality_run"] == 12 // local_steps
 
 
 @pytest.mark.distributed
@@ -68,14 +68,14 @@ def test_two_ranks_average_what_one_process_averages(tmp_path):
     two_ranks = torch.load(tmp_path / "params.pt")
     # one process, same clients, each on the per-rank batch of the 2-rank run (64 / 2)
     tech, server, _ = fedavg_run("clients=4:local_steps=2", steps=32, batch=32)
-    assert tech.rounds == 4
+    assert tech.rounds["quality_run"] == 4
     for key, expected in server.named_parameters():
         assert torch.allclose(two_ranks[key], expected, atol=1e-6), key
     n_bytes = 4 * sum(p.numel() for p in mlp().model.parameters())  # fp32, no buffers
     for rank in (0, 1):
         found = json.loads((tmp_path / f"results_rank{rank}.json").read_text())["fedavg"]
-        assert found["rounds_completed"] == 4 and found["steps_per_round"] == 4
-        assert found["federated"]["bytes_total"] == 2 * n_bytes * 4 * 4  # 2 x model x 4 participants x 4 rounds
+        assert found["rounds_completed"] == {"quality_run": 4, "after": 0} and found["steps_per_round"] == 4
+        assert found["federated"]["quality_run_bytes"] == 2 * n_bytes * 4 * 4  # 2 x model x 4 participants x 4 rounds
         assert found["communication"]["quality_run"]["bytes"] == 4 * n_bytes  # the flat buffer once per round
         assert found["communication"]["quality_run"]["samples"] == 16 * 64
 
