@@ -78,6 +78,7 @@ class LocalSGD(Technique):
         )
 
         ids = [ctx.device.index] if ctx.is_cuda else None
+        self.param_bytes = sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad)
         ddp = DistributedDataParallel(model, device_ids=ids)
         # No subgroup all-reduce after the warm-up: each rank keeps its own gradients (the subgroup would be the
         # rank alone, and creating default subgroups asks CUDA for its device count).
@@ -110,7 +111,9 @@ class LocalSGD(Technique):
             yield batch
 
     def results(self, ctx: Context) -> dict[str, Any] | None:
-        return {"period": self.options.period, "warmup": self.options.warmup, "communication": self.comm.results()}
+        # DDP all-reduces every gradient once per step: what the same steps would have passed without local SGD
+        return {"period": self.options.period, "warmup": self.options.warmup, "communication": self.comm.results(),
+                "ddp_bytes_per_step": getattr(self, "param_bytes", None)}
 
 
 class _CountingAverager(PeriodicModelAverager):

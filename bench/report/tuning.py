@@ -1,5 +1,6 @@
 """What the techniques found, per configuration: the LR a range test chose, the batch a search chose (and the
-critical batch size it estimated), where early stopping stopped, what a curriculum trained on.
+critical batch size it estimated), where early stopping stopped, what a curriculum trained on, what local SGD and
+federated averaging communicated.
 
 The numbers come from each record's ``technique_results`` (one entry per technique that reports one); the seeds of a
 configuration are listed side by side, so a finding that changes from seed to seed shows it.
@@ -99,9 +100,48 @@ def _compile(found: list[dict[str, Any]]) -> str:
     return f"graphs compiled {_values(graphs)}; graph breaks {_values([f.get('graph_breaks') for f in found])}"
 
 
+def _bytes(n: float | None) -> str:
+    if n is None:
+        return "-"
+    for unit, size in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if n >= size:
+            return f"{n / size:.3g} {unit}"
+    return f"{n:.3g} B"
+
+
+def _local_sgd(found: list[dict[str, Any]]) -> str:
+    first = found[0]
+    runs = [(f.get("communication") or {}).get("quality_run") or {} for f in found]
+    if not any(r.get("steps") for r in runs):
+        return f"H={first['period']} after {first['warmup']} DDP steps; no quality run in these trials"
+    per_sample = _values([r.get("bytes_per_sample") for r in runs])
+    ddp = [r["steps"] * f["ddp_bytes_per_step"] for r, f in zip(runs, found, strict=True)
+           if r.get("steps") and f.get("ddp_bytes_per_step")]
+    share = _values([r["bytes"] / d for r, d in zip(runs, ddp, strict=False) if d])
+    return (f"H={first['period']} after {first['warmup']} DDP steps: {per_sample} bytes per sample all-reduced by "
+            f"each rank in the quality run, {share} of what DDP all-reduces in the same steps")
+
+
+def _fedavg(found: list[dict[str, Any]]) -> str:
+    first = found[0]
+    skew = _values([(f.get("label_skew") or {}).get("mean_tv_distance") for f in found])
+    rounds = _values([(f.get("rounds_completed") or {}).get("quality_run") for f in found])
+    fed = first.get("federated") or {}
+    return (f"{first['participants_per_round']} of {first['clients']} clients per round, {first['steps_per_round']} "
+            f"steps a round; label skew (mean TV distance to the whole set, 0 = IID) {skew}; {rounds} rounds in "
+            f"the quality run; a deployment sends {_bytes(fed.get('bytes_down_per_round'))} down and as much up "
+            f"per round ({_values([_mb((f.get('federated') or {}).get('quality_run_bytes')) for f in found])} MB "
+            "over the quality run)")
+
+
+def _mb(n: float | None) -> float | None:
+    return None if n is None else n / 1e6
+
+
 SUMMARIES: dict[str, Callable[[list[dict[str, Any]]], str]] = {
     "lr_finder": _lr_finder, "batch_size": _batch_size, "early_stopping": _early_stopping,
-    "curriculum": _curriculum, "lr_schedule": _lr_schedule, "compile": _compile,
+    "curriculum": _curriculum, "lr_schedule": _lr_schedule, "compile": _compile, "local_sgd": _local_sgd,
+    "fedavg": _fedavg,
 }
 
 
