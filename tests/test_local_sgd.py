@@ -16,6 +16,7 @@ import torch
 
 from bench import workloads
 from bench.config import ConfigError, TechniqueSpec
+from bench.report.tuning import SUMMARIES
 from techniques.base import Context
 from tests.test_distributed import torchrun
 
@@ -57,6 +58,8 @@ def test_period_four_drifts_from_ddp_and_counts_what_it_sends(tmp_path, ddp_sgd)
         assert run["bytes"] == (2 + 2) * 4 * n_params()
         assert run["samples"] == STEPS * 64 and run["steps"] == STEPS
         assert run["bytes_per_sample"] == run["bytes"] / run["samples"]
+    found = json.loads((tmp_path / "results_rank0.json").read_text())["local_sgd"]
+    assert "0.4 of what DDP all-reduces" in SUMMARIES["local_sgd"]([found])  # 4 of 10 steps' worth
 
 
 def test_options_and_check_give_reasons():
