@@ -13,6 +13,10 @@ loop (``bench/loop.py``) calls the hooks in one documented order; a technique ov
     batches(pipeline, batch_size, seed, ctx) -> where batches come from (one owner; None keeps the workload's own):
                                            a DataLoader over the workload's Dataset (``loader``)
     wrap_data(batches, ctx)             -> batches are pulled one step at a time: ``ctx.step`` is the step to come
+    forward_backward(model, x, y, loss_fn, ctx) -> loss  (one owner) runs the whole step's forwards and backwards
+                                           itself (a pipeline schedule) instead of the loop's micro-batches below, and
+                                           returns the step's mean loss, the same on every rank; the four hooks below
+                                           then never run, so a set that needs them is refused
     micro_batch_context(model, last, ctx) -> context manager around each micro-batch's forward + backward
                                            (with grad_accum; e.g. DDP's no_sync for all but the last one)
     forward_context(ctx)                -> context manager entered around each forward + loss
@@ -258,6 +262,14 @@ class Technique:
 
     def wrap_data(self, batches: Iterator[Any], ctx: Context) -> Iterator[Any]:
         return batches
+
+    def forward_backward(self, model: nn.Module, x: torch.Tensor, y: torch.Tensor,
+                         loss_fn: Callable[[Any, torch.Tensor], torch.Tensor], ctx: Context) -> torch.Tensor | None:
+        """Run the step's forward and backward passes on the batch ``(x, y)`` (already on the device) and return its
+        mean loss, detached and the same on every rank. At most one technique of a set owns it (pipeline
+        parallelism); the loop then skips its own micro-batches and never calls ``micro_batch_context``,
+        ``forward_context``, ``loss`` or ``backward``. The optimizer step and ``after_step`` stay the loop's."""
+        return None
 
     def micro_batch_context(self, model: nn.Module, last: bool, ctx: Context) -> contextlib.AbstractContextManager[Any]:
         """Entered around each micro-batch's forward and backward when a step has several (``last``: the final one
