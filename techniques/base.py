@@ -37,8 +37,9 @@ trained, 0 for non-sequence workloads). The loop advances ``step`` after the ``a
 Facts the harness needs about a technique are typed class attributes, never name checks in the core:
 ``kind`` (how quality is judged), ``compute_dtype`` (the matmul dtype it switches to: MFU's peak), ``hides_tensors``
 (the tensor-memory tracker cannot see inside it), ``zero_stage`` (the ZeRO stage of a sharding technique) and
-``memory_note`` (how its per-rank memory departs from the ZeRO formula) and ``multi_process`` (the set runs on
-every process ``--nproc`` starts).
+``memory_note`` (how its per-rank memory departs from the ZeRO formula), ``multi_process`` (the set runs on
+every process ``--nproc`` starts) and ``splits_batch`` (its ranks train slices of the global batch, or each the whole
+batch).
 
 Register with ``@register`` and add the module to the explicit import list in ``techniques/__init__.py`` (a
 third-party technique comes from a file or an entry point instead: docs/plugins.md). Per-block transforms find the
@@ -184,6 +185,8 @@ class Technique:
     memory_note: ClassVar[str | None] = None  # how its per-rank memory departs from the ZeRO formula, if it does
     multi_process: ClassVar[bool] = False  # runs on every process torchrun starts (--nproc); sets without such a
     # technique run in one process, as the reference the multi-process sets are compared with
+    splits_batch: ClassVar[bool] = True  # a multi-process technique's ranks each train a slice of the global
+    # batch (data parallel); False: every rank trains the whole batch (tensor and pipeline parallelism)
 
     @dataclass(frozen=True)
     class Options:
@@ -320,6 +323,12 @@ def set_kind(techs: Iterable[Technique]) -> Kind:
 def set_compute_dtype(techs: Iterable[Technique]) -> str:
     """The dtype a set's matmuls run in (picks the peak MFU is measured against)."""
     return max((t.compute_dtype for t in techs if t.compute_dtype), key=_DTYPE_ORDER.index, default="float32")
+
+
+def batch_shards(techs: Iterable[Technique], world_size: int) -> int:
+    """Into how many slices the global batch is split across the ranks: the world size under data parallelism, 1
+    when a multi-process technique has every rank train the whole batch (tensor or pipeline parallelism)."""
+    return 1 if any(t.multi_process and not t.splits_batch for t in techs) else world_size
 
 
 def set_zero_stage(techs: Iterable[Technique]) -> int | None:

@@ -38,7 +38,7 @@ Method card
   (it would compile the whole model before the split), data-parallel sharding (a 2-D mesh is not implemented),
   ``tp``, ``local_sgd``, ``fedavg``. Dropout > 0 would draw other random numbers than one process (the GPT's
   default is 0). Parity's parameter distance counts each stage's parameters once over the ranks (they are marked
-  as shards of the model, the tied copy counted on stage 0).
+  ``held_by_one_rank``; the tied copy is counted on stage 0).
 - Measured: not measured yet.
 - Sources: Huang et al., "GPipe: Efficient Training of Giant Neural Networks using Pipeline Parallelism",
   arXiv:1811.06965 (2019); Narayanan et al., "PipeDream: Generalized Pipeline Parallelism for DNN Training", SOSP
@@ -60,7 +60,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from techniques._distributed import needs_world
+from techniques._distributed import CommCounter, needs_world
 from techniques.base import Context, Kind, Phase, Technique, TrainConfig, register
 from techniques.base import get as get_technique
 
@@ -117,15 +117,6 @@ def batch_problem(batch_size: int, microbatches: int) -> str | None:
     return None
 
 
-class _StageShard:
-    """Marks a parameter as held by one pipeline stage only, the way a DTensor's ``Shard`` placement marks part of
-    one: ``bench.reference.Trajectory`` then sums its squared distance over the ranks instead of counting one
-    rank's stage as the whole model."""
-
-    def is_shard(self, dim: int | None = None) -> bool:
-        return True
-
-
 class Stage(nn.Module):
     """One pipeline stage of a GPT: its share of the blocks, with the embeddings on the first stage and the final
     LayerNorm and head on the last. The submodules are the GPT's own (the same objects, nothing copied)."""
@@ -169,7 +160,7 @@ def split_in_place(gpt: nn.Module, rank: int, stages: int) -> tuple[Stage, bool]
     copy = stage.head.weight if last and not first and tied else None
     for p in stage.parameters():
         if p is not copy:  # the tied copy is stage 0's wte again: counted there once
-            p.placements = (_StageShard(),)
+            p.held_by_one_rank = True  # parity's parameter distance sums it over the ranks (bench/reference.py)
     return stage, tied
 
 
@@ -217,6 +208,7 @@ class PP(Technique):
     phase = Phase.SHARDING
     slot = "pipeline"
     multi_process = True
+    splits_batch = False  # every rank trains the whole global batch
     conflicts = frozenset({"ddp", "zero1", "zero2", "zero3", "deepspeed", "offload", "grad_accum", "compile", "tp",
                            "local_sgd", "fedavg"})
 
@@ -240,6 +232,7 @@ class PP(Technique):
         self._step: _Step = _Step()
         self.steps: list[_Step] = []
         self.rank, self.world = 0, 1
+        self.comm = CommCounter()
 
     # ---- planning ----------------------------------------------------------------------------------------------
 
@@ -275,7 +268,7 @@ class PP(Technique):
     # ---- building ----------------------------------------------------------------------------------------------
 
     def transform_model(self, model: nn.Module, ctx: Context) -> nn.Module:
-        self.rank, self.world = ctx.rank, ctx.world_size
+        self.rank, self.world, self._ctx = ctx.rank, ctx.world_size, ctx
         reason = pipeline_problem(model, self.world)
         if reason:
             raise ValueError(f"pp: {reason}")
@@ -303,6 +296,7 @@ class PP(Technique):
         if reason:
             raise ValueError(f"pp: {reason}")
         schedule = self._schedule_for(stage, x, loss_fn, ctx.device)
+        self.comm.samples(x.shape[0], ctx)
         self._step = step = _Step(trace=[])
         losses: list[torch.Tensor] = []
         started = time.perf_counter()
@@ -316,8 +310,10 @@ class PP(Technique):
         self.steps.append(step)
         if self.tied and (stage.first or stage.last):
             weight = stage.wte.weight if stage.first else stage.head.weight
+            self.comm.add(weight.grad, ctx)
             dist.all_reduce(weight.grad, group=self._tied_group)
         loss = torch.stack(losses).mean().detach() if stage.last else torch.zeros((), device=ctx.device)
+        self.comm.add(loss, ctx)
         dist.broadcast(loss, src=self.world - 1)
         return loss
 
@@ -366,6 +362,7 @@ class PP(Technique):
             self._step.trace.append(("F", chunk))
             if not pipe.is_last:
                 self._step.sent_bytes += _nbytes(out)
+                self.comm.add(_tensors(out), self._ctx)
             return out
 
         def backward_one_chunk(chunk: int, *args: Any, **kwargs: Any) -> Any:
@@ -373,6 +370,7 @@ class PP(Technique):
             self._step.trace.append(("B", chunk))
             if not pipe.is_first:
                 self._step.sent_bytes += _nbytes(pipe.bwd_cache.get(chunk, ()))
+                self.comm.add(_tensors(pipe.bwd_cache.get(chunk, ())), self._ctx)
             return out
 
         pipe.forward_one_chunk, pipe.backward_one_chunk = forward_one_chunk, backward_one_chunk
@@ -430,7 +428,8 @@ class PP(Technique):
                 "steps": max(len(self.steps) - 1, 0),
                 "how": "1 - (stage forward + backward + loss time) / schedule wall time, median over steps",
             },
-            "communication": {
+            "communication": self.comm.results(),  # this rank's sends, the tied all-reduce, the loss broadcast
+            "per_stage": {
                 "sent_bytes_per_step_per_stage": [r["sent_bytes_per_step"] for r in ranks],
                 "tied_grad_allreduce_bytes_per_stage": [r["tied_grad_allreduce_bytes"] for r in ranks],
                 "param_bytes_per_stage": [r["param_bytes"] for r in ranks],
@@ -439,9 +438,13 @@ class PP(Technique):
         }
 
 
-def _nbytes(value: Any) -> int:
+def _tensors(value: Any) -> list[torch.Tensor]:
     if isinstance(value, torch.Tensor):
-        return value.numel() * value.element_size()
+        return [value]
     if isinstance(value, tuple | list):
-        return sum(_nbytes(v) for v in value)
-    return 0
+        return [t for v in value for t in _tensors(v)]
+    return []
+
+
+def _nbytes(value: Any) -> int:
+    return sum(t.numel() * t.element_size() for t in _tensors(value))

@@ -38,6 +38,7 @@ Method card
 from __future__ import annotations
 
 import collections
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -45,7 +46,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from techniques._distributed import needs_world
+from techniques._distributed import CommCounter, needs_world
 from techniques.base import Context, Kind, Phase, Technique, model_blocks, register
 
 SUPPORTED_WORKLOADS = frozenset({"gpt"})  # models with GPT's block structure (bench/workloads/gpt_chars.py)
@@ -137,6 +138,7 @@ class TensorParallel(Technique):
     phase = Phase.SHARDING
     slot = "tensor_parallel"
     multi_process = True
+    splits_batch = False  # every rank trains the whole global batch
     conflicts = frozenset({"ddp", "zero1", "deepspeed", "offload", "local_sgd", "fedavg", "pp"})
 
     @dataclass(frozen=True)
@@ -151,6 +153,7 @@ class TensorParallel(Technique):
         super().__init__(options)
         self._bytes: collections.Counter[int] = collections.Counter()  # per optimizer step (ctx.step)
         self._calls: collections.Counter[int] = collections.Counter()
+        self.comm = CommCounter()
         self._info: dict[str, Any] = {}
 
     def degree(self, ctx: Context) -> int:
@@ -229,6 +232,7 @@ class TensorParallel(Technique):
 
         def add(t: torch.Tensor) -> None:
             t = t.to_local() if hasattr(t, "to_local") else t
+            self.comm.add(t, ctx)
             self._bytes[ctx.step] += t.numel() * t.element_size()
             self._calls[ctx.step] += 1
             for old in [s for s in self._bytes if s < ctx.step - 1]:  # keep the last two steps
@@ -248,14 +252,19 @@ class TensorParallel(Technique):
         else:
             module.register_forward_pre_hook(before_forward, prepend=True)
 
+    def wrap_data(self, batches: Iterator[Any], ctx: Context) -> Iterator[Any]:
+        for batch in batches:  # every rank trains the whole batch: counted for bytes per sample
+            self.comm.samples(len(batch[0]), ctx)
+            yield batch
+
     def results(self, ctx: Context) -> dict[str, Any] | None:
         if not self._info:
             return None
         last = max(self._bytes, default=None)
-        per_step = self._bytes[last] if last is not None else None
         return {
             **self._info,
-            "communication": per_step,  # bytes this rank passes to all-reduces per training step
+            "communication": self.comm.results(),  # bytes this rank passed to all-reduces, per sample
+            "bytes_per_step": self._bytes[last] if last is not None else None,  # the last training step's
             "communication_detail": {
                 "collectives_per_step": self._calls[last] if last is not None else None,
                 "collective": "all_reduce (sum) over the tp group",

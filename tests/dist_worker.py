@@ -1,6 +1,6 @@
 """Run under torchrun by tests/test_distributed.py: train with one data-parallel technique, save what to compare.
 
-    torchrun --standalone --nproc-per-node 2 tests/dist_worker.py TECHNIQUES OUT_DIR [balanced|mlp [STEPS [sgd]]]
+    torchrun --standalone --nproc-per-node 2 tests/dist_worker.py TECHNIQUES OUT_DIR [balanced|mlp|gpt [STEPS [sgd]]]
 
 TECHNIQUES is a set like ``zero3+offload`` or ``local_sgd:period=4:warmup=0``; ``sgd`` trains with plain SGD
 instead of the workload's AdamW (local SGD equals DDP only then). Each rank's ``technique_results`` are saved too.
@@ -40,12 +40,12 @@ class Balanced(nn.Module):
         return x
 
 
-def build_mlp():
-    return workloads.get("mlp").build("tiny", 0, torch.device("cpu"))
+def build_workload(name: str = "mlp"):
+    return workloads.get(name).build("tiny", 0, torch.device("cpu"))
 
 
-def build(balanced: bool):
-    if balanced:
+def build(kind: str):
+    if kind == "balanced":
         torch.manual_seed(0)
         model = Balanced()
         gen = torch.Generator().manual_seed(0)
@@ -55,7 +55,7 @@ def build(balanced: bool):
                 yield torch.randn(batch_size, 64, generator=gen), torch.randn(batch_size, 64, generator=gen)
 
         return model, batches, nn.functional.mse_loss, 1e-3
-    built = build_mlp()
+    built = build_workload(kind)
     return built.model, built.batches, built.loss_fn, built.lr
 
 
@@ -70,18 +70,19 @@ def sgd(model: nn.Module, techs: list, ctx: Context, lr: float) -> torch.optim.O
 
 def main() -> None:
     name, out = sys.argv[1], Path(sys.argv[2])
-    balanced = len(sys.argv) > 3 and sys.argv[3] == "balanced"
+    kind = sys.argv[3] if len(sys.argv) > 3 else "mlp"
+    balanced = kind == "balanced"
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
-    model, batches, loss_fn, lr = build(balanced)
+    model, batches, loss_fn, lr = build(kind)
     steps = int(sys.argv[4]) if len(sys.argv) > 4 else STEPS
     technique_set = TechniqueSet.parse(name)
     techs = [spec.resolve() for spec in technique_set.specs]
     cpu = torch.device("cpu")
-    ctx = Context(device=cpu, rank=rank, world_size=world, technique_names=technique_set.names,
-                  total_steps=steps)
+    ctx = Context(device=cpu, workload="" if balanced else kind, rank=rank, world_size=world,
+                  technique_names=technique_set.names, total_steps=steps)
     for tech in techs:  # techniques that set themselves up on a fresh copy of the workload (fedavg's clients)
-        tech.tune(TrainConfig(batch_size=BATCH, lr=lr), Probe(fresh=lambda seed=0: build_mlp(), device=cpu), ctx)
+        tech.tune(TrainConfig(batch_size=BATCH, lr=lr), Probe(fresh=lambda seed=0: build_workload(kind), device=cpu), ctx)
     for tech in techs:
         model = tech.transform_model(model, ctx)
     if len(sys.argv) > 5 and sys.argv[5] == "sgd":

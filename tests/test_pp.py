@@ -101,11 +101,11 @@ def test_each_rank_holds_only_its_stage(two_ranks):
     for rank, expected in zip(ranks, (first, last), strict=True):
         assert rank["param_bytes"] == rank["gpt_param_bytes"] == expected  # the workload's model itself shrank
         assert rank["freed"], "a layer this rank does not own is still alive"
-    assert results["communication"]["param_bytes_per_stage"] == [first, last]
+    assert results["per_stage"]["param_bytes_per_stage"] == [first, last]
     # per step, each rank sends m micro-batches of (B/m, T, d_model) fp32: activations forward or gradients back
     sent = MICROBATCHES * (BATCH // MICROBATCHES) * gpt.cfg.seq_len * gpt.cfg.d_model * 4
-    assert results["communication"]["sent_bytes_per_step_per_stage"] == [sent, sent]
-    assert results["communication"]["tied_grad_allreduce_bytes_per_stage"] == [_bytes([gpt.wte.weight])] * 2
+    assert results["per_stage"]["sent_bytes_per_step_per_stage"] == [sent, sent]
+    assert results["per_stage"]["tied_grad_allreduce_bytes_per_stage"] == [_bytes([gpt.wte.weight])] * 2
     bubble = results["bubble"]
     assert bubble["formula"] == pytest.approx(1 / 5)
     assert len(bubble["measured_per_stage"]) == 2 and all(0 <= b < 1 for b in bubble["measured_per_stage"])

@@ -199,7 +199,7 @@ def test_communication_is_what_torch_all_reduced(tp_run):
         seen = [b for name, b in rank["collectives"] if name.startswith("all_reduce")]
         assert len(seen) == 4 * p["n_layer"]  # 2 in forward, 2 in backward per block
         assert set(seen) == {activation}
-        assert rank["results"]["communication"] == sum(seen)
+        assert rank["results"]["bytes_per_step"] == sum(seen)
         assert rank["results"]["communication_detail"]["collectives_per_step"] == len(seen)
 
 
@@ -215,7 +215,7 @@ def test_communication_follows_what_runs(label, tmp_path):
     for r in (0, 1):
         rank = json.loads((tmp_path / f"rank{r}.json").read_text())
         seen = [b for name, b in rank["collectives"] if name.startswith("all_reduce")]
-        assert rank["results"]["communication"] == sum(seen)
+        assert rank["results"]["bytes_per_step"] == sum(seen)
         assert rank["results"]["communication_detail"]["collectives_per_step"] == len(seen)
         if label == "tp+checkpointing":
             assert len(seen) == 5 * p["n_layer"]
@@ -237,5 +237,8 @@ def test_a_tp_trial_through_the_runner(tmp_path):
     assert r.world_size == 2 and r.kind == "exact"
     assert r.parity.ok, (r.parity.loss_rel_diff, r.parity.distance_rel_diff)
     found = r.technique_results["tp"]
-    assert found["degree"] == 2 and found["communication"] > 0
+    assert found["degree"] == 2 and found["bytes_per_step"] > 0
+    run = found["communication"]["quality_run"]
+    assert run["steps"] > 0 and run["bytes"] == run["steps"] * found["bytes_per_step"]
+    assert run["samples"] == run["steps"] * r.workload["batch_size"]  # each rank trains the whole batch
     assert r.memory.per_rank[0]["model_state"]["params"] == found["param_bytes_per_rank"]
