@@ -234,6 +234,9 @@ def test_a_tp_trial_through_the_runner(tmp_path):
     records = {r.technique_label: r for r in SweepRunner(cfg, tmp_path / "s", CPU).run()}
     r = records["tp"]
     assert r.status == "ok", r.reason
+    base = records["baseline"]  # every rank trains the whole batch: the step's FLOPs and the model are the baseline's
+    assert r.workload["n_params"] == base.workload["n_params"] == r.build.n_params
+    assert r.speed.flops_per_step == base.speed.flops_per_step > 0
     assert r.world_size == 2 and r.kind == "exact"
     assert r.parity.ok, (r.parity.loss_rel_diff, r.parity.distance_rel_diff)
     found = r.technique_results["tp"]
