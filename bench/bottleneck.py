@@ -49,6 +49,9 @@ def diagnose(share: dict[str, float], techniques: tuple[str, ...] = (), device: 
             else "look at the trace's top operators"
         return f"overhead-bound: {pct['other']}% of the step is outside the labelled phases; {fix}"
     compute = pct.get("forward", 0) + pct.get("backward", 0)
+    if "pp" in techniques:  # the pipeline schedule is one region: its forwards, backwards, sends and idle time
+        return (f"pipeline: {compute}% of the step is the pipeline schedule (stage compute, point-to-point sends and "
+                "the bubble: see pp's measured bubble); more micro-batches shrink the bubble (pp:microbatches)")
     if bf16_faster is True:
         fix = "try bf16 (its calibrated peak beats fp32's here) or compile"
     elif bf16_faster is False:

@@ -436,7 +436,8 @@ def quality_run(session: Session) -> QualityResult:
     session.one_off_s = one_off = _one_off(session.first_step_s, clock, steps)
     for point in curve[1:]:
         point[2] = max(point[2] - one_off, 0.0)
-    tokens = session.loop.tokens - tokens_before if built.tokens_per_sample else None
+    # the loop counts this rank's tokens: every rank's, under data parallelism
+    tokens = (session.loop.tokens - tokens_before) * session.batch_shards if built.tokens_per_sample else None
     return _quality_result(session, plan, curve, one_off, cut, stopped, busy, tokens)
 
 

@@ -21,12 +21,16 @@ Method card
   send (the model down to each participant and its update up: 2 x model bytes x participants per round, for
   fp32); ``communication`` counts what this simulation's all-reduce passed (the flat buffer, once per round per
   rank). On one host the all-reduce costs little: the wall-clock here is the clients' training, not a network.
-- Local batches are drawn with replacement from the client's own samples, from a generator of its own.
+- Local batches are drawn with replacement from the client's own samples, from a generator of its own; so
+  ``curriculum`` and ``loader`` (which would feed other batches) are refused with it. The global model exists at
+  round ends only: the quality run's last steps after its last finished round are in no evaluated model (the record
+  says how many: ``quality_run_steps_after_last_round``; choose a budget that rounds divide), and time-to-target is
+  in whole rounds.
 - Needs a classifier's in-memory training set (``mlp``, ``cnn``); the language model has no labels to partition.
 - When it helps: never for speed on one machine; it is for data that cannot move. What to read here is the quality
   cost at equal samples and the rounds it needs, IID against non-IID (McMahan et al.: 10-100x fewer rounds than
   FedSGD on IID data; Zhao et al. 2018 and Hsu et al. 2019: accuracy drops sharply as alpha goes to 0).
-- Measured: see docs/distributed.md.
+- Measured: see docs/parallelism.md.
 - Sources: McMahan et al., "Communication-Efficient Learning of Deep Networks from Decentralized Data", AISTATS
   2017 (arXiv:1602.05629); Hsu, Qi, Brown, "Measuring the Effects of Non-Identical Data Distribution for
   Federated Visual Classification", 2019 (arXiv:1909.06335); Zhao et al., "Federated Learning with Non-IID Data",
@@ -36,7 +40,6 @@ Method card
 
 from __future__ import annotations
 
-import collections
 import copy
 import functools
 from collections.abc import Iterator
@@ -49,7 +52,7 @@ import torch.distributed as dist
 from torch import nn
 
 from techniques._distributed import CommCounter, is_initialized
-from techniques.base import Claim, Context, Kind, Phase, Probe, Technique, TrainConfig, register
+from techniques.base import Context, Kind, Phase, Probe, Technique, TrainConfig, register
 
 MIN_CLIENT_SAMPLES = 10  # a Dirichlet partition is drawn again until every client has this many (NIID-Bench)
 
@@ -93,11 +96,9 @@ class FedAvg(Technique):
     phase = Phase.SHARDING
     slot = "sharding"
     multi_process = True
-    conflicts = frozenset({"batch_size"})  # a round's length follows the global batch fixed before training
-    claims = (
-        Claim("rounds_ratio", 0.01, 0.1, "FedAvg vs FedSGD rounds to target, CNN on IID MNIST, 100 clients",
-              "McMahan et al., AISTATS 2017, Table 2"),
-    )
+    # batch_size: a round's length follows the global batch fixed before training; curriculum and loader: the
+    # clients draw their own batches, so what those would feed is never trained
+    conflicts = frozenset({"batch_size", "curriculum", "loader"})
 
     @dataclass(frozen=True)
     class Options:
@@ -122,7 +123,6 @@ class FedAvg(Technique):
         self.comm = CommCounter()
         self.steps = 0  # this process's optimizer steps (continuous, unlike ctx.step across stages)
         self.rounds = {"quality_run": 0, "after": 0}  # finished rounds, as CommCounter splits steps
-        self.client_steps: collections.Counter[int] = collections.Counter()
 
     @property
     def per_round(self) -> int:
@@ -145,6 +145,10 @@ class FedAvg(Technique):
         if train is None:
             raise ValueError("fedavg needs a classifier's training set to partition (mlp, cnn; not a language model)")
         self.x, self.y = train
+        self.labelled = self.y.dim() == 1 and not self.y.is_floating_point()  # class labels (skew is measurable)
+        if self.options.partition == "dirichlet" and not self.labelled:
+            raise ValueError("fedavg:partition=dirichlet splits by class label; this workload's targets are not "
+                             "class labels (use partition=iid)")
         alpha = self.options.alpha if self.options.partition == "dirichlet" else None
         self.parts = partition(self.y, self.options.clients, alpha, ctx.seed)
         self.local_batch = cfg.batch_size // ctx.world_size
@@ -155,7 +159,7 @@ class FedAvg(Technique):
         if is_initialized():  # every rank starts from rank 0's model, as DDP would
             for t in _state(model):
                 dist.broadcast(t.data, src=0)
-        self.server = copy.deepcopy(model)  # the global model: what evaluation sees
+        self.server = copy.deepcopy(getattr(model, "_orig_mod", model))  # the global model, evaluated (eager)
         sizes = [t.numel() for t in _state(model)]
         self.flat = torch.zeros(sum(sizes), dtype=torch.float32, device=ctx.device)
         self.model_bytes = sum(t.numel() * t.element_size() for t in _state(model))
@@ -163,7 +167,8 @@ class FedAvg(Technique):
 
     def attach(self, optimizer: torch.optim.Optimizer, ctx: Context) -> None:
         self.optimizer = optimizer
-        self.client_state: dict[int, Any] = {}
+        self.client_state: dict[int, dict[Any, Any]] = {}  # each client's optimizer state while it is not training
+        self.active: int | None = None
         self._start_wave(ctx)
 
     # ---- the rounds -------------------------------------------------------------------------------------------
@@ -187,7 +192,13 @@ class FedAvg(Technique):
         with torch.no_grad():
             for mine, server in zip(_state(self.model), _state(self.server), strict=True):
                 mine.copy_(server)
-        self.optimizer.state = self.client_state.setdefault(client, collections.defaultdict(dict))
+        # the optimizer keeps its own state dict (a wrapper may hold on to it): its contents are swapped
+        state = self.optimizer.state
+        if self.active is not None:
+            self.client_state[self.active] = dict(state)
+        state.clear()
+        state.update(self.client_state.pop(client, {}))
+        self.active = client
 
     def wrap_data(self, batches: Iterator[Any], ctx: Context) -> Iterator[Any]:
         next(batches)  # the clients draw their own batches; the harness notes the workload's first (its FLOP shape)
@@ -201,9 +212,8 @@ class FedAvg(Technique):
             yield self.x[idx], self.y[idx]
 
     def after_step(self, optimizer: torch.optim.Optimizer, ctx: Context) -> None:
-        round_index, wave, in_wave, chosen = self._where(ctx)
+        _, wave, in_wave, chosen = self._where(ctx)
         client = chosen[ctx.rank][wave]
-        self.client_steps[client] += 1
         self.steps += 1
         if in_wave + 1 < self.options.local_steps:
             return
@@ -243,10 +253,15 @@ class FedAvg(Technique):
         if not hasattr(self, "optimizer"):  # never set up (the trial failed before training)
             return None
         per_round = self.per_round * self.model_bytes
+        round_steps = self.options.local_steps * per_rank
         return {
             "clients": self.options.clients, "participants_per_round": self.per_round,
-            "steps_per_round": self.options.local_steps * per_rank, "rounds_completed": dict(self.rounds),
-            "client_samples": [len(p) for p in self.parts], "label_skew": label_skew(self.y, self.parts),
+            "steps_per_round": round_steps, "rounds_completed": dict(self.rounds),
+            # the quality run's last steps that no finished round averaged: its final evaluation does not see them
+            "quality_run_steps_after_last_round": self.comm.steps["quality_run"] - round_steps
+            * self.rounds["quality_run"],
+            "client_samples": [len(p) for p in self.parts],
+            "label_skew": label_skew(self.y, self.parts) if self.labelled else None,
             "federated": {  # what a deployment would send: the model down to each participant, its update up
                 "model_bytes": self.model_bytes, "bytes_down_per_round": per_round, "bytes_up_per_round": per_round,
                 "quality_run_bytes": 2 * per_round * self.rounds["quality_run"],
@@ -256,7 +271,7 @@ class FedAvg(Technique):
             # optimizer state (model_state_bytes): the server's model, the average's buffer, the other clients'
             # optimizer states
             "simulation_state_bytes": self.model_bytes + self.flat.numel() * self.flat.element_size()
-            + sum(_bytes_of(state) for c, state in self.client_state.items() if state is not self.optimizer.state),
+            + sum(_bytes_of(state) for state in self.client_state.values()),
         }
 
 

@@ -9,6 +9,13 @@ Method card
 - Judged as an algorithmic change: with H > 1 the ranks' models drift apart between averages. H = 1 with plain SGD
   is DDP exactly (the average of the ranks' updates is the update of the averaged gradient; a test checks it);
   with AdamW each rank's moments follow its own gradients, so even H = 1 differs from DDP.
+- Evaluation (the quality curve, time-to-target, early stopping) sees the ranks' averaged model, as Lin et al.
+  report it: between averages each rank's own model has drifted; the average is formed in a copy, freed at the next
+  step. The warm-up and the averaging period follow the trial's step count, so a speed window (which starts past
+  the quality run's plan) times local SGD steps, never the DDP warm-up.
+- Refused with ``fp16`` (the loss scaler may skip a step on one rank only, and the ranks' averages would pair with
+  different collectives) and ``grad_accum``. DDP still broadcasts rank 0's BatchNorm buffers every forward (not
+  counted; no built-in workload trained with it here has buffers).
 - The record's ``technique_results.local_sgd.communication`` counts the bytes each rank hands to all-reduce
   (gradient buckets during the warm-up, the flattened parameters at each average), per global sample, for the
   quality run and for the steps after it (the timed window averages every H steps too).
@@ -16,7 +23,7 @@ Method card
   post-local SGD reaching the large-batch accuracy with H = 16 on 16-32 GPUs; Ortiz et al. (2021) find the
   quality cost grows with H and the learning rate. On one CPU host with gloo the all-reduce is cheap, so the
   saving is small; the quality cost is what to look at.
-- Measured: see docs/distributed.md (2 gloo ranks, this project's 2-core CPU machine).
+- Measured: see docs/parallelism.md (2 gloo ranks, this project's 2-core CPU machine).
 - Sources: Lin, Stich, Patel, Jaggi, "Don't Use Large Mini-Batches, Use Local SGD", ICLR 2020 (arXiv:1808.07217);
   Stich, "Local SGD Converges Fast and Communicates Little", ICLR 2019; Ortiz et al., "Trade-offs of Local SGD at
   Scale: An Empirical Study", 2021 (arXiv:2110.08133); torch.distributed.algorithms.model_averaging docs.
@@ -24,18 +31,20 @@ Method card
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
 import torch
+import torch.distributed as dist
 from torch import nn
 from torch.distributed.algorithms.model_averaging.averagers import PeriodicModelAverager
-from torch.distributed.algorithms.model_averaging.utils import get_params_to_average
+from torch.distributed.algorithms.model_averaging.utils import average_parameters, get_params_to_average
 from torch.nn.parallel import DistributedDataParallel
 
 from techniques._distributed import CommCounter, needs_world, shard_batches
-from techniques.base import Claim, Context, Kind, Phase, Technique, register
+from techniques.base import Context, Kind, Phase, Technique, register
 
 
 @register
@@ -47,11 +56,6 @@ class LocalSGD(Technique):
     slot = "sharding"
     multi_process = True
     conflicts = frozenset({"grad_accum"})  # the averager counts optimizer steps, the hook backward passes
-    claims = (
-        Claim("communication_ratio", 1 / 16, 1 / 16, "post-local SGD with H=16: 1/16 of the all-reduces "
-              "(parameters instead of gradients), ResNet-20/CIFAR-10 on 16 GPUs, accuracy within 0.3 points",
-              "Lin et al., ICLR 2020, Table 3"),
-    )
 
     @dataclass(frozen=True)
     class Options:
@@ -67,8 +71,13 @@ class LocalSGD(Technique):
     def __init__(self, options: Options | None = None) -> None:
         super().__init__(options)
         self.comm = CommCounter()
+        self._averaged: nn.Module | None = None  # evaluation's averaged copy, until the next step
 
     def check(self, ctx: Context) -> str | None:
+        if "fp16" in ctx.technique_names:
+            # GradScaler decides per rank whether to skip a step on its local gradients: the ranks' averagers would
+            # fall out of step and their all-reduces pair with different collectives (a hang or a size mismatch).
+            return "local_sgd with fp16 is refused: the loss scaler may skip a step on one rank only"
         return needs_world(ctx, self.name)
 
     def transform_model(self, model: nn.Module, ctx: Context) -> nn.Module:
@@ -87,6 +96,9 @@ class LocalSGD(Technique):
         comm = self.comm
 
         def counted_hook(state, bucket):  # type: ignore[no-untyped-def]  # DDP rejects string annotations here
+            # The warm-up follows the trial's step count, not the hook's own: a speed window starts past the quality
+            # run's plan (ctx.step jumps there), and is then local SGD whether or not the quality run came first.
+            state.iter = ctx.step
             if state.iter < state.start_localSGD_iter:  # the hook all-reduces this bucket globally
                 comm.add(bucket.buffer(), ctx)
             return post_localSGD_hook(state, bucket)
@@ -110,6 +122,20 @@ class LocalSGD(Technique):
             self.comm.samples(len(batch[0]), ctx)
             yield batch
 
+    def eval_model(self, model: nn.Module, ctx: Context) -> nn.Module:
+        """The ranks' average, as Lin et al. evaluate: between averages each rank's model has drifted on its own.
+        A copy (every rank builds it: one all-reduce, not counted as training communication), freed at the next
+        step so the memory stages do not see it."""
+        inner = model.module if isinstance(model, DistributedDataParallel) else model
+        self._averaged = averaged = copy.deepcopy(inner)
+        for p in averaged.parameters():
+            p.grad = None
+        average_parameters(averaged.parameters(), dist.group.WORLD)
+        return averaged
+
+    def after_step(self, optimizer: torch.optim.Optimizer, ctx: Context) -> None:
+        self._averaged = None
+
     def results(self, ctx: Context) -> dict[str, Any] | None:
         # DDP all-reduces every gradient once per step: what the same steps would have passed without local SGD
         return {"period": self.options.period, "warmup": self.options.warmup, "communication": self.comm.results(),
@@ -125,6 +151,7 @@ class _CountingAverager(PeriodicModelAverager):
 
     def average_parameters(self, params: Any) -> None:
         params = list(params)
+        self.step = self.ctx.step  # the trial's step, as the DDP hook's warm-up (a speed window starts past the plan)
         if self.step >= self.warmup_steps and (self.step - self.warmup_steps) % self.period == 0:
             self.comm.add(get_params_to_average(params), self.ctx)  # what torch flattens and all-reduces
         super().average_parameters(params)

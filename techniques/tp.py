@@ -24,7 +24,8 @@ Method card
   workload's size). Degree = world size: a smaller degree leaves data-parallel replicas, which need FSDP on the
   other axis of a 2-D mesh (torchtitan's FSDP + TP); that is not implemented (``apply_fsdp`` shards over the whole
   world), so ``tp`` with ``zero2``/``zero3`` and a degree below the world size are refused with the reason. Not
-  combined with compile (it runs before sharding in phase order; torchtitan compiles after TP) nor with dropout
+  combined with compile (it runs before sharding in phase order; torchtitan compiles after TP), fp16 (the loss
+  scaler would judge each rank's gradient shards alone and might skip a step on one rank only) nor with dropout
   (dropout of sharded heads draws other random numbers than one process). No sequence parallelism (it needs
   reduce-scatter, which gloo lacks). ``results`` records the bytes this rank passes to collectives per training
   step, counted from the tensor shapes the sharded layers see (not a formula), and the per-rank parameter bytes.
@@ -177,6 +178,10 @@ class TensorParallel(Technique):
         if degree != ctx.world_size:
             return (f"tp:degree={degree} on {ctx.world_size} ranks leaves {ctx.world_size // degree} data-parallel "
                     "replicas, which need FSDP on a 2-D mesh (not implemented): use degree 0 (all ranks)")
+        if "fp16" in ctx.technique_names:
+            # GradScaler looks for inf/NaN in each rank's local shards only: one rank could skip the step while
+            # the other takes it, and the replicated parameters would part silently.
+            return "tp with fp16 is refused: the loss scaler checks each rank's local gradient shards only"
         if "compile" in ctx.technique_names:
             return "tp with compile is not supported: compile runs before sharding here, torchtitan compiles after TP"
         if ctx.workload not in SUPPORTED_WORKLOADS:

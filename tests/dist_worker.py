@@ -3,12 +3,16 @@
     torchrun --standalone --nproc-per-node 2 tests/dist_worker.py TECHNIQUES OUT_DIR [balanced|mlp|gpt [STEPS [sgd]]]
 
 TECHNIQUES is a set like ``zero3+offload`` or ``local_sgd:period=4:warmup=0``; ``sgd`` trains with plain SGD
-instead of the workload's AdamW (local SGD equals DDP only then). Each rank's ``technique_results`` are saved too.
+instead of the workload's AdamW (local SGD equals DDP only then). Each rank's ``technique_results`` are saved too,
+and, when a technique evaluates another module than the one it trains (local SGD's average, fedavg's server), each
+rank's own trained parameters. ``TRAINBENCH_TEST_START_STEP`` starts the step count there (a speed window starts
+past the quality run's plan).
 """
 
 from __future__ import annotations
 
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -81,6 +85,7 @@ def main() -> None:
     cpu = torch.device("cpu")
     ctx = Context(device=cpu, workload="" if balanced else kind, rank=rank, world_size=world,
                   technique_names=technique_set.names, total_steps=steps)
+    ctx.step = int(os.environ.get("TRAINBENCH_TEST_START_STEP", "0"))
     for tech in techs:  # techniques that set themselves up on a fresh copy of the workload (fedavg's clients)
         tech.tune(TrainConfig(batch_size=BATCH, lr=lr), Probe(fresh=lambda seed=0: build_workload(kind), device=cpu), ctx)
     for tech in techs:
@@ -105,6 +110,9 @@ def main() -> None:
         full[key.removeprefix("module.")] = tensor.clone()
     if rank == 0:
         torch.save(full, out / "params.pt")
+    if evaluated is not model:
+        own = {k.removeprefix("module."): p.detach().clone() for k, p in model.named_parameters()}
+        torch.save(own, out / f"own_rank{rank}.pt")
     end_rank(0)  # the trial's own ending: barrier, destroy, exit before gloo's threads meet interpreter teardown
 
 

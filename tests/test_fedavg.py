@@ -38,7 +38,9 @@ def fedavg_run(options: str, steps: int, batch: int):
     ctx = Context(device=CPU, technique_names=("fedavg",), total_steps=steps)
     tech.tune(TrainConfig(batch_size=batch, lr=built.lr), Probe(fresh=lambda seed=0: mlp(), device=CPU), ctx)
     model = tech.transform_model(built.model, ctx)
-    loop = TrainLoop(model, build_optimizer(model, [tech], ctx, built.lr), built.loss_fn, [tech], ctx)
+    optimizer = build_optimizer(model, [tech], ctx, built.lr)
+    tech.state_at_build = optimizer.state  # for the test that the optimizer keeps its own state dict
+    loop = TrainLoop(model, optimizer, built.loss_fn, [tech], ctx)
     data = tech.wrap_data(built.batches(batch, 0), ctx)
     for _ in range(steps):
         loop.step(next(data))
@@ -83,6 +85,16 @@ def test_two_ranks_average_what_one_process_averages(tmp_path):
     assert "4 of 4 clients per round, 4 steps a round" in text and "4 rounds in the quality run" in text
 
 
+def test_each_client_keeps_its_own_optimizer_state_in_the_optimizers_own_dict():
+    tech, _, model = fedavg_run("clients=2:local_steps=1", steps=6, batch=32)  # clients 0, 1, 0, 1, 0, 1
+    assert tech.active == 0 and set(tech.client_state) == {1}  # client 0's wave comes next; client 1 rests
+    assert tech.optimizer.state is tech.state_at_build  # contents swapped, the dict kept (a wrapper may hold it)
+    for client_state in (tech.optimizer.state, tech.client_state[1]):  # each client's AdamW took 3 steps
+        assert len(client_state) == len(list(model.parameters()))
+        assert all(float(s["step"]) == 3 for s in client_state.values())
+    assert not torch.equal(*(next(iter(st.values()))["exp_avg"] for st in (tech.optimizer.state, tech.client_state[1])))
+
+
 def test_partitions_cover_the_set_and_dirichlet_skews_labels():
     y = mlp().train_data[1]
     iid = partition(y, 8, None, seed=0)
@@ -116,6 +128,8 @@ def test_options_and_checks_give_reasons():
     assert "clients=3 does not divide by 2" in TechniqueSpec.parse("fedavg:clients=3").resolve().check(two)
     assert "3 clients per round" in TechniqueSpec.parse("fedavg:clients=6:fraction=0.5").resolve().check(two)
     assert TechniqueSpec.parse("fedavg:clients=4:fraction=0.5").resolve().check(two) is None
+    conflicts = {"curriculum", "loader", "batch_size"}
+    assert conflicts <= TechniqueSpec.parse("fedavg").resolve().conflicts
     with pytest.raises(ValueError, match="needs a classifier's training set"):
         gpt = lambda seed=0: workloads.get("gpt").build("tiny", 0, CPU)  # noqa: E731
         TechniqueSpec.parse("fedavg").resolve().tune(TrainConfig(batch_size=8), Probe(fresh=gpt, device=CPU),

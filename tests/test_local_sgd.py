@@ -4,7 +4,9 @@
   SGD updates is the update of the averaged gradient);
 - with H = 4 it is not DDP any more, and the bytes it counts are the gradient buckets of each warm-up step plus the
   parameters of each average, exactly;
-- options and the one-process check give their reasons.
+- evaluation sees the ranks' average (the ranks' own models have drifted since the last average);
+- the warm-up follows the trial's step count: started past the plan (a speed window), no step is a DDP step;
+- options, the one-process check and fp16 give their reasons.
 """
 
 from __future__ import annotations
@@ -60,6 +62,22 @@ def test_period_four_drifts_from_ddp_and_counts_what_it_sends(tmp_path, ddp_sgd)
         assert run["bytes_per_sample"] == run["bytes"] / run["samples"]
     found = json.loads((tmp_path / "results_rank0.json").read_text())["local_sgd"]
     assert "0.4 of what DDP all-reduces" in SUMMARIES["local_sgd"]([found])  # 4 of 10 steps' worth
+    # steps 7-9 came after the last average: the ranks differ, and evaluation saw their mean
+    own = [torch.load(tmp_path / f"own_rank{rank}.pt") for rank in (0, 1)]
+    assert any(not torch.equal(own[0][k], own[1][k]) for k in own[0])
+    for key, averaged in params.items():
+        assert torch.allclose(averaged, (own[0][key] + own[1][key]) / 2, atol=1e-7), key
+
+
+@pytest.mark.distributed
+def test_past_the_plan_every_step_is_local(tmp_path):
+    # a speed window starts at ctx.step = the plan's steps (here 100, past warmup=10): no gradient is all-reduced,
+    # parameters are averaged at steps 102 and 106 ((step - warmup) % 4 == 0)
+    torchrun("local_sgd:period=4:warmup=10", str(tmp_path), "mlp", str(STEPS), "sgd",
+             env={"TRAINBENCH_TEST_START_STEP": "100"})
+    counted = json.loads((tmp_path / "results_rank0.json").read_text())["local_sgd"]["communication"]
+    assert counted["quality_run"]["bytes"] == 0
+    assert counted["after"]["bytes"] == 2 * 4 * n_params() and counted["after"]["collectives"] == 2
 
 
 def test_options_and_check_give_reasons():
@@ -70,3 +88,5 @@ def test_options_and_check_give_reasons():
     tech = TechniqueSpec.parse("local_sgd").resolve()
     assert "--nproc 2" in tech.check(Context(device=torch.device("cpu"), world_size=1))
     assert tech.check(Context(device=torch.device("cpu"), world_size=2)) is None
+    with_fp16 = Context(device=torch.device("cpu"), world_size=2, technique_names=("local_sgd", "fp16"))
+    assert "loss scaler may skip a step on one rank" in tech.check(with_fp16)

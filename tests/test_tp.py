@@ -92,6 +92,7 @@ def test_check_reasons():
     assert "workload 'mlp' has no such structure" in tp.check(ctx_for("mlp"))
     assert "workload 'cnn' has no such structure" in tp.check(ctx_for("cnn"))
     assert "tp with compile is not supported" in tp.check(ctx_for(names=("tp", "compile")))
+    assert "loss scaler checks each rank's local gradient shards" in tp.check(ctx_for(names=("tp", "fp16")))
     reason = tp.check(ctx_for(names=("tp", "zero3")))
     assert "at least 4 ranks; this sweep has 2" in reason and "\n" not in reason
     assert "not implemented" in tp.check(ctx_for(world=4, names=("tp", "zero2")))

@@ -115,23 +115,25 @@ def _local_sgd(found: list[dict[str, Any]]) -> str:
     if not any(r.get("steps") for r in runs):
         return f"H={first['period']} after {first['warmup']} DDP steps; no quality run in these trials"
     per_sample = _values([r.get("bytes_per_sample") for r in runs])
-    ddp = [r["steps"] * f["ddp_bytes_per_step"] for r, f in zip(runs, found, strict=True)
-           if r.get("steps") and f.get("ddp_bytes_per_step")]
-    share = _values([r["bytes"] / d for r, d in zip(runs, ddp, strict=False) if d])
+    share = _values([r["bytes"] / (r["steps"] * f["ddp_bytes_per_step"]) for r, f in zip(runs, found, strict=True)
+                     if r.get("steps") and f.get("ddp_bytes_per_step")])
     return (f"H={first['period']} after {first['warmup']} DDP steps: {per_sample} bytes per sample all-reduced by "
             f"each rank in the quality run, {share} of what DDP all-reduces in the same steps")
 
 
 def _fedavg(found: list[dict[str, Any]]) -> str:
     first = found[0]
-    skew = _values([(f.get("label_skew") or {}).get("mean_tv_distance") for f in found])
+    skew = _values([(f.get("label_skew") or {}).get("mean_tv_distance") for f in found])  # "-": not class labels
     rounds = _values([(f.get("rounds_completed") or {}).get("quality_run") for f in found])
     fed = first.get("federated") or {}
+    unaveraged = [f.get("quality_run_steps_after_last_round") for f in found]
+    tail = (f"; the final evaluation misses the last {_values(unaveraged)} steps (a round unfinished at the budget's "
+            "end)" if any(unaveraged) else "")
     return (f"{first['participants_per_round']} of {first['clients']} clients per round, {first['steps_per_round']} "
             f"steps a round; label skew (mean TV distance to the whole set, 0 = IID) {skew}; {rounds} rounds in "
             f"the quality run; a deployment sends {_bytes(fed.get('bytes_down_per_round'))} down and as much up "
             f"per round ({_values([_mb((f.get('federated') or {}).get('quality_run_bytes')) for f in found])} MB "
-            "over the quality run)")
+            "over the quality run)" + tail)
 
 
 def _mb(n: float | None) -> float | None:
