@@ -533,7 +533,9 @@ def speed_window(session: Session, ref: ReferenceResult) -> tuple[SpeedResult, W
     samples_per_s = window.n_steps * session.cfg.batch_size / window.total_s  # global batch: every rank's samples
     dtype = set_compute_dtype(session.techs)
     peak = spec.peaks.get(dtype)
-    ranks = spec.world_size if device.type == "cuda" else 1  # ranks on one CPU host share its calibrated peak
+    # Each rank's peak is calibrated at the rank's own thread count (one GPU; on CPU, torchrun's 1 thread per rank),
+    # so the trial's peak is the ranks' sum (it was 1x on CPU, which doubled MFU of 2-rank CPU trials)
+    ranks = spec.world_size
     flops_per_step, shape_steps = window_flops(session, ref.flops_per_step, shapes)
     achieved = flops_per_step * window.n_steps / window.total_s if flops_per_step else None
     sheet = datasheet_peak(torch.cuda.get_device_name(device), dtype) if device.type == "cuda" else None

@@ -146,17 +146,17 @@ class CommCounter:
         self.bytes = {"quality_run": 0, "after": 0}
         self.samples_seen = {"quality_run": 0, "after": 0}
         self.steps = {"quality_run": 0, "after": 0}
-        self.collectives = {"quality_run": 0, "after": 0}
+        self.calls = {"quality_run": 0, "after": 0}
 
     @staticmethod
     def phase(ctx: Context) -> str:
         return "quality_run" if ctx.step < ctx.total_steps else "after"
 
     def add(self, tensors: Any, ctx: Context) -> None:
-        """One collective over ``tensors`` (a tensor or an iterable of them)."""
+        """One collective (or point-to-point send) of ``tensors`` (a tensor or an iterable of them)."""
         tensors = [tensors] if torch.is_tensor(tensors) else list(tensors)
         self.bytes[self.phase(ctx)] += sum(t.numel() * t.element_size() for t in tensors)
-        self.collectives[self.phase(ctx)] += 1
+        self.calls[self.phase(ctx)] += 1
 
     def samples(self, n: int, ctx: Context) -> None:
         """A global batch of ``n`` samples is about to be trained (call before the step runs)."""
@@ -164,9 +164,9 @@ class CommCounter:
         self.steps[self.phase(ctx)] += 1
 
     def results(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"unit": "bytes this rank passed to collectives (payload), per global sample trained"}
+        out: dict[str, Any] = {"unit": "bytes this rank passed to collectives and sends (payload), per global sample"}
         for phase in ("quality_run", "after"):
             n, b = self.samples_seen[phase], self.bytes[phase]
-            out[phase] = {"steps": self.steps[phase], "samples": n, "bytes": b, "collectives": self.collectives[phase],
+            out[phase] = {"steps": self.steps[phase], "samples": n, "bytes": b, "calls": self.calls[phase],
                           "bytes_per_sample": b / n if n else None}
         return out

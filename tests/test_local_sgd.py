@@ -77,7 +77,7 @@ def test_past_the_plan_every_step_is_local(tmp_path):
              env={"TRAINBENCH_TEST_START_STEP": "100"})
     counted = json.loads((tmp_path / "results_rank0.json").read_text())["local_sgd"]["communication"]
     assert counted["quality_run"]["bytes"] == 0
-    assert counted["after"]["bytes"] == 2 * 4 * n_params() and counted["after"]["collectives"] == 2
+    assert counted["after"]["bytes"] == 2 * 4 * n_params() and counted["after"]["calls"] == 2
 
 
 def test_options_and_check_give_reasons():
