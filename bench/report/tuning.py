@@ -30,6 +30,8 @@ def _values(xs: list[float | None]) -> str:
     got = [x for x in xs if x is not None]
     if not got:
         return "-"
+    if len(got) > 1 and len(set(got)) == 1:
+        return f"{_g(got[0])} (each of {len(got)})"
     if len(got) <= LISTED:
         return ", ".join(_g(x) for x in got)
     return f"median {_g(float(np.median(got)))} (range {_g(min(got))}-{_g(max(got))}, n={len(got)})"
@@ -118,7 +120,7 @@ def _local_sgd(found: list[dict[str, Any]]) -> str:
     share = _values([r["bytes"] / (r["steps"] * f["ddp_bytes_per_step"]) for r, f in zip(runs, found, strict=True)
                      if r.get("steps") and f.get("ddp_bytes_per_step")])
     return (f"H={first['period']} after {first['warmup']} DDP steps: {per_sample} bytes per sample all-reduced by "
-            f"each rank in the quality run, {share} of what DDP all-reduces in the same steps")
+            f"each rank in the quality run, {share}x what DDP all-reduces in the same steps")
 
 
 def _fedavg(found: list[dict[str, Any]]) -> str:
@@ -136,6 +138,28 @@ def _fedavg(found: list[dict[str, Any]]) -> str:
             "over the quality run)" + tail)
 
 
+def _tp(found: list[dict[str, Any]]) -> str:
+    first = found[0]
+    per_sample = _values([((f.get("communication") or {}).get("quality_run") or {}).get("bytes_per_sample")
+                          for f in found])
+    calls = (first.get("communication_detail") or {}).get("collectives_per_step")
+    return (f"degree {first['degree']}: {first['local_heads']} of {first['n_head']} heads per rank, "
+            f"{_bytes(first.get('param_bytes_per_rank'))} of parameters per rank; {calls} all-reduces a step, "
+            f"{per_sample} bytes per sample passed by each rank in the quality run")
+
+
+def _pp(found: list[dict[str, Any]]) -> str:
+    first = found[0]
+    bubble = first.get("bubble") or {}
+    stages = range(first.get("stages") or 0)
+    measured = "; ".join(f"stage {s} {_values([((f.get('bubble') or {}).get('measured_per_stage') or [None] * (s + 1))[s] for f in found])}"
+                         for s in stages)
+    sent = _values([((f.get("communication") or {}).get("quality_run") or {}).get("bytes_per_sample") for f in found])
+    return (f"{first['schedule']}, {first['microbatches']} micro-batches over {first['stages']} stages (blocks "
+            f"{first.get('layers_per_stage')}): measured bubble {measured}, against (p - 1) / (m + p - 1) = "
+            f"{_g(bubble.get('formula'))}; stage 0 sends {sent} bytes per sample")
+
+
 def _mb(n: float | None) -> float | None:
     return None if n is None else n / 1e6
 
@@ -143,7 +167,7 @@ def _mb(n: float | None) -> float | None:
 SUMMARIES: dict[str, Callable[[list[dict[str, Any]]], str]] = {
     "lr_finder": _lr_finder, "batch_size": _batch_size, "early_stopping": _early_stopping,
     "curriculum": _curriculum, "lr_schedule": _lr_schedule, "compile": _compile, "local_sgd": _local_sgd,
-    "fedavg": _fedavg,
+    "fedavg": _fedavg, "tp": _tp, "pp": _pp,
 }
 
 
