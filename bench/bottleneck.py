@@ -43,6 +43,8 @@ def diagnose(share: dict[str, float], techniques: tuple[str, ...] = (), device: 
         return f"copy-bound: {pct['h2d']}% of the step copies inputs to the device; {fix}"
     if share.get("optimizer", 0.0) >= OPTIMIZER_BOUND:
         fix = "try fused_adamw" if "fused_adamw" not in techniques else "a ZeRO set spreads it over ranks"
+        if "local_sgd" in techniques:  # PostLocalSGDOptimizer all-reduces the parameters inside its step
+            fix = "local_sgd averages the parameters inside the optimizer step: a longer period averages less often"
         return f"optimizer-bound: {pct['optimizer']}% of the step is the optimizer; {fix}"
     if share.get("other", 0.0) >= OVERHEAD_BOUND:
         fix = "try compile (fewer Python and kernel-launch costs)" if "compile" not in techniques \

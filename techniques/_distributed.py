@@ -1,4 +1,4 @@
-"""Shared pieces of the data-parallel and sharding techniques (ddp, zero1, zero2, zero3, offload, deepspeed).
+"""Shared pieces of the multi-process techniques (ddp, zero1-3, offload, deepspeed, local_sgd, fedavg, tp, pp).
 
 Everything here runs on torch.distributed, initialised by the trial process that torchrun started; no collective
 communication of our own. Each rank trains on its slice of the global batch, so the global batch (and with it the

@@ -120,7 +120,7 @@ def _local_sgd(found: list[dict[str, Any]]) -> str:
     share = _values([r["bytes"] / (r["steps"] * f["ddp_bytes_per_step"]) for r, f in zip(runs, found, strict=True)
                      if r.get("steps") and f.get("ddp_bytes_per_step")])
     return (f"H={first['period']} after {first['warmup']} DDP steps: {per_sample} bytes per sample all-reduced by "
-            f"each rank in the quality run, {share}x what DDP all-reduces in the same steps")
+            f"each rank in the quality run, {share} of DDP's bytes in the same steps")
 
 
 def _fedavg(found: list[dict[str, Any]]) -> str:
