@@ -26,6 +26,7 @@ from techniques import get
 from techniques.base import Context, Technique, TrainConfig
 from techniques.pp import PP, bubble_formula, pipeline_problem, stage_layers
 from tests.conftest import REPO, TINY_BUDGET
+from tests.helpers import whole_batch_trial
 from tests.pp_worker import BATCH, MICROBATCHES, STEPS
 
 CPU = torch.device("cpu")
@@ -185,18 +186,7 @@ def test_the_loop_hands_forward_and_backward_to_its_owner():
 @pytest.mark.slow
 @pytest.mark.distributed
 def test_a_pp_trial_through_the_runner(tmp_path):
-    from bench.config import build_config
-    from bench.runner import SweepRunner
-
-    cfg = build_config("smoke", {"workloads": "gpt", "techniques": "pp", "repeats": 1, "nproc": 2,
-                                 "budget": {**TINY_BUDGET, "timeout_s": 180}})
-    records = {r.technique_label: r for r in SweepRunner(cfg, tmp_path / "s", CPU).run()}
-    r = records["pp"]
-    assert r.status == "ok", r.reason
-    base = records["baseline"]  # every rank trains the whole batch: the step's FLOPs and the model are the baseline's
-    assert r.workload["n_params"] == base.workload["n_params"] == r.build.n_params
-    assert r.speed.flops_per_step == base.speed.flops_per_step > 0
-    assert r.world_size == 2 and r.parity.ok, (r.parity.loss_rel_diff, r.parity.distance_rel_diff)
+    r = whole_batch_trial(tmp_path, "pp")
     assert r.quality.samples_trained == TINY_BUDGET["train_steps"] * r.build.batch_size
     found = r.technique_results["pp"]
     assert found["bubble"]["formula"] == pytest.approx(0.2) and len(found["bubble"]["measured_per_stage"]) == 2

@@ -27,7 +27,8 @@ from bench.loop import plain_loop
 from techniques import get
 from techniques.base import Context
 from techniques.tp import HeadMajorAttention, head_major_rows, structure_problem
-from tests.conftest import REPO, TINY_BUDGET
+from tests.conftest import REPO
+from tests.helpers import whole_batch_trial
 from tests.tp_worker import BATCH, STEPS
 
 CPU = torch.device("cpu")
@@ -227,19 +228,7 @@ def test_communication_follows_what_runs(label, tmp_path):
 @pytest.mark.slow
 @distributed
 def test_a_tp_trial_through_the_runner(tmp_path):
-    from bench.config import build_config
-    from bench.runner import SweepRunner
-
-    cfg = build_config("smoke", {"workloads": "gpt", "techniques": "tp", "repeats": 1, "nproc": 2,
-                                 "budget": {**TINY_BUDGET, "timeout_s": 180}})
-    records = {r.technique_label: r for r in SweepRunner(cfg, tmp_path / "s", CPU).run()}
-    r = records["tp"]
-    assert r.status == "ok", r.reason
-    base = records["baseline"]  # every rank trains the whole batch: the step's FLOPs and the model are the baseline's
-    assert r.workload["n_params"] == base.workload["n_params"] == r.build.n_params
-    assert r.speed.flops_per_step == base.speed.flops_per_step > 0
-    assert r.world_size == 2 and r.kind == "exact"
-    assert r.parity.ok, (r.parity.loss_rel_diff, r.parity.distance_rel_diff)
+    r = whole_batch_trial(tmp_path, "tp")
     found = r.technique_results["tp"]
     assert found["degree"] == 2 and found["bytes_per_step"] > 0
     run = found["communication"]["quality_run"]
