@@ -43,12 +43,17 @@ def diagnose(share: dict[str, float], techniques: tuple[str, ...] = (), device: 
         return f"copy-bound: {pct['h2d']}% of the step copies inputs to the device; {fix}"
     if share.get("optimizer", 0.0) >= OPTIMIZER_BOUND:
         fix = "try fused_adamw" if "fused_adamw" not in techniques else "a ZeRO set spreads it over ranks"
+        if "local_sgd" in techniques:  # PostLocalSGDOptimizer all-reduces the parameters inside its step
+            fix = "local_sgd averages the parameters inside the optimizer step: a longer period averages less often"
         return f"optimizer-bound: {pct['optimizer']}% of the step is the optimizer; {fix}"
     if share.get("other", 0.0) >= OVERHEAD_BOUND:
         fix = "try compile (fewer Python and kernel-launch costs)" if "compile" not in techniques \
             else "look at the trace's top operators"
         return f"overhead-bound: {pct['other']}% of the step is outside the labelled phases; {fix}"
     compute = pct.get("forward", 0) + pct.get("backward", 0)
+    if "pp" in techniques:  # the pipeline schedule is one region: its forwards, backwards, sends and idle time
+        return (f"pipeline: {compute}% of the step is the pipeline schedule (stage compute, point-to-point sends and "
+                "the bubble: see pp's measured bubble); more micro-batches shrink the bubble (pp:microbatches)")
     if bf16_faster is True:
         fix = "try bf16 (its calibrated peak beats fp32's here) or compile"
     elif bf16_faster is False:

@@ -3,7 +3,9 @@
 One call of ``TrainLoop.step`` is one optimizer step:
 
     zero_grad
-    for each micro-batch:
+    either, when a technique owns forward_backward (pipeline parallelism: its schedule interleaves micro-batches):
+      loss = forward_backward(model, x, y, loss_fn)  (the whole step's forwards and backwards; labelled "forward")
+    or, for each micro-batch:
       with micro-batch contexts (only with several micro-batches; e.g. DDP's no_sync before the last one):
         with forward contexts (autocast, ...):  out = model(x); loss = loss_fn(out, y); loss hooks
         backward(loss / micro_batches)           (the backward owner, e.g. fp16's loss scaler, or loss.backward())
@@ -63,6 +65,9 @@ class TrainLoop:
         self._loss_techs = [t for t in techniques if overrides(t, "loss")]
         self._backward_owner = single_owner(techniques, "backward")
         self._step_owner = single_owner(techniques, "optimizer_step")
+        self._fb_owner = single_owner(techniques, "forward_backward")
+        if self._fb_owner is not None:
+            _refuse_skipped_hooks(self._fb_owner, techniques, micro_batches)
         self._after_techs = [t for t in techniques if overrides(t, "after_step")]
         self.sequences = tokens_per_sample > 0  # inputs are (batch, sequence) token ids
         self.tokens = 0
@@ -111,21 +116,28 @@ class TrainLoop:
             # chunk() would return fewer, unequal pieces: the last micro-batch (DDP's all-reduce) might never run
             # and the 1/n loss scale would be wrong, silently.
             raise ValueError(f"a batch of {x.shape[0]} samples does not split into {n} equal micro-batches")
-        pieces = zip(x.chunk(n), y.chunk(n), strict=True) if n > 1 else ((x, y),)
-        total = None
-        for i, (xm, ym) in enumerate(pieces):
-            with self._micro_batch_context(last=i == n - 1):
-                with region("forward"), self.forward_context():
-                    out = self.model(xm)
-                    loss = self.loss_fn(out, ym)
-                    for tech in self._loss_techs:
-                        loss = tech.loss(out, (xm, ym), loss, self.ctx)
-                with region("backward"):
-                    scaled = loss / n if n > 1 else loss
-                    if self._backward_owner is None or not self._backward_owner.backward(scaled, self.ctx):
-                        scaled.backward()
-            detached = loss.detach()
-            total = detached if total is None else total + detached
+        if self._fb_owner is not None:  # forward and backward interleave in the owner's schedule: one region
+            with region("forward"):
+                total = self._fb_owner.forward_backward(self.model, x, y, self.loss_fn, self.ctx)
+            n = 1
+        else:
+            # Inline, not a helper: the last micro-batch's output and loss stay alive through the optimizer step, as
+            # in a plain training loop, so the memory measured is the memory users' loops hold.
+            pieces = zip(x.chunk(n), y.chunk(n), strict=True) if n > 1 else ((x, y),)
+            total = None
+            for i, (xm, ym) in enumerate(pieces):
+                with self._micro_batch_context(last=i == n - 1):
+                    with region("forward"), self.forward_context():
+                        out = self.model(xm)
+                        loss = self.loss_fn(out, ym)
+                        for tech in self._loss_techs:
+                            loss = tech.loss(out, (xm, ym), loss, self.ctx)
+                    with region("backward"):
+                        scaled = loss / n if n > 1 else loss
+                        if self._backward_owner is None or not self._backward_owner.backward(scaled, self.ctx):
+                            scaled.backward()
+                detached = loss.detach()
+                total = detached if total is None else total + detached
         with region("optimizer"):
             if self._step_owner is None or not self._step_owner.optimizer_step(self.optimizer, self.ctx):
                 self.optimizer.step()
@@ -134,6 +146,19 @@ class TrainLoop:
         self.ctx.step += 1
         assert total is not None
         return total / n if n > 1 else total
+
+
+_PER_MICRO_BATCH_HOOKS = ("micro_batch_context", "forward_context", "loss", "backward")
+
+
+def _refuse_skipped_hooks(owner: Technique, techniques: Sequence[Technique], micro_batches: int) -> None:
+    """A ``forward_backward`` owner runs every forward and backward itself, so the loop's per-micro-batch hooks and
+    its own micro-batches never run: a set that relies on them is refused, not silently changed."""
+    skipped = [f"{t.name}.{hook}()" for t in techniques for hook in _PER_MICRO_BATCH_HOOKS if overrides(t, hook)]
+    if skipped or micro_batches > 1:
+        what = ", ".join(skipped) if skipped else f"{micro_batches} loop micro-batches"
+        raise ValueError(f"{owner.name} runs the forward and backward itself (forward_backward); {what} would "
+                         "never run: combine it without them")
 
 
 def single_owner(techniques: Sequence[Technique], hook: str) -> Technique | None:

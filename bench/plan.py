@@ -19,7 +19,7 @@ import torch
 from bench import workloads
 from bench.config import Budget, SweepConfig, TechniqueSet, WorkloadSpec
 from bench.reference import ReferenceKey
-from techniques.base import Context, Technique, TrainConfig
+from techniques.base import Context, Technique, TrainConfig, batch_shards
 
 log = logging.getLogger(__name__)
 
@@ -109,19 +109,21 @@ def _batch_split_problem(instances: list[Technique], params: dict, world_size: i
             cfg = tech.configure(cfg)
         except ValueError as exc:
             return str(exc)
-    if cfg.batch_size % world_size:
-        return f"the batch of {cfg.batch_size} samples does not split evenly over {world_size} processes"
-    local = cfg.batch_size // world_size
+    shards = batch_shards(instances, world_size)
+    if cfg.batch_size % shards:
+        return f"the batch of {cfg.batch_size} samples does not split evenly over {shards} processes"
+    local = cfg.batch_size // shards
     if local % cfg.micro_batches:
-        where = f"the per-process batch of {local} samples" if world_size > 1 else f"the batch of {local} samples"
+        where = f"the per-process batch of {local} samples" if shards > 1 else f"the batch of {local} samples"
         return f"{where} does not split into {cfg.micro_batches} equal micro-batches"
     return None
 
 
 def world_size_for(techs: TechniqueSet, world_size: int) -> int:
-    """Sets with a data-parallel / sharding technique run on every process; the others (the baseline included)
-    run in one process, so they are the single-process reference the distributed sets are compared with."""
-    distributed = any(spec.resolve().slot == "sharding" for spec in techs.specs)
+    """Sets with a multi-process technique (data-parallel, sharding, model-parallel) run on every process; the
+    others (the baseline included) run in one process, so they are the single-process reference the distributed
+    sets are compared with."""
+    distributed = any(spec.resolve().multi_process for spec in techs.specs)
     return world_size if distributed else 1
 
 

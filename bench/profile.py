@@ -113,7 +113,7 @@ def validate(cfg: SweepConfig, device: torch.device, out_dir: Path | None = None
         raise ConfigError(f"cannot write into {out_dir}: {blocker} is a file, not a directory")
 
     workload, techs = _single(cfg)
-    if any(spec.resolve().slot == "sharding" for spec in techs.specs):
+    if any(spec.resolve().multi_process for spec in techs.specs):
         raise ConfigError(f"{techs.label} runs on several processes; `bench profile` profiles one process "
                           "(profile the set's single-process form, or its trials' traces on each rank)")
     reason = plan_mod.incompatibility(techs, workload, device, 1)

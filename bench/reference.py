@@ -110,7 +110,9 @@ def _local(t: torch.Tensor) -> torch.Tensor:
 
 
 def _is_sharded(t: torch.Tensor) -> bool:
-    if hasattr(t, "ds_tensor"):
+    """Whether other ranks hold other parts of the model's parameters here: a DTensor shard, a DeepSpeed ZeRO-3
+    partition, or a parameter a technique marked ``held_by_one_rank`` (a pipeline stage's)."""
+    if hasattr(t, "ds_tensor") or getattr(t, "held_by_one_rank", False):
         return True
     return any(p.is_shard() for p in getattr(t, "placements", ()))  # DTensor placements: Shard, Replicate, ...
 

@@ -90,6 +90,7 @@ from techniques.base import (
     Probe,
     Technique,
     TrainConfig,
+    batch_shards,
     set_compute_dtype,
     set_kind,
     set_zero_stage,
@@ -158,10 +159,16 @@ class Session:
     one_off_s: float | None = None  # its excess over a steady step of the stage that ran it
     probe_s: float = 0.0  # the techniques' probes before training (tune)
     full_batch: dict[str, Any] = field(default_factory=dict)  # "batch": the workload's first batch, before techniques
+    n_params: int = 0  # the whole model's, counted before techniques shard it or cut it into stages
 
     @property
     def device(self) -> torch.device:
         return self.ctx.device
+
+    @property
+    def batch_shards(self) -> int:
+        """Slices of the global batch across the ranks (the world size under data parallelism, else 1)."""
+        return batch_shards(self.techs, self.spec.world_size)
 
 
 # ---- stage: build -----------------------------------------------------------------------------------------------
@@ -179,6 +186,7 @@ def build(spec: TrialSpec, budget: Budget, device: torch.device) -> Session:
     cfg, ctx, probe_s = configure(wl, spec.size, built, techs, budget, spec.seed, device, spec.world_size,
                                   Path(spec.reference_dir) if spec.reference_dir else None)
     model = built.model
+    n_params = sum(p.numel() for p in model.parameters())
     for tech in techs:
         model = tech.transform_model(model, ctx)
     optimizer = build_optimizer(model, techs, ctx, cfg.lr, cfg.weight_decay)
@@ -190,7 +198,7 @@ def build(spec: TrialSpec, budget: Budget, device: torch.device) -> Session:
         batches = tech.wrap_data(batches, ctx)
     loop = TrainLoop(model, optimizer, built.loss_fn, techs, ctx, cfg.micro_batches, built.tokens_per_sample)
     return Session(spec, budget, built, techs, ctx, cfg, model, optimizer, loop, batches, set_kind(techs),
-                   probe_s=probe_s, full_batch=full)
+                   probe_s=probe_s, full_batch=full, n_params=n_params)
 
 
 def _noting_first(batches: Iterator[Any], into: dict[str, Any]) -> Iterator[Any]:
@@ -217,7 +225,7 @@ def configure(wl: workloads.Workload, size: str, built: workloads.BuiltWorkload,
     _plan_into(ctx, budget, built, cfg)
     cfg, probe_s = _tune(techs, cfg, ctx, Probe(functools.partial(_fresh, wl, size, seed, device), device, seed))
     _plan_into(ctx, budget, built, cfg)
-    ctx.state.update(lr=cfg.lr, local_batch_size=cfg.batch_size // world_size // cfg.micro_batches)
+    ctx.state.update(lr=cfg.lr, local_batch_size=cfg.batch_size // batch_shards(techs, world_size) // cfg.micro_batches)
     return cfg, ctx, probe_s
 
 
@@ -255,7 +263,7 @@ def _plan_into(ctx: Context, budget: Budget, built: workloads.BuiltWorkload, cfg
 
 def build_info(session: Session) -> BuildInfo:
     return BuildInfo(
-        n_params=sum(getattr(p, "ds_numel", p.numel()) for p in session.built.model.parameters()),
+        n_params=session.n_params,
         batch_size=session.cfg.batch_size,
         micro_batches=session.cfg.micro_batches,
         tokens_per_sample=session.built.tokens_per_sample,
@@ -428,7 +436,8 @@ def quality_run(session: Session) -> QualityResult:
     session.one_off_s = one_off = _one_off(session.first_step_s, clock, steps)
     for point in curve[1:]:
         point[2] = max(point[2] - one_off, 0.0)
-    tokens = session.loop.tokens - tokens_before if built.tokens_per_sample else None
+    # the loop counts this rank's tokens: every rank's, under data parallelism
+    tokens = (session.loop.tokens - tokens_before) * session.batch_shards if built.tokens_per_sample else None
     return _quality_result(session, plan, curve, one_off, cut, stopped, busy, tokens)
 
 
@@ -524,7 +533,9 @@ def speed_window(session: Session, ref: ReferenceResult) -> tuple[SpeedResult, W
     samples_per_s = window.n_steps * session.cfg.batch_size / window.total_s  # global batch: every rank's samples
     dtype = set_compute_dtype(session.techs)
     peak = spec.peaks.get(dtype)
-    ranks = spec.world_size if device.type == "cuda" else 1  # ranks on one CPU host share its calibrated peak
+    # Each rank's peak is calibrated at the rank's own thread count (one GPU; on CPU, torchrun's 1 thread per rank),
+    # so the trial's peak is the ranks' sum (it was 1x on CPU, which doubled MFU of 2-rank CPU trials)
+    ranks = spec.world_size
     flops_per_step, shape_steps = window_flops(session, ref.flops_per_step, shapes)
     achieved = flops_per_step * window.n_steps / window.total_s if flops_per_step else None
     sheet = datasheet_peak(torch.cuda.get_device_name(device), dtype) if device.type == "cuda" else None
@@ -535,7 +546,7 @@ def speed_window(session: Session, ref: ReferenceResult) -> tuple[SpeedResult, W
         step_time_s=step_stats,
         samples_per_s=samples_per_s,
         samples_per_s_per_device=samples_per_s / spec.world_size,
-        tokens_per_s=tokens * spec.world_size / window.total_s if session.built.tokens_per_sample else None,
+        tokens_per_s=tokens * session.batch_shards / window.total_s if session.built.tokens_per_sample else None,
         data_wait_frac=window.data_wait_s / window.total_s if window.total_s else None,
         contention=Contention(**dataclasses.asdict(busy)),
         contended=contended,
@@ -562,7 +573,8 @@ def window_flops(session: Session, reference_flops: int | None, shapes: collecti
         return reference_flops, None
     spec = session.spec
     x_full, y_full = session.full_batch["batch"]
-    local = session.cfg.batch_size // spec.world_size
+    shards = session.batch_shards  # each rank's FLOPs are the whole model's on its slice of the batch
+    local = session.cfg.batch_size // shards
     full = (local, *x_full.shape[1:])
     if set(shapes) == {full}:
         return reference_flops, None
@@ -573,11 +585,11 @@ def window_flops(session: Session, reference_flops: int | None, shapes: collecti
         loop = plain_loop(fresh, fresh.lr, cpu)
         for shape in shapes:
             if shape == full:
-                counted[shape] = reference_flops / spec.world_size
+                counted[shape] = reference_flops / shards
                 continue
             x, y = _cut(x_full, shape), _cut(y_full, shape)
             counted[shape] = count_flops(lambda x=x, y=y: loop.step((x, y)))
-    total = sum(n * counted[shape] * spec.world_size for shape, n in shapes.items())
+    total = sum(n * counted[shape] * shards for shape, n in shapes.items())
     return round(total / sum(shapes.values())), {"x".join(map(str, s)): n for s, n in sorted(shapes.items())}
 
 
@@ -820,7 +832,7 @@ def _measure(spec: TrialSpec, head: dict[str, Any], out: dict[str, Any], own_pro
     head["workload"].update(dataset=built.dataset, params=built.params, metric=built.metric,
                             higher_is_better=built.higher_is_better, batch_size=session.cfg.batch_size,
                             tokens_per_sample=built.tokens_per_sample, target=built.target,
-                            n_params=sum(p.numel() for p in built.model.parameters()))
+                            n_params=session.n_params)
     out["build"] = build_info(session)
     ref = reference(session)
     if session.kind != Kind.ALGORITHMIC and budget.parity_steps > 0:

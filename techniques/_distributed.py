@@ -1,4 +1,4 @@
-"""Shared pieces of the data-parallel and sharding techniques (ddp, zero1, zero2, zero3, offload, deepspeed).
+"""Shared pieces of the multi-process techniques (ddp, zero1-3, offload, deepspeed, local_sgd, fedavg, tp, pp).
 
 Everything here runs on torch.distributed, initialised by the trial process that torchrun started; no collective
 communication of our own. Each rank trains on its slice of the global batch, so the global batch (and with it the
@@ -16,8 +16,6 @@ import torch.distributed as dist
 from torch import nn
 
 from techniques.base import Context, model_blocks
-
-SHARDING_TECHNIQUES = ("ddp", "zero1", "zero2", "zero3", "deepspeed")
 
 
 def needs_world(ctx: Context, name: str) -> str | None:
@@ -132,3 +130,43 @@ def apply_fsdp(model: nn.Module, ctx: Context, reshard_after_forward: bool) -> n
             fully_shard(block, reshard_after_forward=reshard_after_forward, offload_policy=policy)
     fully_shard(model, reshard_after_forward=reshard_after_forward, offload_policy=policy)
     return model
+
+
+class CommCounter:
+    """Bytes this rank hands to collectives, and the global samples trained, split between the quality run (steps
+    before ``ctx.total_steps``) and the steps after it (the speed window, its warm-up and the memory passes).
+
+    Counted where a technique calls the collective, from the tensors it passes (the payload), so the number
+    follows what actually ran: a ring all-reduce then moves about 2 (N - 1) / N of the payload out of each rank
+    and as much in. Techniques call ``add`` beside each collective, ``samples`` on each global batch and put
+    ``results()`` in their record under ``"communication"``.
+    """
+
+    def __init__(self) -> None:
+        self.bytes = {"quality_run": 0, "after": 0}
+        self.samples_seen = {"quality_run": 0, "after": 0}
+        self.steps = {"quality_run": 0, "after": 0}
+        self.calls = {"quality_run": 0, "after": 0}
+
+    @staticmethod
+    def phase(ctx: Context) -> str:
+        return "quality_run" if ctx.step < ctx.total_steps else "after"
+
+    def add(self, tensors: Any, ctx: Context) -> None:
+        """One collective (or point-to-point send) of ``tensors`` (a tensor or an iterable of them)."""
+        tensors = [tensors] if torch.is_tensor(tensors) else list(tensors)
+        self.bytes[self.phase(ctx)] += sum(t.numel() * t.element_size() for t in tensors)
+        self.calls[self.phase(ctx)] += 1
+
+    def samples(self, n: int, ctx: Context) -> None:
+        """A global batch of ``n`` samples is about to be trained (call before the step runs)."""
+        self.samples_seen[self.phase(ctx)] += n
+        self.steps[self.phase(ctx)] += 1
+
+    def results(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"unit": "bytes this rank passed to collectives and sends (payload), per global sample"}
+        for phase in ("quality_run", "after"):
+            n, b = self.samples_seen[phase], self.bytes[phase]
+            out[phase] = {"steps": self.steps[phase], "samples": n, "bytes": b, "calls": self.calls[phase],
+                          "bytes_per_sample": b / n if n else None}
+        return out

@@ -13,6 +13,10 @@ loop (``bench/loop.py``) calls the hooks in one documented order; a technique ov
     batches(pipeline, batch_size, seed, ctx) -> where batches come from (one owner; None keeps the workload's own):
                                            a DataLoader over the workload's Dataset (``loader``)
     wrap_data(batches, ctx)             -> batches are pulled one step at a time: ``ctx.step`` is the step to come
+    forward_backward(model, x, y, loss_fn, ctx) -> loss  (one owner) runs the whole step's forwards and backwards
+                                           itself (a pipeline schedule) instead of the loop's micro-batches below, and
+                                           returns the step's mean loss, the same on every rank; the four hooks below
+                                           then never run, so a set that needs them is refused
     micro_batch_context(model, last, ctx) -> context manager around each micro-batch's forward + backward
                                            (with grad_accum; e.g. DDP's no_sync for all but the last one)
     forward_context(ctx)                -> context manager entered around each forward + loss
@@ -33,7 +37,9 @@ trained, 0 for non-sequence workloads). The loop advances ``step`` after the ``a
 Facts the harness needs about a technique are typed class attributes, never name checks in the core:
 ``kind`` (how quality is judged), ``compute_dtype`` (the matmul dtype it switches to: MFU's peak), ``hides_tensors``
 (the tensor-memory tracker cannot see inside it), ``zero_stage`` (the ZeRO stage of a sharding technique) and
-``memory_note`` (how its per-rank memory departs from the ZeRO formula).
+``memory_note`` (how its per-rank memory departs from the ZeRO formula), ``multi_process`` (the set runs on
+every process ``--nproc`` starts) and ``splits_batch`` (its ranks train slices of the global batch, or each the whole
+batch).
 
 Register with ``@register`` and add the module to the explicit import list in ``techniques/__init__.py`` (a
 third-party technique comes from a file or an entry point instead: docs/plugins.md). Per-block transforms find the
@@ -177,6 +183,10 @@ class Technique:
     hides_tensors: ClassVar[bool] = False  # True: the tensor tracker cannot see what it runs (compiled graphs)
     zero_stage: int | None = None  # ZeRO stage of a data-parallel/sharding technique (0 = DDP); None otherwise
     memory_note: ClassVar[str | None] = None  # how its per-rank memory departs from the ZeRO formula, if it does
+    multi_process: ClassVar[bool] = False  # runs on every process torchrun starts (--nproc); sets without such a
+    # technique run in one process, as the reference the multi-process sets are compared with
+    splits_batch: ClassVar[bool] = True  # a multi-process technique's ranks each train a slice of the global
+    # batch (data parallel); False: every rank trains the whole batch (tensor and pipeline parallelism)
 
     @dataclass(frozen=True)
     class Options:
@@ -256,6 +266,14 @@ class Technique:
     def wrap_data(self, batches: Iterator[Any], ctx: Context) -> Iterator[Any]:
         return batches
 
+    def forward_backward(self, model: nn.Module, x: torch.Tensor, y: torch.Tensor,
+                         loss_fn: Callable[[Any, torch.Tensor], torch.Tensor], ctx: Context) -> torch.Tensor | None:
+        """Run the step's forward and backward passes on the batch ``(x, y)`` (already on the device) and return its
+        mean loss, detached and the same on every rank. At most one technique of a set owns it (pipeline
+        parallelism); the loop then skips its own micro-batches and never calls ``micro_batch_context``,
+        ``forward_context``, ``loss`` or ``backward``. The optimizer step and ``after_step`` stay the loop's."""
+        return None
+
     def micro_batch_context(self, model: nn.Module, last: bool, ctx: Context) -> contextlib.AbstractContextManager[Any]:
         """Entered around each micro-batch's forward and backward when a step has several (``last``: the final one
         before the optimizer step)."""
@@ -305,6 +323,12 @@ def set_kind(techs: Iterable[Technique]) -> Kind:
 def set_compute_dtype(techs: Iterable[Technique]) -> str:
     """The dtype a set's matmuls run in (picks the peak MFU is measured against)."""
     return max((t.compute_dtype for t in techs if t.compute_dtype), key=_DTYPE_ORDER.index, default="float32")
+
+
+def batch_shards(techs: Iterable[Technique], world_size: int) -> int:
+    """Into how many slices the global batch is split across the ranks: the world size under data parallelism, 1
+    when a multi-process technique has every rank train the whole batch (tensor or pipeline parallelism)."""
+    return 1 if any(t.multi_process and not t.splits_batch for t in techs) else world_size
 
 
 def set_zero_stage(techs: Iterable[Technique]) -> int | None:

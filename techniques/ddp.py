@@ -41,6 +41,7 @@ class DDP(Technique):
     kind = Kind.EXACT
     phase = Phase.SHARDING
     slot = "sharding"
+    multi_process = True
     zero_stage = 0
     claims = (
         Claim("scaling", 0.9, 1.0, "ResNet/BERT on up to 256 GPUs: near-linear scaling efficiency",

@@ -32,6 +32,7 @@ class DeepSpeed(Technique):
     kind = Kind.EXACT
     phase = Phase.SHARDING
     slot = "sharding"
+    multi_process = True
     conflicts = frozenset({"grad_accum", "fp16", "compile"})
     claims = (
         Claim("model_state_ratio", 0.0, 0.5, "ZeRO stages 1-3 on N GPUs", "Rajbhandari et al., ZeRO, SC 2020"),

@@ -37,6 +37,7 @@ class Zero1(Technique):
     kind = Kind.EXACT
     phase = Phase.SHARDING
     slot = "sharding"
+    multi_process = True
     zero_stage = 1
     claims = (
         Claim("model_state_ratio", 0.25, 0.5, "ZeRO paper, Pos with large N: 4x smaller model state (mixed precision)",

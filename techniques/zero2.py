@@ -35,6 +35,7 @@ class Zero2(Technique):
     kind = Kind.EXACT
     phase = Phase.SHARDING
     slot = "sharding"
+    multi_process = True
     zero_stage = 2
     memory_note = ("FSDP2 keeps parameters sharded between steps, so at rest zero2 holds ZeRO-3's 16/N bytes per "
                    "parameter; the full parameters exist only during the step")

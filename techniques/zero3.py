@@ -32,6 +32,7 @@ class Zero3(Technique):
     kind = Kind.EXACT
     phase = Phase.SHARDING
     slot = "sharding"
+    multi_process = True
     zero_stage = 3
     claims = (
         Claim("model_state_ratio", 0.0, 0.5, "ZeRO paper, Pos+g+p: model state divided by N",

@@ -1,13 +1,18 @@
 """Run under torchrun by tests/test_distributed.py: train with one data-parallel technique, save what to compare.
 
-    torchrun --standalone --nproc-per-node 2 tests/dist_worker.py TECHNIQUES OUT_DIR [balanced|mlp [STEPS]]
+    torchrun --standalone --nproc-per-node 2 tests/dist_worker.py TECHNIQUES OUT_DIR [balanced|mlp|gpt [STEPS [sgd]]]
 
-TECHNIQUES is a set like ``zero3+offload``.
+TECHNIQUES is a set like ``zero3+offload`` or ``local_sgd:period=4:warmup=0``; ``sgd`` trains with plain SGD
+instead of the workload's AdamW (local SGD equals DDP only then). Each rank's ``technique_results`` are saved too,
+and, when a technique evaluates another module than the one it trains (local SGD's average, fedavg's server), each
+rank's own trained parameters. ``TRAINBENCH_TEST_START_STEP`` starts the step count there (a speed window starts
+past the quality run's plan).
 """
 
 from __future__ import annotations
 
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -16,11 +21,11 @@ import torch.distributed as dist
 from torch import nn
 
 from bench import workloads
+from bench.config import TechniqueSet
 from bench.loop import TrainLoop, build_optimizer
 from bench.trial import end_rank
-from techniques import get
 from techniques._distributed import model_state_bytes
-from techniques.base import Context
+from techniques.base import Context, Probe, TrainConfig
 
 STEPS = 10
 BATCH = 64
@@ -39,8 +44,12 @@ class Balanced(nn.Module):
         return x
 
 
-def build(balanced: bool):
-    if balanced:
+def build_workload(name: str = "mlp"):
+    return workloads.get(name).build("tiny", 0, torch.device("cpu"))
+
+
+def build(kind: str):
+    if kind == "balanced":
         torch.manual_seed(0)
         model = Balanced()
         gen = torch.Generator().manual_seed(0)
@@ -50,22 +59,41 @@ def build(balanced: bool):
                 yield torch.randn(batch_size, 64, generator=gen), torch.randn(batch_size, 64, generator=gen)
 
         return model, batches, nn.functional.mse_loss, 1e-3
-    built = workloads.get("mlp").build("tiny", 0, torch.device("cpu"))
+    built = build_workload(kind)
     return built.model, built.batches, built.loss_fn, built.lr
+
+
+def sgd(model: nn.Module, techs: list, ctx: Context, lr: float) -> torch.optim.Optimizer:
+    """Plain SGD as the default optimizer, wrapped by a technique that builds its own (local SGD's averager)."""
+    def default(params):
+        return torch.optim.SGD(params, lr=lr)
+
+    built = [opt for t in techs if (opt := t.build_optimizer(model.parameters(), default, ctx)) is not None]
+    return built[0] if built else default(model.parameters())
 
 
 def main() -> None:
     name, out = sys.argv[1], Path(sys.argv[2])
-    balanced = len(sys.argv) > 3 and sys.argv[3] == "balanced"
+    kind = sys.argv[3] if len(sys.argv) > 3 else "mlp"
+    balanced = kind == "balanced"
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
-    model, batches, loss_fn, lr = build(balanced)
+    model, batches, loss_fn, lr = build(kind)
     steps = int(sys.argv[4]) if len(sys.argv) > 4 else STEPS
-    techs = [get(n)() for n in name.split("+")]
-    ctx = Context(device=torch.device("cpu"), rank=rank, world_size=world, technique_names=tuple(name.split("+")))
+    technique_set = TechniqueSet.parse(name)
+    techs = [spec.resolve() for spec in technique_set.specs]
+    cpu = torch.device("cpu")
+    ctx = Context(device=cpu, workload="" if balanced else kind, rank=rank, world_size=world,
+                  technique_names=technique_set.names, total_steps=steps)
+    ctx.step = int(os.environ.get("TRAINBENCH_TEST_START_STEP", "0"))
+    for tech in techs:  # techniques that set themselves up on a fresh copy of the workload (fedavg's clients)
+        tech.tune(TrainConfig(batch_size=BATCH, lr=lr), Probe(fresh=lambda seed=0: build_workload(kind), device=cpu), ctx)
     for tech in techs:
         model = tech.transform_model(model, ctx)
-    opt = build_optimizer(model, techs, ctx, lr)
+    if len(sys.argv) > 5 and sys.argv[5] == "sgd":
+        opt = sgd(model, techs, ctx, lr)
+    else:
+        opt = build_optimizer(model, techs, ctx, lr)
     loop = TrainLoop(model, opt, loss_fn, techs, ctx)
     data = batches(BATCH, 0)
     for tech in techs:
@@ -73,12 +101,18 @@ def main() -> None:
     for _ in range(steps if not balanced else 1):
         loop.step(next(data))
     (out / f"state_rank{rank}.json").write_text(json.dumps(model_state_bytes(model, opt)))
+    found = {t.name: r for t in techs if (r := t.results(ctx))}
+    (out / f"results_rank{rank}.json").write_text(json.dumps(found))
     full = {}
-    for key, p in model.named_parameters():
+    evaluated = next((m for t in techs if (m := t.eval_model(model, ctx)) is not model), model)  # fedavg's server
+    for key, p in evaluated.named_parameters():
         tensor = p.full_tensor() if hasattr(p, "full_tensor") else p.detach()
         full[key.removeprefix("module.")] = tensor.clone()
     if rank == 0:
         torch.save(full, out / "params.pt")
+    if evaluated is not model:
+        own = {k.removeprefix("module."): p.detach().clone() for k, p in model.named_parameters()}
+        torch.save(own, out / f"own_rank{rank}.pt")
     end_rank(0)  # the trial's own ending: barrier, destroy, exit before gloo's threads meet interpreter teardown
 
 

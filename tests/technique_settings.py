@@ -23,12 +23,16 @@ TECHNIQUE_SETTINGS: dict[str, tuple[str, str]] = {
     "sdpa_backend": ("sdpa_backend:backend=math", "gpt"),
 }
 
-# Data-parallel / sharding techniques run under torchrun with 2 gloo ranks (tests/dist_worker.py).
-DISTRIBUTED_SETTINGS: dict[str, str] = {
-    "ddp": "ddp",
-    "zero1": "zero1",
-    "zero2": "zero2",
-    "zero3": "zero3",
-    "offload": "zero3+offload",
-    "deepspeed": "deepspeed",
+# Multi-process techniques run under torchrun with 2 gloo ranks (tests/dist_worker.py): name -> (set, workload).
+DISTRIBUTED_SETTINGS: dict[str, tuple[str, str]] = {
+    "ddp": ("ddp", "mlp"),
+    "zero1": ("zero1", "mlp"),
+    "zero2": ("zero2", "mlp"),
+    "zero3": ("zero3", "mlp"),
+    "offload": ("zero3+offload", "mlp"),
+    "deepspeed": ("deepspeed", "mlp"),
+    "local_sgd": ("local_sgd:period=2:warmup=1", "mlp"),
+    "fedavg": ("fedavg:clients=2:local_steps=1", "mlp"),
+    "tp": ("tp", "gpt"),
+    "pp": ("pp:microbatches=2", "gpt"),
 }

@@ -31,11 +31,11 @@ from tests.dist_worker import BATCH, STEPS
 pytestmark = pytest.mark.distributed
 
 
-def torchrun(*args: str, timeout: float = 240) -> None:
+def torchrun(*args: str, timeout: float = 240, env: dict[str, str] | None = None) -> None:
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
            str(REPO / "tests" / "dist_worker.py"), *args]
     proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=timeout,
-                          env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin", "OMP_NUM_THREADS": "1"})
+                          env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin", "OMP_NUM_THREADS": "1", **(env or {})})
     assert proc.returncode == 0, proc.stderr[-3000:]
 
 

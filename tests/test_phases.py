@@ -150,6 +150,9 @@ def test_diagnosis_does_not_suggest_what_the_set_already_uses():
     assert "raise loader:workers" in diagnose({"data": 0.5}, ("loader",))
     assert "fused_adamw" not in diagnose({"optimizer": 0.5}, ("fused_adamw",))
     assert "pin_memory" in diagnose({"h2d": 0.5}, (), "cuda")
+    assert "a longer period" in diagnose({"optimizer": 0.4, "forward": 0.3, "backward": 0.3}, ("local_sgd",))
+    pipeline = diagnose({"forward": 0.9, "other": 0.1}, ("pp",))  # the schedule is one region, bubble included
+    assert pipeline.startswith("pipeline: 90%") and "compile" not in pipeline and "bf16" not in pipeline
 
 
 def _with_phases(rec, share: dict[str, float], step_s: float, diagnosis: str = "x"):

@@ -23,7 +23,8 @@ def test_distributed_technique_runs_two_steps_on_two_ranks(name, tmp_path):
         pytest.importorskip("deepspeed", reason="optional extra trainbench[deepspeed] is not installed")
     from tests.test_distributed import torchrun
 
-    torchrun(DISTRIBUTED_SETTINGS[name], str(tmp_path), "mlp", "2")
+    label, workload = DISTRIBUTED_SETTINGS[name]
+    torchrun(label, str(tmp_path), workload, "2")
     assert (tmp_path / "params.pt").exists()
 
 

@@ -64,8 +64,8 @@ def test_findings_early_stops_and_the_interval_of_the_median(tmp_path):
     text, figures = _sweep(tmp_path, _quality_records())
     section = text.split("## What the techniques found", 1)[1].split("\n## ", 1)[0]
     assert ("chosen LR (steepest rule): 0.004, 0.005, 0.006, 0.007, 0.008; the valley rule would give "
-            "0.001, 0.001, 0.001, 0.001, 0.001; the workload's default 0.002") in section
-    assert "stopped 3/5 runs, saving 0.6, 0.6, 0.6 of the planned steps" in section
+            "0.001 (each of 5); the workload's default 0.002") in section
+    assert "stopped 3/5 runs, saving 0.6 (each of 3) of the planned steps" in section
     assert "lr_range" in figures
     row = next(line for line in text.splitlines() if line.startswith("| lr_finder |"))
     # 5 seeds: the interval of the median is their range, which covers it with probability 1 - 2/32

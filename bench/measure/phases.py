@@ -3,7 +3,8 @@
 The loop labels its regions (``bench.loop.TrainLoop.step``): ``h2d`` (inputs to the device), ``forward`` (forward
 and loss), ``backward`` (backward; a data-parallel all-reduce overlapped with it counts here), ``optimizer``
 (zero_grad, the step, after-step hooks); the caller labels ``data`` (waiting for the next batch). ``other`` is the
-rest of the step: Python between the regions, technique contexts entered around them.
+rest of the step: Python between the regions, technique contexts entered around them. A technique that owns the
+step's forward and backward (``pp``'s pipeline schedule) is timed whole as ``forward``: its backward reads 0.
 
 A phase pass is separate from the timed window on purpose: on a GPU each region's edges are synchronised so its
 time is its own (a sync per region serialises host and device, which the timed window must not do), and on every

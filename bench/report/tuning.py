@@ -1,5 +1,6 @@
 """What the techniques found, per configuration: the LR a range test chose, the batch a search chose (and the
-critical batch size it estimated), where early stopping stopped, what a curriculum trained on.
+critical batch size it estimated), where early stopping stopped, what a curriculum trained on, what local SGD and
+federated averaging communicated.
 
 The numbers come from each record's ``technique_results`` (one entry per technique that reports one); the seeds of a
 configuration are listed side by side, so a finding that changes from seed to seed shows it.
@@ -29,6 +30,8 @@ def _values(xs: list[float | None]) -> str:
     got = [x for x in xs if x is not None]
     if not got:
         return "-"
+    if len(got) > 1 and len(set(got)) == 1:
+        return f"{_g(got[0])} (each of {len(got)})"
     if len(got) <= LISTED:
         return ", ".join(_g(x) for x in got)
     return f"median {_g(float(np.median(got)))} (range {_g(min(got))}-{_g(max(got))}, n={len(got)})"
@@ -99,9 +102,72 @@ def _compile(found: list[dict[str, Any]]) -> str:
     return f"graphs compiled {_values(graphs)}; graph breaks {_values([f.get('graph_breaks') for f in found])}"
 
 
+def _bytes(n: float | None) -> str:
+    if n is None:
+        return "-"
+    for unit, size in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if n >= size:
+            return f"{n / size:.3g} {unit}"
+    return f"{n:.3g} B"
+
+
+def _local_sgd(found: list[dict[str, Any]]) -> str:
+    first = found[0]
+    runs = [(f.get("communication") or {}).get("quality_run") or {} for f in found]
+    if not any(r.get("steps") for r in runs):
+        return f"H={first['period']} after {first['warmup']} DDP steps; no quality run in these trials"
+    per_sample = _values([r.get("bytes_per_sample") for r in runs])
+    share = _values([r["bytes"] / (r["steps"] * f["ddp_bytes_per_step"]) for r, f in zip(runs, found, strict=True)
+                     if r.get("steps") and f.get("ddp_bytes_per_step")])
+    return (f"H={first['period']} after {first['warmup']} DDP steps: {per_sample} bytes per sample all-reduced by "
+            f"each rank in the quality run, {share} of DDP's bytes in the same steps")
+
+
+def _fedavg(found: list[dict[str, Any]]) -> str:
+    first = found[0]
+    skew = _values([(f.get("label_skew") or {}).get("mean_tv_distance") for f in found])  # "-": not class labels
+    rounds = _values([(f.get("rounds_completed") or {}).get("quality_run") for f in found])
+    fed = first.get("federated") or {}
+    unaveraged = [f.get("quality_run_steps_after_last_round") for f in found]
+    tail = (f"; the final evaluation misses the last {_values(unaveraged)} steps (a round unfinished at the budget's "
+            "end)" if any(unaveraged) else "")
+    return (f"{first['participants_per_round']} of {first['clients']} clients per round, {first['steps_per_round']} "
+            f"steps a round; label skew (mean TV distance to the whole set, 0 = IID) {skew}; {rounds} rounds in "
+            f"the quality run; a deployment sends {_bytes(fed.get('bytes_down_per_round'))} down and as much up "
+            f"per round ({_values([_mb((f.get('federated') or {}).get('quality_run_bytes')) for f in found])} MB "
+            "over the quality run)" + tail)
+
+
+def _tp(found: list[dict[str, Any]]) -> str:
+    first = found[0]
+    per_sample = _values([((f.get("communication") or {}).get("quality_run") or {}).get("bytes_per_sample")
+                          for f in found])
+    calls = (first.get("communication_detail") or {}).get("collectives_per_step")
+    return (f"degree {first['degree']}: {first['local_heads']} of {first['n_head']} heads per rank, "
+            f"{_bytes(first.get('param_bytes_per_rank'))} of parameters per rank; {calls} all-reduces a step, "
+            f"{per_sample} bytes per sample passed by each rank in the quality run")
+
+
+def _pp(found: list[dict[str, Any]]) -> str:
+    first = found[0]
+    bubble = first.get("bubble") or {}
+    stages = range(first.get("stages") or 0)
+    measured = "; ".join(f"stage {s} {_values([((f.get('bubble') or {}).get('measured_per_stage') or [None] * (s + 1))[s] for f in found])}"
+                         for s in stages)
+    sent = _values([((f.get("communication") or {}).get("quality_run") or {}).get("bytes_per_sample") for f in found])
+    return (f"{first['schedule']}, {first['microbatches']} micro-batches over {first['stages']} stages (blocks "
+            f"{first.get('layers_per_stage')}): measured bubble {measured}, against (p - 1) / (m + p - 1) = "
+            f"{_g(bubble.get('formula'))}; stage 0 sends {sent} bytes per sample")
+
+
+def _mb(n: float | None) -> float | None:
+    return None if n is None else n / 1e6
+
+
 SUMMARIES: dict[str, Callable[[list[dict[str, Any]]], str]] = {
     "lr_finder": _lr_finder, "batch_size": _batch_size, "early_stopping": _early_stopping,
-    "curriculum": _curriculum, "lr_schedule": _lr_schedule, "compile": _compile,
+    "curriculum": _curriculum, "lr_schedule": _lr_schedule, "compile": _compile, "local_sgd": _local_sgd,
+    "fedavg": _fedavg, "tp": _tp, "pp": _pp,
 }
 
 

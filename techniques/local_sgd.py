@@ -1,0 +1,160 @@
+"""Local SGD (post-local SGD): ranks train apart and average their parameters every H steps.
+
+Method card
+- What: data parallelism that communicates less. For the first ``warmup`` steps it is DDP (gradients all-reduced
+  every step); then each rank steps its own optimizer on its own gradients and the ranks average their parameters
+  every ``period`` (H) steps: one all-reduce of the parameters per H steps instead of one of the gradients per
+  step. Torch's own engine: DDP with ``post_localSGD_hook`` (``post_local_gradient_allreduce=False``: after the
+  warm-up a bucket goes through untouched) and ``PostLocalSGDOptimizer`` with a ``PeriodicModelAverager``.
+- Judged as an algorithmic change: with H > 1 the ranks' models drift apart between averages. H = 1 with plain SGD
+  is DDP exactly (the average of the ranks' updates is the update of the averaged gradient; a test checks it);
+  with AdamW each rank's moments follow its own gradients, so even H = 1 differs from DDP.
+- Evaluation (the quality curve, time-to-target, early stopping) sees the ranks' averaged model, as Lin et al.
+  report it: between averages each rank's own model has drifted; the average is formed in a copy, freed at the next
+  step. The warm-up and the averaging period follow the trial's step count, so a speed window (which starts past
+  the quality run's plan) times local SGD steps, never the DDP warm-up.
+- Refused with ``fp16`` (the loss scaler may skip a step on one rank only, and the ranks' averages would pair with
+  different collectives) and ``grad_accum``. DDP still broadcasts rank 0's BatchNorm buffers every forward (not
+  counted; no built-in workload trained with it here has buffers).
+- The record's ``technique_results.local_sgd.communication`` counts the bytes each rank hands to all-reduce
+  (gradient buckets during the warm-up, the flattened parameters at each average), per global sample, for the
+  quality run and for the steps after it (the timed window averages every H steps too).
+- When it helps: communication-bound data parallelism (slow interconnects, many nodes): Lin et al. report
+  post-local SGD reaching the large-batch accuracy with H = 16 on 16-32 GPUs; Ortiz et al. (2021) find the
+  quality cost grows with H and the learning rate. On one CPU host with gloo the all-reduce is cheap, so the
+  saving is small; the quality cost is what to look at.
+- Measured (2 gloo ranks, 2-core AMD EPYC, 3 seeds, 150 steps with the 10-step warm-up; docs/parallelism.md):
+  bytes per sample 100% / 30% / 12.7% of DDP's for H = 1 / 4 / 16, and no significant quality change at equal
+  samples (mlp accuracy -0.002, -0.004, -0.017; gpt val_loss -0.058, -0.059, -0.001; every interval includes 0);
+  mlp samples/s 9,154 / 14,522 / 17,912 against DDP's 7,886 (one process: 21,359).
+- Sources: Lin, Stich, Patel, Jaggi, "Don't Use Large Mini-Batches, Use Local SGD", ICLR 2020 (arXiv:1808.07217);
+  Stich, "Local SGD Converges Fast and Communicates Little", ICLR 2019; Ortiz et al., "Trade-offs of Local SGD at
+  Scale: An Empirical Study", 2021 (arXiv:2110.08133); torch.distributed.algorithms.model_averaging docs.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.distributed.algorithms.model_averaging.averagers import PeriodicModelAverager
+from torch.distributed.algorithms.model_averaging.utils import average_parameters, get_params_to_average
+from torch.nn.parallel import DistributedDataParallel
+
+from techniques._distributed import CommCounter, needs_world, shard_batches
+from techniques.base import Context, Kind, Phase, Technique, register
+
+
+@register
+class LocalSGD(Technique):
+    name = "local_sgd"
+    summary = "post-local SGD: DDP warm-up, then average parameters every H steps"
+    kind = Kind.ALGORITHMIC
+    phase = Phase.SHARDING
+    slot = "sharding"
+    multi_process = True
+    conflicts = frozenset({"grad_accum"})  # the averager counts optimizer steps, the hook backward passes
+
+    @dataclass(frozen=True)
+    class Options:
+        period: int = 4  # H: optimizer steps between parameter averages
+        warmup: int = 10  # ordinary DDP steps before local SGD starts
+
+        def __post_init__(self) -> None:
+            if self.period < 1:
+                raise ValueError(f"period must be at least 1, got {self.period}")
+            if self.warmup < 0:
+                raise ValueError(f"warmup must be 0 or more, got {self.warmup}")
+
+    def __init__(self, options: Options | None = None) -> None:
+        super().__init__(options)
+        self.comm = CommCounter()
+        self._averaged: nn.Module | None = None  # evaluation's averaged copy, until the next step
+
+    def check(self, ctx: Context) -> str | None:
+        if "fp16" in ctx.technique_names:
+            # GradScaler decides per rank whether to skip a step on its local gradients: the ranks' averagers would
+            # fall out of step and their all-reduces pair with different collectives (a hang or a size mismatch).
+            return "local_sgd with fp16 is refused: the loss scaler may skip a step on one rank only"
+        return needs_world(ctx, self.name)
+
+    def transform_model(self, model: nn.Module, ctx: Context) -> nn.Module:
+        from torch.distributed.algorithms.ddp_comm_hooks.post_localSGD_hook import (
+            PostLocalSGDState,
+            post_localSGD_hook,
+        )
+
+        ids = [ctx.device.index] if ctx.is_cuda else None
+        self.param_bytes = sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad)
+        ddp = DistributedDataParallel(model, device_ids=ids)
+        # No subgroup all-reduce after the warm-up: each rank keeps its own gradients (the subgroup would be the
+        # rank alone, and creating default subgroups asks CUDA for its device count).
+        state = PostLocalSGDState(process_group=None, subgroup=None, start_localSGD_iter=self.options.warmup,
+                                  post_local_gradient_allreduce=False)
+        comm = self.comm
+
+        def counted_hook(state, bucket):  # type: ignore[no-untyped-def]  # DDP rejects string annotations here
+            # The warm-up follows the trial's step count, not the hook's own: a speed window starts past the quality
+            # run's plan (ctx.step jumps there), and is then local SGD whether or not the quality run came first.
+            state.iter = ctx.step
+            if state.iter < state.start_localSGD_iter:  # the hook all-reduces this bucket globally
+                comm.add(bucket.buffer(), ctx)
+            return post_localSGD_hook(state, bucket)
+
+        ddp.register_comm_hook(state, counted_hook)
+        return ddp
+
+    def build_optimizer(
+        self, params: Iterable[nn.Parameter], default: Callable[..., torch.optim.Optimizer], ctx: Context
+    ) -> torch.optim.Optimizer | None:
+        from torch.distributed.optim import PostLocalSGDOptimizer
+
+        averager = _CountingAverager(self.comm, ctx, period=self.options.period, warmup_steps=self.options.warmup)
+        return PostLocalSGDOptimizer(default(params), averager)
+
+    def wrap_data(self, batches: Iterator[Any], ctx: Context) -> Iterator[Any]:
+        return shard_batches(self._counted(batches, ctx), ctx)
+
+    def _counted(self, batches: Iterator[Any], ctx: Context) -> Iterator[Any]:
+        for batch in batches:
+            self.comm.samples(len(batch[0]), ctx)
+            yield batch
+
+    def eval_model(self, model: nn.Module, ctx: Context) -> nn.Module:
+        """The ranks' average, as Lin et al. evaluate: between averages each rank's model has drifted on its own.
+        A copy (every rank builds it: one all-reduce, not counted as training communication), freed at the next
+        step so the memory stages do not see it."""
+        inner = model.module if isinstance(model, DistributedDataParallel) else model
+        self._averaged = averaged = copy.deepcopy(inner)
+        for p in averaged.parameters():
+            p.grad = None
+        average_parameters(averaged.parameters(), dist.group.WORLD)
+        return averaged
+
+    def after_step(self, optimizer: torch.optim.Optimizer, ctx: Context) -> None:
+        self._averaged = None
+
+    def results(self, ctx: Context) -> dict[str, Any] | None:
+        # DDP all-reduces every gradient once per step: what the same steps would have passed without local SGD
+        return {"period": self.options.period, "warmup": self.options.warmup, "communication": self.comm.results(),
+                "ddp_bytes_per_step": getattr(self, "param_bytes", None)}
+
+
+class _CountingAverager(PeriodicModelAverager):
+    """torch's periodic averager, counting the parameters each average all-reduces."""
+
+    def __init__(self, comm: CommCounter, ctx: Context, period: int, warmup_steps: int) -> None:
+        super().__init__(period=period, warmup_steps=warmup_steps)
+        self.comm, self.ctx = comm, ctx
+
+    def average_parameters(self, params: Any) -> None:
+        params = list(params)
+        self.step = self.ctx.step  # the trial's step, as the DDP hook's warm-up (a speed window starts past the plan)
+        if self.step >= self.warmup_steps and (self.step - self.warmup_steps) % self.period == 0:
+            self.comm.add(get_params_to_average(params), self.ctx)  # what torch flattens and all-reduces
+        super().average_parameters(params)

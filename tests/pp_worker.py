@@ -1,0 +1,99 @@
+"""Run under torchrun by tests/test_pp.py: train gpt:tiny with ``pp`` through the real loop, save what to compare.
+
+    torchrun --standalone --nproc-per-node 2 tests/pp_worker.py SCHEDULE OUT_DIR
+
+Each rank writes ``rank{r}.json`` (per-step losses, forward/backward counts from hooks on its stage module, the
+order its stage ran the micro-batches, parameter bytes, whether the layers it does not own were freed, the held-out
+loss through ``eval_model``) and ``params_rank{r}.pt`` (its parameters under the GPT's names); rank 0 also writes
+``results.json`` (the technique's ``results``).
+"""
+
+from __future__ import annotations
+
+import gc
+import json
+import sys
+import weakref
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from bench import workloads
+from bench.loop import TrainLoop, build_optimizer
+from bench.trial import end_rank
+from techniques import get
+from techniques.base import Context
+from techniques.pp import stage_layers
+
+STEPS = 8
+BATCH = 16
+MICROBATCHES = 4
+
+
+def main() -> None:
+    schedule, out = sys.argv[1], Path(sys.argv[2])
+    dist.init_process_group("gloo")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    built = workloads.get("gpt").build("tiny", 0, torch.device("cpu"))
+    gpt = built.model
+    layers = stage_layers(len(gpt.blocks), world)[rank]
+    dropped = [weakref.ref(b) for i, b in enumerate(gpt.blocks) if i not in layers]
+    dropped += [weakref.ref(m) for m in ((gpt.wte, gpt.wpe) if rank else (gpt.ln_f,))]
+
+    tech = get("pp")(get("pp").Options(schedule=schedule, microbatches=MICROBATCHES))
+    ctx = Context(device=torch.device("cpu"), workload="gpt", rank=rank, world_size=world, technique_names=("pp",))
+    model = tech.transform_model(gpt, ctx)
+    gc.collect()
+    opt = build_optimizer(model, [tech], ctx, built.lr)
+    loop = TrainLoop(model, opt, built.loss_fn, [tech], ctx)
+
+    counts = {"forward": 0, "backward": 0}
+
+    def count_backward(grad: torch.Tensor) -> None:
+        counts["backward"] += 1
+
+    def count_forward(module: torch.nn.Module, args: object, output: torch.Tensor) -> None:
+        counts["forward"] += 1
+        if output.requires_grad:
+            output.register_hook(count_backward)
+
+    model.register_forward_hook(count_forward)
+    data = built.batches(BATCH, 0)
+    losses, per_step = [], []
+    for _ in range(STEPS):
+        counts.update(forward=0, backward=0)
+        losses.append(float(loop.step(next(data))))
+        per_step.append(dict(counts))
+    results = tech.results(ctx)
+
+    module = tech.eval_model(model, ctx)
+    module.eval()
+    with torch.no_grad():
+        val_loss = built.evaluate(module)["val_loss"]
+    module.train()
+
+    names = {}
+    for key, p in model.named_parameters():
+        parts = key.split(".")
+        if parts[0] == "blocks":
+            parts[1] = str(layers[int(parts[1])])
+        names[".".join(parts)] = p.detach().clone()
+    torch.save(names, out / f"params_rank{rank}.pt")
+    mine = {
+        "losses": losses,
+        "counts": per_step,
+        "trace": tech.last_trace,
+        "gpt_param_bytes": sum(p.numel() * p.element_size() for p in gpt.parameters()),
+        "param_bytes": tech.communication()["param_bytes"],
+        "freed": all(ref() is None for ref in dropped),
+        "val_loss": val_loss,
+    }
+    (out / f"rank{rank}.json").write_text(json.dumps(mine))
+    if rank == 0:
+        (out / "results.json").write_text(json.dumps(results))
+    end_rank(0)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,91 @@
+"""Run under torchrun by tests/test_tp.py: train gpt:tiny with tensor parallelism, save what to compare.
+
+    torchrun --standalone --nproc-per-node 2 tests/tp_worker.py TECHNIQUES OUT_DIR [STEPS]
+
+Saves (rank 0) ``params.pt``: the full parameters after training (DTensors gathered with ``full_tensor``, the
+head-major ``qkv`` put back in the model's ``[q; k; v]`` order, so names and values compare with one process), and
+on every rank ``rank{R}.json``: the per-step losses, the per-rank parameter bytes, the technique's results and the
+collectives torch's ``CommDebugMode`` saw in one training step.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from bench import workloads
+from bench.loop import TrainLoop, build_optimizer
+from bench.trial import end_rank
+from techniques import get
+from techniques.base import Context
+from techniques.tp import head_major_rows, param_bytes
+
+STEPS = 10
+BATCH = 16
+
+
+class Collectives(TorchDispatchMode):
+    """The functional collectives DTensor dispatches (forward and backward), with the bytes of their input."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls: list[list] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func.namespace == "_c10d_functional" and not func.__name__.startswith("wait_tensor"):
+            t = args[0]
+            self.calls.append([func.__name__, t.numel() * t.element_size()])
+        return func(*args, **(kwargs or {}))
+
+
+def main() -> None:
+    names, out = sys.argv[1].split("+"), Path(sys.argv[2])
+    steps = int(sys.argv[3]) if len(sys.argv) > 3 else STEPS
+    dist.init_process_group("gloo")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    built = workloads.get("gpt").build("tiny", 0, torch.device("cpu"))
+    techs = sorted((get(n)() for n in names), key=lambda t: t.phase)
+    ctx = Context(device=torch.device("cpu"), workload="gpt", rank=rank, world_size=world,
+                  technique_names=tuple(names))
+    for tech in techs:
+        assert tech.check(ctx) is None, tech.check(ctx)
+    model = built.model
+    for tech in techs:
+        model = tech.transform_model(model, ctx)
+    opt = build_optimizer(model, techs, ctx, built.lr)
+    loop = TrainLoop(model, opt, built.loss_fn, techs, ctx, tokens_per_sample=built.tokens_per_sample)
+    data = built.batches(BATCH, 0)
+    for tech in techs:
+        data = tech.wrap_data(data, ctx)
+    losses = [float(loop.step(next(data))) for _ in range(steps - 1)]
+    seen = Collectives()
+    with seen:
+        losses.append(float(loop.step(next(data))))
+    with torch.no_grad():
+        val_loss = built.evaluate(model)["val_loss"]  # every rank evaluates: the sharded forward has collectives
+    tp = next(t for t in techs if t.name == "tp")
+    (out / f"rank{rank}.json").write_text(json.dumps({
+        "losses": losses, "param_bytes": param_bytes(model), "results": tp.results(ctx), "collectives": seen.calls,
+        "val_loss": val_loss,
+    }))
+    full = {}
+    for key, p in model.named_parameters():
+        tensor = (p.full_tensor() if hasattr(p, "full_tensor") else p.detach()).clone()
+        if key.endswith("attn.qkv.weight") or key.endswith("attn.qkv.bias"):
+            n_head, d = built.params["n_head"], built.params["d_model"]
+            restored = torch.empty_like(tensor)
+            restored[head_major_rows(n_head, d // n_head)] = tensor
+            tensor = restored
+        full[key] = tensor
+    if rank == 0:
+        torch.save(full, out / "params.pt")
+    end_rank(0)
+
+
+if __name__ == "__main__":
+    main()
