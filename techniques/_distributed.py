@@ -59,7 +59,8 @@ def _local(t: torch.Tensor) -> torch.Tensor:
     return t.to_local() if hasattr(t, "to_local") else t  # FSDP2 parameters are DTensors
 
 
-def _bytes(tensors: Any) -> int:
+def local_bytes(tensors: Any) -> int:
+    """Bytes of ``tensors`` held by this rank (local shards; a buffer several views share counted once)."""
     seen: set[int] = set()
     total = 0
     for t in tensors:
@@ -94,9 +95,9 @@ def model_state_bytes(model: nn.Module, optimizer: torch.optim.Optimizer) -> dic
     elementwise = [v for s in states for v in s.values() if torch.is_tensor(v) and _local(v).dim() > 0]
     scalars = [v for s in states for v in s.values() if torch.is_tensor(v) and _local(v).dim() == 0]
     return {
-        "params": _bytes(params),
-        "grads": _bytes(p.grad for p in params),
-        "optimizer": _bytes(elementwise),
+        "params": local_bytes(params),
+        "grads": local_bytes(p.grad for p in params),
+        "optimizer": local_bytes(elementwise),
         "optimizer_scalars": sum(_local(v).element_size() for v in scalars),
     }
 
@@ -157,6 +158,12 @@ class CommCounter:
         tensors = [tensors] if torch.is_tensor(tensors) else list(tensors)
         self.bytes[self.phase(ctx)] += sum(t.numel() * t.element_size() for t in tensors)
         self.calls[self.phase(ctx)] += 1
+
+    def counting(self, batches: Iterator[Any], ctx: Context) -> Iterator[Any]:
+        """``batches`` unchanged, each global batch counted as it is pulled (before its step runs)."""
+        for batch in batches:
+            self.samples(len(batch[0]), ctx)
+            yield batch
 
     def samples(self, n: int, ctx: Context) -> None:
         """A global batch of ``n`` samples is about to be trained (call before the step runs)."""

@@ -54,7 +54,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from techniques._distributed import CommCounter, is_initialized
+from techniques._distributed import CommCounter, is_initialized, local_bytes
 from techniques.base import Context, Kind, Phase, Probe, Technique, TrainConfig, register
 
 MIN_CLIENT_SAMPLES = 10  # a Dirichlet partition is drawn again until every client has this many (NIID-Bench)
@@ -165,7 +165,7 @@ class FedAvg(Technique):
         self.server = copy.deepcopy(getattr(model, "_orig_mod", model))  # the global model, evaluated (eager)
         sizes = [t.numel() for t in _state(model)]
         self.flat = torch.zeros(sum(sizes), dtype=torch.float32, device=ctx.device)
-        self.model_bytes = sum(t.numel() * t.element_size() for t in _state(model))
+        self.model_bytes = local_bytes(_state(model))
         return model
 
     def attach(self, optimizer: torch.optim.Optimizer, ctx: Context) -> None:
@@ -274,12 +274,9 @@ class FedAvg(Technique):
             # optimizer state (model_state_bytes): the server's model, the average's buffer, the other clients'
             # optimizer states
             "simulation_state_bytes": self.model_bytes + self.flat.numel() * self.flat.element_size()
-            + sum(_bytes_of(state) for state in self.client_state.values()),
+            + local_bytes(v for state in self.client_state.values() for s in state.values() for v in s.values()
+                          if torch.is_tensor(v)),
         }
-
-
-def _bytes_of(state: dict[Any, dict[str, Any]]) -> int:
-    return sum(v.numel() * v.element_size() for s in state.values() for v in s.values() if torch.is_tensor(v))
 
 
 def _state(model: nn.Module) -> list[torch.Tensor]:

@@ -46,7 +46,7 @@ from torch.distributed.algorithms.model_averaging.averagers import PeriodicModel
 from torch.distributed.algorithms.model_averaging.utils import average_parameters, get_params_to_average
 from torch.nn.parallel import DistributedDataParallel
 
-from techniques._distributed import CommCounter, needs_world, shard_batches
+from techniques._distributed import CommCounter, local_bytes, needs_world, shard_batches
 from techniques.base import Context, Kind, Phase, Technique, register
 
 
@@ -90,7 +90,7 @@ class LocalSGD(Technique):
         )
 
         ids = [ctx.device.index] if ctx.is_cuda else None
-        self.param_bytes = sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad)
+        self.param_bytes = local_bytes(p for p in model.parameters() if p.requires_grad)
         ddp = DistributedDataParallel(model, device_ids=ids)
         # No subgroup all-reduce after the warm-up: each rank keeps its own gradients (the subgroup would be the
         # rank alone, and creating default subgroups asks CUDA for its device count).
@@ -118,12 +118,7 @@ class LocalSGD(Technique):
         return PostLocalSGDOptimizer(default(params), averager)
 
     def wrap_data(self, batches: Iterator[Any], ctx: Context) -> Iterator[Any]:
-        return shard_batches(self._counted(batches, ctx), ctx)
-
-    def _counted(self, batches: Iterator[Any], ctx: Context) -> Iterator[Any]:
-        for batch in batches:
-            self.comm.samples(len(batch[0]), ctx)
-            yield batch
+        return shard_batches(self.comm.counting(batches, ctx), ctx)
 
     def eval_model(self, model: nn.Module, ctx: Context) -> nn.Module:
         """The ranks' average, as Lin et al. evaluate: between averages each rank's model has drifted on its own.

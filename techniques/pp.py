@@ -63,7 +63,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from techniques._distributed import CommCounter, needs_world
+from techniques._distributed import CommCounter, local_bytes, needs_world
 from techniques.base import Context, Kind, Phase, Technique, TrainConfig, register
 from techniques.base import get as get_technique
 
@@ -399,7 +399,7 @@ class PP(Technique):
         if self.tied and stage is not None and (stage.first or stage.last):
             w = stage.wte.weight if stage.first else stage.head.weight
             tied = w.numel() * w.element_size()
-        params = sum(p.numel() * p.element_size() for p in stage.parameters()) if stage is not None else 0
+        params = local_bytes(stage.parameters()) if stage is not None else 0
         sent = self.steps[-1].sent_bytes if self.steps else None
         return {"sent_bytes_per_step": sent, "tied_grad_allreduce_bytes": tied, "param_bytes": params}
 

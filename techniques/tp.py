@@ -49,7 +49,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from techniques._distributed import CommCounter, needs_world
+from techniques._distributed import CommCounter, local_bytes, needs_world
 from techniques.base import Context, Kind, Phase, Technique, model_blocks, register
 
 SUPPORTED_WORKLOADS = frozenset({"gpt"})  # models with GPT's block structure (bench/workloads/gpt_chars.py)
@@ -225,7 +225,7 @@ class TensorParallel(Technique):
             self._count(block.attn.qkv, ctx, output=False)
             self._count(block.mlp.fc, ctx, output=False)
         self._info = {"degree": degree, "n_head": n_head, "local_heads": n_head // degree, "blocks": len(blocks),
-                      "param_bytes_per_rank": param_bytes(model),
+                      "param_bytes_per_rank": local_bytes(model.parameters()),
                       "sharded": ["attn.qkv (colwise)", "attn.proj (rowwise)", "mlp.fc (colwise)",
                                   "mlp.proj (rowwise)"]}
         return model
@@ -260,9 +260,7 @@ class TensorParallel(Technique):
             module.register_forward_pre_hook(before_forward, prepend=True)
 
     def wrap_data(self, batches: Iterator[Any], ctx: Context) -> Iterator[Any]:
-        for batch in batches:  # every rank trains the whole batch: counted for bytes per sample
-            self.comm.samples(len(batch[0]), ctx)
-            yield batch
+        return self.comm.counting(batches, ctx)  # every rank trains the whole batch: counted for bytes per sample
 
     def results(self, ctx: Context) -> dict[str, Any] | None:
         if not self._info:
@@ -280,16 +278,4 @@ class TensorParallel(Technique):
                            f"{2 * (self._info['degree'] - 1) / self._info['degree']:g}x these bytes on the wire",
             },
         }
-
-
-def param_bytes(model: nn.Module) -> int:
-    """Parameter bytes held by this rank: local shards of DTensors, tied parameters once."""
-    seen, total = set(), 0
-    for p in model.parameters():
-        local = p.to_local() if hasattr(p, "to_local") else p
-        if id(p) in seen:
-            continue
-        seen.add(id(p))
-        total += local.numel() * local.element_size()
-    return total
 

@@ -22,8 +22,9 @@ from bench import workloads
 from bench.loop import TrainLoop, build_optimizer
 from bench.trial import end_rank
 from techniques import get
+from techniques._distributed import local_bytes
 from techniques.base import Context
-from techniques.tp import head_major_rows, param_bytes
+from techniques.tp import head_major_rows
 
 STEPS = 10
 BATCH = 16
@@ -70,7 +71,7 @@ def main() -> None:
         val_loss = built.evaluate(model)["val_loss"]  # every rank evaluates: the sharded forward has collectives
     tp = next(t for t in techs if t.name == "tp")
     (out / f"rank{rank}.json").write_text(json.dumps({
-        "losses": losses, "param_bytes": param_bytes(model), "results": tp.results(ctx), "collectives": seen.calls,
+        "losses": losses, "param_bytes": local_bytes(model.parameters()), "results": tp.results(ctx), "collectives": seen.calls,
         "val_loss": val_loss,
     }))
     full = {}

@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from bench.report.content import Cell, Table, fmt_secs
+from bench.report.content import Cell, Table, fmt_bytes, fmt_secs
 
 # Seeds listed one by one up to this many; beyond, the median and range.
 LISTED = 6
@@ -102,15 +102,6 @@ def _compile(found: list[dict[str, Any]]) -> str:
     return f"graphs compiled {_values(graphs)}; graph breaks {_values([f.get('graph_breaks') for f in found])}"
 
 
-def _bytes(n: float | None) -> str:
-    if n is None:
-        return "-"
-    for unit, size in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
-        if n >= size:
-            return f"{n / size:.3g} {unit}"
-    return f"{n:.3g} B"
-
-
 def _local_sgd(found: list[dict[str, Any]]) -> str:
     first = found[0]
     runs = [(f.get("communication") or {}).get("quality_run") or {} for f in found]
@@ -133,9 +124,9 @@ def _fedavg(found: list[dict[str, Any]]) -> str:
             "end)" if any(unaveraged) else "")
     return (f"{first['participants_per_round']} of {first['clients']} clients per round, {first['steps_per_round']} "
             f"steps a round; label skew (mean TV distance to the whole set, 0 = IID) {skew}; {rounds} rounds in "
-            f"the quality run; a deployment sends {_bytes(fed.get('bytes_down_per_round'))} down and as much up "
-            f"per round ({_values([_mb((f.get('federated') or {}).get('quality_run_bytes')) for f in found])} MB "
-            "over the quality run)" + tail)
+            f"the quality run; a deployment sends {fmt_bytes(fed.get('bytes_down_per_round'))} down and as much up "
+            f"per round (MiB over the quality run: "
+            f"{_values([_mib((f.get('federated') or {}).get('quality_run_bytes')) for f in found])})" + tail)
 
 
 def _tp(found: list[dict[str, Any]]) -> str:
@@ -144,7 +135,7 @@ def _tp(found: list[dict[str, Any]]) -> str:
                           for f in found])
     calls = (first.get("communication_detail") or {}).get("collectives_per_step")
     return (f"degree {first['degree']}: {first['local_heads']} of {first['n_head']} heads per rank, "
-            f"{_bytes(first.get('param_bytes_per_rank'))} of parameters per rank; {calls} all-reduces a step, "
+            f"{fmt_bytes(first.get('param_bytes_per_rank'))} of parameters per rank; {calls} all-reduces a step, "
             f"{per_sample} bytes per sample passed by each rank in the quality run")
 
 
@@ -160,8 +151,8 @@ def _pp(found: list[dict[str, Any]]) -> str:
             f"{_g(bubble.get('formula'))}; stage 0 sends {sent} bytes per sample")
 
 
-def _mb(n: float | None) -> float | None:
-    return None if n is None else n / 1e6
+def _mib(n: float | None) -> float | None:
+    return None if n is None else n / 2**20
 
 
 SUMMARIES: dict[str, Callable[[list[dict[str, Any]]], str]] = {
