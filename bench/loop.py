@@ -7,7 +7,7 @@ One call of ``TrainLoop.step`` is one optimizer step:
       loss = forward_backward(model, x, y, loss_fn)  (the whole step's forwards and backwards; labelled "forward")
     or, for each micro-batch:
       with micro-batch contexts (only with several micro-batches; e.g. DDP's no_sync before the last one):
-        with forward contexts (autocast, ...):  out = model(x); loss = loss_fn(out, y); loss hooks
+        with forward contexts (autocast, ...):  out = model(x); loss = loss_fn(logits_of(out), y); loss hooks
         backward(loss / micro_batches)           (the backward owner, e.g. fp16's loss scaler, or loss.backward())
     optimizer step                               (the step owner, e.g. the loss scaler, or optimizer.step())
     after-step hooks of every subscriber         (LR schedules), then ctx.step += 1
@@ -31,8 +31,9 @@ from typing import Any
 import torch
 from torch import nn
 
+from bench.measure.flops import count_flops
 from bench.measure.phases import PhaseClock, no_region
-from techniques.base import Context, Technique
+from techniques.base import Context, Technique, logits_of
 
 
 def overrides(tech: Technique, hook: str) -> bool:
@@ -129,7 +130,7 @@ class TrainLoop:
                 with self._micro_batch_context(last=i == n - 1):
                     with region("forward"), self.forward_context():
                         out = self.model(xm)
-                        loss = self.loss_fn(out, ym)
+                        loss = self.loss_fn(logits_of(out), ym)
                         for tech in self._loss_techs:
                             loss = tech.loss(out, (xm, ym), loss, self.ctx)
                     with region("backward"):
@@ -146,6 +147,25 @@ class TrainLoop:
         self.ctx.step += 1
         assert total is not None
         return total / n if n > 1 else total
+
+
+    def count_flops(self, batch: tuple[torch.Tensor, torch.Tensor]) -> int:
+        """FLOPs of one step's forward, loss hooks and backward on the loop's own model and batch, as trained (a set
+        with ``own_flops``: a leaner or pruned model, extra heads, a teacher's forward). The optimizer does not step
+        (FlopCounterMode counts no optimizer FLOPs in the reference either) and the gradients are dropped again."""
+        x, y = (t.to(self.device) for t in batch)
+
+        def one() -> None:
+            with self.forward_context():
+                out = self.model(x)
+                loss = self.loss_fn(logits_of(out), y)
+                for tech in self._loss_techs:
+                    loss = tech.loss(out, (x, y), loss, self.ctx)
+            loss.backward()
+
+        flops = count_flops(one)
+        self.optimizer.zero_grad(set_to_none=True)
+        return flops
 
 
 _PER_MICRO_BATCH_HOOKS = ("micro_batch_context", "forward_context", "loss", "backward")

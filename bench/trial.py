@@ -568,7 +568,9 @@ def window_flops(session: Session, reference_flops: int | None, shapes: collecti
                  ) -> tuple[int | None, dict[str, int] | None]:
     """FLOPs per optimizer step over the window's steps, and the steps per input shape when they were not all the
     workload's full batch (a sequence-length curriculum). The reference counts the full batch; any other shape is
-    counted once, on a fresh eager copy of the model with a batch cut to that shape, and weighted by its steps."""
+    counted once, on a fresh eager copy of the model with a batch cut to that shape, and weighted by its steps. A set
+    whose step runs other FLOPs than the workload's model (``own_flops``: a leaner or pruned model, extra heads, a
+    teacher's forward) is counted on its own loop instead, at every shape, as it stands after the window."""
     if not reference_flops or not shapes:
         return reference_flops, None
     spec = session.spec
@@ -576,21 +578,29 @@ def window_flops(session: Session, reference_flops: int | None, shapes: collecti
     shards = session.batch_shards  # each rank's FLOPs are the whole model's on its slice of the batch
     local = session.cfg.batch_size // shards
     full = (local, *x_full.shape[1:])
-    if set(shapes) == {full}:
+    own = any(t.own_flops for t in session.techs)
+    if set(shapes) == {full} and not own:
         return reference_flops, None
     counted = {}
     with torch.random.fork_rng(devices=[]):  # building re-seeds: the trial's own stages keep their RNG state
-        cpu = torch.device("cpu")  # FLOPs do not depend on the device; nothing is allocated beside the trial's
-        fresh = workloads.get(spec.workload).build(spec.size, spec.seed, cpu)
-        loop = plain_loop(fresh, fresh.lr, cpu)
+        if own:  # the model trained is not the workload's (leaner, pruned, extra heads): count what it runs now
+            def count(x: torch.Tensor, y: torch.Tensor) -> float:
+                return session.loop.count_flops((x, y))
+        else:
+            cpu = torch.device("cpu")  # FLOPs do not depend on the device; nothing is allocated beside the trial's
+            fresh = workloads.get(spec.workload).build(spec.size, spec.seed, cpu)
+            loop = plain_loop(fresh, fresh.lr, cpu)
+
+            def count(x: torch.Tensor, y: torch.Tensor) -> float:
+                return count_flops(lambda: loop.step((x, y)))
         for shape in shapes:
-            if shape == full:
+            if shape == full and not own:
                 counted[shape] = reference_flops / shards
                 continue
-            x, y = _cut(x_full, shape), _cut(y_full, shape)
-            counted[shape] = count_flops(lambda x=x, y=y: loop.step((x, y)))
+            counted[shape] = count(_cut(x_full, shape), _cut(y_full, shape))
     total = sum(n * counted[shape] * shards for shape, n in shapes.items())
-    return round(total / sum(shapes.values())), {"x".join(map(str, s)): n for s, n in sorted(shapes.items())}
+    per_shape = {"x".join(map(str, s)): n for s, n in sorted(shapes.items())} if set(shapes) != {full} else None
+    return round(total / sum(shapes.values())), per_shape
 
 
 def _cut(t: torch.Tensor, shape: tuple[int, ...]) -> torch.Tensor:
