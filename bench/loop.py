@@ -209,12 +209,15 @@ def plain_loop(built: Any, lr: float, device: torch.device, micro_batches: int =
 def build_optimizer(
     model: nn.Module, techniques: Sequence[Technique], ctx: Context, lr: float, weight_decay: float = 0.0
 ) -> torch.optim.Optimizer:
+    """The optimizer of the model's trainable parameters (a frozen one, ``requires_grad=False``, never enters it:
+    no state, no update), built by the one technique that builds it or else the default AdamW."""
     default = default_optimizer(lr, weight_decay)
+    trainable = [p for p in model.parameters() if p.requires_grad]
     chosen = None
     for tech in techniques:
-        opt = tech.build_optimizer(model.parameters(), default, ctx)
+        opt = tech.build_optimizer(trainable, default, ctx)
         if opt is not None:
             if chosen is not None:
                 raise ValueError(f"two techniques build the optimizer ({chosen[0]}, {tech.name})")
             chosen = (tech.name, opt)
-    return chosen[1] if chosen else default(model.parameters())
+    return chosen[1] if chosen else default(trainable)
