@@ -87,6 +87,7 @@ from techniques._distributed import model_state_bytes, zero_formula_bytes
 from techniques.base import (
     Context,
     Kind,
+    Phase,
     Probe,
     Technique,
     TrainConfig,
@@ -160,6 +161,7 @@ class Session:
     probe_s: float = 0.0  # the techniques' probes before training (tune)
     full_batch: dict[str, Any] = field(default_factory=dict)  # "batch": the workload's first batch, before techniques
     n_params: int = 0  # the whole model's, counted before techniques shard it or cut it into stages
+    trained_params: int = 0  # after the techniques' model surgery (leaner architecture, extra heads)
 
     @property
     def device(self) -> torch.device:
@@ -186,9 +188,11 @@ def build(spec: TrialSpec, budget: Budget, device: torch.device) -> Session:
     cfg, ctx, probe_s = configure(wl, spec.size, built, techs, budget, spec.seed, device, spec.world_size,
                                   Path(spec.reference_dir) if spec.reference_dir else None)
     model = built.model
-    n_params = sum(p.numel() for p in model.parameters())
+    n_params = trained_params = sum(p.numel() for p in model.parameters())
     for tech in techs:
         model = tech.transform_model(model, ctx)
+        if tech.phase == Phase.SURGERY:  # later phases shard or cut the model: not a different model
+            trained_params = sum(p.numel() for p in model.parameters())
     optimizer = build_optimizer(model, techs, ctx, cfg.lr, cfg.weight_decay)
     full: dict[str, Any] = {}
     source = single_owner(techs, "batches")
@@ -198,7 +202,7 @@ def build(spec: TrialSpec, budget: Budget, device: torch.device) -> Session:
         batches = tech.wrap_data(batches, ctx)
     loop = TrainLoop(model, optimizer, built.loss_fn, techs, ctx, cfg.micro_batches, built.tokens_per_sample)
     return Session(spec, budget, built, techs, ctx, cfg, model, optimizer, loop, batches, set_kind(techs),
-                   probe_s=probe_s, full_batch=full, n_params=n_params)
+                   probe_s=probe_s, full_batch=full, n_params=n_params, trained_params=trained_params)
 
 
 def _noting_first(batches: Iterator[Any], into: dict[str, Any]) -> Iterator[Any]:
@@ -271,6 +275,7 @@ def build_info(session: Session) -> BuildInfo:
         first_step_s=session.first_step_s,
         one_off_s=session.one_off_s,
         probe_s=session.probe_s,
+        trained_params=session.trained_params if session.trained_params != session.n_params else None,
     )
 
 
