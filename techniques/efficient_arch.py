@@ -340,7 +340,7 @@ class EfficientArch(Technique):
                                  f"got {self.kv_heads!r}")
 
     def check(self, ctx: Context) -> str | None:
-        if ctx.workload not in GPT_WORKLOADS + CNN_WORKLOADS:
+        if ctx.workload and ctx.workload not in GPT_WORKLOADS + CNN_WORKLOADS:
             return (f"efficient_arch has leaner variants of gpt (grouped-query attention), cnn and cnn_aug "
                     f"(depthwise-separable convolutions) only; workload '{ctx.workload}' has none")
         if ctx.workload in CNN_WORKLOADS and self.options.kv_heads != 1:

@@ -228,7 +228,7 @@ class MTP(Technique):
         return self.weight if self.options.variant == "heads" else self.weight / (self.options.n - 1)
 
     def check(self, ctx: Context) -> str | None:
-        if ctx.workload != "gpt":
+        if ctx.workload and ctx.workload != "gpt":  # no workload: `bench list` asks in general
             return f"multi-token prediction needs the gpt workload's GPT (got workload '{ctx.workload}')"
         if ctx.world_size > 1:
             known = registry()

@@ -253,7 +253,7 @@ class Transfer(Technique):
                 raise ValueError(f"lr must be > 0 or none (the workload's), got {self.lr}")
 
     def check(self, ctx: Context) -> str | None:
-        if ctx.workload not in SUPPORTED:
+        if ctx.workload and ctx.workload not in SUPPORTED:
             return (f"has source tasks for {', '.join(SUPPORTED)} only (gpt: stdlib sources; cnn, cnn_aug: "
                     f"Fashion-MNIST classes 0-4), not {ctx.workload!r}")
         if ctx.world_size > 1:
