@@ -148,20 +148,29 @@ class TrainLoop:
         assert total is not None
         return total / n if n > 1 else total
 
-
     def count_flops(self, batch: tuple[torch.Tensor, torch.Tensor]) -> int:
-        """FLOPs of one step's forward, loss hooks and backward on the loop's own model and batch, as trained (a set
-        with ``own_flops``: a leaner or pruned model, extra heads, a teacher's forward). The optimizer does not step
-        (FlopCounterMode counts no optimizer FLOPs in the reference either) and the gradients are dropped again."""
+        """Model FLOPs of one step on the model as trained now (a set with ``own_flops``: a leaner or pruned model,
+        extra heads, a teacher's forward): forward, loss hooks and backward (through the backward owner, if any) on
+        ``batch``. Counted on the eager module evaluation runs (compile's original: FlopCounterMode does not see
+        through compiled graphs), with checkpointed blocks run plainly (model FLOPs exclude recomputation, as in
+        PaLM's MFU). The optimizer does not step (FlopCounterMode counts no optimizer FLOPs in the reference either)
+        and the gradients are dropped again."""
+        if self._fb_owner is not None:
+            raise ValueError(f"{self._fb_owner.name} runs the step's forwards and backwards itself: its FLOPs cannot "
+                             "be counted on the loop's model")
         x, y = (t.to(self.device) for t in batch)
+        model = self.model
+        for tech in self.techniques:
+            model = tech.eval_model(model, self.ctx)
 
         def one() -> None:
             with self.forward_context():
-                out = self.model(x)
+                out = model(x)
                 loss = self.loss_fn(logits_of(out), y)
                 for tech in self._loss_techs:
                     loss = tech.loss(out, (x, y), loss, self.ctx)
-            loss.backward()
+            if self._backward_owner is None or not self._backward_owner.backward(loss, self.ctx):
+                loss.backward()
 
         flops = count_flops(one)
         self.optimizer.zero_grad(set_to_none=True)

@@ -720,7 +720,8 @@ def memory(session: Session, peaks: WindowPeaks, own_process: bool) -> MemoryRes
     elif budget.memory and hidden:
         fields["breakdown_skipped"] = f"the tensor tracker cannot see inside {', '.join(hidden)}"
     elif budget.memory:
-        tracker = TensorMemoryTracker(session.model, session.optimizer)
+        held = [t for tech in session.techs for t in tech.held_tensors(session.ctx)]
+        tracker = TensorMemoryTracker(session.model, session.optimizer, held)
         batch = next(session.batches)  # fetched outside: a batch built in a loader's worker would not be counted
         with tracker:
             session.loop.step(batch)

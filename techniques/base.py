@@ -29,6 +29,8 @@ loop (``bench/loop.py``) calls the hooks in one documented order; a technique ov
     eval_model(model, ctx) -> module    -> the module evaluation runs (compile: its eager original)
     finalize(model, ctx)
     results(ctx) -> dict | None         -> what the technique found (a search trace, a curve) for the record
+    held_tensors(ctx) -> tensors        -> what it keeps resident beside the model and optimizer (a distillation
+                                           teacher), for the memory breakdown
 
 The context says where training stands: ``step`` (optimizer steps completed), ``total_steps`` and
 ``total_samples`` (the quality run's plan; a speed window runs past it), ``batch_tokens`` (tokens of the batch being
@@ -331,6 +333,12 @@ class Technique:
     def results(self, ctx: Context) -> dict[str, Any] | None:
         """What the technique found, kept in the record's ``technique_results`` under its name."""
         return None
+
+    def held_tensors(self, ctx: Context) -> Iterable[torch.Tensor]:
+        """Tensors this technique keeps resident beside the model and optimizer (a distillation teacher's weights):
+        the memory breakdown counts them as "other" from the start of the tracked step, so its peak and memory
+        ratio include them."""
+        return ()
 
 
 _KIND_ORDER = (Kind.EXACT, Kind.NUMERIC, Kind.ALGORITHMIC)

@@ -65,6 +65,7 @@ import json
 import math
 import os
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -74,6 +75,7 @@ from torch import nn
 
 from bench import loop as train_loop  # a module reference: bench.loop imports this package
 from bench import workloads
+from techniques._model import n_params
 from techniques.base import Context, Kind, Phase, Probe, Technique, TrainConfig, logits_of, register
 
 TEACHER_SEED = 20_000  # the teacher's initialisation and batch order: one teacher per key, whatever the trial seed
@@ -108,10 +110,6 @@ def teacher_params(workload_name: str, params: dict[str, Any], width: float, dep
     else:
         raise ValueError(f"distill cannot scale workload {workload_name!r} (supported: {', '.join(SUPPORTED)})")
     return p
-
-
-def n_params(model: nn.Module) -> int:
-    return sum(p.numel() for p in model.parameters())
 
 
 @register
@@ -165,6 +163,10 @@ class Distill(Technique):
             teacher_logits = self._teacher(batch[0])
         return distillation_loss(logits_of(out), teacher_logits, base_loss, self.options.alpha,
                                  self.options.temperature)
+
+    def held_tensors(self, ctx: Context) -> Iterable[torch.Tensor]:
+        teacher = getattr(self, "_teacher", None)
+        return [*teacher.parameters(), *teacher.buffers()] if teacher is not None else []
 
     def results(self, ctx: Context) -> dict[str, Any] | None:
         o = self.options

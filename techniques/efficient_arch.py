@@ -65,10 +65,9 @@ Method card
   but not QK^T and AV, before and after alike (``attention_flops_counted`` says which); CUDA's attention
   kernels are counted, GQA's at ``n_head`` query heads.
 - Grouped convs' backward in FlopCounterMode (torch 2.13): its ``convolution_backward`` formula ignores
-  ``groups``, so a depthwise conv's weight gradient is counted ``c_in`` times over (a fix is proposed in
-  pytorch/pytorch PR #183405). The trial's ``flops_per_step`` of the CNN variant is therefore too high: on
-  cnn:tiny (batch 32) forward and backward count 58.9 MFLOP, 26.6 MFLOP with the weight-gradient term divided
-  by ``groups`` (baseline: 123.0 MFLOP either way). The forward counts in ``results`` are right.
+  ``groups``, so a depthwise conv's weight gradient came out ``c_in`` times over (a fix is proposed in
+  pytorch/pytorch PR #183405). ``bench/measure/flops.py`` corrects the formula: on cnn:tiny (batch 32) the
+  variant's forward and backward count 26.6 MFLOP (torch's own formula: 58.9), the baseline 123.0 MFLOP.
 - Not implemented: other workloads (``mlp``, ``hf``, users' models) are refused; no sliding-window or latent
   attention, no inverted residuals (MobileNetV2), no width multiplier. Refused with ``tp`` (it shards the
   fused ``qkv`` by head) and ``pp`` (its stages would receive the FLOP count's whole-model input).
@@ -87,6 +86,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 
+from techniques._model import gpt2_init_, n_params
 from techniques.base import Context, Kind, Phase, Technique, model_blocks, register
 
 GPT_WORKLOADS = ("gpt",)
@@ -113,11 +113,6 @@ SDPA_GQA = _sdpa_has_gqa()
 def init_generator(seed: int) -> torch.Generator:
     """The CPU generator the new layers are drawn from (one per trial seed)."""
     return torch.Generator().manual_seed((seed * SEED_MIX + 1) % 2**63)
-
-
-@torch.no_grad()
-def _normal_(t: torch.Tensor, std: float, gen: torch.Generator) -> None:
-    t.copy_(torch.randn(t.shape, generator=gen) * std)  # drawn on the CPU: the same values on every device
 
 
 @torch.no_grad()
@@ -215,11 +210,7 @@ def apply_gqa(blocks: Iterable[nn.Module], kv_heads: int, gen: torch.Generator) 
     for block in blocks:
         attn = block.attn
         new = _empty_gqa(attn, kv_heads)
-        _normal_(new.q.weight, INIT_STD, gen)
-        _normal_(new.kv.weight, INIT_STD, gen)
-        _normal_(new.proj.weight, INIT_STD / math.sqrt(2 * n_layer), gen)
-        for lin in (new.q, new.kv, new.proj):
-            lin.bias.data.zero_()
+        gpt2_init_(new, n_layer, gen)  # q, kv N(0, 0.02); proj scaled by 1/sqrt(2 n_layer); biases 0
         new.train(attn.training)
         block.attn = new
     return n_layer
@@ -282,10 +273,6 @@ def apply_depthwise_separable(model: nn.Module, gen: torch.Generator) -> int:
         block.conv1 = separable_from(block.conv1, gen)
         block.conv2 = separable_from(block.conv2, gen)
     return 2 * len(blocks)
-
-
-def n_params(model: nn.Module) -> int:
-    return sum(p.numel() for p in model.parameters())  # a tied parameter once
 
 
 def forward_flops(model: nn.Module, example: torch.Tensor) -> tuple[int, bool]:

@@ -52,8 +52,8 @@ from typing import Any, Literal
 import torch
 from torch import nn
 
+from techniques._model import shared_weights, torchao_missing
 from techniques.base import Claim, Context, Kind, Phase, Technique, register
-from techniques.qat import shared_weights, torchao_missing
 
 _RECIPES = ("tensorwise", "rowwise")
 _FILTERS = ("dims16", "auto")

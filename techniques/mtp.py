@@ -70,6 +70,7 @@ import torch
 from torch import nn
 
 from bench.workloads.gpt_chars import GPT, Block, lm_loss
+from techniques._model import gpt2_init_
 from techniques.base import Context, Kind, Phase, Technique, TrainOutput, register, registry
 
 PAPER_WEIGHT = {"heads": 1.0, "sequential": 0.3}  # Gloeckle et al. sum the n losses; DeepSeek-V3's lambda (first 10T)
@@ -129,19 +130,6 @@ class MTPSequential(nn.ModuleList):
         return TrainOutput(logits, {"mtp_logits": aux})
 
 
-def _gpt2_init(module: nn.Module, n_layer: int, gen: torch.Generator) -> None:
-    """GPT-2's initialisation (as ``GPT.__init__``), drawn from ``gen``; norm weights 1."""
-    for name, p in module.named_parameters():
-        if name.endswith("proj.weight"):
-            nn.init.normal_(p, 0.0, 0.02 / math.sqrt(2 * n_layer), generator=gen)
-        elif p.dim() >= 2:
-            nn.init.normal_(p, 0.0, 0.02, generator=gen)
-        elif name.endswith("bias"):
-            nn.init.zeros_(p)
-        else:
-            nn.init.ones_(p)
-
-
 _CLASSES: dict[type, type] = {}
 
 
@@ -179,7 +167,7 @@ def apply_mtp(model: nn.Module, variant: str = "heads", n: int = 2, seed: int = 
     with torch.device("meta"):  # no draw from the global RNG: the trial's other randomness stays as it was
         mtp = container(factory() for _ in range(n - 1))
     mtp.to_empty(device="cpu")
-    _gpt2_init(mtp, cfg.n_layer, torch.Generator().manual_seed(seed))
+    gpt2_init_(mtp, cfg.n_layer, torch.Generator().manual_seed(seed))
     ref = model.wte.weight
     model.__class__ = _mtp_class(type(model))
     model.mtp = mtp.to(device=ref.device, dtype=ref.dtype)

@@ -50,7 +50,6 @@ Method card
 
 from __future__ import annotations
 
-import collections
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -60,6 +59,7 @@ from torch import nn
 from torch.nn.modules.batchnorm import _BatchNorm
 from torch.nn.utils import prune
 
+from techniques._model import shared_weights
 from techniques.base import Context, Kind, Phase, Technique, register
 
 STRUCTURED_WORKLOADS = ("gpt", "cnn", "cnn_aug", "mlp")
@@ -89,18 +89,14 @@ def sparsity_schedule(total_steps: int, start: float, end: float, events: int, f
 def prunable_weights(model: nn.Module) -> tuple[list[tuple[str, nn.Module, nn.Parameter]], list[str]]:
     """The (name, module, weight) of every nn.Linear and nn.Conv2d whose weight Parameter belongs to that module
     alone, and the names of those left out because another module shares it (a head tied to an embedding)."""
-    owners: collections.Counter[int] = collections.Counter()
-    for module in model.modules():
-        for p in module._parameters.values():
-            if p is not None:
-                owners[id(p)] += 1
+    tied = shared_weights(model)
     targets, shared = [], []
     for name, module in model.named_modules():
         if isinstance(module, nn.Linear | nn.Conv2d):
             weight = module._parameters.get("weight")
             if weight is None:  # already reparametrised by someone else: not ours to touch
                 continue
-            if owners[id(weight)] > 1:
+            if name in tied:
                 shared.append(name)
             else:
                 targets.append((name, module, weight))
@@ -276,7 +272,9 @@ class Prune(Technique):
     summary = "magnitude pruning: gradual cubic unstructured masks (torch prune) or a one-shot shrink of hidden channels"
     kind = Kind.ALGORITHMIC
     phase = Phase.SURGERY
-    conflicts = frozenset({"compile"})  # the mask hooks and the changing shapes would recompile or break its graphs
+    # compile: the mask hooks and the changing shapes would recompile or break its graphs; efficient_arch replaces
+    # the layers pruning targets (either order would prune modules no longer in the model, or none)
+    conflicts = frozenset({"compile", "efficient_arch"})
     own_flops = True
 
     @dataclass(frozen=True)

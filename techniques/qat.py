@@ -71,7 +71,6 @@ from __future__ import annotations
 
 import copy
 import time
-from collections import defaultdict
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -80,30 +79,10 @@ import torch
 from torch import nn
 from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
+from techniques._model import TORCHAO_MISSING, shared_weights, torchao_missing  # noqa: F401  (re-exported)
 from techniques.base import Context, Kind, Phase, Probe, Technique, TrainConfig, register
 
-TORCHAO_MISSING = "needs torchao (pip install 'trainbench[torchao]')"
 _GRANULARITIES = ("per_channel", "per_group")
-
-
-def torchao_missing(ctx: Context) -> str | None:
-    """The reason a torchao technique cannot run when the package is absent (``ctx.available_packages`` is filled
-    with ``importlib.util.find_spec`` by ``bench.plan.available_packages``), else None."""
-    return None if "torchao" in ctx.available_packages else TORCHAO_MISSING
-
-
-def shared_weights(model: nn.Module) -> dict[str, list[str]]:
-    """For each module whose ``weight`` Parameter another module also holds (a tied head): the other holders."""
-    owners: dict[int, list[str]] = defaultdict(list)
-    for name, module in model.named_modules():
-        for param in module.parameters(recurse=False):
-            owners[id(param)].append(name)
-    out = {}
-    for name, module in model.named_modules():
-        weight = getattr(module, "weight", None)
-        if isinstance(weight, nn.Parameter) and len(owners[id(weight)]) > 1:
-            out[name] = [o for o in owners[id(weight)] if o != name]
-    return out
 
 
 def tensor_bytes(tensors: Iterable[torch.Tensor]) -> int:

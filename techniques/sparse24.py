@@ -58,8 +58,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from techniques._model import shared_weights, torchao_missing
 from techniques.base import Claim, Context, Kind, Phase, Technique, register
-from techniques.qat import shared_weights, torchao_missing
 
 _LAYERS = ("mlp", "all")
 MIN_CAPABILITY = (8, 0)

@@ -240,6 +240,8 @@ class Transfer(Technique):
     kind = Kind.ALGORITHMIC
     phase = Phase.SURGERY
     slot = "initialisation"
+    # efficient_arch draws its leaner attention (or convs) afresh: the pretrained weights would be discarded silently
+    conflicts = frozenset({"efficient_arch"})
 
     @dataclass(frozen=True)
     class Options:
@@ -273,7 +275,7 @@ class Transfer(Technique):
     def transform_model(self, model: nn.Module, ctx: Context) -> nn.Module:
         state = getattr(self, "_state", None)
         if state is None:
-            raise RuntimeError("transfer: no pretrained checkpoint (tune() builds or loads it before the model)")
+            raise RuntimeError("transfer: no pretrained checkpoint (tune() builds or loads it before the model, once)")
         self._head = ctx.workload != "gpt"
         if self._head:  # a new label space: keep the trial model's own freshly initialised head
             own = {k: v.detach().clone() for k, v in model.state_dict().items() if k.startswith(f"{HEAD}.")}
@@ -287,6 +289,7 @@ class Transfer(Technique):
             raise RuntimeError(f"transfer: the checkpoint holds the workload's own model, and a transform before "
                                f"transfer changed its parameters; list transfer before {', '.join(others) or 'it'} "
                                f"in the set ({str(exc).splitlines()[0]})") from exc
+        del self._state  # loaded: a second copy of the weights would stay resident through the memory stage
         return model
 
     def results(self, ctx: Context) -> dict[str, Any] | None:

@@ -10,8 +10,9 @@ from bench import workloads
 from bench.config import Budget
 from bench.loop import TrainLoop, build_optimizer, plain_loop
 from bench.measure.flops import count_flops
+from techniques._model import n_params
 from techniques.base import Context, OptionError, Probe, TrainConfig
-from techniques.distill import TEACHER_SEED, Distill, distillation_loss, n_params, teacher_params
+from techniques.distill import TEACHER_SEED, Distill, distillation_loss, teacher_params
 from tests.helpers import build_loop
 
 CPU = torch.device("cpu")
@@ -165,6 +166,8 @@ def test_a_step_counts_the_teachers_forward_flops():
     plain = TrainLoop(loop.model, build_optimizer(loop.model, [], loop.ctx, 1e-3), built.loss_fn, [], loop.ctx)
     student_step = plain.count_flops((x, y))
     assert loop.count_flops((x, y)) == student_step + count_flops(lambda: teacher(x)) > student_step
+    # the teacher (mlp tiny at 2x width: 40 -> 512 -> 512 -> 512 -> 10) by hand: 2 FLOPs per multiply-add
+    assert count_flops(lambda: teacher(x)) == 2 * len(x) * (40 * 512 + 512 * 512 * 2 + 512 * 10)
 
 
 def test_check_refuses_what_it_cannot_run():
@@ -222,3 +225,21 @@ def test_a_trial_with_a_teacher_runs_and_reports_it(tmp_path):
     assert again.status == "ok", again.reason
     assert again.technique_results["distill"]["cached"] is True
     assert again.technique_results["distill"]["key"] == found["key"]
+
+
+def test_the_memory_breakdown_counts_the_teachers_weights():
+    """The teacher is not the model: without ``held_tensors`` the tracked peak would leave its weights out."""
+    from bench.measure.memory import TensorMemoryTracker
+
+    loop, batches, _ = build_loop("mlp", "distill:teacher_steps=0.02", budget=Budget(train_steps=10))
+    tech = next(t for t in loop.techniques if t.name == "distill")
+    teacher_bytes = sum(t.numel() * t.element_size() for t in tech.held_tensors(loop.ctx))
+    assert teacher_bytes == 4 * n_params(tech._teacher) > 0
+    batch = next(batches)
+    without = TensorMemoryTracker(loop.model, loop.optimizer)
+    with without:
+        loop.step(batch)
+    with_teacher = TensorMemoryTracker(loop.model, loop.optimizer, tech.held_tensors(loop.ctx))
+    with with_teacher:
+        loop.step(batch)
+    assert with_teacher.result().peak_bytes >= without.result().peak_bytes + teacher_bytes - 4096  # up to rounding

@@ -16,9 +16,9 @@ from bench.config import Budget, ConfigError, TechniqueSet, TechniqueSpec, Workl
 from bench.loop import TrainLoop, build_optimizer
 from bench.plan import incompatibility
 from bench.trial import configure
+from techniques._model import TORCHAO_MISSING
 from techniques.base import Context
 from techniques.fp8 import FP8, apply_float8, count_float8, float8_targets
-from techniques.qat import TORCHAO_MISSING
 
 pytest.importorskip("torchao", reason="optional extra trainbench[torchao] is not installed")
 

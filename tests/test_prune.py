@@ -204,6 +204,9 @@ def test_structured_shrinks_by_the_hand_count_and_keeps_training(workload):
     tech.attach(opt, ctx)
     tech.after_step(opt, ctx)  # 4 steps completed: before start (5), nothing happens
     assert sum(p.numel() for p in model.parameters()) == before
+    for p in model.parameters():  # state equal to the parameter itself: a wrong slice of either would show
+        opt.state[p]["exp_avg"].copy_(p.detach())
+        opt.state[p]["exp_avg_sq"].copy_(p.detach() ** 2)  # >= 0: AdamW takes its root
     ctx.step = 4
     tech.after_step(opt, ctx)
     after = sum(p.numel() for p in model.parameters())
@@ -211,7 +214,7 @@ def test_structured_shrinks_by_the_hand_count_and_keeps_training(workload):
     assert [id(p) for p in model.parameters()] == objects  # the same Parameter objects, smaller
     for p in model.parameters():
         state = opt.state[p]
-        assert state["exp_avg"].shape == p.shape and state["exp_avg_sq"].shape == p.shape
+        assert torch.equal(state["exp_avg"], p.detach()) and torch.equal(state["exp_avg_sq"], p.detach() ** 2)
         assert float(state["step"]) == 2
     for _ in range(2):
         opt.zero_grad()

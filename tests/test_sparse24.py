@@ -18,8 +18,8 @@ from bench.config import ConfigError, TechniqueSet, TechniqueSpec, WorkloadSpec
 from bench.plan import incompatibility
 from bench.workloads import gpt_chars
 from techniques import sparse24
+from techniques._model import TORCHAO_MISSING
 from techniques.base import Context
-from techniques.qat import TORCHAO_MISSING
 from techniques.sparse24 import Sparse24, apply_sparse24, semi_sparse_linear_class, sparse24_targets
 
 pytest.importorskip("torchao", reason="optional extra trainbench[torchao] is not installed")

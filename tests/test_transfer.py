@@ -48,9 +48,22 @@ def tuned(workload: str, steps: float, cache_dir, probe: Probe | None = None) ->
 
 
 @pytest.fixture(scope="module")
-def cnn_transfer(tmp_path_factory) -> Transfer:
-    """cnn:tiny pretrained for 3 steps (0.02 of its 150), shared by the tests that load it."""
-    return tuned("cnn", 0.02, tmp_path_factory.mktemp("pretrain"))
+def cnn_checkpoint(tmp_path_factory) -> tuple[dict, dict]:
+    """cnn:tiny pretrained for 3 steps (0.02 of its 150), shared by the tests that load it: (state, meta)."""
+    tech = tuned("cnn", 0.02, tmp_path_factory.mktemp("pretrain"))
+    return tech._state, tech._meta
+
+
+def with_checkpoint(checkpoint: tuple[dict, dict]) -> Transfer:
+    """A Transfer as tune() leaves it (it lets the checkpoint go once loaded into a model)."""
+    tech = Transfer(Transfer.parse_options({"steps": "0.02"}))
+    tech._state, tech._meta = dict(checkpoint[0]), dict(checkpoint[1])
+    return tech
+
+
+@pytest.fixture
+def cnn_transfer(cnn_checkpoint) -> Transfer:
+    return with_checkpoint(cnn_checkpoint)
 
 
 def test_the_checkpoint_is_cached_and_a_config_change_invalidates_it(tmp_path):
@@ -78,21 +91,23 @@ def test_the_checkpoint_is_cached_and_a_config_change_invalidates_it(tmp_path):
 def test_gpt_loads_every_weight_of_the_checkpoint():
     loop, _, _ = build_loop("gpt", "transfer:steps=0.005")  # one pretraining step
     tech = loop.techniques[0]
+    assert not hasattr(tech, "_state")  # loaded, then let go: no second copy of the weights stays resident
+    ckpt = tuned("gpt", 0.005, None)._state  # the same (seeded) pretraining again
     state = loop.model.state_dict()
-    assert state.keys() == tech._state.keys()
-    assert all(torch.equal(state[k], tech._state[k]) for k in state)  # the tied head too
+    assert state.keys() == ckpt.keys()
+    assert all(torch.equal(state[k], ckpt[k]) for k in state)  # the tied head too
     assert loop.model.head.weight is loop.model.wte.weight  # loading kept the tie
     found = tech.results(loop.ctx)
     assert found["head_reinitialised"] is False and found["source_overlaps_target"] is False
     assert found["pretrain_steps"] == 1 and found["fine_tune_lr"] == 3e-3 and found["cached"] is False
 
 
-def test_cnn_loads_the_trunk_and_keeps_its_own_fresh_head(cnn_transfer):
+def test_cnn_loads_the_trunk_and_keeps_its_own_fresh_head(cnn_transfer, cnn_checkpoint):
     model = workloads.get("cnn").build("tiny", 3, CPU).model
     own_head = {k: v.clone() for k, v in model.state_dict().items() if k.startswith(f"{HEAD}.")}
     ctx = Context(device=CPU, workload="cnn", seed=3)
     cnn_transfer.transform_model(model, ctx)
-    state, ckpt = model.state_dict(), cnn_transfer._state
+    state, ckpt = model.state_dict(), cnn_checkpoint[0]
     assert state.keys() == ckpt.keys()
     for k in state:
         if k.startswith(f"{HEAD}."):
@@ -104,19 +119,19 @@ def test_cnn_loads_the_trunk_and_keeps_its_own_fresh_head(cnn_transfer):
     assert cnn_transfer.results(ctx)["head_reinitialised"] is True
 
 
-def test_freeze_and_transfer_give_the_same_model_in_either_order(cnn_transfer):
+def test_freeze_and_transfer_give_the_same_model_in_either_order(cnn_checkpoint):
     ctx = Context(device=CPU, workload="cnn", seed=0)
     models = []
     for order in ("transfer_first", "freeze_first"):
         model = workloads.get("cnn").build("tiny", 0, CPU).model
-        freeze = Freeze()
-        for tech in ((cnn_transfer, freeze) if order == "transfer_first" else (freeze, cnn_transfer)):
+        freeze, transfer = Freeze(), with_checkpoint(cnn_checkpoint)
+        for tech in ((transfer, freeze) if order == "transfer_first" else (freeze, transfer)):
             tech.transform_model(model, ctx)
         models.append(model)
     a, b = ({n: (p.detach(), p.requires_grad) for n, p in m.named_parameters()} for m in models)
     assert a.keys() == b.keys()
     assert all(torch.equal(a[n][0], b[n][0]) and a[n][1] == b[n][1] for n in a)
-    assert not a["stem.0.weight"][1] and torch.equal(a["stem.0.weight"][0], cnn_transfer._state["stem.0.weight"])
+    assert not a["stem.0.weight"][1] and torch.equal(a["stem.0.weight"][0], cnn_checkpoint[0]["stem.0.weight"])
 
 
 def test_the_gpt_source_follows_every_fitting_size_corpus_and_skips_the_topics():

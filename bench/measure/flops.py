@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextvars
 import logging
 from collections.abc import Callable
 
@@ -9,6 +10,14 @@ import torch
 from torch.utils.flop_counter import FlopCounterMode, conv_backward_flop
 
 log = logging.getLogger(__name__)
+
+_COUNTING = contextvars.ContextVar("trainbench_counting_flops", default=False)
+
+
+def counting() -> bool:
+    """True while ``count_flops`` runs: activation checkpointing then runs its blocks plainly, since model FLOPs
+    exclude recomputation (PaLM's MFU)."""
+    return _COUNTING.get()
 
 
 def count_flops(fn: Callable[[], object]) -> int:
@@ -22,8 +31,12 @@ def count_flops(fn: Callable[[], object]) -> int:
     counted with its groups (torch's formula omits them: a depthwise conv's weight gradient came out ``groups`` times
     too large, see ``grouped_conv_backward_flop``).
     """
-    with FlopCounterMode(display=False, custom_mapping=_FIXED) as counter:
-        fn()
+    token = _COUNTING.set(True)
+    try:
+        with FlopCounterMode(display=False, custom_mapping=_FIXED) as counter:
+            fn()
+    finally:
+        _COUNTING.reset(token)
     return int(counter.get_total_flops())
 
 
