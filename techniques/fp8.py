@@ -34,7 +34,7 @@ Method card
 - Not implemented: delayed or static scaling, ``rowwise_with_gw_hp``, float8 all-gather with FSDP2
   (``enable_fsdp_float8_all_gather``), MX formats.
 - Functional form: ``apply_float8(model, recipe, filter)``.
-- Measured: (filled in by the lead from the closing sweep). The CUDA path has not been run in this project yet: the
+- Measured: nothing yet: refused on CPU with the reason. The CUDA path has not been run in this project yet: the
   machine it was written on has no GPU.
 - Sources: Micikevicius et al., "FP8 Formats for Deep Learning", arXiv:2209.05433 (2022); torchao float8 README
   (github.com/pytorch/ao/tree/main/torchao/float8: "e2e pretraining throughput speedups of up to 1.5x at 512 GPU /

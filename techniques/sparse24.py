@@ -40,7 +40,7 @@ Method card
 - Not implemented: activation sparsity (``SemiSparseActivationLinear``), switching to dense training for the end of
   the run (the README's recipe for -0.1 pp instead of -0.5 pp), exporting the 2:4 model.
 - Functional form: ``apply_sparse24(model, layers)``.
-- Measured: (filled in by the lead from the closing sweep). The CUDA path has not been run in this project yet: the
+- Measured: nothing yet: refused on CPU with the reason. The CUDA path has not been run in this project yet: the
   machine it was written on has no GPU.
 - Sources: Mishra et al., "Accelerating Sparse Deep Neural Networks", arXiv:2104.08378 (2021); torchao sparsity
   training README (github.com/pytorch/ao/tree/main/torchao/sparsity/training: "a 6% e2e speedup on a single NVIDIA

@@ -153,6 +153,11 @@ def _pp(found: list[dict[str, Any]]) -> str:
             f"{_g(bubble.get('formula'))}; stage 0 sends {sent} bytes per sample")
 
 
+def _small_bytes(n: int | None) -> str:
+    """Bytes, exact below 10 KiB (a tiny model's KV cache per token would round to "0 KiB")."""
+    return fmt_bytes(n) if n is None or n >= 10 * 1024 else f"{n:,} B"
+
+
 def _n(x: int | None) -> str:
     return "-" if x is None else f"{x:,}"
 
@@ -221,9 +226,10 @@ def _qat(found: list[dict[str, Any]]) -> str:
         return _values([((f.get("metrics") or {}).get(kind) or {}).get(metric) for f in found])
 
     wb = first.get("weight_bytes") or {}
-    return (f"{first.get('fake_quantized_layers')} Linear layers fake-quantized; {metric} after training: fake-quant "
-            f"{of('fake_quant')}, float weights {of('float')}, int8 converted {of('int8')}; those layers' weights "
-            f"{fmt_bytes(wb.get('float'))} -> {fmt_bytes(wb.get('int8'))}")
+    return (f"{first.get('fake_quantized_layers')} Linear layers fake-quantized; {metric} at the trial's end (after "
+            f"{_values([f.get('trained_steps') for f in found])} steps: the quality run's and the timed window's): "
+            f"fake-quant {of('fake_quant')}, float weights {of('float')}, int8 converted {of('int8')}; those layers' "
+            f"weights {_small_bytes(wb.get('float'))} -> {_small_bytes(wb.get('int8'))}")
 
 
 def _efficient_arch(found: list[dict[str, Any]]) -> str:
@@ -232,8 +238,8 @@ def _efficient_arch(found: list[dict[str, Any]]) -> str:
             f"x{_g(first.get('flops_ratio'))}")
     if "kv_heads" in first:
         text = (f"{first['kv_heads']} KV head(s) for {first.get('n_head')} query heads: " + text +
-                f"; KV cache per token {fmt_bytes(first.get('kv_cache_bytes_per_token_before'))} -> "
-                f"{fmt_bytes(first.get('kv_cache_bytes_per_token_after'))}")
+                f"; KV cache per token {_small_bytes(first.get('kv_cache_bytes_per_token_before'))} -> "
+                f"{_small_bytes(first.get('kv_cache_bytes_per_token_after'))}")
         if first.get("attention_flops_counted") is False:
             text += " (attention's own FLOPs not counted on this device)"
     else:
