@@ -7,7 +7,7 @@ One call of ``TrainLoop.step`` is one optimizer step:
       loss = forward_backward(model, x, y, loss_fn)  (the whole step's forwards and backwards; labelled "forward")
     or, for each micro-batch:
       with micro-batch contexts (only with several micro-batches; e.g. DDP's no_sync before the last one):
-        with forward contexts (autocast, ...):  out = model(x); loss = loss_fn(out, y); loss hooks
+        with forward contexts (autocast, ...):  out = model(x); loss = loss_fn(logits_of(out), y); loss hooks
         backward(loss / micro_batches)           (the backward owner, e.g. fp16's loss scaler, or loss.backward())
     optimizer step                               (the step owner, e.g. the loss scaler, or optimizer.step())
     after-step hooks of every subscriber         (LR schedules), then ctx.step += 1
@@ -31,8 +31,9 @@ from typing import Any
 import torch
 from torch import nn
 
+from bench.measure.flops import count_flops
 from bench.measure.phases import PhaseClock, no_region
-from techniques.base import Context, Technique
+from techniques.base import Context, Technique, logits_of
 
 
 def overrides(tech: Technique, hook: str) -> bool:
@@ -129,7 +130,7 @@ class TrainLoop:
                 with self._micro_batch_context(last=i == n - 1):
                     with region("forward"), self.forward_context():
                         out = self.model(xm)
-                        loss = self.loss_fn(out, ym)
+                        loss = self.loss_fn(logits_of(out), ym)
                         for tech in self._loss_techs:
                             loss = tech.loss(out, (xm, ym), loss, self.ctx)
                     with region("backward"):
@@ -146,6 +147,34 @@ class TrainLoop:
         self.ctx.step += 1
         assert total is not None
         return total / n if n > 1 else total
+
+    def count_flops(self, batch: tuple[torch.Tensor, torch.Tensor]) -> int:
+        """Model FLOPs of one step on the model as trained now (a set with ``own_flops``: a leaner or pruned model,
+        extra heads, a teacher's forward): forward, loss hooks and backward (through the backward owner, if any) on
+        ``batch``. Counted on the eager module evaluation runs (compile's original: FlopCounterMode does not see
+        through compiled graphs), with checkpointed blocks run plainly (model FLOPs exclude recomputation, as in
+        PaLM's MFU). The optimizer does not step (FlopCounterMode counts no optimizer FLOPs in the reference either)
+        and the gradients are dropped again."""
+        if self._fb_owner is not None:
+            raise ValueError(f"{self._fb_owner.name} runs the step's forwards and backwards itself: its FLOPs cannot "
+                             "be counted on the loop's model")
+        x, y = (t.to(self.device) for t in batch)
+        model = self.model
+        for tech in self.techniques:
+            model = tech.eval_model(model, self.ctx)
+
+        def one() -> None:
+            with self.forward_context():
+                out = model(x)
+                loss = self.loss_fn(logits_of(out), y)
+                for tech in self._loss_techs:
+                    loss = tech.loss(out, (x, y), loss, self.ctx)
+            if self._backward_owner is None or not self._backward_owner.backward(loss, self.ctx):
+                loss.backward()
+
+        flops = count_flops(one)
+        self.optimizer.zero_grad(set_to_none=True)
+        return flops
 
 
 _PER_MICRO_BATCH_HOOKS = ("micro_batch_context", "forward_context", "loss", "backward")
@@ -189,12 +218,15 @@ def plain_loop(built: Any, lr: float, device: torch.device, micro_batches: int =
 def build_optimizer(
     model: nn.Module, techniques: Sequence[Technique], ctx: Context, lr: float, weight_decay: float = 0.0
 ) -> torch.optim.Optimizer:
+    """The optimizer of the model's trainable parameters (a frozen one, ``requires_grad=False``, never enters it:
+    no state, no update), built by the one technique that builds it or else the default AdamW."""
     default = default_optimizer(lr, weight_decay)
+    trainable = [p for p in model.parameters() if p.requires_grad]
     chosen = None
     for tech in techniques:
-        opt = tech.build_optimizer(model.parameters(), default, ctx)
+        opt = tech.build_optimizer(trainable, default, ctx)
         if opt is not None:
             if chosen is not None:
                 raise ValueError(f"two techniques build the optimizer ({chosen[0]}, {tech.name})")
             chosen = (tech.name, opt)
-    return chosen[1] if chosen else default(model.parameters())
+    return chosen[1] if chosen else default(trainable)

@@ -92,6 +92,11 @@ def incompatibility(techs: TechniqueSet, workload: WorkloadSpec, device: torch.d
     builders = [t.name for t in instances if type(t).build_optimizer is not Technique.build_optimizer]
     if len(builders) > 1:
         return f"{' and '.join(builders)} each build the optimizer; a set can use one of them"
+    own = [t.name for t in instances if t.own_flops]
+    pipeline = [t.name for t in instances if type(t).forward_backward is not Technique.forward_backward]
+    if own and pipeline:  # the step's FLOPs are counted on the loop's model, which is one stage under a pipeline
+        return (f"{', '.join(own)} changes the model's FLOPs, which cannot be counted through {pipeline[0]}'s "
+                "schedule; combine them separately")
     return _batch_split_problem(instances, wl.size_params(workload.size), world_size)
 
 

@@ -97,6 +97,10 @@ class BuildInfo:
                                   "throughput and of time_to_target_s")
     probe_s: float = doc("wall time of the techniques' probes before training (LR range test, batch-size search, "
                          "difficulty scoring): a one-off cost like one_off_s", 0.0)
+    trained_params: int | None = doc("parameters of the model trained, after the techniques' model surgery (a "
+                                     "leaner architecture, extra prediction heads), when it differs from n_params; "
+                                     "a technique that shrinks the model during training reports it in "
+                                     "technique_results", None)
 
 
 @dataclass(frozen=True)

@@ -87,6 +87,7 @@ from techniques._distributed import model_state_bytes, zero_formula_bytes
 from techniques.base import (
     Context,
     Kind,
+    Phase,
     Probe,
     Technique,
     TrainConfig,
@@ -160,6 +161,7 @@ class Session:
     probe_s: float = 0.0  # the techniques' probes before training (tune)
     full_batch: dict[str, Any] = field(default_factory=dict)  # "batch": the workload's first batch, before techniques
     n_params: int = 0  # the whole model's, counted before techniques shard it or cut it into stages
+    trained_params: int = 0  # after the techniques' model surgery (leaner architecture, extra heads)
 
     @property
     def device(self) -> torch.device:
@@ -186,9 +188,11 @@ def build(spec: TrialSpec, budget: Budget, device: torch.device) -> Session:
     cfg, ctx, probe_s = configure(wl, spec.size, built, techs, budget, spec.seed, device, spec.world_size,
                                   Path(spec.reference_dir) if spec.reference_dir else None)
     model = built.model
-    n_params = sum(p.numel() for p in model.parameters())
+    n_params = trained_params = sum(p.numel() for p in model.parameters())
     for tech in techs:
         model = tech.transform_model(model, ctx)
+        if tech.phase == Phase.SURGERY:  # later phases shard or cut the model: not a different model
+            trained_params = sum(p.numel() for p in model.parameters())
     optimizer = build_optimizer(model, techs, ctx, cfg.lr, cfg.weight_decay)
     full: dict[str, Any] = {}
     source = single_owner(techs, "batches")
@@ -198,7 +202,7 @@ def build(spec: TrialSpec, budget: Budget, device: torch.device) -> Session:
         batches = tech.wrap_data(batches, ctx)
     loop = TrainLoop(model, optimizer, built.loss_fn, techs, ctx, cfg.micro_batches, built.tokens_per_sample)
     return Session(spec, budget, built, techs, ctx, cfg, model, optimizer, loop, batches, set_kind(techs),
-                   probe_s=probe_s, full_batch=full, n_params=n_params)
+                   probe_s=probe_s, full_batch=full, n_params=n_params, trained_params=trained_params)
 
 
 def _noting_first(batches: Iterator[Any], into: dict[str, Any]) -> Iterator[Any]:
@@ -271,6 +275,7 @@ def build_info(session: Session) -> BuildInfo:
         first_step_s=session.first_step_s,
         one_off_s=session.one_off_s,
         probe_s=session.probe_s,
+        trained_params=session.trained_params if session.trained_params != session.n_params else None,
     )
 
 
@@ -568,7 +573,9 @@ def window_flops(session: Session, reference_flops: int | None, shapes: collecti
                  ) -> tuple[int | None, dict[str, int] | None]:
     """FLOPs per optimizer step over the window's steps, and the steps per input shape when they were not all the
     workload's full batch (a sequence-length curriculum). The reference counts the full batch; any other shape is
-    counted once, on a fresh eager copy of the model with a batch cut to that shape, and weighted by its steps."""
+    counted once, on a fresh eager copy of the model with a batch cut to that shape, and weighted by its steps. A set
+    whose step runs other FLOPs than the workload's model (``own_flops``: a leaner or pruned model, extra heads, a
+    teacher's forward) is counted on its own loop instead, at every shape, as it stands after the window."""
     if not reference_flops or not shapes:
         return reference_flops, None
     spec = session.spec
@@ -576,21 +583,29 @@ def window_flops(session: Session, reference_flops: int | None, shapes: collecti
     shards = session.batch_shards  # each rank's FLOPs are the whole model's on its slice of the batch
     local = session.cfg.batch_size // shards
     full = (local, *x_full.shape[1:])
-    if set(shapes) == {full}:
+    own = any(t.own_flops for t in session.techs)
+    if set(shapes) == {full} and not own:
         return reference_flops, None
     counted = {}
     with torch.random.fork_rng(devices=[]):  # building re-seeds: the trial's own stages keep their RNG state
-        cpu = torch.device("cpu")  # FLOPs do not depend on the device; nothing is allocated beside the trial's
-        fresh = workloads.get(spec.workload).build(spec.size, spec.seed, cpu)
-        loop = plain_loop(fresh, fresh.lr, cpu)
+        if own:  # the model trained is not the workload's (leaner, pruned, extra heads): count what it runs now
+            def count(x: torch.Tensor, y: torch.Tensor) -> float:
+                return session.loop.count_flops((x, y))
+        else:
+            cpu = torch.device("cpu")  # FLOPs do not depend on the device; nothing is allocated beside the trial's
+            fresh = workloads.get(spec.workload).build(spec.size, spec.seed, cpu)
+            loop = plain_loop(fresh, fresh.lr, cpu)
+
+            def count(x: torch.Tensor, y: torch.Tensor) -> float:
+                return count_flops(lambda: loop.step((x, y)))
         for shape in shapes:
-            if shape == full:
+            if shape == full and not own:
                 counted[shape] = reference_flops / shards
                 continue
-            x, y = _cut(x_full, shape), _cut(y_full, shape)
-            counted[shape] = count_flops(lambda x=x, y=y: loop.step((x, y)))
+            counted[shape] = count(_cut(x_full, shape), _cut(y_full, shape))
     total = sum(n * counted[shape] * shards for shape, n in shapes.items())
-    return round(total / sum(shapes.values())), {"x".join(map(str, s)): n for s, n in sorted(shapes.items())}
+    per_shape = {"x".join(map(str, s)): n for s, n in sorted(shapes.items())} if set(shapes) != {full} else None
+    return round(total / sum(shapes.values())), per_shape
 
 
 def _cut(t: torch.Tensor, shape: tuple[int, ...]) -> torch.Tensor:
@@ -705,7 +720,8 @@ def memory(session: Session, peaks: WindowPeaks, own_process: bool) -> MemoryRes
     elif budget.memory and hidden:
         fields["breakdown_skipped"] = f"the tensor tracker cannot see inside {', '.join(hidden)}"
     elif budget.memory:
-        tracker = TensorMemoryTracker(session.model, session.optimizer)
+        held = [t for tech in session.techs for t in tech.held_tensors(session.ctx)]
+        tracker = TensorMemoryTracker(session.model, session.optimizer, held)
         batch = next(session.batches)  # fetched outside: a batch built in a loader's worker would not be counted
         with tracker:
             session.loop.step(batch)

@@ -39,6 +39,6 @@ if ! .venv/bin/python -c "import torch" 2>/dev/null; then
 fi
 
 extras="."
-[ "$with_tests" = 1 ] && extras=".[test,lint,transformers,slurm]"  # the tests build Hugging Face configs and run submitit jobs too
+[ "$with_tests" = 1 ] && extras=".[test,lint,transformers,slurm,torchao]"  # the tests build Hugging Face configs, run submitit jobs and QAT too
 .venv/bin/python -m pip install -q -e "$extras"
 .venv/bin/python -c "import torch, bench; print('setup: ok, torch', torch.__version__)"

@@ -29,6 +29,8 @@ loop (``bench/loop.py``) calls the hooks in one documented order; a technique ov
     eval_model(model, ctx) -> module    -> the module evaluation runs (compile: its eager original)
     finalize(model, ctx)
     results(ctx) -> dict | None         -> what the technique found (a search trace, a curve) for the record
+    held_tensors(ctx) -> tensors        -> what it keeps resident beside the model and optimizer (a distillation
+                                           teacher), for the memory breakdown
 
 The context says where training stands: ``step`` (optimizer steps completed), ``total_steps`` and
 ``total_samples`` (the quality run's plan; a speed window runs past it), ``batch_tokens`` (tokens of the batch being
@@ -37,9 +39,16 @@ trained, 0 for non-sequence workloads). The loop advances ``step`` after the ``a
 Facts the harness needs about a technique are typed class attributes, never name checks in the core:
 ``kind`` (how quality is judged), ``compute_dtype`` (the matmul dtype it switches to: MFU's peak), ``hides_tensors``
 (the tensor-memory tracker cannot see inside it), ``zero_stage`` (the ZeRO stage of a sharding technique) and
-``memory_note`` (how its per-rank memory departs from the ZeRO formula), ``multi_process`` (the set runs on
+``memory_note`` (how its per-rank memory departs from the ZeRO formula), ``own_flops`` (the step runs other FLOPs
+than the workload's model: counted on the trial's own model), ``multi_process`` (the set runs on
 every process ``--nproc`` starts) and ``splits_batch`` (its ranks train slices of the global batch, or each the whole
 batch).
+
+Model outputs: a model returns its logits (what ``loss_fn`` and evaluation take). A technique that makes the model
+compute more in training (multi-token prediction's extra heads) has it return a ``TrainOutput`` there instead:
+``logits`` (the next-token logits, what ``loss_fn`` sees) and ``extra`` (what the technique's own ``loss`` hook reads).
+In eval mode such a model returns plain logits again, so evaluation, FLOP references and every other caller of the
+model see the workload's own output; ``logits_of(out)`` gives the logits of either form.
 
 Register with ``@register`` and add the module to the explicit import list in ``techniques/__init__.py`` (a
 third-party technique comes from a file or an entry point instead: docs/plugins.md). Per-block transforms find the
@@ -165,6 +174,19 @@ class Probe:
     shared_s: float = 0.0  # time a technique spent on work cached for every trial of the sweep (not this trial's)
 
 
+@dataclass
+class TrainOutput:
+    """What a model returns in training when it computes more than its logits (see the module docstring)."""
+
+    logits: torch.Tensor  # what the workload's loss_fn takes: the next-token (or class) logits
+    extra: dict[str, Any] = field(default_factory=dict)  # read by the technique's own loss hook
+
+
+def logits_of(out: Any) -> Any:
+    """The logits of a model output, plain or ``TrainOutput``."""
+    return out.logits if isinstance(out, TrainOutput) else out
+
+
 class OptionError(ValueError):
     """A technique's option string is unknown or malformed. The message lists what is valid."""
 
@@ -183,6 +205,8 @@ class Technique:
     hides_tensors: ClassVar[bool] = False  # True: the tensor tracker cannot see what it runs (compiled graphs)
     zero_stage: int | None = None  # ZeRO stage of a data-parallel/sharding technique (0 = DDP); None otherwise
     memory_note: ClassVar[str | None] = None  # how its per-rank memory departs from the ZeRO formula, if it does
+    own_flops: ClassVar[bool] = False  # the trained step runs other FLOPs than the workload's model (a leaner or
+    # pruned architecture, extra heads, a teacher's forward): FLOPs per step are counted on the trial's own loop
     multi_process: ClassVar[bool] = False  # runs on every process torchrun starts (--nproc); sets without such a
     # technique run in one process, as the reference the multi-process sets are compared with
     splits_batch: ClassVar[bool] = True  # a multi-process technique's ranks each train a slice of the global
@@ -309,6 +333,12 @@ class Technique:
     def results(self, ctx: Context) -> dict[str, Any] | None:
         """What the technique found, kept in the record's ``technique_results`` under its name."""
         return None
+
+    def held_tensors(self, ctx: Context) -> Iterable[torch.Tensor]:
+        """Tensors this technique keeps resident beside the model and optimizer (a distillation teacher's weights):
+        the memory breakdown counts them as "other" from the start of the tracked step, so its peak and memory
+        ratio include them."""
+        return ()
 
 
 _KIND_ORDER = (Kind.EXACT, Kind.NUMERIC, Kind.ALGORITHMIC)

@@ -26,6 +26,7 @@ from torch import nn
 from torch.nn.modules.batchnorm import _BatchNorm
 from torch.utils.checkpoint import checkpoint
 
+from bench.measure import flops
 from techniques.base import Claim, Context, Kind, Phase, Technique, model_blocks, register
 
 
@@ -53,7 +54,7 @@ class CheckpointedBlock(nn.Module):
         self.block = block
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
-        if not (self.training and torch.is_grad_enabled()):
+        if not (self.training and torch.is_grad_enabled()) or flops.counting():  # model FLOPs: no recomputation
             return self.block(*args, **kwargs)
         calls = 0
 

@@ -10,12 +10,14 @@ from bench.loop import TrainLoop, build_optimizer
 from bench.trial import configure
 
 
-def build_loop(workload: str, label: str, seed: int = 0, size: str = "tiny", budget: Budget | None = None):
+def build_loop(workload: str, label: str, seed: int = 0, size: str = "tiny", budget: Budget | None = None,
+               device: torch.device | None = None):
     """(loop, batches iterator, built workload) for ``label`` applied to ``workload`` (tune probes included)."""
     techs = sorted((s.resolve() for s in TechniqueSet.parse(label).specs), key=lambda t: t.phase)
     wl = workloads.get(workload)
-    built = wl.build(size, seed, torch.device("cpu"))
-    cfg, ctx, _ = configure(wl, size, built, techs, budget or Budget(), seed, torch.device("cpu"))
+    device = device or torch.device("cpu")
+    built = wl.build(size, seed, device)
+    cfg, ctx, _ = configure(wl, size, built, techs, budget or Budget(), seed, device)
     model = built.model
     for t in techs:
         model = t.transform_model(model, ctx)

@@ -21,6 +21,20 @@ TECHNIQUE_SETTINGS: dict[str, tuple[str, str]] = {
     "loader": ("loader:workers=2", "cnn_aug"),
     "channels_last": ("channels_last", "cnn"),
     "sdpa_backend": ("sdpa_backend:backend=math", "gpt"),
+    "distill": ("distill:teacher_steps=0.05", "mlp"),
+    "transfer": ("transfer:steps=0.02", "gpt"),
+    "freeze": ("freeze:blocks=1", "gpt"),
+    "prune": ("prune:start=0:end=0", "gpt"),  # pruned before the first step (the default starts at 25% of the plan)
+    "qat": ("qat", "mlp"),  # optional extra trainbench[torchao]: skipped with the reason without it
+    "efficient_arch": ("efficient_arch", "gpt"),
+    "mtp": ("mtp", "gpt"),
+}
+
+# Techniques whose check() refuses anything but a CUDA GPU (their own test files run them there): name -> (set,
+# workload). On CPU the registry test says why it skips.
+GPU_SETTINGS: dict[str, tuple[str, str]] = {
+    "fp8": ("bf16+fp8", "gpt"),
+    "sparse24": ("bf16+sparse24:layers=all", "mlp"),
 }
 
 # Multi-process techniques run under torchrun with 2 gloo ranks (tests/dist_worker.py): name -> (set, workload).

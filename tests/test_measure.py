@@ -525,3 +525,14 @@ def test_tracker_agrees_with_torch_memtracker():
     peak = next(iter(theirs.get_tracker_snapshot("peak").values()))
     # MemTracker also counts the module's input (the batch, created before entering); this tracker does not
     assert ours.result().peak_bytes + x.nbytes == peak["Total"]
+
+
+@pytest.mark.parametrize("groups", [1, 4, 16])
+def test_a_grouped_convolution_step_counts_three_times_its_forward(groups):
+    """Forward, input gradient and weight gradient are one convolution's FLOPs each, grouped or not (torch 2.13's own
+    formula counted a depthwise conv's weight gradient ``groups`` times over)."""
+    conv = torch.nn.Conv2d(16, 16, 3, padding=1, groups=groups, bias=False)
+    x = torch.randn(4, 16, 14, 14, requires_grad=True)
+    forward = 2 * 4 * 14 * 14 * 16 * (16 // groups) * 9  # 2 x output points x c_out x (c_in / groups) x k x k
+    assert count_flops(lambda: conv(x)) == forward
+    assert count_flops(lambda: conv(x).sum().backward()) == 3 * forward

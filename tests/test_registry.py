@@ -8,12 +8,13 @@ import torch
 import techniques
 from techniques.base import Kind, Phase, Technique, register
 from tests.helpers import build_loop
-from tests.technique_settings import DISTRIBUTED_SETTINGS, TECHNIQUE_SETTINGS
+from tests.technique_settings import DISTRIBUTED_SETTINGS, GPU_SETTINGS, TECHNIQUE_SETTINGS
 
 
 def test_every_technique_has_test_settings():
-    assert set(techniques.registry()) == set(TECHNIQUE_SETTINGS) | set(DISTRIBUTED_SETTINGS)
+    assert set(techniques.registry()) == set(TECHNIQUE_SETTINGS) | set(DISTRIBUTED_SETTINGS) | set(GPU_SETTINGS)
     assert not set(TECHNIQUE_SETTINGS) & set(DISTRIBUTED_SETTINGS)
+    assert not (set(TECHNIQUE_SETTINGS) | set(DISTRIBUTED_SETTINGS)) & set(GPU_SETTINGS)
 
 
 @pytest.mark.distributed
@@ -30,13 +31,30 @@ def test_distributed_technique_runs_two_steps_on_two_ranks(name, tmp_path):
 
 @pytest.mark.parametrize("name", sorted(TECHNIQUE_SETTINGS))
 def test_technique_runs_two_steps(name):
+    if name == "qat":
+        pytest.importorskip("torchao", reason="optional extra trainbench[torchao] is not installed")
     label, workload = TECHNIQUE_SETTINGS[name]
     loop, batches, _ = build_loop(workload, label)
     losses = [float(loop.step(next(batches))) for _ in range(2)]
     assert all(math.isfinite(x) for x in losses)
 
 
-@pytest.mark.parametrize("name", sorted(set(TECHNIQUE_SETTINGS) | set(DISTRIBUTED_SETTINGS)))
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", sorted(GPU_SETTINGS))
+def test_gpu_technique_runs_two_steps_or_says_why_not(name):
+    from bench.plan import available_packages
+
+    label, workload = GPU_SETTINGS[name]
+    device = torch.device("cuda")
+    reason = techniques.get(name)().check(techniques.Context(device=device, workload=workload,
+                                                            available_packages=available_packages()))
+    if reason:  # an older GPU, or torchao missing
+        pytest.skip(reason)
+    loop, batches, _ = build_loop(workload, label, device=device)
+    assert all(math.isfinite(float(loop.step(next(batches)))) for _ in range(2))
+
+
+@pytest.mark.parametrize("name", sorted(set(TECHNIQUE_SETTINGS) | set(DISTRIBUTED_SETTINGS) | set(GPU_SETTINGS)))
 def test_technique_declares_its_card(name):
     cls = techniques.get(name)
     assert cls.summary and isinstance(cls.kind, Kind) and isinstance(cls.phase, Phase)

@@ -18,6 +18,7 @@ import gc
 import logging
 import threading
 import weakref
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -271,10 +272,12 @@ class TensorMemoryTracker(TorchDispatchMode):
     in a process imports parts of torch._dynamo (seconds).
     """
 
-    def __init__(self, model: torch.nn.Module | None = None, optimizer: torch.optim.Optimizer | None = None) -> None:
+    def __init__(self, model: torch.nn.Module | None = None, optimizer: torch.optim.Optimizer | None = None,
+                 held: Iterable[torch.Tensor] = ()) -> None:
         super().__init__()
         self.model = model
         self.optimizer = optimizer
+        self.held = list(held)  # kept resident beside the model (a distillation teacher): "other" from the start
         self._reset_state()
 
     def _reset_state(self) -> None:
@@ -425,6 +428,8 @@ class TensorMemoryTracker(TorchDispatchMode):
                 self._hooks.append(p.register_post_accumulate_grad_hook(lambda q: self._reclassify(q.grad, "grads")))
         for t in self._optimizer_tensors():
             self._track(t, "optimizer", initial=True)
+        for t in self.held:
+            self._track(t, "other", initial=True)
         if self.optimizer is not None:
             self._hooks.append(self.optimizer.register_step_post_hook(lambda *_: self._mark_state()))
         return super().__enter__()

@@ -108,8 +108,10 @@ def _optional_sections(report: Report) -> list[str]:
         out += _figure(figs.get("interaction"))
     if report.tuning is not None:
         out += ["## What the techniques found", "",
-                "Learning rates, batch sizes and stops the techniques chose or estimated, seed by seed; their "
-                "probes' time is the one-off cost in the workload tables.", ""]
+                "What the techniques chose, estimated, built or communicated, seed by seed (learning rates, batch "
+                "sizes, stops, sparsity, model sizes, bytes); their probes' time is the one-off cost in the workload "
+                "tables, and work cached for the whole sweep (a teacher, a pretrained checkpoint, a scorer) is "
+                "reported here instead.", ""]
         out += table(report.tuning) + [""]
         out += _figure(figs.get("lr_range"))
     if report.distributed is not None:

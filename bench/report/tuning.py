@@ -1,6 +1,8 @@
 """What the techniques found, per configuration: the LR a range test chose, the batch a search chose (and the
 critical batch size it estimated), where early stopping stopped, what a curriculum trained on, what local SGD and
-federated averaging communicated.
+federated averaging communicated, what the model-changing techniques built (a teacher, a pretrained checkpoint and
+their one-off cost amortised over the trials that shared them, sparsity, parameter counts, a converted model's
+quality).
 
 The numbers come from each record's ``technique_results`` (one entry per technique that reports one); the seeds of a
 configuration are listed side by side, so a finding that changes from seed to seed shows it.
@@ -151,6 +153,109 @@ def _pp(found: list[dict[str, Any]]) -> str:
             f"{_g(bubble.get('formula'))}; stage 0 sends {sent} bytes per sample")
 
 
+def _small_bytes(n: int | None) -> str:
+    """Bytes, exact below 10 KiB (a tiny model's KV cache per token would round to "0 KiB")."""
+    return fmt_bytes(n) if n is None or n >= 10 * 1024 else f"{n:,} B"
+
+
+def _n(x: int | None) -> str:
+    return "-" if x is None else f"{x:,}"
+
+
+def _once(found: list[dict[str, Any]], seconds: str, what: str) -> str:
+    """How often a cached artefact (teacher, checkpoint) was trained in these trials and what it cost per trial."""
+    trained = [f.get(seconds) or 0.0 for f in found if not f.get("cached")]
+    cost = max((f.get(seconds) or 0.0 for f in found), default=0.0)
+    if not trained:
+        return f"{what} in {fmt_secs(cost)} by an earlier trial (all {len(found)} loaded it from the sweep's cache)"
+    return (f"{what} in {fmt_secs(cost)} ({len(trained)} of these {len(found)} trials trained it, the others loaded "
+            f"it from the sweep's cache): {fmt_secs(sum(trained) / len(found))} per trial here, outside their "
+            "one-off costs")
+
+
+def _distill(found: list[dict[str, Any]]) -> str:
+    first = found[0]
+    metric = (first.get("teacher_eval") or {}).get(first.get("teacher_metric") or "")
+    return (f"teacher {_n(first.get('teacher_n_params'))} params ({first.get('width')}x width, {first.get('depth')}x "
+            f"depth; student {_n(first.get('student_n_params'))}), {first.get('teacher_metric')} {_g(metric)} after "
+            f"{first.get('teacher_steps_trained')} steps, " + _once(found, "teacher_train_s", "trained") +
+            f"; alpha {first.get('alpha')}, T {first.get('temperature')}")
+
+
+def _transfer(found: list[dict[str, Any]]) -> str:
+    first = found[0]
+    source = first.get("source") or {}
+    text = (f"pretrained {first.get('pretrain_steps')} steps on {source.get('task')} (loss "
+            f"{_g(first.get('source_first_loss'))} -> {_g(first.get('source_final_loss'))}), "
+            + _once(found, "pretrain_s", "trained"))
+    if first.get("head_reinitialised"):
+        text += "; classifier head re-initialised"
+    if first.get("source_overlaps_target"):
+        text += "; the source images overlap the fine-tune's training set"
+    return text
+
+
+def _freeze(found: list[dict[str, Any]]) -> str:
+    first = found[0]
+    return (f"first {first.get('blocks')} block(s) and the input layers frozen: {_n(first.get('frozen_params'))} "
+            f"params ({_n(first.get('trainable_params'))} still train); optimizer state {fmt_bytes(first.get('optimizer_state_bytes_saved'))} "
+            f"and gradients {fmt_bytes(first.get('grad_bytes_saved'))} saved")
+
+
+def _prune(found: list[dict[str, Any]]) -> str:
+    first = found[0]
+    reached = _values([f.get("sparsity") for f in found])
+    if first.get("mode") == "structured":
+        if all(f.get("params_after") is None for f in found):
+            return f"structured: never reached its step {first.get('start_step')}; nothing was removed"
+        return (f"structured: {first.get('target'):.0%} of the hidden channels removed at step {first.get('start_step')} "
+                f"(channel sparsity {reached}); params {_n(first.get('params_before'))} -> "
+                f"{_n(first.get('params_after'))}")
+    return (f"unstructured ({first.get('scope')}): {reached} of {_n(first.get('weights'))} weights zero at the end "
+            f"(target {first.get('target'):.0%}); masks leave dense matmuls as large as before")
+
+
+def _qat(found: list[dict[str, Any]]) -> str:
+    first = found[0]
+    metric = first.get("metric") or ""
+    errors = [f["conversion_error"] for f in found if f.get("conversion_error")]
+    if errors:
+        return f"{first.get('fake_quantized_layers')} Linear layers fake-quantized; conversion failed: {errors[0]}"
+
+    def of(kind: str) -> str:
+        return _values([((f.get("metrics") or {}).get(kind) or {}).get(metric) for f in found])
+
+    wb = first.get("weight_bytes") or {}
+    return (f"{first.get('fake_quantized_layers')} Linear layers fake-quantized; {metric} at the trial's end (after "
+            f"{_values([f.get('trained_steps') for f in found])} steps: the quality run's and the timed window's): "
+            f"fake-quant {of('fake_quant')}, float weights {of('float')}, int8 converted {of('int8')}; those layers' "
+            f"weights {_small_bytes(wb.get('float'))} -> {_small_bytes(wb.get('int8'))}")
+
+
+def _efficient_arch(found: list[dict[str, Any]]) -> str:
+    first = found[0]
+    text = (f"params {_n(first.get('n_params_before'))} -> {_n(first.get('n_params_after'))}, forward FLOPs per sample "
+            f"x{_g(first.get('flops_ratio'))}")
+    if "kv_heads" in first:
+        text = (f"{first['kv_heads']} KV head(s) for {first.get('n_head')} query heads: " + text +
+                f"; KV cache per token {_small_bytes(first.get('kv_cache_bytes_per_token_before'))} -> "
+                f"{_small_bytes(first.get('kv_cache_bytes_per_token_after'))}")
+        if first.get("attention_flops_counted") is False:
+            text += " (attention's own FLOPs not counted on this device)"
+    else:
+        text = f"{first.get('convs_replaced')} 3x3 convs depthwise-separable: " + text
+    return text
+
+
+def _mtp(found: list[dict[str, Any]]) -> str:
+    first = found[0]
+    depths = sorted({k for f in found for k in (f.get("aux_loss_last") or {})})
+    last = "; ".join(f"{d} {_values([(f.get('aux_loss_last') or {}).get(d) for f in found])}" for d in depths)
+    return (f"{first.get('variant')}, n={first.get('n')}, weight {_g(first.get('weight'))}: "
+            f"{_n(first.get('extra_params'))} extra params, evaluated on the next-token head only; last auxiliary "
+            f"losses {last}")
+
+
 def _mib(n: float | None) -> float | None:
     return None if n is None else n / 2**20
 
@@ -158,7 +263,8 @@ def _mib(n: float | None) -> float | None:
 SUMMARIES: dict[str, Callable[[list[dict[str, Any]]], str]] = {
     "lr_finder": _lr_finder, "batch_size": _batch_size, "early_stopping": _early_stopping,
     "curriculum": _curriculum, "lr_schedule": _lr_schedule, "compile": _compile, "local_sgd": _local_sgd,
-    "fedavg": _fedavg, "tp": _tp, "pp": _pp,
+    "fedavg": _fedavg, "tp": _tp, "pp": _pp, "distill": _distill, "transfer": _transfer, "freeze": _freeze,
+    "prune": _prune, "qat": _qat, "efficient_arch": _efficient_arch, "mtp": _mtp,
 }
 
 

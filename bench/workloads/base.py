@@ -73,9 +73,14 @@ class Workload(abc.ABC):
         checks technique sets against."""
         return ("blocks" if self.has_blocks else None), self.has_batchnorm
 
-    @abc.abstractmethod
     def build(self, size: str, seed: int, device: torch.device) -> BuiltWorkload:
         """Build model, data, loss and evaluation for ``size``, seeded by ``seed``."""
+        return self.build_from(self.size_params(size), seed, device)
+
+    def build_from(self, params: dict[str, Any], seed: int, device: torch.device) -> BuiltWorkload:
+        """Build from resolved size parameters: a size's own, or a variant of them (a distillation teacher's wider
+        model on the same data). A workload that can only be built by size name keeps this refusal."""
+        raise WorkloadError(f"workload '{self.name}' cannot be built from changed size parameters")
 
 
 _REGISTRY: dict[str, type[Workload]] = {}

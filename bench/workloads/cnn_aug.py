@@ -100,8 +100,8 @@ class CNNAugFashion(CNNFashion):
         "small": {**CNNFashion.sizes["small"], **AUGMENT, "target": None},
     }
 
-    def build(self, size: str, seed: int, device: torch.device) -> BuiltWorkload:
-        built = super().build(size, seed, device)  # model, data, evaluation and budget of ``cnn`` at this size
+    def build_from(self, params: dict[str, Any], seed: int, device: torch.device) -> BuiltWorkload:
+        built = super().build_from(params, seed, device)  # model, data, evaluation and budget of ``cnn``
         x_train, y_train = built.train_data
         p: dict[str, Any] = built.params
         mean, std = built.dataset["normalize_mean"], built.dataset["normalize_std"]

@@ -157,8 +157,8 @@ class CNNFashion(Workload):
     def check(self) -> str | None:
         return missing_reason(data_dir())
 
-    def build(self, size: str, seed: int, device: torch.device) -> BuiltWorkload:
-        p: dict[str, Any] = self.size_params(size)
+    def build_from(self, params: dict[str, Any], seed: int, device: torch.device) -> BuiltWorkload:
+        p: dict[str, Any] = dict(params)
         directory = data_dir()
         arrays, info = load_fashion_mnist(directory)
         mean, std = info["mean"], info["std"]

@@ -272,8 +272,8 @@ class GPTChars(Workload):
                       "quality_steps": 1000, "eval_points": 10},
     }
 
-    def build(self, size: str, seed: int, device: torch.device) -> BuiltWorkload:
-        p: dict[str, Any] = self.size_params(size)
+    def build_from(self, params: dict[str, Any], seed: int, device: torch.device) -> BuiltWorkload:
+        p: dict[str, Any] = dict(params)
         T = p["seq_len"]
         train, (x_eval, y_eval), vocab, record = corpus_split(p["corpus_mb"], T, p["eval_windows"])
         p["vocab_size"] = len(vocab)

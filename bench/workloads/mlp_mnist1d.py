@@ -182,8 +182,8 @@ class MLPMnist1D(Workload):
                   "quality_steps": 60, "eval_points": 6},
     }
 
-    def build(self, size: str, seed: int, device: torch.device) -> BuiltWorkload:
-        p: dict[str, Any] = self.size_params(size)
+    def build_from(self, params: dict[str, Any], seed: int, device: torch.device) -> BuiltWorkload:
+        p: dict[str, Any] = dict(params)
         x_np, y_np, sha = _dataset()
         x, y = torch.from_numpy(x_np), torch.from_numpy(y_np)
         x_train, y_train, x_eval, y_eval = x[:N_TRAIN], y[:N_TRAIN], x[N_TRAIN:], y[N_TRAIN:]

@@ -1,0 +1,60 @@
+"""Helpers shared by the techniques that change the model (distill, prune, qat, fp8, sparse24, efficient_arch, mtp):
+parameter counts, which weights are tied, GPT-2's initialisation drawn from a trial's own generator, and whether the
+optional torchao package is there."""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+
+import torch
+from torch import nn
+
+from techniques.base import Context
+
+TORCHAO_MISSING = "needs torchao (pip install 'trainbench[torchao]')"
+
+
+def torchao_missing(ctx: Context) -> str | None:
+    """The reason a torchao technique cannot run when the package is absent (``ctx.available_packages`` is filled
+    with ``importlib.util.find_spec`` by ``bench.plan.available_packages``), else None."""
+    return None if "torchao" in ctx.available_packages else TORCHAO_MISSING
+
+
+def n_params(model: nn.Module) -> int:
+    return sum(p.numel() for p in model.parameters())  # a tied parameter once
+
+
+def shared_weights(model: nn.Module) -> dict[str, list[str]]:
+    """For each module whose ``weight`` Parameter another module also holds (a tied head): the other holders."""
+    owners: dict[int, list[str]] = defaultdict(list)
+    for name, module in model.named_modules():
+        for param in module.parameters(recurse=False):
+            owners[id(param)].append(name)
+    out = {}
+    for name, module in model.named_modules():
+        weight = getattr(module, "weight", None)
+        if isinstance(weight, nn.Parameter) and len(owners[id(weight)]) > 1:
+            out[name] = [o for o in owners[id(weight)] if o != name]
+    return out
+
+
+@torch.no_grad()
+def normal_(t: torch.Tensor, std: float, gen: torch.Generator) -> None:
+    """N(0, std) from a CPU generator, copied in: the same values on every device, the global RNG untouched."""
+    t.copy_(torch.randn(t.shape, generator=gen) * std)
+
+
+@torch.no_grad()
+def gpt2_init_(module: nn.Module, n_layer: int, gen: torch.Generator) -> None:
+    """GPT-2's initialisation (as ``bench.workloads.gpt_chars.GPT``) of new layers, drawn from ``gen``: weights
+    N(0, 0.02), residual projections (``*proj.weight``) N(0, 0.02 / sqrt(2 n_layer)), biases 0, norm weights 1."""
+    for name, p in module.named_parameters():
+        if name.endswith("proj.weight"):
+            normal_(p, 0.02 / math.sqrt(2 * n_layer), gen)
+        elif p.dim() >= 2:
+            normal_(p, 0.02, gen)
+        elif name.endswith("bias"):
+            p.zero_()
+        else:
+            p.fill_(1.0)

@@ -1,0 +1,238 @@
+"""Knowledge distillation: the workload's model learns from a larger teacher of the same family as well as the labels.
+
+Method card
+- What: the loss of every step is (Hinton, Vinyals, Dean 2015)
+
+      alpha * T^2 * KL(softmax(t / T) || softmax(s / T)) + (1 - alpha) * base_loss
+
+  with ``s`` the student's logits (the trial's model), ``t`` the teacher's on the same batch, ``T`` the
+  ``temperature`` and ``base_loss`` the workload's own loss against the labels. The KL divergence is the mean over
+  positions (``batchmean`` over the flattened positions: a GPT's (B, T, V) logits are B*T rows of V, a classifier's
+  (B, C) are B rows), computed in float32 whatever the autocast. The ``T^2`` factor keeps the soft targets'
+  gradients the same size as T changes (at high T the gradient of ``T^2 * KL`` on a logit tends to
+  ``(s_i - t_i) / C`` per row, Hinton et al. eq. 3), so ``alpha`` weighs the two terms the same at any T.
+- The teacher: the workload's own architecture scaled up (``teacher_params``): gpt: ``d_model`` x ``width``
+  (rounded to a multiple of ``n_head``; heads, context and vocabulary unchanged), ``n_layer`` x ``depth``; cnn and
+  cnn_aug: every stage's channels x ``width``, ``blocks_per_stage`` x ``depth``; mlp: ``width`` x ``width``,
+  ``depth`` x ``depth``. It is built from a fixed seed (``TEACHER_SEED``, 20000), trained with the harness's plain loop
+  (AdamW at the size's LR and batch, the batch order of the same fixed seed) for ``teacher_steps`` x the size's
+  quality budget, evaluated once on the workload's held-out set (``teacher_eval`` in the record: a distilled
+  student can only be judged next to its teacher), and cached in the sweep's reference directory as
+  ``teacher-<key>.pt``, the key a hash of the workload, the teacher's parameters, the dataset's sha256, its steps,
+  batch, LR, seed and the scale factors. One teacher serves every trial and every seed of a sweep. Nothing is
+  downloaded.
+- In training the teacher sits beside the model on the trial's device in eval mode with ``requires_grad`` off: it is
+  not part of the model, gets no gradient and is not in the optimizer. Its logits are computed online, every step,
+  under ``no_grad``: each step pays a teacher forward on top of the student's forward and backward. They are not
+  precomputed: that needs a fixed data order (the logits of example i at its augmentation of epoch e), while the
+  trial's batch order follows its seed, ``cnn_aug`` augments each sample afresh, a curriculum reorders or cuts the
+  batches, and Beyer et al. 2022 find that the teacher should see exactly the student's view of each example.
+- When it helps: when a model of the student's size is what you must ship (latency, memory at inference) and a
+  larger model can be trained once. Distillation then buys quality at a fixed student size, or the same quality
+  from a smaller student: DistilBERT kept 97% of BERT-base's GLUE score with 40% fewer parameters and ran 60%
+  faster at inference. It does not make a training step faster: the student here is the workload's model, so the
+  interesting measurements are the final metric and the time to target at equal samples, against the baseline.
+  ``alpha=0`` is the control: the same step cost (the teacher still runs), the plain loss.
+- Costs: (1) the teacher's training, once per sweep and key. It is reported as ``teacher_train_s`` (its training
+  and its one evaluation, kept in the cache so a cache hit still reports it) and is not charged to the trial's
+  one-off cost (``probe_s``): a user who trains N students from one teacher pays ``teacher_train_s / N`` per
+  student, and the report amortises it over the trials that share the key. (2) Every step runs the teacher's
+  forward: the step time includes it, and since FLOPs per step are counted on the trial's own loop
+  (``own_flops``), they include it too, so the MFU counts the teacher's forward as useful work. (3) Memory: the
+  teacher's weights and, during its forward, its activations (no gradients, no optimizer state).
+- CPU vs GPU: on a CPU the teacher's forward (up to ``width^2 x depth`` x the student's forward FLOPs: hidden
+  matmuls grow with width squared, the input and output layers with width) adds its full time to every step, and
+  training the teacher once takes ``teacher_steps`` x the baseline's quality run times the teacher's relative
+  cost. On a GPU a small student rarely fills the device, so
+  the teacher's forward costs less than its FLOPs suggest; the published gains are inference-time gains of the
+  smaller student (DistilBERT's 60%), not training-time ones.
+- Not implemented: intermediate-layer (hint) losses (FitNets, DistilBERT's cosine loss on hidden states), a
+  pretrained or downloaded teacher, precomputed teacher logits, teachers of another family, more than one process
+  (each rank would train and write the teacher), and the Hugging Face and user workloads (their sizes cannot be
+  scaled here).
+- Measured (2-core AMD EPYC, AVX2; tiny sizes, `--preset quick`, 3 seeds; reports/example-cpu-model-techniques):
+  the teacher's forward every step cost samples/s (0.57x [0.45, 0.73] on gpt, 0.75x on cnn, 0.48x on mlp) and
+  memory (1.55x, 1.74x, 1.78x: its weights are in the breakdown). At equal samples cnn gained accuracy, +0.036
+  [+0.015, +0.058] (teacher 0.801 against the baseline student's 0.718); gpt (+0.13 val_loss) and mlp (-0.000)
+  showed no significant difference. At equal time it never paid: gpt +0.48 val_loss worse, mlp -0.098 worse, cnn
+  -0.002. The teachers (2x width) trained once in 15.7 s (gpt), 8.8 s (cnn) and 3.5 s (mlp).
+- Sources: Hinton, Vinyals, Dean, "Distilling the Knowledge in a Neural Network", 2015 (arXiv:1503.02531); Beyer,
+  Zhai, Royer, Markeeva, Anil, Kolesnikov, "Knowledge distillation: A good teacher is patient and consistent",
+  CVPR 2022 (arXiv:2106.05237); Sanh, Debut, Chaumond, Wolf, "DistilBERT, a distilled version of BERT: smaller,
+  faster, cheaper and lighter", 2019 (arXiv:1910.01108); PyTorch ``torch.nn.functional.kl_div`` (``log_target``,
+  ``reduction="batchmean"``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from bench import loop as train_loop  # a module reference: bench.loop imports this package
+from bench import workloads
+from techniques._model import n_params
+from techniques.base import Context, Kind, Phase, Probe, Technique, TrainConfig, logits_of, register
+
+TEACHER_SEED = 20_000  # the teacher's initialisation and batch order: one teacher per key, whatever the trial seed
+SUPPORTED = ("gpt", "cnn", "cnn_aug", "mlp")
+
+
+def distillation_loss(student_logits: torch.Tensor, teacher_logits: torch.Tensor, base_loss: torch.Tensor,
+                      alpha: float, temperature: float) -> torch.Tensor:
+    """``alpha * T^2 * KL(softmax(t/T) || softmax(s/T)) + (1 - alpha) * base_loss``, the KL averaged over positions
+    (the logits' last dimension is the classes; every leading dimension is flattened into positions), in float32."""
+    n_classes = student_logits.shape[-1]
+    s = student_logits.float().reshape(-1, n_classes) / temperature
+    t = teacher_logits.float().reshape(-1, n_classes) / temperature
+    kl = F.kl_div(F.log_softmax(s, dim=-1), F.log_softmax(t, dim=-1), log_target=True, reduction="batchmean")
+    return alpha * temperature**2 * kl + (1 - alpha) * base_loss
+
+
+def teacher_params(workload_name: str, params: dict[str, Any], width: float, depth: int) -> dict[str, Any]:
+    """A size's parameters scaled to the teacher's: wider by ``width``, deeper by ``depth``; data, batch, LR and
+    budget unchanged."""
+    p = dict(params)
+    if workload_name == "gpt":
+        heads = p["n_head"]
+        p["d_model"] = max(heads, round(p["d_model"] * width / heads) * heads)  # whole heads of the same count
+        p["n_layer"] = p["n_layer"] * depth
+    elif workload_name in ("cnn", "cnn_aug"):
+        p["widths"] = [int(w * width) for w in p["widths"]]
+        p["blocks_per_stage"] = p["blocks_per_stage"] * depth
+    elif workload_name == "mlp":
+        p["width"] = int(p["width"] * width)
+        p["depth"] = p["depth"] * depth
+    else:
+        raise ValueError(f"distill cannot scale workload {workload_name!r} (supported: {', '.join(SUPPORTED)})")
+    return p
+
+
+@register
+class Distill(Technique):
+    name = "distill"
+    summary = "knowledge distillation from a wider/deeper teacher of the same family, trained once and cached"
+    kind = Kind.ALGORITHMIC
+    phase = Phase.SURGERY
+    slot = "distill"
+    conflicts = frozenset({"mtp"})  # both rewrite the loss: the KD mix would scale the extra heads' losses too
+    own_flops = True  # every step runs the teacher's forward
+
+    @dataclass(frozen=True)
+    class Options:
+        alpha: float = 0.5  # weight of the soft-target term (0: the plain loss, teacher still run: the control)
+        temperature: float = 2.0  # softmax temperature of both sides of the KL term
+        width: float = 2.0  # the teacher's width factor
+        depth: int = 1  # the teacher's depth factor
+        teacher_steps: float = 2.0  # the teacher trains this multiple of the size's quality budget
+
+        def __post_init__(self) -> None:
+            if not 0.0 <= self.alpha <= 1.0:
+                raise ValueError(f"alpha must be in [0, 1], got {self.alpha}")
+            if not (math.isfinite(self.temperature) and self.temperature > 0):
+                raise ValueError(f"temperature must be a finite number > 0, got {self.temperature}")
+            if not (math.isfinite(self.width) and self.width >= 1):
+                raise ValueError(f"width must be a finite number >= 1 (the teacher's width factor), got {self.width}")
+            if not isinstance(self.depth, int) or isinstance(self.depth, bool) or self.depth < 1:
+                raise ValueError(f"depth must be an integer >= 1 (the teacher's depth factor), got {self.depth!r}")
+            if not (math.isfinite(self.teacher_steps) and self.teacher_steps > 0):
+                raise ValueError(f"teacher_steps must be a finite number > 0 (a multiple of the quality budget), "
+                                 f"got {self.teacher_steps}")
+
+    def check(self, ctx: Context) -> str | None:
+        if ctx.workload and ctx.workload not in SUPPORTED:  # no workload: a device-level listing, no refusal
+            return (f"workload '{ctx.workload}' has no size the teacher can be scaled from (supported: "
+                    f"{', '.join(SUPPORTED)})")
+        if ctx.world_size > 1:
+            return "runs on one process: each rank would train and write the teacher"
+        return None
+
+    def tune(self, cfg: TrainConfig, probe: Probe, ctx: Context) -> TrainConfig:
+        reason = self.check(ctx)
+        if reason is not None:
+            raise ValueError(reason)
+        self._teacher, self._meta = load_or_train_teacher(ctx.workload, probe, ctx, self.options)
+        return cfg
+
+    def loss(self, out: Any, batch: Any, base_loss: torch.Tensor, ctx: Context) -> torch.Tensor:
+        with torch.no_grad():
+            teacher_logits = self._teacher(batch[0])
+        return distillation_loss(logits_of(out), teacher_logits, base_loss, self.options.alpha,
+                                 self.options.temperature)
+
+    def held_tensors(self, ctx: Context) -> Iterable[torch.Tensor]:
+        teacher = getattr(self, "_teacher", None)
+        return [*teacher.parameters(), *teacher.buffers()] if teacher is not None else []
+
+    def results(self, ctx: Context) -> dict[str, Any] | None:
+        o = self.options
+        out: dict[str, Any] = {"alpha": o.alpha, "temperature": o.temperature, "width": o.width, "depth": o.depth,
+                               "teacher_steps": o.teacher_steps}
+        if hasattr(self, "_meta"):
+            out.update(self._meta)
+        return out
+
+
+def load_or_train_teacher(workload_name: str, probe: Probe, ctx: Context, options: Distill.Options
+                          ) -> tuple[nn.Module, dict[str, Any]]:
+    """The teacher (on ``probe.device``, eval mode, frozen) and what it is: from ``ctx.cache_dir`` when it holds this
+    key, else trained now (its time goes to ``probe.shared_s``) and saved there when there is a cache."""
+    student = probe.fresh(TEACHER_SEED)  # the size's parameters and the student's parameter count
+    tparams = teacher_params(workload_name, student.params, options.width, options.depth)
+    student_n = n_params(student.model)
+    del student
+    built = workloads.get(workload_name).build_from(tparams, TEACHER_SEED, probe.device)
+    if built.quality_steps <= 0:
+        raise ValueError("distill sizes the teacher's training by the workload size's quality budget "
+                         "(quality_steps), and this size has none")
+    steps = math.ceil(options.teacher_steps * built.quality_steps)
+    key = hashlib.sha256(json.dumps(
+        {"workload": workload_name, "params": tparams, "dataset": built.dataset.get("sha256"), "steps": steps,
+         "batch": built.batch_size, "lr": built.lr, "seed": TEACHER_SEED, "width": options.width,
+         "depth": options.depth, "teacher_steps": options.teacher_steps},
+        sort_keys=True, default=str).encode()).hexdigest()[:16]
+    path = ctx.cache_dir / f"teacher-{key}.pt" if ctx.cache_dir else None
+    teacher = built.model
+    if path is not None and path.exists():
+        saved = torch.load(path, map_location=probe.device, weights_only=True)
+        teacher.load_state_dict(saved["state"])
+        meta, cached = json.loads(saved["meta"]), True
+    else:
+        started = time.perf_counter()
+        loop = train_loop.plain_loop(built, built.lr, probe.device)
+        batches = built.batches(built.batch_size, TEACHER_SEED)
+        for _ in range(steps):
+            loop.step(next(batches))
+        teacher.eval()
+        with torch.no_grad():
+            evaluated = built.evaluate(teacher)
+        elapsed = time.perf_counter() - started
+        probe.shared_s += elapsed  # paid once for the sweep: not this trial's one-off cost
+        meta = {"key": key, "teacher_train_s": round(elapsed, 3), "teacher_n_params": n_params(teacher),
+                "teacher_steps_trained": steps, "teacher_batch_size": built.batch_size, "teacher_lr": built.lr,
+                "teacher_seed": TEACHER_SEED, "teacher_metric": built.metric,
+                "teacher_eval": {k: round(float(v), 6) for k, v in evaluated.items()},
+                "teacher_shape": {k: tparams[k] for k in _SHAPE_KEYS[workload_name]}}
+        cached = False
+        if path is not None:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+            state = {k: v.detach().cpu() for k, v in teacher.state_dict().items()}
+            torch.save({"state": state, "meta": json.dumps(meta)}, tmp)
+            os.replace(tmp, path)
+    teacher.eval()
+    teacher.requires_grad_(False)
+    return teacher, {**meta, "cached": cached, "student_n_params": student_n}
+
+
+_SHAPE_KEYS = {"gpt": ("n_layer", "n_head", "d_model"), "cnn": ("widths", "blocks_per_stage"),
+               "cnn_aug": ("widths", "blocks_per_stage"), "mlp": ("width", "depth")}

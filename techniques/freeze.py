@@ -1,0 +1,154 @@
+"""Layer freezing: the input layers and the first ``blocks`` blocks are not trained.
+
+Method card
+- What: the model's input layers (the direct child modules registered before its blocks, at every level of the
+  blocks' path ``ctx.blocks``: gpt ``wte`` and ``wpe``, cnn and cnn_aug ``stem``, mlp none) and the first ``k =
+  blocks`` blocks get ``requires_grad=False``. The optimizer holds only trainable parameters (``bench.loop.
+  build_optimizer``), so the frozen ones get no gradient, no AdamW state and no update, weight decay included.
+  Every parameter of the model that is the same tensor as a frozen one is frozen with it: gpt's head is tied to
+  ``wte``, so ``freeze`` on gpt also freezes the head's weight (the record's ``frozen_by_tying`` says so); only
+  ``ln_f`` and the blocks from ``k`` on stay trainable there.
+- Why it saves work: with everything before block ``k`` frozen and the inputs (token ids, images) needing no
+  gradient, no activation before block ``k`` requires grad, so autograd's backward stops at block ``k``: the frozen
+  blocks' backward is skipped entirely (input and weight gradients), block ``k``'s first layers skip their input
+  gradient, and a frozen tied head skips its weight gradient. The forward is unchanged. The step's FLOPs are counted
+  on the trial's own loop (``own_flops``). Memory falls too: no gradients and no optimizer state for the frozen
+  parameters (2 x 4 bytes each for AdamW's fp32 moments, plus 4 bytes of gradient), and the frozen blocks keep no
+  activations for a backward.
+- When it helps: fine-tuning a pretrained model (``transfer+freeze:blocks=k``): the early layers hold general
+  features (Yosinski et al. 2014) that the fine-tune task need not change, and fewer trainable parameters overfit
+  less on a small target set. Trained from scratch, freezing random early layers keeps them random: a cheaper step,
+  usually a worse model.
+- BatchNorm: frozen modules stay in training mode, as in the usual torchvision fine-tuning recipe (``model.train()``
+  on the whole model): a frozen BatchNorm normalises with the batch's statistics and keeps updating its running
+  statistics; only its affine weight and bias are frozen. (The harness switches the whole model back to training
+  mode after each evaluation, so an eval-mode "frozen BatchNorm", Detectron's ``FrozenBatchNorm2d``, would need a
+  module swap: not implemented.)
+- Order with ``transfer``: both act in phase SURGERY and either order gives the same model: ``transfer`` copies the
+  checkpoint into the existing parameters in place (``load_state_dict``), which keeps their ``requires_grad``.
+- A transform of a later phase that replaces modules with new parameters (a converter) would train what was frozen:
+  the frozen tensors are counted again when the optimizer is attached, and such a set fails with that reason.
+- Costs: fewer parameters learn, so quality per step may drop; the trade-off is the sweep's time-to-target.
+- CPU vs GPU: the saving is the skipped backward FLOPs, a fraction of the step that the record's ``flops_per_step``
+  shows; on a CPU the step time follows the FLOPs closely, on a GPU small models are launch-bound and gain less.
+- Not implemented: gradual unfreezing (ULMFiT's schedule), FreezeOut's per-layer learning-rate annealing to zero,
+  freezing parameters registered directly on the model (outside child modules).
+- Measured (2-core AMD EPYC, AVX2; tiny sizes, `--preset quick`, 3 seeds; reports/example-cpu-model-techniques):
+  after `transfer`, freezing block 0 and the input layers ran 1.33x [0.98, 1.79] (gpt) and 1.37x [1.03, 1.81]
+  (cnn) the samples/s at 0.59x / 0.58x the peak memory; on gpt it gave back most of transfer's gain (val_loss
+  -0.057 against transfer's -0.339), on cnn none (+0.043, not significant), and both reached the target first
+  (0.40 s, 0.65 s). From scratch it cost gpt everything: 1.47x [1.21, 1.79] faster but +1.35 val_loss worse, 3/3
+  missed the target (the random embedding and the tied head never train); cnn (-0.001) and mlp (-0.023, 1.14x)
+  lost nothing significant.
+- Sources: Yosinski, Clune, Bengio, Lipson, "How transferable are features in deep neural networks?", NeurIPS 2014
+  (arXiv:1411.1792); Howard & Ruder, "Universal Language Model Fine-tuning for Text Classification", ACL 2018
+  (arXiv:1801.06146; gradual unfreezing); Lee, Tang, Lin, "What Would Elsa Do? Freezing Layers During Transformer
+  Fine-Tuning", 2019 (arXiv:1911.03090; freezing up to the first 3/4 of BERT's layers kept about 90% of the
+  fine-tuned quality); Brock, Lim, Ritchie, Weston, "FreezeOut: Accelerate Training by Progressively Freezing
+  Layers", 2017 (arXiv:1706.04983; up to 20% less wall-clock on CIFAR at about 3% accuracy cost); PyTorch
+  "Finetuning Torchvision Models" tutorial (``requires_grad = False``, the optimizer given only trainable ones).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+from techniques.base import Context, Kind, Phase, Technique, model_blocks, register
+
+ADAMW_STATE_BYTES = 2 * 4  # exp_avg and exp_avg_sq, fp32, per parameter element
+
+
+def input_modules(model: nn.Module, blocks_path: str) -> list[tuple[str, nn.Module]]:
+    """(dotted name, module) of the children registered before the blocks, at each level of ``blocks_path``
+    (``transformer.h``: ``transformer``'s children before ``h``, and the model's children before ``transformer``)."""
+    found: list[tuple[str, nn.Module]] = []
+    parent, prefix = model, ""
+    for part in blocks_path.split("."):
+        for name, child in parent.named_children():
+            if name == part:
+                break
+            found.append((prefix + name, child))
+        parent, prefix = parent.get_submodule(part), f"{prefix}{part}."
+    return found
+
+
+def frozen_tensors(model: nn.Module) -> int:
+    """How many of the model's parameter tensors are frozen (``requires_grad`` off), each shared tensor once."""
+    return sum(1 for p in model.parameters() if not p.requires_grad)
+
+
+def apply_freeze(model: nn.Module, blocks_path: str, k: int) -> dict[str, Any]:
+    """Freeze the input layers and the first ``k`` blocks of ``model`` in place; returns what was frozen."""
+    blocks = model.get_submodule(blocks_path)
+    if not isinstance(blocks, nn.ModuleList | nn.Sequential):
+        raise TypeError(f"the model's blocks {blocks_path!r} are a {type(blocks).__name__}, not an nn.ModuleList")
+    if k > len(blocks):
+        raise ValueError(f"freeze:blocks={k} but the model has {len(blocks)} blocks; use 1..{len(blocks)}")
+    modules = [(n, m) for n, m in input_modules(model, blocks_path) if any(True for _ in m.parameters())]
+    modules += [(f"{blocks_path}.{i}", blocks[i]) for i in range(k)]
+    frozen: dict[int, nn.Parameter] = {}
+    for _, module in modules:
+        for p in module.parameters():
+            if p.requires_grad:
+                frozen[id(p)] = p
+    for p in frozen.values():
+        p.requires_grad_(False)
+    inside = {f"{name}.{pname}" for name, m in modules for pname, _ in m.named_parameters(remove_duplicate=False)}
+    tied = sorted(n for n, p in model.named_parameters(remove_duplicate=False) if id(p) in frozen and n not in inside)
+    unique = {id(p): p for p in model.parameters()}.values()
+    n_frozen = sum(p.numel() for p in frozen.values())
+    return {
+        "frozen_modules": [n for n, _ in modules],
+        "frozen_by_tying": tied,
+        "frozen_params": n_frozen,
+        "trainable_params": sum(p.numel() for p in unique if p.requires_grad),
+        "optimizer_state_bytes_saved": ADAMW_STATE_BYTES * n_frozen,
+        "grad_bytes_saved": sum(p.numel() * p.element_size() for p in frozen.values()),
+    }
+
+
+@register
+class Freeze(Technique):
+    name = "freeze"
+    summary = "freeze the input layers and the first k blocks (requires_grad off: no gradient, update or state)"
+    kind = Kind.ALGORITHMIC
+    phase = Phase.SURGERY
+    slot = "freeze"
+    own_flops = True  # the frozen part's backward is skipped
+
+    @dataclass(frozen=True)
+    class Options:
+        blocks: int = 1  # how many of the first blocks to freeze (with the input layers before them)
+
+        def __post_init__(self) -> None:
+            if self.blocks < 1:
+                raise ValueError(f"blocks must be >= 1 (the number of leading blocks to freeze), got {self.blocks}")
+
+    def check(self, ctx: Context) -> str | None:
+        if not ctx.has_blocks:
+            return "needs the model's blocks (an nn.ModuleList, ctx.blocks); this model has none"
+        return None
+
+    def transform_model(self, model: nn.Module, ctx: Context) -> nn.Module:
+        if model_blocks(model, ctx) is None:
+            raise ValueError("freeze needs the model's blocks (an nn.ModuleList); this model has none")
+        assert ctx.blocks is not None
+        self._found = apply_freeze(model, ctx.blocks, self.options.blocks)
+        self._model, self._n_frozen = model, frozen_tensors(model)
+        return model
+
+    def attach(self, optimizer: torch.optim.Optimizer, ctx: Context) -> None:
+        # A later transform that replaces modules with new parameters (a converter of a later phase) would train
+        # what was frozen, silently: the frozen tensors are counted again once every transform has run.
+        now = frozen_tensors(self._model) if hasattr(self, "_model") else None
+        if now is not None and now < self._n_frozen:
+            raise ValueError(f"freeze: {self._n_frozen - now} of the {self._n_frozen} frozen parameter tensors were "
+                             "replaced by a later model transform and would train; combine freeze without it")
+
+    def results(self, ctx: Context) -> dict[str, Any] | None:
+        found = getattr(self, "_found", None)
+        return {"blocks": self.options.blocks, **found} if found else None
