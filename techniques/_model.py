@@ -21,6 +21,17 @@ def torchao_missing(ctx: Context) -> str | None:
     return None if "torchao" in ctx.available_packages else TORCHAO_MISSING
 
 
+def cuda_capability_problem(device: torch.device, minimum: tuple[int, int], needs: str) -> str | None:
+    """Why ``device`` cannot run kernels that need CUDA compute capability ``minimum`` (``needs`` says what needs
+    which GPUs), or None."""
+    if device.type != "cuda":
+        return f"{needs}; this device is {device.type}"
+    major, minor = torch.cuda.get_device_capability(device)
+    if (major, minor) < minimum:
+        return f"{needs}; this device is {torch.cuda.get_device_name(device)} (compute capability {major}.{minor})"
+    return None
+
+
 def n_params(model: nn.Module) -> int:
     return sum(p.numel() for p in model.parameters())  # a tied parameter once
 

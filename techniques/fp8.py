@@ -52,7 +52,7 @@ from typing import Any, Literal
 import torch
 from torch import nn
 
-from techniques._model import shared_weights, torchao_missing
+from techniques._model import cuda_capability_problem, shared_weights, torchao_missing
 from techniques.base import Claim, Context, Kind, Phase, Technique, register
 
 _RECIPES = ("tensorwise", "rowwise")
@@ -62,13 +62,8 @@ MIN_CAPABILITY = (8, 9)
 
 def fp8_device_problem(device: torch.device) -> str | None:
     """Why ``device`` cannot run float8 matmuls, or None."""
-    why = "fp8 training needs a CUDA GPU with compute capability 8.9+ (Ada, Hopper); this device is"
-    if device.type != "cuda":
-        return f"{why} {device.type}"
-    major, minor = torch.cuda.get_device_capability(device)
-    if (major, minor) < MIN_CAPABILITY:
-        return f"{why} {torch.cuda.get_device_name(device)} (compute capability {major}.{minor})"
-    return None
+    return cuda_capability_problem(device, MIN_CAPABILITY, "fp8 training needs a CUDA GPU with compute capability "
+                                   "8.9+ (Ada, Hopper)")
 
 
 def float8_targets(model: nn.Module, recipe: str, filter: str) -> tuple[list[str], dict[str, str]]:

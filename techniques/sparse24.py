@@ -58,7 +58,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from techniques._model import shared_weights, torchao_missing
+from techniques._model import cuda_capability_problem, shared_weights, torchao_missing
 from techniques.base import Claim, Context, Kind, Phase, Technique, register
 
 _LAYERS = ("mlp", "all")
@@ -69,12 +69,10 @@ _HALF = (torch.float16, torch.bfloat16)
 
 def sparse24_device_problem(device: torch.device) -> str | None:
     """Why ``device`` cannot run torchao's 2:4 sparse training, or None."""
-    why = "2:4 sparse kernels need a CUDA GPU with compute capability 8.0+ (Ampere or newer); this device is"
-    if device.type != "cuda":
-        return f"{why} {device.type}"
-    major, minor = torch.cuda.get_device_capability(device)
-    if (major, minor) < MIN_CAPABILITY:
-        return f"{why} {torch.cuda.get_device_name(device)} (compute capability {major}.{minor})"
+    problem = cuda_capability_problem(device, MIN_CAPABILITY, "2:4 sparse kernels need a CUDA GPU with compute "
+                                      "capability 8.0+ (Ampere or newer)")
+    if problem:
+        return problem
     if not torch.backends.cusparselt.is_available():
         return "this torch build has no cuSPARSELt (torch.backends.cusparselt), which the 2:4 matmuls run on"
     return None
