@@ -358,3 +358,14 @@ def test_a_summary_without_speed_says_why():
         "speed not reported: every timed window here stayed contended (other processes used the cores; see the "
         "status column): measure again on an idle machine"]
     assert points(mode="quality", sps=None) == ["speed and memory not measured here (quality runs only: --mode quality)"]
+
+
+def test_a_ratio_beside_one_but_within_the_threshold_is_not_called_no_difference():
+    from bench import stats
+    from bench.report.content import ratio_cell
+
+    assert ratio_cell(1.28, 1.02, 1.60, stats.SAME).text == \
+        "1.28x [1.02, 1.60] not clear of the threshold (the whole interval above 1)"
+    assert ratio_cell(0.97, 0.96, 0.98, stats.SAME).text.endswith("(the whole interval below 1)")
+    assert ratio_cell(1.01, 0.90, 1.10, stats.SAME).text == "1.01x [0.90, 1.10] no significant difference"
+    assert ratio_cell(1.30, 1.10, 1.50, "faster").text == "1.30x [1.10, 1.50] faster"

@@ -166,6 +166,9 @@ def _ratio_ci(est: float, lo: float | None, hi: float | None, verdict: str | Non
         "" if f"{lo:.2f}" == f"{hi:.2f}" == f"{est:.2f}" else f" [{lo:.2f}, {hi:.2f}]")
     if verdict in (None, stats.NONE):
         return f"{est:.2f}x{ci} (no verdict: {why or 'no interval'})"
+    if verdict == stats.SAME and ci and (lo > 1 or hi < 1):  # "no difference" would misread an interval beside 1
+        side = "above" if lo > 1 else "below"
+        return f"{est:.2f}x{ci} not clear of the threshold (the whole interval {side} 1)"
     return f"{est:.2f}x{ci} {verdict}"
 
 
