@@ -8,8 +8,10 @@ fsync'd line per record (``bench.results.ResultStore``).
 
 from __future__ import annotations
 
+import io
 import os
 from pathlib import Path
+from typing import Any
 
 
 def write_atomic(path: Path | str, data: str | bytes, encoding: str = "utf-8") -> None:
@@ -28,3 +30,15 @@ def write_atomic(path: Path | str, data: str | bytes, encoding: str = "utf-8") -
 
 
 __all__ = ["write_atomic"]
+
+
+def save_torch_atomic(path: Path | str, obj: Any) -> None:
+    """``torch.save(obj)`` to ``path`` whole or not at all (a cache entry other trials may be loading), creating its
+    directory."""
+    import torch  # lazily: the reporting side of the harness imports this module without needing torch
+
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    buf = io.BytesIO()
+    torch.save(obj, buf)
+    write_atomic(path, buf.getvalue())

@@ -36,7 +36,6 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-import os
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -47,6 +46,7 @@ import torch
 import torch.nn.functional as F
 
 from bench import loop as train_loop  # a module reference: bench.loop imports this package
+from bench.files import save_torch_atomic
 from techniques.base import Context, Kind, Probe, Technique, TrainConfig, register
 
 SCORER_SEED = 10_000  # the scorer's initialisation and batch order: one scorer per workload, whatever the trial seed
@@ -175,10 +175,7 @@ def difficulty_scores(probe: Probe, cache_dir: Path | None) -> tuple[torch.Tenso
             "scorer_train_s": round(elapsed, 3), "key": key,
             "loss_quantiles": [round(float(q), 4) for q in torch.quantile(scores, torch.tensor([0.1, 0.5, 0.9]))]}
     if path is not None:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-        torch.save({"scores": scores, "meta": json.dumps(meta)}, tmp)
-        os.replace(tmp, path)
+        save_torch_atomic(path, {"scores": scores, "meta": json.dumps(meta)})
     return scores, {**meta, "cached": False}, fresh.train_data
 
 

@@ -68,7 +68,6 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-import os
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -80,6 +79,7 @@ from torch import nn
 
 from bench import loop as train_loop  # a module reference: bench.loop imports this package
 from bench import workloads
+from bench.files import save_torch_atomic
 from techniques._model import n_params
 from techniques.base import Context, Kind, Phase, Probe, Technique, TrainConfig, logits_of, register
 
@@ -224,11 +224,8 @@ def load_or_train_teacher(workload_name: str, probe: Probe, ctx: Context, option
                 "teacher_shape": {k: tparams[k] for k in _SHAPE_KEYS[workload_name]}}
         cached = False
         if path is not None:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
             state = {k: v.detach().cpu() for k, v in teacher.state_dict().items()}
-            torch.save({"state": state, "meta": json.dumps(meta)}, tmp)
-            os.replace(tmp, path)
+            save_torch_atomic(path, {"state": state, "meta": json.dumps(meta)})
     teacher.eval()
     teacher.requires_grad_(False)
     return teacher, {**meta, "cached": cached, "student_n_params": student_n}

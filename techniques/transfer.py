@@ -57,7 +57,6 @@ Method card
 from __future__ import annotations
 
 import hashlib
-import io
 import json
 import math
 import os
@@ -74,7 +73,7 @@ import torch
 from torch import nn
 
 from bench import loop as train_loop  # a module reference: bench.loop imports this package
-from bench.files import write_atomic
+from bench.files import save_torch_atomic
 from techniques.base import Context, Kind, Phase, Probe, Technique, TrainConfig, register
 
 PRETRAIN_SEED = 20_000  # the pretrained model's initialisation and batch order: one checkpoint per workload size
@@ -230,10 +229,7 @@ def pretrained(workload: str, probe: Probe, steps: float, cache_dir: Path | None
             "lr": fresh.lr, "seed": PRETRAIN_SEED, "pretrain_s": round(elapsed, 3),
             "source_first_loss": round(float(losses[0]), 4), "source_final_loss": round(last, 4)}
     if path is not None:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        buf = io.BytesIO()
-        torch.save({"state": state, "meta": json.dumps(meta)}, buf)
-        write_atomic(path, buf.getvalue())
+        save_torch_atomic(path, {"state": state, "meta": json.dumps(meta)})
     return state, {**meta, "cached": False}
 
 

@@ -42,6 +42,18 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(skip)
 
 
+@pytest.fixture
+def one_rank_group():
+    """A one-process gloo group in this process (DDP runs its reducer and hooks as with more ranks)."""
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        yield
+    finally:
+        dist.destroy_process_group()
+
+
 def run_cli(*args: str, timeout: float = 600, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
     """``python -m bench ARGS`` in a subprocess, as a user would run it."""
     return subprocess.run(

@@ -148,18 +148,6 @@ def test_fsdp_with_compile_needs_blocks():
     assert "got mixed torch.Tensor and DTensor" in fsdp_check(ctx, "zero3")
 
 
-@pytest.fixture
-def one_rank_group():
-    """A one-process gloo group in this process (DDP runs its reducer and hooks as with more ranks)."""
-    import torch.distributed as dist
-
-    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
-    try:
-        yield
-    finally:
-        dist.destroy_process_group()
-
-
 def test_ddp_bucket_view_option_reaches_ddp(one_rank_group):
     from bench.config import TechniqueSpec
 

@@ -206,16 +206,6 @@ def test_checkpointing_still_finds_the_blocks(label):
     assert all(p.grad is not None and p.grad.abs().sum() > 0 for p in mtp_params(loop.model).values())
 
 
-@pytest.fixture
-def one_rank_group():
-    import torch.distributed as dist
-
-    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
-    try:
-        yield
-    finally:
-        dist.destroy_process_group()
-
 
 def test_under_ddp_the_train_output_reaches_the_loss_hook(one_rank_group):
     loop, batches, _ = build_loop("gpt", "mtp+ddp")
