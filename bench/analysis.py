@@ -162,6 +162,7 @@ DISTRIBUTED_COLUMNS = [
 RECORD_COLUMNS = [
     "source", "machine", "key", "sweep_id", "trial_id", "timestamp_utc", "workload", "technique", "names",
     "components", "kind", "mode", "seed", "repeat", "position", "device", "status", "reason", "notes",
+    "added_by", "wall_s", "max_looks", "margin",
     "batch_size", "first_step_s", "one_off_s", "probe_s",
     "samples_per_s", "tokens_per_s", "step_time_s", "step_time_iqr_s", "window_steps", "data_wait_frac",
     "contention_frac", "contended", "contention_retries", "flops_per_step", "achieved_flops", "compute_dtype",
@@ -177,17 +178,18 @@ RECORD_COLUMNS = [
 ]
 
 
-def _record_row(r: TrialRecord, source: str, machine: str) -> dict[str, Any]:
+def _record_row(r: TrialRecord, source: str, machine: str, max_looks: int | None = None) -> dict[str, Any]:
     b, s, q, p, m = r.build, r.speed, r.quality, r.parity, r.memory
     bd = (m.breakdown if m else None) or {}
     wl = r.workload or {}
     return {
-        "source": source, "machine": machine, "key": (source, r.seed), "sweep_id": r.sweep_id,
+        "source": source, "machine": machine, "key": (source, r.seed, r.repeat), "sweep_id": r.sweep_id,
         "trial_id": r.trial_id, "timestamp_utc": r.timestamp_utc, "workload": r.workload_label,
         "technique": r.technique_label, "names": tuple(p.split(":")[0] for p in _components(r.technique_label)),
         "components": _components(r.technique_label), "kind": r.kind,
         "mode": r.mode, "seed": r.seed, "repeat": r.repeat, "position": r.position, "device": r.device,
         "status": r.status, "reason": r.reason, "notes": tuple(r.notes),
+        "added_by": r.added_by, "wall_s": r.wall_s, "max_looks": max_looks, "margin": q.margin if q else None,
         "batch_size": b.batch_size if b else wl.get("batch_size"),
         "first_step_s": b.first_step_s if b else None, "one_off_s": b.one_off_s if b else None,
         "probe_s": b.probe_s if b else None,
@@ -257,14 +259,31 @@ def _distributed_fields(world_size: int | None, speed: Any, mem: Any) -> dict[st
     }
 
 
-def records_frame(sweep: Sweep | Sequence[TrialRecord]) -> pd.DataFrame:
+def records_frame(sweep: Sweep | Sequence[TrialRecord], max_looks: int | None = None) -> pd.DataFrame:
     """One row per trial with the fields the analysis uses (see ``RECORD_COLUMNS``); missing values are None.
-    ``key`` = (sweep directory, seed): what pairs trials of different sets."""
+    ``key`` = (sweep directory, seed, repeat): what pairs trials of different sets (a planned repeat has its own
+    seed; a sequential design's speed-only pairs reuse the seeds under new repeat numbers). ``max_looks``: the cap of the sequential
+    design the records came from (a sweep's own comes from its sweep.toml)."""
     if isinstance(sweep, Sweep):
-        rows = [_record_row(r, s.name, s.machine) for s in sweep.sources for r in s.records]
+        rows = [_record_row(r, s.name, s.machine, design_cap(s.settings)) for s in sweep.sources for r in s.records]
     else:
-        rows = [_record_row(r, "", "") for r in sweep]
+        rows = [_record_row(r, "", "", max_looks) for r in sweep]
     return frame_of(rows, RECORD_COLUMNS)
+
+
+def design_cap(settings: Mapping[str, Any] | None) -> int | None:
+    """The cap of a sweep's sequential design (``max_repeats`` in sweep.toml), or None for a fixed design."""
+    cap = (settings or {}).get("max_repeats")
+    repeats = (settings or {}).get("repeats")
+    return int(cap) if isinstance(cap, int) and isinstance(repeats, int) and cap > repeats else None
+
+
+def _cap(rows: pd.DataFrame | None) -> int | None:
+    """The sequential design's cap that applies to these trials (the largest, when merged sweeps differ)."""
+    if rows is None:
+        return None
+    caps = [int(c) for c in rows["max_looks"] if _ok(c)]
+    return max(caps) if caps else None
 
 
 # ---- helpers ------------------------------------------------------------------------------------------------
@@ -284,7 +303,7 @@ def _median(series: pd.Series) -> float | None:
 
 
 def keyed(rows: pd.DataFrame | None, column: str) -> dict[Any, float]:
-    """{(source, seed): value} of the rows that have one: what the statistics engine pairs on."""
+    """{(source, seed, repeat): value} of the rows that have one: what the statistics engine pairs on."""
     if rows is None:
         return {}
     return {k: float(v) for k, v in zip(rows["key"], rows[column], strict=True) if _ok(v)}
@@ -311,11 +330,16 @@ def _estimate_cols(prefix: str, est: stats.Estimate | None, verdict: stats.Verdi
 
 
 def _compare(prefix: str, mine: Mapping[Any, float], ref: Mapping[Any, float], log: bool, threshold: float,
-             words: tuple[str, str]) -> dict[str, Any]:
+             words: tuple[str, str], max_looks: int | None = None) -> dict[str, Any]:
+    """The estimate, its verdict, and what a multiplicity correction needs (the verdict's p-value, the threshold
+    it was judged at, how many pairs would decide it)."""
     if not mine or not ref:
-        return _estimate_cols(prefix, None, None)
-    est = stats.ratio(mine, ref) if log else stats.difference(mine, ref)
-    return _estimate_cols(prefix, est, stats.verdict(est, threshold, *words))
+        return {**_estimate_cols(prefix, None, None), f"{prefix}_p": None, f"{prefix}_threshold": threshold,
+                f"{prefix}_needed": None}
+    est = stats.ratio(mine, ref, max_looks) if log else stats.difference(mine, ref)
+    v = stats.verdict(est, threshold, *words)
+    return {**_estimate_cols(prefix, est, v), f"{prefix}_p": stats.p_value(est, threshold, v.word, *words),
+            f"{prefix}_threshold": threshold, f"{prefix}_needed": v.needed}
 
 
 def _rows(frame: pd.DataFrame, mask: Sequence[bool]) -> pd.DataFrame:
@@ -381,10 +405,36 @@ def configurations(frame: pd.DataFrame, baseline: str = BASELINE, thresholds: Th
         row.update(_time_to_target(ok, ref_ok, th))
         row.update(_parity(ok))
         row.update(_phases(ok, first_device(g)))
-        row["exact_quality"] = exact_quality(row)
         row.update(_distributed(g, ok))
         rows.append(row)
+    for prefix in QUALITY_FAMILIES:
+        correct_family(rows, prefix)
+    for row in rows:
+        row["exact_quality"] = exact_quality(row)
     return frame_of(rows)
+
+
+# The quality comparisons of one report, each a family whose verdicts are corrected for their number (Holm): with
+# 30 comparisons at 5% each, one or two chance "better"/"worse" are expected without it.
+QUALITY_FAMILIES = ("delta", "delta_at_time")
+
+
+def correct_family(rows: list[dict[str, Any]], prefix: str) -> None:
+    """Holm's step-down correction over every decided verdict of ``prefix`` in ``rows`` (all sets x workloads x
+    machines of the report): a decision whose p-value does not survive becomes inconclusive, with the reason.
+    Each row records the family's size (``{prefix}_family``) and whether its decision survived."""
+    decided = [r for r in rows if r.get(f"{prefix}_verdict") not in (None, *stats.UNDECIDED)]
+    family = [r for r in rows if r.get(f"{prefix}_verdict") not in (None, stats.NONE)]
+    keep = stats.holm([r.get(f"{prefix}_p") for r in decided], m=len(family))
+    for r in rows:
+        r[f"{prefix}_family"] = len(family)
+        r[f"{prefix}_holm_dropped"] = False
+    for r, kept in zip(decided, keep, strict=True):
+        if not kept:
+            r[f"{prefix}_holm_dropped"] = True
+            r[f"{prefix}_why"] = (f"{r[f'{prefix}_verdict']} at p = {r[f'{prefix}_p']:.3f} alone, but not after "
+                                  f"Holm's correction over the {len(family)} comparisons of this report")
+            r[f"{prefix}_verdict"] = stats.INCONCLUSIVE
 
 
 def _identity(machine: str, workload: str, technique: str, g: pd.DataFrame, ok: pd.DataFrame,
@@ -441,7 +491,9 @@ def _speed(ok: pd.DataFrame, ref: pd.DataFrame | None, th: Thresholds) -> dict[s
     }
     row["noisy"] = row["sps_rel_iqr"] is not None and row["sps_rel_iqr"] > stats.NOISY_IQR_OVER_MEDIAN
     row.update(_compare("speedup", keyed(ok, "samples_per_s"), keyed(ref, "samples_per_s"), True, th.speed,
-                        ("faster", "slower")))
+                        ("faster", "slower"), _cap(ok)))
+    row["max_looks"] = _cap(ok)
+    row["n_added"] = int(sum(a == "sequential" for a in ok["added_by"]))
     return row
 
 
@@ -479,7 +531,8 @@ def with_diagnoses(configs: pd.DataFrame, machines: Mapping[str, dict[str, Any]]
         peaks = {d: (p or {}).get("flops") for d, p in (env.get("peak_flops") or {}).items()}
         same = out[(out["machine"] == c.machine) & (out["workload"] == c.workload)]
         loaders = [f"{r.technique} {r.speedup:.2f}x" for r in same.itertuples()
-                   if "loader" in r.names and _ok(r.speedup) and r.speedup_verdict in ("slower", stats.SAME)]
+                   if "loader" in r.names and _ok(r.speedup)
+                   and r.speedup_verdict in ("slower", stats.EQUIVALENT, stats.INCONCLUSIVE)]
         out.at[i, "phase_diagnosis"] = diagnose(shares, tuple(c.names), c.phase_device,
                                                 bf16_faster(peaks), ", ".join(loaders) or None)
     return out
@@ -501,7 +554,8 @@ def _memory(ok: pd.DataFrame, ref: pd.DataFrame | None, th: Thresholds) -> dict[
     if column is None:
         row.update(_estimate_cols("mem_ratio", None, None))
     else:
-        row.update(_compare("mem_ratio", keyed(ok, column), keyed(ref, column), True, th.memory, ("more", "less")))
+        row.update(_compare("mem_ratio", keyed(ok, column), keyed(ref, column), True, th.memory, ("more", "less"),
+                            _cap(ok)))
     row["mem_ratio_source"] = source
     return row
 
@@ -524,13 +578,16 @@ def _quality(ok: pd.DataFrame, ref: pd.DataFrame | None, kind: str, th: Threshol
     }
     ref_complete = _complete(ref) if ref is not None else None
     words = ("better", "worse") if hib is not False else ("worse", "better")
-    row.update(_compare("delta", keyed(complete, "final"), keyed(ref_complete, "final"), False, th.metric, words))
+    margin = next((float(m) for m in ok["margin"] if _ok(m)), None)
+    row["margin"] = margin
+    threshold = margin if margin is not None else th.metric
+    row.update(_compare("delta", keyed(complete, "final"), keyed(ref_complete, "final"), False, threshold, words))
     row.update(_curve_match(complete, ref_complete) if kind == "exact" else
                {"curve_max_rel_diff": None, "curve_pairs": 0, "curve_points": 0})
     same = (kind == "exact" and row["curve_pairs"] > 0 and row["curve_max_rel_diff"] is not None
             and row["curve_max_rel_diff"] <= EXACT_CURVE_RTOL)
     row["quality_same_exact"] = same
-    row.update(_equal_time(complete, ref_complete, words, th))
+    row.update(_equal_time(complete, ref_complete, words, threshold))
     return row
 
 
@@ -545,8 +602,9 @@ def _stopped_early(complete: pd.DataFrame) -> dict[str, Any]:
 
 EXACT_QUALITY = {
     "identical": "its eval curves match the reference's seed by seed",
-    "drift": "its first steps match the reference (parity ok) and its metric at the full budget does not differ "
-             "significantly, but its eval curves drift apart: floating-point rounding amplified over the run",
+    "drift": "its first steps match the reference (parity ok) and its metric at the full budget is equivalent or "
+             "not significantly different, but its eval curves drift apart: floating-point rounding amplified over "
+             "the run",
     "unverified drift": "its eval curves drift apart, and without parity or a verdict on its metric difference "
                         "(fewer than 3 seeds) rounding cannot be told from a real change",
     "expected mismatch": "its eval curves differ for a known reason (the parity note says which)",
@@ -569,7 +627,9 @@ def exact_quality(c: dict[str, Any]) -> str | None:
         return "bug"
     if c["delta_verdict"] in ("better", "worse"):
         return "drift changes quality"
-    if c["parity_ok"] is None or c["delta_verdict"] != stats.SAME:
+    no_change = c["delta_verdict"] == stats.EQUIVALENT or (
+        c["delta_verdict"] == stats.INCONCLUSIVE and _ok(c["delta_lo"]) and c["delta_lo"] <= 0 <= c["delta_hi"])
+    if c["parity_ok"] is None or not no_change:
         return "unverified drift"
     return "drift"
 
@@ -602,18 +662,18 @@ def metric_at_time(curve: Sequence[Sequence[Any]], seconds: float) -> float | No
     return float(reached[-1][-1]) if reached else None
 
 
-def _equal_time(mine: pd.DataFrame, ref: pd.DataFrame | None, words: tuple[str, str], th: Thresholds
+def _equal_time(mine: pd.DataFrame, ref: pd.DataFrame | None, words: tuple[str, str], threshold: float
                 ) -> dict[str, Any]:
     """The metric at equal training time: at the reference's median training clock (for sets that change how
     fast a model learns, the other half of the question)."""
     budget = _median(ref["train_time_s"]) if ref is not None and not ref.empty else None
     if budget is None or mine.empty:
-        return {"equal_time_s": None, **_estimate_cols("delta_at_time", None, None)}
+        return {"equal_time_s": None, **_compare("delta_at_time", {}, {}, False, threshold, words)}
     at = {k: metric_at_time(c, budget) for k, c in zip(mine["key"], mine["curve"], strict=True)}
     ref_at = {k: metric_at_time(c, budget) for k, c in zip(ref["key"], ref["curve"], strict=True)}
     at = {k: v for k, v in at.items() if v is not None}
     ref_at = {k: v for k, v in ref_at.items() if v is not None}
-    return {"equal_time_s": budget, **_compare("delta_at_time", at, ref_at, False, th.metric, words)}
+    return {"equal_time_s": budget, **_compare("delta_at_time", at, ref_at, False, threshold, words)}
 
 
 def _time_to_target(ok: pd.DataFrame, ref: pd.DataFrame | None, th: Thresholds) -> dict[str, Any]:
@@ -690,13 +750,16 @@ def _distributed(g: pd.DataFrame, ok: pd.DataFrame) -> dict[str, Any]:
 # ---- combined techniques ------------------------------------------------------------------------------------
 
 
+MULTIPLY = "consistent with multiplying"  # an interaction whose interval contains 1: no departure shown
+
+
 def interactions(frame: pd.DataFrame, configs: pd.DataFrame, baseline: str = BASELINE) -> pd.DataFrame:
     """For each combined set (``a+b``): the observed speedup beside the product of its parts', and the paired
     contrast log(a+b) - log(a) - log(b) + log(reference) per seed (one joint estimate, so the uncertainty of all
     four sets is counted once).
 
-    ``verdict``: "gains multiply" (the contrast's interval contains 1), "gains partly cancel" (below 1), "more than
-    multiplicative" (above 1), or "no verdict" with the reason.
+    ``verdict``: "consistent with multiplying" (the contrast's interval contains 1), "gains partly cancel" (below 1),
+    "more than multiplicative" (above 1), or "no verdict" with the reason.
     """
     rows = []
     by_key = {(r.machine, r.workload, r.technique): r for r in configs.itertuples()}
@@ -720,10 +783,10 @@ def interactions(frame: pd.DataFrame, configs: pd.DataFrame, baseline: str = BAS
         sps = {label: keyed(rows, "samples_per_s") for label, rows in here.groupby("technique")}
         terms = [(sps.get(c.technique, {}), 1.0), *((sps.get(p, {}), -1.0) for p in c.components),
                  (sps.get(baseline, {}), float(len(c.components) - 1))]
-        est = stats.contrast(terms, log=True)
+        est = stats.contrast(terms, log=True, max_looks=_cap(here))
         v = stats.verdict(est, 0.0, "more than multiplicative", "gains partly cancel")
         row.update(ratio=est.value, ratio_lo=est.lo, ratio_hi=est.hi,
-                   verdict="gains multiply" if v.word == stats.SAME else v.word, why=v.why)
+                   verdict=MULTIPLY if v.word == stats.INCONCLUSIVE else v.word, why=v.why)
         rows.append(row)
     cols = ["machine", "workload", "technique", "components", "parts", "observed", "observed_lo", "observed_hi",
             "product", "ratio", "ratio_lo", "ratio_hi", "verdict", "why"]

@@ -57,7 +57,17 @@ def _add_sweep(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--technique", action="append", metavar="PATH.py:CLASS",
                    help="your own technique class (a techniques.Technique subclass, docs/plugins.md), e.g. "
                         "my_tech.py:MyTechnique; repeatable. Then name it in --techniques")
-    p.add_argument("--repeats", type=int, help="repeats (seeds) per configuration")
+    p.add_argument("--repeats", metavar="N|auto",
+                   help="repeats (seeds) per configuration: a whole number for a fixed design, or auto (the quick and "
+                        "standard presets' default): 3 full trials, then speed-only pairs beside a baseline trial "
+                        "while a configuration's speed or memory verdict is open, under a stopping rule that keeps "
+                        "its error rate over every look (docs/methodology.md)")
+    p.add_argument("--max-repeats", type=int, metavar="N",
+                   help="a sequential design's cap: pairs per configuration at most (default with auto: 20); with "
+                        "--repeats N, a sequential design starting from N")
+    p.add_argument("--decide-within", type=float, metavar="SECONDS",
+                   help="time the sequential phase may spend, shared by the open configurations, the closest to a "
+                        "decision first (default: half the wall time of the planned trials)")
     p.add_argument("--seed", type=int, help="seed of repeat 0 (repeat r uses seed + r)")
     p.add_argument("--mode", choices=["speed", "quality", "both"],
                    help="what each trial measures: speed (timed window and memory), quality (the quality run: "
@@ -147,7 +157,7 @@ def _add_env(sub: argparse._SubParsersAction) -> None:
 def _add_compare(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "compare",
-        help="compare two sweep directories: faster / slower / no significant difference per configuration",
+        help="compare two sweep directories: faster / slower / equivalent / inconclusive per configuration",
         description="Match the trials of two sweeps by workload, technique set and options (and trials by id, so "
                     "the comparison is paired), and report per configuration throughput and peak memory as "
                     "geometric-mean ratios NEW/BASE and the metric at equal samples as a difference, each with its "
@@ -262,6 +272,8 @@ def sweep_config_from_args(args: argparse.Namespace, resume_dir: Path | None) ->
         "workloads": args.workloads,
         "techniques": args.techniques,
         "repeats": args.repeats,
+        "max_repeats": args.max_repeats,
+        "decide_within": args.decide_within,
         "seed": args.seed,
         "device": args.device,
         "threads": args.threads,

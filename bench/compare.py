@@ -6,15 +6,16 @@ the two runs of a trial made back to back. For each configuration three quantiti
 ratios through the statistics engine (``bench.stats``, the same one the report uses): a paired t interval on the
 log-ratios of matched trials, a Welch interval when the trials do not match:
 
-- throughput (``speed.samples_per_s``): faster / slower / no significant difference;
+- throughput (``speed.samples_per_s``): faster / slower / equivalent (the whole interval within the threshold) /
+  inconclusive;
 - peak memory (the tensor-level or CUDA allocator peak ``memory.peak_bytes`` when every trial on both sides has
   it, else peak RSS, and the table says which): more memory / less memory / ...;
 - final metric (``quality.final``, the metric at the full sample budget; its direction comes from the record):
   better / worse / ... It is compared only when both sides trained the same samples, and runs cut by the safety cap
   are left out.
 
-A change counts only when the whole 95% interval lies beyond ``threshold`` (default 5%), and never with fewer than
-3 matched trials (``bench.stats.verdict``). Across configurations an overall verdict compares the geometric mean
+A change counts only when the whole 95% interval lies beyond ``threshold`` (default 5%), equivalence only when it
+lies wholly inside, and there is no verdict with fewer than 3 matched trials (``bench.stats.verdict``). Across configurations an overall verdict compares the geometric mean
 of the per-configuration ratios (as pyperf summarises a suite), so a uniform slowdown too small to call in each
 configuration alone still trips the gate. The spread of each side (IQR / median of the per-trial values) is
 reported as the measured noise.
@@ -47,7 +48,6 @@ from bench.text import cell, escape
 log = logging.getLogger(__name__)
 
 DEFAULT_THRESHOLD = stats.THRESHOLDS["speed"]
-NO_CHANGE = stats.SAME
 FAIL_ON = ("slower", "more-memory", "worse-metric", "failed")
 FAIL_ON_ALIASES = {"regression": FAIL_ON}
 
@@ -95,7 +95,7 @@ class MetricComparison:
     base: dict[str, float]  # trial id -> value
     new: dict[str, float]
     estimate: Estimate | None  # NEW / BASE; None when not measured on both sides
-    verdict: str  # faster / slower / more memory / ... / no significant difference / no verdict / not comparable
+    verdict: str  # faster / slower / more memory / ... / equivalent / inconclusive / no verdict / not comparable
     why: str | None  # what stood in the way of a verdict
     regression: bool  # the verdict is the bad direction
     noise: float | None  # the larger IQR / median of the two sides (None with fewer than 2 values)

@@ -217,7 +217,10 @@ class SweepConfig:
     name: str
     workloads: tuple[WorkloadSpec, ...]
     techniques: tuple[TechniqueSet, ...]
-    repeats: int = 3
+    repeats: int = 3  # full trials per configuration (a fixed design), or the first ones of a sequential design
+    # A sequential design (``--repeats auto``): after the ``repeats`` full trials, speed-only pairs are added to the
+    # configurations whose speed or memory verdict is still open, up to ``max_repeats`` pairs each (0: fixed design).
+    max_repeats: int = 0
     seed: int = 0
     device: str = "auto"  # auto | cpu | cuda
     nproc: int = 1  # processes per node for trials of data-parallel / sharding techniques
@@ -235,6 +238,10 @@ class SweepConfig:
     # This machine's part of a sweep split over several (``--shard i/n``): whole workloads, see ``plan.shard``.
     # Not a measurement setting either: the shards of one sweep share the settings hash, so their report merges them.
     shard: tuple[int, int] | None = None
+    # The time the sequential phase may spend, in seconds, shared by all open configurations (None: half the wall
+    # time the planned trials took, so a sequential sweep takes at most about 1.5x a fixed one). Like the price, it
+    # changes no measurement, only how many are made: kept out of the settings hash.
+    decide_within: float | None = None
 
     def __post_init__(self) -> None:
         for f in dataclasses.fields(self):
@@ -244,7 +251,17 @@ class SweepConfig:
             _check_type("instance", self.instance, "str")
         cost.resolve(self.price_per_hour, self.instance, dict(self.prices))  # an unknown instance: an error now
         if self.repeats < 1:
-            raise ConfigError(f"repeats must be >= 1, got {self.repeats}")
+            raise ConfigError(f"repeats must be >= 1 or \"auto\", got {self.repeats}")
+        if self.max_repeats and (self.max_repeats < self.repeats or self.repeats < MIN_SEQUENTIAL_START):
+            raise ConfigError(f"max_repeats ({self.max_repeats}) must be at least repeats ({self.repeats}), and a "
+                              f"sequential design starts from at least {MIN_SEQUENTIAL_START} repeats (the fewest "
+                              "that give a verdict)")
+        if self.max_repeats > MAX_SEQUENTIAL_REPEATS:
+            raise ConfigError(f"max_repeats must be at most {MAX_SEQUENTIAL_REPEATS}, got {self.max_repeats}")
+        if self.decide_within is not None and not (isinstance(self.decide_within, int | float)
+                                                   and not isinstance(self.decide_within, bool)
+                                                   and math.isfinite(self.decide_within) and self.decide_within >= 0):
+            raise ConfigError(f"decide_within must be a number of seconds >= 0, got {shown(self.decide_within)}")
         cpus = os.cpu_count() or 1
         if not 0 <= self.threads <= cpus:
             raise ConfigError(f"threads must be between 0 (torch's default) and {cpus} (the logical CPUs here), "
@@ -269,6 +286,11 @@ class SweepConfig:
                 if not workloads.get(w.name).size_params(w.size).get("quality_steps"):
                     raise ConfigError(f"workload {w.label} states no quality budget (quality_steps): give --steps, "
                                       "or quality_steps in its build's result, or use --mode speed")
+
+    @property
+    def sequential(self) -> bool:
+        """Whether speed-only pairs are added while verdicts are open (``--repeats auto``)."""
+        return self.max_repeats > self.repeats and self.mode in ("speed", "both")
 
     @property
     def plugins(self) -> tuple[plugins.Plugin, ...]:
@@ -301,6 +323,7 @@ class SweepConfig:
             "workloads": [w.label for w in self.workloads],
             "techniques": [t.label for t in self.techniques],
             "repeats": self.repeats,
+            **({"max_repeats": self.max_repeats} if self.max_repeats else {}),
             "seed": self.seed,
             "device": self.device,
             "nproc": self.nproc,
@@ -331,9 +354,13 @@ class SweepConfig:
     def to_toml(self) -> str:
         # The price goes into sweep.toml (the report reads it) but not into to_dict(), whose settings a resume
         # must keep: a price changes no measurement.
-        return tomli_w.dumps({**self.to_dict(), **self._price_dict()})
+        extra = {"decide_within": self.decide_within} if self.decide_within is not None else {}
+        return tomli_w.dumps({**self.to_dict(), **self._price_dict(), **extra})
 
 
+MIN_SEQUENTIAL_START = 3  # bench.stats.MIN_REPEATS: a sequential design's first look
+DEFAULT_MAX_REPEATS = 20  # --repeats auto: pairs per configuration at most (docs/methodology.md: why 20)
+MAX_SEQUENTIAL_REPEATS = 200  # the design's levels are simulated for the cap: a larger one is a typo
 MAX_TRIALS = 10_000  # a sweep of more trials is a typo (--repeats 1000000000), not a plan: refused before planning
 
 _DEFAULT_WORKLOADS = ["mlp:tiny", "gpt:tiny", "cnn:tiny"]
@@ -348,11 +375,12 @@ PRESETS: dict[str, dict[str, Any]] = {
                    "eval_points": 2, "parity_steps": 4, "max_train_seconds": 60.0, "timeout_s": 120.0},
     },
     # The default: the core techniques on the three tiny workloads, each trained its size's documented quality
-    # budget, 3 repeats (the fewest that give a verdict). Goal: <= 10 minutes on 2 cores.
+    # budget, 3 repeats (the fewest that give a verdict), then speed-only pairs while a speed verdict is open
+    # (--repeats auto). Goal: <= 15 minutes on 2 cores.
     "quick": {
         "workloads": _DEFAULT_WORKLOADS,
         "techniques": ["baseline", "bf16", "grad_accum:steps=4", "checkpointing", "compile"],
-        "repeats": 3,
+        "repeats": "auto",
         "budget": {"warmup_steps": 3, "min_steps": 15, "min_seconds": 0.5, "max_seconds": 4.0,
                    "max_train_seconds": 120.0, "timeout_s": 300.0},
     },
@@ -360,13 +388,13 @@ PRESETS: dict[str, dict[str, Any]] = {
     "standard": {
         "workloads": ["mlp:small", "gpt:small", "cnn:small"],
         "techniques": ["baseline", "bf16", "fp16", "grad_accum:steps=4", "checkpointing", "compile", "bf16+compile"],
-        "repeats": 3,
+        "repeats": "auto",
         "budget": {"warmup_steps": 5, "min_steps": 30, "min_seconds": 3.0, "max_seconds": 30.0,
                    "max_train_seconds": 1800.0, "timeout_s": 3600.0},
     },
 }
 
-SWEEP_KEYS = ("preset", "workloads", "techniques", "repeats", "seed", "device", "nproc", "nnodes", "threads", "mode",
+SWEEP_KEYS = ("preset", "workloads", "techniques", "repeats", "max_repeats", "decide_within", "seed", "device", "nproc", "nnodes", "threads", "mode",
               "budget", "models", "blocks", "technique_plugins", "price_per_hour", "instance", "prices", "shard")
 RECORDED_KEYS = ("sources_sha256",)  # written into sweep.toml by the harness; not settings a user gives
 
@@ -424,7 +452,8 @@ def build_config(
         name=merged["name"],
         workloads=tuple(parse_workloads(_names("workloads", merged["workloads"]))),
         techniques=tuple(parse_technique_sets(_names("techniques", merged["techniques"]))),
-        repeats=merged.get("repeats", 3),
+        **_repeats(merged.get("repeats", 3), merged.get("max_repeats")),
+        decide_within=merged.get("decide_within"),
         seed=merged.get("seed", 0),
         device=merged.get("device", "auto"),
         nproc=merged.get("nproc", 1),
@@ -440,6 +469,20 @@ def build_config(
         prices=tuple(sorted(merged.get("prices", {}).items())),
         shard=parse_shard(merged["shard"]) if merged.get("shard") is not None else None,
     )
+
+
+def _repeats(repeats: Any, max_repeats: Any) -> dict[str, Any]:
+    """``repeats = "auto"`` (a sequential design from 3 repeats up to ``max_repeats``, default 10) or a whole number
+    (a fixed design, unless ``max_repeats`` is given too: then sequential from that many)."""
+    if max_repeats is not None:
+        _check_type("max_repeats", max_repeats, "int")
+    if repeats == "auto":
+        return {"repeats": MIN_SEQUENTIAL_START, "max_repeats": max_repeats or DEFAULT_MAX_REPEATS}
+    if isinstance(repeats, str) and repeats.strip().isdigit():
+        repeats = int(repeats)
+    if not isinstance(repeats, int) or isinstance(repeats, bool):
+        raise ConfigError(f"repeats must be a whole number or \"auto\", got {shown(repeats)}")
+    return {"repeats": repeats, "max_repeats": max_repeats or 0}
 
 
 def parse_shard(text: Any) -> tuple[int, int]:

@@ -245,7 +245,7 @@ def _technique_findings(c: Any, ref: Any) -> list[tuple[str, str]]:
 def _data_fix(rows: pd.DataFrame) -> str:
     """What to try for a data wait: a DataLoader with workers, unless this sweep measured one that did not help."""
     loaders = [r for r in rows.itertuples() if "loader" in r.names and r.n_ok and r.speedup is not None
-               and r.speedup_verdict in ("slower", stats.SAME)]
+               and r.speedup_verdict in ("slower", stats.EQUIVALENT, stats.INCONCLUSIVE)]
     if not loaders:
         return ("try loader:workers=2 (a DataLoader with worker processes), or cache the transformed batches, before "
                 "tuning the model")

@@ -22,6 +22,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -124,8 +125,12 @@ class TrialLauncher:
 
     def run(self, trial: Trial, env: dict) -> TrialRecord:
         """One trial's record (skipped, or measured in its own process), stamped with the sweep's settings hash."""
+        started = time.perf_counter()
         record = self._skipped(trial) if trial.skip_reason else self._launch(trial, env)
         record.config_hash = self.config_hash
+        record.added_by = trial.added_by
+        if not trial.skip_reason:
+            record.wall_s = round(time.perf_counter() - started, 3)
         return record
 
     def _peaks(self, trial: Trial, env: dict) -> tuple[dict[str, float], str | None]:
@@ -154,7 +159,7 @@ class TrialLauncher:
             peak_source=source,
             world_size=trial.world_size,
             threads=self.cfg.threads,
-            mode=self.cfg.mode,
+            mode=trial.mode or self.cfg.mode,
             position=trial.position,
             reference_dir=str(self.reference_dir),
             plugins=[p.to_dict() for p in self.cfg.plugins],
@@ -177,7 +182,7 @@ class TrialLauncher:
             status=status,
             reason=reason,
             kind=set_kind(s.resolve() for s in trial.techniques.specs).value,
-            mode=self.cfg.mode,
+            mode=trial.mode or self.cfg.mode,
             position=trial.position,
             timestamp_utc=dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
         )

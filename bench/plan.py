@@ -38,6 +38,8 @@ class Trial:
     world_size: int = 1
     skip_reason: str | None = None
     position: int = 0  # index in the run order
+    mode: str | None = None  # what this trial measures, when not the sweep's mode (speed-only sequential pairs)
+    added_by: str | None = None  # None: planned; "sequential": a speed-only pair added while a verdict was open
 
 
 def resolve_device(name: str) -> torch.device:

@@ -161,6 +161,8 @@ class QualityResult:
     time_to_target_s: float | None = doc("training clock at that evaluation")
     time_to_target_with_one_off_s: float | None = doc("time_to_target_s + build.one_off_s + build.probe_s")
     contention: Contention | None = doc("other processes' CPU time during the quality run")
+    margin: float | None = doc("the workload's equivalence margin on the metric: a difference at equal samples "
+                               "within +-margin counts as equivalent (None: no margin)", None)
     stopped_by: str | None = doc("a technique that ended the run early through its on_eval hook (early stopping): "
                                  "the run is complete at that point", None)
     tokens_trained: int | None = doc("tokens actually trained (sequence workloads: shortened sequences count as "
@@ -275,6 +277,10 @@ class TrialRecord:
                                             factory=dict)
     error: str | None = doc("traceback of a failed trial (last 4000 characters)", None)
     env_ref: str = doc("the environment file beside results.jsonl", "env.json")
+    wall_s: float | None = doc("the trial's wall time as its launcher saw it, process start to record (what a "
+                               "sequential sweep budgets with)", None)
+    added_by: str | None = doc("None for a planned trial; 'sequential': a speed-only pair added by --repeats auto "
+                               "while the configuration's speed or memory verdict was open", None)
     config_hash: str = doc("hash of the sweep settings the trial ran under (budget, mode, device, threads, processes, "
                            "seed); --resume refuses to mix records of two settings", "")
     schema_version: int = doc("2", SCHEMA_VERSION)

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from bench import nodes, sweepdir
+from bench import adaptive, nodes, sweepdir
 from bench.config import ConfigError, SweepConfig, check_shard
 from bench.files import write_atomic
 from bench.launcher import Launch, TrialLauncher
@@ -166,6 +166,29 @@ class SweepRunner:
                 finished += 1
                 if on_progress:
                     on_progress(Progress(finished, len(trials), trial, record))
+            if self.cfg.sequential:
+                self._sequential_phase(env, finished, len(trials), on_progress)
             return self.store.read()
         finally:
             self.close()
+
+    def _sequential_phase(self, env: dict, finished: int, total: int,
+                          on_progress: Callable[[Progress], None] | None) -> None:
+        """``--repeats auto``: rounds of speed-only pairs while verdicts are open (``bench.adaptive``)."""
+        if self.launch.nnodes > 1:
+            log.warning("--repeats auto adds no speed-only pairs to a multi-node sweep (its nodes would have to "
+                        "agree on every round): the planned %d repeats are the design", self.cfg.repeats)
+            return
+        records = self.store.read()
+        budget = adaptive.budget_s(self.cfg, records)
+        while True:
+            trials = adaptive.next_round(self.cfg, records, budget - adaptive.spent_s(records))
+            if not trials:
+                break
+            total += len(trials)
+            for trial, record in self.executor.run(self, trials, env):
+                self.store.append(record)
+                finished += 1
+                if on_progress:
+                    on_progress(Progress(finished, total, trial, record))
+            records = self.store.read()

@@ -16,10 +16,17 @@ independent samples of the configuration.
   simulated 3-repeat comparisons (``tests/test_stats.py`` checks both coverages). The t interval on log ratios
   (the test pyperf applies to benchmark timings) keeps its 95% at any n >= 2 when log-values are roughly normal,
   which process-to-process timing noise is.
-- **One verdict function** (``verdict``): no verdict below ``MIN_REPEATS`` (the estimate is still shown, with the
-  reason); otherwise a change counts only when the whole interval lies beyond the threshold (``lo > 1 + t`` or
-  ``hi < 1 - t`` for ratios, ``|.| > t`` for differences), so the data show a change at least that large. This
-  second guard is what keeps an A/A comparison quiet.
+- **One verdict function** (``verdict``), four answers: no verdict below ``MIN_REPEATS`` (the estimate is still
+  shown, with the reason); a change (faster/slower, better/worse, ...) only when the whole interval lies beyond the
+  threshold (``lo > 1 + t`` or ``hi < 1 - t`` for ratios, ``|.| > t`` for differences), so the data show a change at
+  least that large (this second guard is what keeps an A/A comparison quiet); **equivalent** when the whole
+  interval lies inside +-threshold (the data rule out a change that large: "bf16 is within 5% of fp32 here" is an
+  answer); **inconclusive** otherwise, with how many pairs would decide it at the spread seen.
+- **Sequential designs** (``--repeats auto``): pairs are added while a verdict is open, and the interval is then a
+  repeated confidence interval (``bench.sequential``) that keeps its coverage over every look up to the cap, so
+  looking after every pair does not inflate false verdicts.
+- **Many comparisons** (``holm``): the quality verdicts of one report are one family, corrected by Holm's step-down
+  procedure, so chance "better"/"worse" among dozens of null comparisons do not survive.
 - **Overall across configurations** (``overall``): the mean of the per-configuration log-ratios (a geometric mean of
   ratios, as pyperf summarises a suite) with a stratified standard error, so a uniform slowdown too small to call in
   any one configuration is caught across them.
@@ -35,6 +42,8 @@ from dataclasses import dataclass
 
 import numpy as np
 from scipy import stats as sps
+
+from bench import sequential
 
 CONFIDENCE = 0.95
 MIN_REPEATS = 3  # fewer values per group (or pairs): the estimate is shown, with no verdict
@@ -65,6 +74,7 @@ class Estimate:
     method: str  # how the interval was made, in words
     se: float | None = None  # standard error of the contrast (log scale for ratios)
     df: float | None = None  # its degrees of freedom
+    max_looks: int | None = None  # a sequential design's cap: the interval is a repeated one (bench.sequential)
 
     @property
     def has_interval(self) -> bool:
@@ -74,18 +84,24 @@ class Estimate:
 @dataclass(frozen=True)
 class Verdict:
     """The reading of an ``Estimate`` against a threshold: ``word`` is one of the caller's two words (e.g.
-    faster/slower), ``SAME`` or ``NONE``; ``why`` says what stood in the way of a verdict."""
+    faster/slower), ``EQUIVALENT``, ``INCONCLUSIVE`` or ``NONE``; ``why`` says what stood in the way of a decision;
+    ``needed`` is about how many pairs (or repeats) would decide an inconclusive one at the spread seen (None when
+    none would: the estimate sits on the threshold)."""
 
     word: str
     why: str | None = None
+    needed: int | None = None
 
     @property
     def decided(self) -> bool:
-        return self.word != NONE
+        """A change or equivalence: an answer a user can act on."""
+        return self.word not in (NONE, INCONCLUSIVE)
 
 
-SAME = "no significant difference"
+EQUIVALENT = "equivalent"
+INCONCLUSIVE = "inconclusive"
 NONE = "no verdict"
+UNDECIDED = (INCONCLUSIVE, NONE)
 
 
 def _keyed(values: Values) -> dict[object, float]:
@@ -97,13 +113,14 @@ def _t(df: float) -> float:
     return float(sps.t.ppf(0.5 + CONFIDENCE / 2, df)) if df > 0 else math.inf
 
 
-def contrast(terms: Sequence[tuple[Values, float]], log: bool) -> Estimate:
+def contrast(terms: Sequence[tuple[Values, float]], log: bool, max_looks: int | None = None) -> Estimate:
     """sum(coef * mean(group)) over ``terms`` = [(values, coef), ...], with a t interval.
 
     ``values`` are a mapping key -> value (keys pair groups: seed, trial id) or a plain sequence (never paired).
     Paired when every group is a mapping and they share at least two keys; then the contrast is formed per shared
     key (a key missing from one group, e.g. a failed trial, drops out of all). Non-finite and None values are
-    dropped; with ``log`` non-positive values are an error.
+    dropped; with ``log`` non-positive values are an error. ``max_looks``: the pairs come from a sequential design
+    with that cap, so a paired interval is the design's repeated interval (``bench.sequential``), not a fixed-n t.
     """
     groups = [(_keyed(v), float(c), isinstance(v, Mapping)) for v, c in terms]
     if any(not g for g, _, _ in groups):
@@ -119,9 +136,12 @@ def contrast(terms: Sequence[tuple[Values, float]], log: bool) -> Estimate:
         n = len(per_key)
         mean = float(per_key.mean())
         se = float(per_key.std(ddof=1) / math.sqrt(n))
-        half = _t(n - 1) * se
-        return Estimate(out(mean), out(mean - half), out(mean + half), n, True, log, f"paired t over {n} pairs",
-                        se, n - 1)
+        if max_looks is not None and max_looks > sequential.MIN_LOOK:
+            half = sequential.multiplier(n, max_looks, CONFIDENCE) * se
+            method = f"repeated interval over {n} pairs (sequential design, up to {max(max_looks, n)} pairs)"
+        else:
+            half, method = _t(n - 1) * se, f"paired t over {n} pairs"
+        return Estimate(out(mean), out(mean - half), out(mean + half), n, True, log, method, se, n - 1, max_looks)
     # Independent groups: the variances of the group means add; Welch-Satterthwaite degrees of freedom.
     arrays = [(np.array([tr(x) for x in g.values()]), c) for g, c, _ in groups]
     mean = float(sum(c * a.mean() for a, c in arrays))
@@ -138,9 +158,9 @@ def contrast(terms: Sequence[tuple[Values, float]], log: bool) -> Estimate:
                     math.sqrt(var), df)
 
 
-def ratio(new: Values, base: Values) -> Estimate:
+def ratio(new: Values, base: Values, max_looks: int | None = None) -> Estimate:
     """Geometric-mean ratio NEW / BASE with its interval (paired by key when both share the same keys)."""
-    return contrast([(new, 1.0), (base, -1.0)], log=True)
+    return contrast([(new, 1.0), (base, -1.0)], log=True, max_looks=max_looks)
 
 
 def difference(new: Values, base: Values) -> Estimate:
@@ -151,8 +171,9 @@ def difference(new: Values, base: Values) -> Estimate:
 def verdict(est: Estimate, threshold: float, higher: str = "higher", lower: str = "lower",
             min_repeats: int = MIN_REPEATS) -> Verdict:
     """The only verdict rule. ``higher``/``lower`` when the whole interval lies beyond ``threshold`` (ratios:
-    above ``1 + threshold`` / below ``1 - threshold``; differences: beyond +-threshold); ``SAME`` otherwise; ``NONE``
-    below ``min_repeats`` values (or pairs) or without an interval, with the reason in ``why``."""
+    above ``1 + threshold`` / below ``1 - threshold``; differences: beyond +-threshold); ``EQUIVALENT`` when it lies
+    wholly inside (at threshold 0 only a point at "no change": identical values); ``INCONCLUSIVE`` otherwise;
+    ``NONE`` below ``min_repeats`` values (or pairs) or without an interval. ``why`` gives the reason for the last two."""
     if est.value is None:
         return Verdict(NONE, est.method)
     if est.n < min_repeats:
@@ -165,7 +186,71 @@ def verdict(est: Estimate, threshold: float, higher: str = "higher", lower: str 
         return Verdict(higher)
     if est.hi < down:
         return Verdict(lower)
-    return Verdict(SAME)
+    if down <= est.lo and est.hi <= up:  # at threshold 0: only an interval that is the single point "no change"
+        return Verdict(EQUIVALENT)
+    return _inconclusive(est, threshold)
+
+
+def _inconclusive(est: Estimate, threshold: float) -> Verdict:
+    """Why an interval decides nothing, and about how many pairs (or repeats) would decide it at this spread."""
+    tr = math.log if est.log else (lambda x: x)
+    centre = tr(est.value)
+    bound = math.log(1.0 + threshold) if est.log else threshold
+    if est.log and centre < 0:
+        bound = -math.log(1.0 - threshold)  # the lower threshold, 1 - t, is a little farther away on a log scale
+    band = f"+-{threshold:.0%}" if est.log else f"+-{threshold:g}"
+    wanted = abs(abs(centre) - bound)
+    sd = est.se * math.sqrt(est.n) if est.se is not None else math.inf
+    needed = sequential.pairs_needed(est.n, sd, wanted, est.max_looks) if wanted > 1e-12 else None
+    unit = "pairs" if est.paired else "repeats"
+    if threshold <= 0:
+        why = "its interval includes zero"
+    elif abs(centre) > bound:
+        why = f"its interval reaches inside the {band} threshold"
+    else:
+        why = f"its interval reaches beyond the {band} threshold"
+    more = (f"; about {needed} {unit} would decide it at this spread" if needed is not None else
+            "; the estimate sits on the threshold, so more repeats may not decide it")
+    return Verdict(INCONCLUSIVE, why + more, needed)
+
+
+def p_value(est: Estimate, threshold: float, word: str, higher: str, lower: str) -> float | None:
+    """The p-value of the decision ``word`` (the verdict's own hypothesis test), for a multiplicity correction.
+
+    A change ``higher`` tests H0: effect <= +threshold (one-sided t on the contrast); ``lower`` the mirror;
+    ``EQUIVALENT`` is two one-sided tests (TOST: the larger of the two p-values). Doubled throughout, so that p < 0.05
+    exactly when the verdict's 95% interval decides. None without a standard error (no spread: the decision is exact) or for no decision.
+    """
+    if est.se is None or est.df is None or est.value is None:
+        return None
+    if est.se == 0:
+        return 0.0
+    centre = math.log(est.value) if est.log else est.value
+    up = math.log(1.0 + threshold) if est.log else threshold
+    down = math.log(1.0 - threshold) if est.log and threshold < 1 else -threshold
+    df = est.df if math.isfinite(est.df) else 1e9
+    if word == higher:
+        return min(1.0, 2 * float(sps.t.sf((centre - up) / est.se, df)))
+    if word == lower:
+        return min(1.0, 2 * float(sps.t.cdf((centre - down) / est.se, df)))
+    if word == EQUIVALENT:
+        return min(1.0, 2 * max(float(sps.t.sf((centre - down) / est.se, df)),
+                                float(sps.t.cdf((centre - up) / est.se, df))))
+    return None
+
+
+def holm(p_values: Sequence[float | None], alpha: float = 1.0 - CONFIDENCE, m: int | None = None) -> list[bool]:
+    """Holm's step-down procedure over a family: which of the p-values (None: an exact decision that needs no test)
+    keep their decision at family-wise level ``alpha``. ``m``: the family's size, when it holds more comparisons than
+    the decided ones given here (an undecided comparison's p-value is above every decided one's, so it comes last in
+    the step-down order and needs no number)."""
+    tested = sorted((p, i) for i, p in enumerate(p_values) if p is not None)
+    keep = [True] * len(p_values)
+    m, failed = max(m or 0, len(tested)), False
+    for rank, (p, i) in enumerate(tested):
+        failed = failed or p > alpha / (m - rank)
+        keep[i] = not failed
+    return keep
 
 
 # ---- across configurations ----------------------------------------------------------------------------------

@@ -47,13 +47,12 @@ def _ok(v: Any) -> bool:
 
 
 def ratio_text(est: float | None, verdict: str | None) -> str:
-    """``1.20x faster``; ``0.97x`` (no significant difference); ``0.85x?`` (no verdict)."""
+    """``1.20x faster``, ``0.99x equivalent``, ``1.03x inconclusive``, ``0.85x (no verdict)``: every number with
+    its verdict word, so an estimate is never read as a finding."""
     if not _ok(est):
         return "-"
     if verdict in (None, stats.NONE):
-        return f"{est:.2f}x?"
-    if verdict == stats.SAME:
-        return f"{est:.2f}x"
+        return f"{est:.2f}x (no verdict)"
     return f"{est:.2f}x {verdict}"
 
 
@@ -71,11 +70,7 @@ def quality_text(c: Any) -> str:
         return f"same (exact; curves drift {c.curve_max_rel_diff:.0%} by rounding)"
     if c.delta is None:
         return f"{c.metric} {c.final_mean:.4g}"
-    text = f"{c.delta:+.4f}"
-    if c.delta_verdict in (None, stats.NONE):
-        text += "?"
-    else:
-        text += "" if c.delta_verdict == stats.SAME else f" {c.delta_verdict}"
+    text = f"{c.delta:+.4f} {c.delta_verdict or stats.NONE}"
     return text + (f" at stop ({c.n_stopped}/{c.n_final} stopped)" if c.n_stopped else "")
 
 
@@ -182,7 +177,7 @@ LEGEND = ("Speedup and memory ratio: geometric mean over seeds of each trial's r
 
 def cost_lines(rows: list[SummaryRow], price_per_hour: float | None = None) -> list[str]:
     """One line per workload with a speed measurement: the set that trains a million samples cheapest, named only
-    when its speedup over the reference is significant ("faster"); otherwise "no significant saving". At one price
+    when its speedup over the reference is significant ("faster"); otherwise "no saving shown". At one price
     per machine-hour for every set, the cheapest per sample is the one with the most samples/s, so the relative
     cost (1/speedup) holds at any price; with ``price_per_hour`` the amounts are added (``bench.cost``)."""
     out = []
@@ -194,7 +189,7 @@ def cost_lines(rows: list[SummaryRow], price_per_hour: float | None = None) -> l
         faster = [r for r in mine if not r.is_reference and r.speedup_verdict == "faster" and _ok(r.samples_per_s)
                   and _ok(r.speedup_value)]
         if not faster:
-            out.append(f"{workload}: no significant saving (no set's speedup over {ref.techniques} cleared the "
+            out.append(f"{workload}: no saving shown (no set's speedup over {ref.techniques} cleared the "
                        f"{stats.THRESHOLDS['speed']:.0%} threshold with 95% confidence)")
             continue
         best = max(faster, key=lambda r: r.samples_per_s)

@@ -462,7 +462,7 @@ def _quality_result(session: Session, plan: QualityPlan, curve: list[list[Any]],
     hit = next((p for p in curve[1:] if target is not None and p[4] is not None and
                 (p[4] >= target if built.higher_is_better else p[4] <= target)), None)
     return QualityResult(
-        metric=built.metric, higher_is_better=built.higher_is_better, target=target,
+        metric=built.metric, higher_is_better=built.higher_is_better, target=target, margin=built.margin,
         budget_samples=plan.budget_samples, budget_steps=plan.steps,
         samples_trained=steps * session.cfg.batch_size, steps_trained=steps,
         train_time_s=curve[-1][2], cut=cut, stopped_by=stopped,

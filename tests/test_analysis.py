@@ -33,7 +33,7 @@ def test_records_frame_has_one_row_per_trial_and_none_for_missing_values():
     assert list(frame.columns) == analysis.RECORD_COLUMNS
     first, second = frame.iloc[0], frame.iloc[1]
     assert first["workload"] == "mlp:tiny" and first["samples_per_s"] == 100.0 and first["peak_bytes"] == 10
-    assert first["components"] == () and first["peak_rss_bytes"] is None and first["key"] == ("", 0)
+    assert first["components"] == () and first["peak_rss_bytes"] is None and first["key"] == ("", 0, 0)
     assert second["components"] == ("bf16", "grad_accum:steps=4") and second["names"] == ("bf16", "grad_accum")
     assert second["status"] == "failed" and second["reason"] == "boom" and second["samples_per_s"] is None
 
@@ -55,9 +55,12 @@ def test_speedup_is_paired_by_seed_with_a_t_interval():
     assert welch.low < 0
 
 
-def test_a_small_or_uncertain_change_has_no_significant_difference():
-    records = runs("baseline", [100, 101, 99]) + runs("bf16", [101, 103, 100])  # +1.3%, below the 5% threshold
-    assert configs_of(records).loc["bf16", "speedup_verdict"] == stats.SAME
+def test_a_small_change_is_equivalent_and_an_uncertain_one_inconclusive():
+    records = runs("baseline", [100, 101, 99]) + runs("bf16", [101, 103, 100])  # +1.3%, the pairs agree
+    c = configs_of(records).loc["bf16"]
+    assert c["speedup_verdict"] == stats.EQUIVALENT and 0.95 < c["speedup_lo"] and c["speedup_hi"] < 1.05
+    records = runs("baseline", [100, 101, 99]) + runs("bf16", [101, 115, 92])  # the pairs disagree
+    assert configs_of(records).loc["bf16", "speedup_verdict"] == stats.INCONCLUSIVE
 
 
 def test_no_speed_verdict_below_three_repeats():
@@ -98,7 +101,7 @@ def test_memory_ratio_uses_tensor_peaks_else_rss_and_ignores_sub_percent_changes
     assert c.loc["compile", "mem_ratio_verdict"] == "more"
     assert c.loc["grad_accum", "mem_ratio"] == pytest.approx(9.95)
     records[-3:] = [record("grad_accum", seed=i, peak=100.5, rss=1000) for i in range(3)]
-    assert configs_of(records).loc["grad_accum", "mem_ratio_verdict"] == stats.SAME
+    assert configs_of(records).loc["grad_accum", "mem_ratio_verdict"] == stats.EQUIVALENT  # 0.5% < 1%
 
 
 # ---- quality at equal samples -------------------------------------------------------------------------------
@@ -276,7 +279,7 @@ def test_interactions_are_one_paired_contrast_per_seed():
     inter = analysis.interactions(analysis.records_frame(records), configs).set_index("technique")
     ab = inter.loc["a+b"]
     assert ab["parts"] == [pytest.approx(2.0), pytest.approx(1.5)] and ab["product"] == pytest.approx(3.0)
-    assert ab["ratio"] == pytest.approx(1.0) and ab["verdict"] == "gains multiply"
+    assert ab["ratio"] == pytest.approx(1.0) and ab["verdict"] == analysis.MULTIPLY
     assert inter.loc["a+c", "verdict"] == stats.NONE and inter.loc["a+c", "why"] == "c has no speedup measured"
     records[9:12] = runs("a+b", [200, 221, 179])  # about 2.0x < 3.0x in every seed
     configs = configs_of(records).reset_index(drop=True)

@@ -40,20 +40,20 @@ def test_a_twenty_percent_slowdown_is_flagged_with_exact_figures():
     assert row.regressions() == {"slower"}
 
 
-def test_an_identical_pair_is_no_significant_change():
+def test_an_identical_pair_is_equivalent():
     comp = compare.compare_dirs(BASE, BASE)
-    assert comp.rows and all(q.verdict == stats.SAME for r in comp.rows for q in r.quantities)
+    assert comp.rows and all(q.verdict == stats.EQUIVALENT for r in comp.rows for q in r.quantities)
     assert comp.failing(compare.FAIL_ON) == []
-    assert all(o.verdict == stats.SAME for o in comp.overall)
+    assert all(o.verdict == stats.EQUIVALENT for o in comp.overall)
     row = rows_by_label(compare.compare_dirs(BASE, NEW))["mlp:tiny baseline"]
-    assert row.throughput.estimate.value == 1.0 and row.throughput.verdict == stats.SAME
+    assert row.throughput.estimate.value == 1.0 and row.throughput.verdict == stats.EQUIVALENT
 
 
-def test_a_change_inside_the_threshold_is_no_significant_change():
+def test_a_change_inside_the_threshold_is_equivalent():
     row = rows_by_label(compare.compare_dirs(BASE, NEW))["mlp:tiny bf16"]
     est = row.throughput.estimate
     assert est.value == pytest.approx(1.03) and est.lo > 1.0  # the interval excludes 1 ...
-    assert row.throughput.verdict == stats.SAME  # ... but 3% < the 5% default threshold
+    assert row.throughput.verdict == stats.EQUIVALENT  # ... and lies wholly inside the 5% default threshold
     two = rows_by_label(compare.compare_dirs(BASE, NEW, threshold=0.02))["mlp:tiny bf16"]
     assert two.throughput.verdict == "faster" and not two.throughput.regression  # 1.03 in every pair clears 2%
 
@@ -68,7 +68,7 @@ def test_a_change_whose_interval_reaches_inside_the_threshold_is_not_flagged():
     ci = sps.ttest_1samp(logs, 0.0).confidence_interval(0.95)
     assert q.estimate.value == pytest.approx(math.exp(logs.mean()))
     assert (q.estimate.lo, q.estimate.hi) == (pytest.approx(math.exp(ci.low)), pytest.approx(math.exp(ci.high)))
-    assert q.estimate.hi > 0.95 and q.verdict == stats.SAME and not q.regression
+    assert q.estimate.hi > 0.95 and q.verdict == stats.INCONCLUSIVE and not q.regression
     assert q.noise == pytest.approx(17 / 80)  # reported: NEW's IQR / median
     clear = [record(repeat=r, sps=s) for r, s in enumerate([79, 83, 77])]
     assert compare.compare_records(base, clear)[0][0].throughput.verdict == "slower"
@@ -101,7 +101,7 @@ def test_compare_judges_the_metric_as_the_report_does():
 
 def test_memory_and_metric_verdicts_follow_their_direction():
     row = rows_by_label(compare.compare_dirs(BASE, NEW))["gpt:tiny bf16"]
-    assert row.throughput.verdict == stats.SAME
+    assert row.throughput.verdict == stats.EQUIVALENT
     assert row.memory.verdict == "more memory" and row.memory.unit == "bytes, tensor peak"
     assert row.memory.estimate.value == pytest.approx(1.3)
     assert row.metric.verdict == "worse"  # val_loss went up 10%: lower is better
@@ -170,7 +170,7 @@ def test_memory_falls_back_to_rss_when_a_side_has_no_tensor_peak():
     base = [record(repeat=r, peak=None, rss=r + 5000) for r in range(3)]
     new = [record(repeat=r, rss=r + 5000) for r in range(3)]
     rows, _, _ = compare.compare_records(base, new)
-    assert rows[0].memory.unit == "bytes, peak RSS" and rows[0].memory.verdict == stats.SAME
+    assert rows[0].memory.unit == "bytes, peak RSS" and rows[0].memory.verdict == stats.EQUIVALENT
 
 
 def test_fewer_than_three_trials_give_no_verdict_and_never_a_regression():

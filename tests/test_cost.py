@@ -199,9 +199,9 @@ def test_report_cost_interval_and_no_significant_saving(tmp_path):
     records = _records(bf16_sps=(102.0, 105.0, 103.0))
     text = _report([_sweep(tmp_path / "s", records)], price=cost.resolve(10.0, None))
     row = next(line for line in text.splitlines() if line.startswith("| mlp:tiny | bf16 | 1 |"))
-    assert "no significant saving (" in row
+    assert "no saving shown: the speedup is inconclusive (" in row
     lo, hi = (float(v.replace(",", "")) for v in row.split("[")[1].split("]")[0].split(", "))
-    saved = float(row.split("no significant saving (")[1].split(" [")[0])
+    saved = float(row.split("no saving shown: the speedup is inconclusive (")[1].split(" [")[0])
     assert lo < saved < hi  # the interval's endpoints, mapped through 1000 x 10 x (1 - 1/s)
     s = (102 * 105 * 103 / 100**3) ** (1 / 3)  # the geometric mean of the paired ratios
     assert saved == pytest.approx(10_000 * (1 - 1 / s), abs=0.5)
@@ -241,7 +241,7 @@ def test_summary_names_the_cheapest_set_only_when_significant():
                                         "0.50x its cost per sample at any price)"]
     assert "- mlp:tiny: cheapest per million samples: bf16" in summary.to_markdown(rows)
     within = summary.summarize(_records(bf16_sps=(102.0, 105.0, 103.0)))
-    assert summary.cost_lines(within, 2.5) == ["mlp:tiny: no significant saving (no set's speedup over baseline "
+    assert summary.cost_lines(within, 2.5) == ["mlp:tiny: no saving shown (no set's speedup over baseline "
                                                "cleared the 5% threshold with 95% confidence)"]
 
 

@@ -79,7 +79,7 @@ def test_report_says_what_the_fixture_holds(rendered):
     assert "bf16 on gpt:tiny: 1 of 3 timed windows were contended (left out of its speed numbers)" in text
     # two seeds left after the gpt failure and bf16's contended window: an estimate, no verdict
     assert "| 1.24x | 1.20x | 0.98 [0.33, 2.90] | no verdict (2 repeats: a verdict needs 3) |" in text
-    assert "| 1.33x | 1.30x | 0.98 [0.91, 1.06] | gains multiply |" in text
+    assert "| 1.33x | 1.30x | 0.98 [0.91, 1.06] | consistent with multiplying |" in text
     assert "| bf16 | mlp:tiny | speedup 1.5-2x on NVIDIA V100/A100" in text and "within the claim" in text
     assert "python -m bench sweep --workloads mlp,gpt" in text
 
@@ -115,14 +115,14 @@ def test_summary_rows_come_from_the_analysis():
     by = {(r.workload, r.techniques): r for r in rows}
     bf = by[("mlp:tiny", "bf16")]
     assert (bf.n_ok, bf.n_total, bf.samples_per_s, bf.speedup) == (3, 3, 1900.0, "1.90x faster")
-    assert (bf.memory_ratio, bf.parity, bf.quality) == ("0.76x less", "ok", "+0.0033")
+    assert (bf.memory_ratio, bf.parity, bf.quality) == ("0.76x less", "ok", "+0.0033 inconclusive")
     assert by[("mlp:tiny", "grad_accum:steps=4")].quality == "same (exact: curves match)"
     assert by[("mlp:tiny", "baseline")].speedup == "1 (reference)"
     assert by[("mlp:tiny", "checkpointing")].note.startswith("skipped: checkpointing: workload 'mlp'")
     assert by[("gpt:tiny", "bf16")].note == ("1 timed window(s) shared the CPU with other processes (left out of the "
                                              "speed numbers); no verdict: 2 pairs: a verdict needs 3")
     combo = by[("gpt:tiny", "bf16+grad_accum:steps=4")]
-    assert combo.speedup == "1.20x?" and "no verdict: 2 pairs: a verdict needs 3" in combo.note
+    assert combo.speedup == "1.20x (no verdict)" and "no verdict: 2 pairs: a verdict needs 3" in combo.note
     md = summary.to_markdown(rows)
     assert "| mlp:tiny | bf16 | 3/3 | 1,900 | 1.90x faster |" in md
     assert summary.summarize([]) == []
@@ -358,14 +358,16 @@ def test_a_summary_without_speed_says_why():
         "speed not reported: every timed window here stayed contended (other processes used the cores; see the "
         "status column): measure again on an idle machine"]
     assert points(mode="quality", sps=None) == ["speed and memory not measured here (quality runs only: --mode quality)"]
+    assert points(status="skipped", reason="needs CUDA") == [
+        "nothing measured here: no trial of this workload finished ok (the status column says why)"]
 
 
-def test_a_ratio_beside_one_but_within_the_threshold_is_not_called_no_difference():
+def test_a_ratio_beside_one_but_not_clear_of_the_threshold_says_which_side_it_is_on():
     from bench import stats
     from bench.report.content import ratio_cell
 
-    assert ratio_cell(1.28, 1.02, 1.60, stats.SAME).text == \
-        "1.28x [1.02, 1.60] not clear of the threshold (the whole interval above 1)"
-    assert ratio_cell(0.97, 0.96, 0.98, stats.SAME).text.endswith("(the whole interval below 1)")
-    assert ratio_cell(1.01, 0.90, 1.10, stats.SAME).text == "1.01x [0.90, 1.10] no significant difference"
+    assert ratio_cell(1.28, 1.02, 1.60, stats.INCONCLUSIVE).text == \
+        "1.28x [1.02, 1.60] inconclusive (the whole interval above 1, not clear of the threshold)"
+    assert ratio_cell(0.97, 0.96, 0.98, stats.EQUIVALENT).text == "0.97x [0.96, 0.98] equivalent"
+    assert ratio_cell(1.01, 0.90, 1.10, stats.INCONCLUSIVE).text == "1.01x [0.90, 1.10] inconclusive"
     assert ratio_cell(1.30, 1.10, 1.50, "faster").text == "1.30x [1.10, 1.50] faster"

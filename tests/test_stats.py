@@ -9,7 +9,7 @@ import pytest
 from scipy import stats as sps
 
 from bench import stats
-from bench.stats import NONE, SAME, contrast, difference, overall, ratio, verdict
+from bench.stats import EQUIVALENT, INCONCLUSIVE, NONE, contrast, difference, overall, ratio, verdict
 
 
 def test_paired_difference_matches_scipy_ttest_rel():
@@ -38,8 +38,8 @@ def test_pairs_use_the_shared_keys_only():
 
 
 def test_a_change_must_clear_the_threshold_with_its_whole_interval():
-    est = stats.Estimate(1.03, 1.01, 1.05, 5, True, True, "hand-made")
-    assert verdict(est, 0.05).word == SAME  # excludes 1, but a 3% change is below a 5% threshold
+    est = stats.Estimate(1.03, 1.01, 1.06, 5, True, True, "hand-made")
+    assert verdict(est, 0.05).word == INCONCLUSIVE  # excludes 1, but reaches the 5% threshold: neither answer
     assert verdict(est, 0.0).word == "higher"
     assert verdict(stats.Estimate(0.8, 0.7, 0.9, 3, True, True, "x"), 0.05, "faster", "slower").word == "slower"
     assert verdict(stats.Estimate(-0.02, -0.03, -0.01, 3, True, False, "x"), 0.0, "better", "worse").word == "worse"
@@ -84,7 +84,7 @@ def test_a_uniform_slowdown_is_caught_overall_though_no_configuration_alone_is()
     assert verdict(est, 0.05, "faster", "slower").word == "slower"
     same = [(b, dict(b)) for _, b in configs]  # identical records on both sides
     est = overall(same)
-    assert est.value == pytest.approx(1.0) and verdict(est, 0.05, "faster", "slower").word == SAME
+    assert est.value == pytest.approx(1.0) and verdict(est, 0.05, "faster", "slower").word == EQUIVALENT
 
 
 def test_overall_with_one_repeat_per_configuration_uses_the_configurations_as_the_sample():
@@ -138,3 +138,83 @@ def test_the_report_and_compare_read_their_verdicts_from_this_one_function(monke
     assert configs.loc["bf16", "speedup_verdict"] == "sentinel"
     rows, _, _ = compare.compare_records(base, [record(seed=i, sps=50.0 + i, final=0.8) for i in range(3)])
     assert rows[0].throughput.verdict == "sentinel" and rows[0].metric.verdict == "sentinel"
+
+
+def test_equivalent_when_the_whole_interval_lies_inside_the_threshold_and_never_at_threshold_zero():
+    est = stats.Estimate(0.97, 0.96, 0.99, 3, True, True, "hand-made")  # the Intel machine's compile cell
+    assert verdict(est, 0.05, "faster", "slower").word == EQUIVALENT
+    assert verdict(est, 0.0, "faster", "slower").word == "slower"  # at threshold 0 the same interval is a change
+    diff = stats.Estimate(0.002, -0.004, 0.008, 3, True, False, "hand-made")
+    assert verdict(diff, 0.01, "better", "worse").word == EQUIVALENT
+    assert verdict(diff, 0.0, "better", "worse").word == INCONCLUSIVE  # no margin: never equivalent
+
+
+def test_an_inconclusive_verdict_says_how_many_pairs_would_decide_it():
+    # 1.10x with a half-width of 0.10 on the log scale at 3 pairs: to clear 1.05 it must shrink to ~0.046
+    est = stats.Estimate(1.10, 1.10 * math.exp(-0.10), 1.10 * math.exp(0.10), 3, True, True, "hand-made")
+    v = verdict(est, 0.05, "faster", "slower")
+    assert v.word == INCONCLUSIVE and not v.decided
+    assert v.needed is None  # no standard error in a hand-made estimate: the spread is unknown
+    est = stats.Estimate(1.10, 1.10 * math.exp(-0.10), 1.10 * math.exp(0.10), 3, True, True, "hand-made",
+                         se=0.10 / sps.t.ppf(0.975, 2), df=2)
+    v = verdict(est, 0.05, "faster", "slower")
+    want = math.log(1.10) - math.log(1.05)
+    sd = est.se * math.sqrt(3)
+    assert sps.t.ppf(0.975, v.needed - 1) * sd / math.sqrt(v.needed) <= want
+    assert f"about {v.needed} pairs" in v.why and "inside the +-5% threshold" in v.why
+    on_edge = stats.Estimate(1.05, 1.0, 1.1025, 3, True, True, "hand-made")
+    assert verdict(on_edge, 0.05).needed is None and "sits on the threshold" in verdict(on_edge, 0.05).why
+
+
+def test_p_values_agree_with_the_interval_the_verdict_was_read_from():
+    rng = np.random.default_rng(3)
+    for _ in range(200):
+        base = {s: 100.0 * math.exp(rng.normal(0, 0.05)) for s in range(4)}
+        new = {s: base[s] * math.exp(rng.normal(rng.uniform(-0.15, 0.15), 0.03)) for s in range(4)}
+        est = ratio(new, base)
+        v = verdict(est, 0.05, "faster", "slower")
+        p = stats.p_value(est, 0.05, v.word, "faster", "slower")
+        if v.decided:
+            assert p < 0.05 + 1e-9
+        else:
+            assert p is None
+
+
+def test_holm_keeps_strong_decisions_and_drops_the_weak_ones_of_a_large_family():
+    assert stats.holm([0.001, 0.04]) == [True, True]  # 0.001 <= 0.05/2, then 0.04 <= 0.05/1
+    assert stats.holm([0.001, 0.04, None], m=3) == [True, False, True]  # 0.04 > 0.05/2; None: an exact decision
+    assert stats.holm([0.01, 0.02]) == [True, True]  # 0.01 <= 0.025, then 0.02 <= 0.05
+    assert stats.holm([0.04], m=30) == [False]  # one chance "better" among 30 comparisons
+    assert stats.holm([0.0001], m=30) == [True]
+
+
+def test_a_chance_better_among_thirty_null_comparisons_is_no_verdict_after_the_correction():
+    """30 null quality comparisons (3 seeds each): uncorrected, about 1.5 are "better" or "worse" by chance;
+    Holm's correction leaves the family-wise rate at 5%."""
+    rng = np.random.default_rng(11)
+    chance, reports_with_one, runs = 0, 0, 500
+    for _ in range(runs):
+        words, ps = [], []
+        for _c in range(30):
+            base = {s: rng.normal(0.8, 0.02) for s in range(3)}
+            new = {s: base[s] + rng.normal(0, 0.01) for s in range(3)}
+            est = difference(new, base)
+            v = verdict(est, 0.0, "better", "worse")
+            words.append(v.word)
+            ps.append(stats.p_value(est, 0.0, v.word, "better", "worse") if v.decided else None)
+        decided = [p for p in ps if p is not None]
+        chance += len(decided)
+        reports_with_one += any(stats.holm(decided, m=30))
+    assert 1.2 < chance / runs < 1.8  # 30 x 5%: a report without the correction has one or two
+    assert reports_with_one / runs <= 0.07  # family-wise 5% (+2 standard errors of 500 simulated reports)
+
+
+def test_a_sequential_design_widens_the_paired_interval_to_its_repeated_one():
+    new, base = {s: 100.0 + s for s in range(5)}, {s: 100.0 + 0.9 * s for s in range(5)}
+    fixed, seq = ratio(new, base), ratio(new, base, max_looks=10)
+    assert seq.value == pytest.approx(fixed.value) and seq.se == pytest.approx(fixed.se)
+    t = sps.t.ppf(0.975, 4)
+    assert math.log(fixed.hi / fixed.value) == pytest.approx(t * fixed.se)
+    from bench import sequential
+    assert math.log(seq.hi / seq.value) == pytest.approx(sequential.multiplier(5, 10) * seq.se)
+    assert "sequential design" in seq.method and seq.max_looks == 10

@@ -15,7 +15,7 @@ import numpy as np
 import pandas as pd
 
 from bench import cost, stats
-from bench.analysis import BREAKDOWN, EXACT_CURVE_RTOL, EXACT_QUALITY, Analysis
+from bench.analysis import BREAKDOWN, EXACT_CURVE_RTOL, EXACT_QUALITY, MULTIPLY, Analysis
 from bench.bottleneck import PHASES
 from bench.results import PARITY_TOLERANCES
 
@@ -166,14 +166,14 @@ def _ratio_ci(est: float, lo: float | None, hi: float | None, verdict: str | Non
         "" if f"{lo:.2f}" == f"{hi:.2f}" == f"{est:.2f}" else f" [{lo:.2f}, {hi:.2f}]")
     if verdict in (None, stats.NONE):
         return f"{est:.2f}x{ci} (no verdict: {why or 'no interval'})"
-    if verdict == stats.SAME and ci and (lo > 1 or hi < 1):  # "no difference" would misread an interval beside 1
+    if verdict == stats.INCONCLUSIVE and ci and (lo > 1 or hi < 1):  # the data do show a direction, not its size
         side = "above" if lo > 1 else "below"
-        return f"{est:.2f}x{ci} not clear of the threshold (the whole interval {side} 1)"
+        return f"{est:.2f}x{ci} inconclusive (the whole interval {side} 1, not clear of the threshold)"
     return f"{est:.2f}x{ci} {verdict}"
 
 
 TONES = {"faster": "good", "slower": "bad", "less": "good", "more": "bad", "better": "good", "worse": "bad",
-         "sooner": "good", "later": "bad", stats.SAME: "muted", stats.NONE: "muted"}
+         "sooner": "good", "later": "bad", stats.EQUIVALENT: "", stats.INCONCLUSIVE: "muted", stats.NONE: "muted"}
 
 
 def ratio_cell(est: float | None, lo: float | None, hi: float | None, verdict: str | None,
@@ -485,6 +485,8 @@ def _speed_points(analysis: Analysis, rows: pd.DataFrame, others: pd.DataFrame) 
         if any(int(n or 0) for n in rows["n_contended"]):
             return ["speed not reported: every timed window here stayed contended (other processes used the cores; "
                     "see the status column): measure again on an idle machine"]
+        if not int(sum(int(n or 0) for n in rows["n_ok"])):
+            return ["nothing measured here: no trial of this workload finished ok (the status column says why)"]
         return ["speed and memory not measured here (quality runs only: --mode quality)"]
     parts = []
     faster = others[others["speedup_verdict"] == "faster"]
@@ -519,6 +521,14 @@ def _speed_points(analysis: Analysis, rows: pd.DataFrame, others: pd.DataFrame) 
     if len(slower):
         parts.append("slower than the reference: " + ", ".join(
             f"{r.technique} ({r.speedup:.2f}x)" for r in slower.itertuples()))
+    same = others[others["speedup_verdict"] == stats.EQUIVALENT]
+    if len(same):
+        parts.append(f"as fast as the reference (equivalent: the whole interval within +-{analysis.thresholds.speed:.0%})"
+                     ": " + ", ".join(f"{r.technique} ({r.speedup:.2f}x)" for r in same.itertuples()))
+    open_ = others[others["speedup_verdict"] == stats.INCONCLUSIVE]
+    if len(open_):
+        parts.append("speed inconclusive: " + ", ".join(
+            f"{r.technique} ({r.speedup:.2f}x [{r.speedup_lo:.2f}, {r.speedup_hi:.2f}])" for r in open_.itertuples()))
     return parts
 
 
@@ -531,8 +541,8 @@ def _quality_word(c: Any) -> str:
     verdict = c["delta_verdict"]
     if verdict in (None, stats.NONE):
         return f"{c['metric']} {c['delta']:+.4f}, no verdict" if _ok(c["delta"]) else "not compared"
-    if verdict == stats.SAME:
-        return "no significant difference"
+    if verdict in (stats.EQUIVALENT, stats.INCONCLUSIVE):
+        return f"{c['metric']} {c['delta']:+.4f}, {verdict}"
     return f"{c['metric']} {verdict} by {abs(c['delta']):.4f}"
 
 
@@ -562,9 +572,14 @@ def _quality_points(others: pd.DataFrame) -> list[str]:
         parts.append("quality differs at equal samples: " + ", ".join(
             f"{r.technique} ({r.metric} {r.delta:+.4f} [{r.delta_lo:+.4f}, {r.delta_hi:+.4f}] {r.delta_verdict})"
             for r in changed))
-    alike = [r.technique for r in judged if r.delta_verdict == stats.SAME and r.kind != "exact"]
+    alike = [r.technique for r in judged if r.delta_verdict == stats.EQUIVALENT and r.kind != "exact"]
     if alike:
-        parts.append("no significant quality difference at equal samples: " + ", ".join(alike))
+        parts.append("equivalent quality at equal samples (the whole interval within the workload's margin): "
+                     + ", ".join(alike))
+    open_ = [r.technique for r in judged if r.delta_verdict == stats.INCONCLUSIVE and r.kind != "exact"]
+    if open_:
+        parts.append("quality at equal samples inconclusive (neither a change nor equivalence shown): "
+                     + ", ".join(open_))
     cut = [f"{r.technique} ({r.n_cut})" for r in others.itertuples() if r.n_cut]
     if cut:
         parts.append("quality runs cut by the safety cap, not compared: " + ", ".join(cut))
@@ -572,9 +587,7 @@ def _quality_points(others: pd.DataFrame) -> list[str]:
 
 
 def _verdict_words(verdict: str | None) -> str:
-    if verdict in (None, stats.NONE):
-        return "no verdict"
-    return "no significant difference" if verdict == stats.SAME else verdict
+    return verdict or stats.NONE
 
 
 def _ttt_points(rows: pd.DataFrame, others: pd.DataFrame) -> list[str]:
@@ -625,7 +638,7 @@ def _interactions_table(analysis: Analysis, names: dict[str, str]) -> Table | No
     rows = []
     for it in inter.itertuples():
         parts = ", ".join(f"{p} {fmt_ratio(s)}" for p, s in zip(it.components, it.parts, strict=True))
-        verdict_tone = {"gains multiply": "good", "gains partly cancel": "warn",
+        verdict_tone = {MULTIPLY: "", "gains partly cancel": "warn",
                         "more than multiplicative": "good"}.get(it.verdict, "muted")
         observed = fmt_ratio(it.observed)
         ratio = "-"
@@ -1023,11 +1036,13 @@ def _saved_cell(c: Any, p: float, machines_ratio: float = 1.0) -> Cell:
             return Cell(f"{text} saved", "good")
         if saved_hi is not None and saved_hi < 0:
             return Cell(f"{text}: extra cost on {machines_ratio:g}x the machines", "bad")
-        return Cell(f"{text} ({machines_ratio:g}x the machines; no significant saving)", "muted")
+        return Cell(f"{text} ({machines_ratio:g}x the machines; no saving shown: the interval includes 0)", "muted")
     if c.speedup_verdict in (None, stats.NONE):
         return Cell(f"{text} (no verdict: {c.speedup_why or 'no interval'})", "muted")
-    if c.speedup_verdict == stats.SAME:
-        return Cell(f"no significant saving ({text})", "muted")
+    if c.speedup_verdict == stats.EQUIVALENT:
+        return Cell(f"no saving beyond the threshold (speed equivalent; {text})", "muted")
+    if c.speedup_verdict == stats.INCONCLUSIVE:
+        return Cell(f"no saving shown: the speedup is inconclusive ({text})", "muted")
     if c.speedup_verdict == "faster":
         return Cell(f"{text} saved", "good")
     return Cell(f"{text}: extra cost", "bad")

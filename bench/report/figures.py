@@ -34,7 +34,7 @@ CATEGORY_COLORS = {"params": "#4c72b0", "grads": "#55a868", "optimizer": "#c44e5
                    "other": "#8c8c8c"}
 PHASE_COLORS = {"data": "#c44e52", "h2d": "#937860", "forward": "#4c72b0", "backward": "#55a868",
                 "optimizer": "#dd8452", "other": "#b0b0b0"}
-VERDICT_COLORS = {"faster": "#2e7d32", "slower": "#c62828"}
+VERDICT_COLORS = {"faster": "#2e7d32", "slower": "#c62828", "equivalent": "#1565c0"}
 NEUTRAL = "#9e9e9e"
 PALETTE = ["#4c72b0", "#dd8452", "#55a868", "#c44e52", "#8172b3", "#937860", "#da8bc3", "#8c8c8c", "#ccb974",
            "#64b5cd"]
@@ -143,8 +143,8 @@ def speedup_figure(analysis: Analysis) -> Figure | None:
     return _finish(fig, "speedup", "Speedup vs the reference",
                    "Bars: geometric mean over seeds of samples/s against the reference set's trial of the same "
                    "seed, from 1 (no change) on a log scale; whiskers and brackets: 95% t interval. Green: faster, "
-                   "red: slower (the whole interval beyond the threshold); grey: no significant difference, or no "
-                   "verdict (fewer than 3 repeats).")
+                   "red: slower (the whole interval beyond the threshold); blue: equivalent (the whole interval "
+                   "within it); grey: inconclusive, or no verdict (fewer than 3 repeats).")
 
 
 # ---- memory -------------------------------------------------------------------------------------------------

@@ -19,6 +19,11 @@ class WorkloadError(RuntimeError):
     """A workload cannot be built here (missing data, unknown size). The message says how to fix it."""
 
 
+# The equivalence margin of held-out accuracy at equal samples (see ``BuiltWorkload.margin``): one percentage point,
+# the resolution at which published recipes are compared (and a fifth of mlp:tiny's seed-to-seed spread).
+ACCURACY_MARGIN = 0.01
+
+
 @dataclass
 class BuiltWorkload:
     """One built instance of a workload: model, data, loss and evaluation, all seeded."""
@@ -34,6 +39,10 @@ class BuiltWorkload:
     lr: float = 1e-3
     target: float | None = None  # the size's validation target on ``metric`` (documented in the workload)
     quality_steps: int = 0  # the size's quality budget in optimizer steps at ``batch_size`` (what the target is for)
+    # The smallest difference of ``metric`` at equal samples that counts: a set whose whole interval lies within
+    # +-margin of the reference's is "equivalent" in quality (None: no margin, any difference counts, and quality
+    # is never called equivalent). Documented beside the target in each workload.
+    margin: float | None = None
     eval_points: int = 10  # evaluations spread over the quality budget (plus one before training)
     dataset: dict[str, Any] = field(default_factory=dict)  # name, source, sha256, n_train, n_eval
     params: dict[str, Any] = field(default_factory=dict)  # the size preset's resolved parameters

@@ -39,7 +39,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from bench.data import classifier_pipeline
-from bench.workloads.base import BuiltWorkload, Workload, WorkloadError, register
+from bench.workloads.base import ACCURACY_MARGIN, BuiltWorkload, Workload, WorkloadError, register
 from bench.workloads.mlp_mnist1d import classification_metrics, shuffled_batches
 
 DEFAULT_DIR = "/usr/share/datasets/fashion-mnist"
@@ -184,6 +184,7 @@ class CNNFashion(Workload):
             batch_size=p["batch_size"],
             lr=p["lr"],
             target=p["target"],
+            margin=ACCURACY_MARGIN,
             quality_steps=p["quality_steps"],
             eval_points=p["eval_points"],
             dataset={

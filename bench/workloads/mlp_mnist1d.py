@@ -36,7 +36,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from bench.data import classifier_pipeline
-from bench.workloads.base import Batch, BuiltWorkload, Workload, register
+from bench.workloads.base import ACCURACY_MARGIN, Batch, BuiltWorkload, Workload, register
 
 DATASET_SEED = 0
 N_TRAIN, N_EVAL = 4000, 1000
@@ -201,6 +201,7 @@ class MLPMnist1D(Workload):
             batch_size=p["batch_size"],
             lr=p["lr"],
             target=p["target"],
+            margin=ACCURACY_MARGIN,
             quality_steps=p["quality_steps"],
             eval_points=p["eval_points"],
             dataset={

@@ -68,6 +68,7 @@ class ModelSpec:
     batch_size: int = 32  # samples per optimizer step
     lr: float = 1e-3  # AdamW's learning rate
     target: float | None = None  # a validation target on ``metric``: time-to-target is measured when given
+    margin: float | None = None  # the smallest difference of ``metric`` that counts (quality "equivalent" within it)
     quality_steps: int | None = None  # quality run in optimizer steps at ``batch_size`` (default: one epoch)
     eval_points: int = 10  # evaluations over the quality run
     tokens_per_sample: int = 0  # sequence length for language models
@@ -177,6 +178,7 @@ class UserWorkload(Workload):
             tokens_per_sample=spec.tokens_per_sample,
             lr=spec.lr,
             target=spec.target,
+            margin=spec.margin,
             quality_steps=steps,
             eval_points=spec.eval_points,
             # The model's file defines its data: its digest stands for the dataset (a parity reference computed
@@ -226,6 +228,8 @@ def validate(raw: Any, where: str) -> ModelSpec:
             spec.batch_size)
     _expect(_is_number(spec.lr) and spec.lr > 0, where, "lr", "a number > 0", spec.lr)
     _expect(spec.target is None or _is_number(spec.target), where, "target", "a number or None", spec.target)
+    _expect(spec.margin is None or (_is_number(spec.margin) and spec.margin > 0), where, "margin",
+            "a number > 0 or None", spec.margin)
     _expect(spec.quality_steps is None or (_is_int(spec.quality_steps) and spec.quality_steps >= 0), where,
             "quality_steps", "a whole number >= 0 or None", spec.quality_steps)
     _expect(_is_int(spec.eval_points) and spec.eval_points >= 1, where, "eval_points", "a whole number >= 1",
