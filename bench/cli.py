@@ -527,10 +527,10 @@ def cmd_export(args: argparse.Namespace) -> int:
     from bench.exporters import export
 
     if args.to == "mlflow" and not args.verbose:  # MLflow and its migrations log each step at INFO
-        import importlib.util
-
-        if importlib.util.find_spec("mlflow") is not None:
+        try:
             import mlflow  # noqa: F401  (its import sets its loggers' levels: lower them after it)
+        except ImportError:
+            pass  # export() says which extra to install
         for name in ("mlflow", "alembic"):
             logging.getLogger(name).setLevel(logging.WARNING)
     try:
