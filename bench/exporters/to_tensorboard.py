@@ -62,7 +62,4 @@ def export(views: Sequence[TrialView], out: Path) -> Exported:
 
 def _hparam(text: str) -> float | str:
     """A number where the parameter is one (the HParams table sorts and filters numbers as numbers)."""
-    try:
-        return float(text) if re.fullmatch(r"-?\d+(\.\d*)?([eE][-+]?\d+)?", text) else text
-    except ValueError:
-        return text
+    return float(text) if re.fullmatch(r"-?\d+(\.\d*)?([eE][-+]?\d+)?", text) else text
