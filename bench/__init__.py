@@ -1,7 +1,8 @@
 """trainbench: measure training-acceleration techniques side by side.
 
 The Python API (docs/api.md): ``bench.sweep(...)`` runs a sweep and returns its trials as a DataFrame,
-``bench.load(DIR)`` reads a sweep's trials, ``bench.configurations(frame)`` compares technique sets;
+``bench.load(DIR)`` reads a sweep's trials, ``bench.configurations(frame)`` compares technique sets,
+``bench.export(DIR, to=...)`` writes them to Parquet, CSV, MLflow or TensorBoard;
 ``bench.ModelSpec`` is what a user's model ``build`` may return (docs/models.md). They are imported on first use,
 so ``python -m bench`` does not pay for pandas or torch before it needs them.
 """
@@ -17,6 +18,7 @@ _LAZY = {
     "sweep": ("bench.api", "sweep"),
     "load": ("bench.api", "load"),
     "configurations": ("bench.api", "configurations"),
+    "export": ("bench.api", "export"),
     "ConfigError": ("bench.errors", "ConfigError"),
     "ModelSpec": ("bench.workloads.user", "ModelSpec"),
 }

@@ -2,8 +2,9 @@
 
     import bench
     frame = bench.sweep(models=["my_model.py:build"], techniques=["bf16", "grad_accum:steps=4"], repeats=3)
-    frame = bench.load("reports/quick-20261201-120000")      # one row per trial, flat columns
+    frame = bench.load("reports/quick-20261201-120000")      # one row per trial, flat typed columns
     configs = bench.configurations(frame)                     # one row per workload x technique set
+    bench.export("reports/quick-20261201-120000", to="mlflow")  # or parquet, csv, tensorboard (bench/exporters)
 
 ``sweep`` takes the CLI's options as keyword arguments and writes the same directory (results.jsonl, env.json,
 summary.md, report.md/html); bad input raises ``bench.ConfigError`` with the CLI's one-line message.
@@ -15,12 +16,15 @@ import logging
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pandas as pd
 
-from bench import analysis
+from bench import analysis, columns
 from bench.errors import ConfigError
+
+if TYPE_CHECKING:
+    from bench.exporters import Exported
 
 log = logging.getLogger(__name__)
 
@@ -112,17 +116,30 @@ def write_summary(out_dir: Path, records: list, wall_s: float, name: str, price_
 
 def load(*dirs: str | Path) -> pd.DataFrame:
     """The trials of one or more sweep directories: one row per trial, the columns of
-    ``bench.analysis.RECORD_COLUMNS`` (documented in docs/api.md), read from each ``results.jsonl`` (and the
-    machine from ``env.json``). Raises ``bench.analysis.InputError`` when a directory holds no sweep."""
+    ``bench.analysis.RECORD_COLUMNS`` in the dtypes of ``bench.columns.COLUMN_DTYPES`` (both documented in
+    docs/api.md: float64 with NaN, nullable Int64 and boolean, categoricals, UTC datetimes; nested values stay
+    objects), read from each ``results.jsonl`` (and the machine from ``env.json``). Raises
+    ``bench.analysis.InputError`` when a directory holds no sweep."""
     if not dirs:
         raise ConfigError("bench.load() needs at least one sweep directory")
-    return analysis.records_frame(analysis.load([Path(d) for d in dirs]))
+    return columns.typed(analysis.records_frame(analysis.load([Path(d) for d in dirs])))
 
 
 def configurations(frame: pd.DataFrame, baseline: str = analysis.BASELINE) -> pd.DataFrame:
-    """One row per machine x workload x technique set from ``load``'s frame: the speedups, memory ratios, quality
-    differences and time-to-target with their intervals and verdicts, as the report shows them."""
-    return analysis.configurations(frame, baseline)
+    """One row per machine x workload x technique set from ``load``'s frame (or a filtered part of it): the
+    speedups, memory ratios, quality differences and time-to-target with their intervals and verdicts, as the
+    report shows them."""
+    return analysis.configurations(columns.untyped(frame), baseline)
+
+
+def export(*dirs: str | Path, to: str, out: str | Path | None = None) -> Exported:
+    """Write the trials of sweep directories to ``to`` (``parquet``, ``csv``, ``mlflow`` or ``tensorboard``) at
+    ``out`` (default: inside the one directory given); returns a ``bench.exporters.Exported`` saying where and how
+    many. A target whose package is missing raises ``bench.exporters.MissingExtra`` (a ``ConfigError``) naming the
+    extra to install. See docs/api.md."""
+    from bench.exporters import export as export_dirs
+
+    return export_dirs([Path(d) for d in dirs], to, out)
 
 
 def _listed(value: str | Sequence[str] | None) -> str | list[str] | None:

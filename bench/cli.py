@@ -1,4 +1,4 @@
-"""Command line: ``python -m bench {sweep,list,report,compare,profile,env}``. The only module that prints.
+"""Command line: ``python -m bench {sweep,list,report,compare,profile,env,export}``. The only module that prints.
 
 Bad input (unknown workload or technique, bad option, malformed TOML) gets one line on stderr naming what is
 valid, and exit code 2. Results already recorded are never lost: an interrupted sweep resumes with --resume.
@@ -233,6 +233,32 @@ def _add_profile(sub: argparse._SubParsersAction) -> None:
     p.add_argument("-v", "--verbose", action="store_true", help="log what the harness does")
 
 
+def _add_export(sub: argparse._SubParsersAction) -> None:
+    from bench.exporters import DEFAULT_OUT, TARGETS
+
+    p = sub.add_parser(
+        "export",
+        help="write sweeps' trials where other tools read them: parquet, csv, mlflow, tensorboard",
+        description="Write the trials of one or more sweep directories for other tools, from results.jsonl alone: "
+                    "parquet or csv (bench.load's typed frame, one row per trial; nested columns as JSON text), "
+                    "mlflow (one experiment per sweep, one run per trial with its parameters, metrics, eval curve, "
+                    "record and report, in a local SQLite or file tracking store, no server; exporting again "
+                    "updates the runs and never duplicates them), tensorboard (event files, one run per trial: "
+                    "training loss and eval curve against samples, speed and memory numbers, the HParams table). "
+                    "Each target but csv needs its extra: pip install 'trainbench[parquet|mlflow|tensorboard]'. "
+                    "See docs/commands.md.",
+    )
+    p.add_argument("dirs", type=Path, nargs="+", metavar="DIR", help="sweep directories (each holds results.jsonl)")
+    p.add_argument("--to", required=True, choices=list(TARGETS), help="the format or tool to write")
+    p.add_argument("--out",
+                   help="where to write (default, with one DIR: " + ", ".join(f"DIR/{v} for {k}" for k, v in
+                                                                          DEFAULT_OUT.items()) +
+                        "; required with several DIRs); mlflow: a .db file is a SQLite store (artifacts in "
+                        "mlartifacts/ beside it), another path a file store; sqlite:///PATH and file:PATH URIs work "
+                        "too")
+    p.add_argument("-v", "--verbose", action="store_true", help="log what the harness (and MLflow) does")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m bench",
@@ -245,6 +271,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_compare(sub)
     _add_report(sub)
     _add_profile(sub)
+    _add_export(sub)
     return parser
 
 
@@ -507,6 +534,28 @@ def cmd_report(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_export(args: argparse.Namespace) -> int:
+    from bench.analysis import InputError
+    from bench.exporters import export
+
+    if args.to == "mlflow" and not args.verbose:  # MLflow and its migrations log each step at INFO
+        try:
+            import mlflow  # noqa: F401  (its import sets its loggers' levels: lower them after it)
+        except ImportError:
+            pass  # export() says which extra to install
+        for name in ("mlflow", "alembic"):
+            logging.getLogger(name).setLevel(logging.WARNING)
+    try:
+        done = export(args.dirs, args.to, args.out)
+    except InputError as exc:
+        print("error: " + " ".join(str(exc).split()), file=sys.stderr)  # one line, whatever the records hold
+        return EXIT_USAGE
+    news = f" ({done.created} new, {done.updated} updated)" if args.to in ("mlflow", "tensorboard") else ""
+    out.print(f"{args.to}: {done.trials} trials{news} -> {done.where}", markup=False, highlight=False)
+    out.print(f"view with: {done.view}", markup=False, highlight=False)
+    return 0
+
+
 def cmd_profile(args: argparse.Namespace) -> int:
     from bench import profile as profile_mod
 
@@ -549,7 +598,8 @@ def cmd_profile(args: argparse.Namespace) -> int:
     return 0
 
 
-COMMANDS = {"profile": cmd_profile, "sweep": cmd_sweep, "list": cmd_list, "env": cmd_env, "compare": cmd_compare, "report": cmd_report}
+COMMANDS = {"profile": cmd_profile, "sweep": cmd_sweep, "list": cmd_list, "env": cmd_env, "compare": cmd_compare, "report": cmd_report,
+            "export": cmd_export}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -39,6 +39,8 @@ if ! .venv/bin/python -c "import torch" 2>/dev/null; then
 fi
 
 extras="."
-[ "$with_tests" = 1 ] && extras=".[test,lint,transformers,slurm,torchao]"  # the tests build Hugging Face configs, run submitit jobs and QAT too
+# the tests build Hugging Face configs, run submitit jobs and QAT too, and read exports back with pyarrow, MLflow and
+# TensorBoard's own readers
+[ "$with_tests" = 1 ] && extras=".[test,lint,transformers,slurm,torchao,parquet,mlflow,tensorboard]"
 .venv/bin/python -m pip install -q -e "$extras"
 .venv/bin/python -c "import torch, bench; print('setup: ok, torch', torch.__version__)"
