@@ -28,7 +28,7 @@ def _each(dtype: str, names: str) -> dict[str, str]:
 COLUMN_DTYPES: dict[str, str] = {
     **_each(CATEGORY, "source machine sweep_id workload technique kind mode device status compute_dtype metric "
                       "parity_kind"),
-    **_each(TEXT, "trial_id reason breakdown_skipped cut stopped_by parity_note zero_note"),
+    **_each(TEXT, "trial_id reason breakdown_skipped cut stopped_by parity_note zero_note added_by"),
     **_each(TIME, "timestamp_utc"),
     # Nested values (tuples, lists, dicts) stay Python objects: there is no flat dtype for a curve.
     **_each(OBJECT, "key names components notes contention_retries curve technique_results rank_peak_rss_bytes"),
@@ -37,13 +37,13 @@ COLUMN_DTYPES: dict[str, str] = {
                  "mem_params_bytes mem_grads_bytes mem_optimizer_bytes mem_activations_bytes mem_other_bytes "
                  "budget_samples samples_trained samples_to_target steps_to_target world_size n_params "
                  "clean_rss_at_rest_bytes clean_rss_peak_bytes model_state_bytes state_params_bytes "
-                 "state_grads_bytes state_optimizer_bytes zero_stage"),
+                 "state_grads_bytes state_optimizer_bytes zero_stage max_looks"),
     **_each(FLOAT, "first_step_s one_off_s probe_s samples_per_s tokens_per_s step_time_s step_time_iqr_s "
                    "data_wait_frac contention_frac achieved_flops peak_flops mfu mfu_datasheet target final "
                    "train_time_s time_to_target_s time_to_target_one_off_s parity_loss_diff parity_distance_diff "
                    "parity_loss_tol parity_distance_tol energy_j phase_step_s phase_data_share phase_h2d_share "
                    "phase_forward_share phase_backward_share phase_optimizer_share phase_other_share "
-                   "samples_per_s_per_device zero_formula_bytes"),
+                   "samples_per_s_per_device zero_formula_bytes wall_s margin"),
 }
 
 # Categories in a fixed order where the values are known (a status count shows every status), else in order of
