@@ -126,6 +126,7 @@ class TrialLauncher:
         """One trial's record (skipped, or measured in its own process), stamped with the sweep's settings hash."""
         record = self._skipped(trial) if trial.skip_reason else self._launch(trial, env)
         record.config_hash = self.config_hash
+        record.continues = trial.continues  # how the analysis tells a continuation from a planned trial
         return record
 
     def _peaks(self, trial: Trial, env: dict) -> tuple[dict[str, float], str | None]:
@@ -154,10 +155,11 @@ class TrialLauncher:
             peak_source=source,
             world_size=trial.world_size,
             threads=self.cfg.threads,
-            mode=self.cfg.mode,
+            mode=trial.mode or self.cfg.mode,
             position=trial.position,
             reference_dir=str(self.reference_dir),
             plugins=[p.to_dict() for p in self.cfg.plugins],
+            train_until_s=trial.train_until_s,
         )
 
     def _skipped(self, trial: Trial) -> TrialRecord:
@@ -177,7 +179,7 @@ class TrialLauncher:
             status=status,
             reason=reason,
             kind=set_kind(s.resolve() for s in trial.techniques.specs).value,
-            mode=self.cfg.mode,
+            mode=trial.mode or self.cfg.mode,
             position=trial.position,
             timestamp_utc=dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
         )

@@ -38,6 +38,9 @@ class Trial:
     world_size: int = 1
     skip_reason: str | None = None
     position: int = 0  # index in the run order
+    mode: str | None = None  # the measurements of this trial when not the sweep's (None: cfg.mode)
+    train_until_s: float | None = None  # quality: train on past the budget to this clock (bench.continuation)
+    continues: str | None = None  # the trial id whose quality run this one continues (bench.continuation)
 
 
 def resolve_device(name: str) -> torch.device:
