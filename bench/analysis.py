@@ -668,8 +668,9 @@ def _equal_time(mine: pd.DataFrame, ref: pd.DataFrame | None, words: tuple[str, 
 
 
 def _continuations(continued: pd.DataFrame | None) -> tuple[dict[Any, tuple[list, dict]], list[str]]:
-    """{key: (curve, continuation)} of the continuations that trained past the budget, and the reasons of those
-    that could not (skipped by their set's blocker, or not run by the trial)."""
+    """{key: (curve, continuation)} of the continuations that trained past the budget (or found the clock reached
+    within it), and the reasons of those that could not (skipped by their set's blocker, or not run by the
+    trial)."""
     runs: dict[Any, tuple[list, dict]] = {}
     blocked: list[str] = []
     if continued is None:
@@ -680,7 +681,7 @@ def _continuations(continued: pd.DataFrame | None) -> tuple[dict[Any, tuple[list
         if status == "skipped" and reason:
             blocked.append(reason)
         elif status == "ok" and info and not cut:
-            if info["samples_beyond_budget"] > 0:
+            if info["samples_beyond_budget"] > 0 or info["reached"]:  # reached in the budget: that run was slower
                 runs[key] = (curve, info)
             elif not info["reached"] and info["why_not"]:
                 blocked.append(info["why_not"])

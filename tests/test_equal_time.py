@@ -292,3 +292,24 @@ def test_a_set_twice_as_fast_reaches_a_better_metric_at_equal_time(tmp_path, cap
     assert cli.main([*args, "--resume"]) == 0
     assert (out / "results.jsonl").read_text() == lines
 
+
+
+def test_each_blocker_says_why_and_the_rest_continue():
+    import torch
+
+    from bench.config import TechniqueSpec
+    from techniques.base import Context
+
+    ctx = Context(device=torch.device("cpu"))
+
+    def why(label: str) -> str | None:
+        return TechniqueSpec.parse(label).resolve().continuation_blocker(ctx)
+
+    assert "one_cycle schedule ends at the planned steps" in why("lr_schedule:schedule=one_cycle")
+    assert "pacing grows over 0.3 of the planned steps" in why("curriculum")
+    assert "pruning events at fractions" in why("prune") and "its shrink" in why("prune:mode=structured")
+    assert [why(t) for t in ("bf16", "lr_finder", "batch_size", "lr_schedule:schedule=constant", "early_stopping",
+                             "curriculum:warmup=0")] == [None] * 6
+    ctx.state["early_stopping_stop"] = {"reason": "no improvement in 3 evaluations", "step": 40, "evaluation": 8}
+    assert why("early_stopping") == ("early_stopping stopped the run at step 40 (no improvement in 3 evaluations): "
+                                     "it ends where it stopped")
