@@ -819,7 +819,9 @@ def _method(analysis: Analysis) -> list[str]:
         f"(every evaluation within {EXACT_CURVE_RTOL:.0%} of the range the reference's metric covered) and then "
         "reads 'same'; a "
         "numeric or algorithmic set shows the metric at the full budget, mean ± std over seeds, and its paired "
-        "difference; an algorithmic set also the metric at the reference's training time.",
+        "difference, and its metric at the reference's training clock of the same seed: a set that trained "
+        "faster is trained on past its budget to that clock (a continuation; docs/methodology.md), or the cell "
+        "says why it could not be.",
         "Time to target: the training clock (evaluation and one-off excluded) at the first evaluation that "
         "reached the workload size's validation target, median over seeds with a miss counted as never (as "
         "AlgoPerf scores it), with the miss rate and the samples it took; the ratio to the reference is given "
