@@ -168,8 +168,8 @@ class QualityResult:
     samples_trained: int = doc("samples actually trained within the budget (less than budget_samples only when cut "
                                "or stopped)")
     steps_trained: int = doc("optimizer steps actually trained")
-    train_time_s: float = doc("training clock: wall time of the training steps, evaluation excluded, one-off "
-                              "cost excluded (the first step counts as a steady one)")
+    train_time_s: float = doc("training clock at the budget's end: wall time of the training steps, evaluation "
+                              "excluded, one-off cost excluded (the first step counts as a steady one)")
     cut: str | None = doc("why the run stopped before its budget (the wall-clock safety cap); a cut run is never "
                           "compared as complete")
     curve_columns: list[str] = doc("names of the curve's columns")
