@@ -487,7 +487,7 @@ def _train_on(session: Session, plan: QualityPlan, curve: list[list[Any]], clock
                                   max_samples_factor=MAX_CONTINUATION_FACTOR)
 
     if ended:
-        return result(False, f"the budget's run did not finish: {ended}")
+        return result(False, f"the run ended before its budget: {ended}")
     blockers = [why for t in session.techs if (why := t.continuation_blocker(session.ctx))]
     if blockers:
         return result(False, "; ".join(blockers))
