@@ -167,7 +167,8 @@ def test_user_model_and_plugin_techniques_end_to_end(tmp_path):
                           text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
     # planned trials only: an algorithmic set that trained faster than the baseline also gets a continuation
-    records = [r for line in (out / "results.jsonl").read_text().splitlines() if not (r := json.loads(line)).get("continues")]
+    lines = (out / "results.jsonl").read_text().splitlines()
+    records = [r for line in lines if not (r := json.loads(line)).get("continues")]
     assert {r["technique_label"]: r["status"] for r in records} == {
         "baseline": "ok", "label_smoothing:eps=0.2": "ok", "sgd_momentum": "ok"}
     source = records[0]["workload"]["source"]
