@@ -5,13 +5,15 @@ environment (``env.json``); the renderers only format it. Every interval and ver
 (the one engine ``bench compare`` uses too). The pipeline:
 
 - ``load(dirs)``: records of one or more sweep directories, each with its ``env.json`` (machine fingerprint);
-- ``records_frame(sweep)``: a tidy DataFrame, one row per trial (``RECORD_COLUMNS``);
+- ``records_frame(sweep)``: a tidy DataFrame, one row per trial (``RECORD_COLUMNS``); continuation trials
+  (``continues``) are set apart from every statistic but quality at equal time (``split_continuations``);
 - ``configurations(frame)``: one row per machine x workload x technique set:
   - speed: median samples/s and its spread; speedup against the reference set, paired by seed;
   - memory: peaks and the memory ratio; the breakdown; MFU; one-off costs;
   - quality at equal samples, judged by the set's kind: an ``exact`` set must reproduce the reference's eval curve
     seed by seed (``EXACT_CURVE_RTOL``), ``numeric`` and ``algorithmic`` sets get the metric's difference at the
-    full budget, paired by seed; algorithmic sets also the metric at equal training time;
+    full budget, paired by seed, and at equal training time (the reference's clock; a faster set is read on its
+    continuation trained on to that clock, ``bench.continuation``);
   - time-to-target: censored medians (a miss is +inf and stays in), miss rate, samples-to-target, and the ratio to
     the reference when neither missed;
   - parity and status;
@@ -24,6 +26,7 @@ Machines are never pooled: a comparison uses trials of the same machine (and, fo
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import math
@@ -175,6 +178,7 @@ RECORD_COLUMNS = [
     "parity_distance_tol", "parity_note", "energy_j", "technique_results",
     "phase_step_s", *(f"phase_{p}_share" for p in PHASES),
     *DISTRIBUTED_COLUMNS,
+    "continues", "continuation",
 ]
 
 
@@ -224,6 +228,8 @@ def _record_row(r: TrialRecord, source: str, machine: str, max_looks: int | None
         **{f"phase_{name}_share": r.phases.share.get(name) if r.phases else None for name in PHASES},
         "n_params": b.n_params if b else wl.get("n_params"),
         **_distributed_fields(r.world_size, s, m),
+        "continues": r.continues,
+        "continuation": dataclasses.asdict(q.continuation) if q and q.continuation else None,
     }
 
 
@@ -385,13 +391,23 @@ class Thresholds:
     metric: float = stats.THRESHOLDS["metric"]
 
 
+def split_continuations(frame: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """(the planned trials, the continuations): a continuation (``continues``, ``bench.continuation``) trains a
+    set's budget a second time and on past it, so it counts in quality at equal time only."""
+    mask = [c is not None for c in frame["continues"]] if "continues" in frame else [False] * len(frame)
+    return _rows(frame, [not m for m in mask]), _rows(frame, mask)
+
+
 def configurations(frame: pd.DataFrame, baseline: str = BASELINE, thresholds: Thresholds | None = None
                    ) -> pd.DataFrame:
     """One row per machine x workload x technique set with every number of the report's main tables; only ``ok``
-    trials count (the status column says how many there were)."""
+    trials count (the status column says how many there were). Continuation trials are set apart
+    (``split_continuations``) and used for quality at equal time alone."""
     th = thresholds or Thresholds()
+    frame, continued = split_continuations(frame)
     rows = []
     groups = {k: g for k, g in frame.groupby(["machine", "workload", "technique"], sort=False)}
+    continuations = {k: g for k, g in continued.groupby(["machine", "workload", "technique"], sort=False)}
     for machine, workload, technique in _ordered_groups(frame, baseline):
         g = groups[(machine, workload, technique)]
         ref = groups.get((machine, workload, baseline))
@@ -401,7 +417,7 @@ def configurations(frame: pd.DataFrame, baseline: str = BASELINE, thresholds: Th
         row = _identity(machine, workload, technique, g, ok, is_ref)
         row.update(_speed(ok, ref_ok, th))
         row.update(_memory(ok, ref_ok, th))
-        row.update(_quality(ok, ref_ok, row["kind"], th))
+        row.update(_quality(ok, ref_ok, row["kind"], th, continuations.get((machine, workload, technique))))
         row.update(_time_to_target(ok, ref_ok, th))
         row.update(_parity(ok))
         row.update(_phases(ok, first_device(g)))
@@ -560,8 +576,10 @@ def _memory(ok: pd.DataFrame, ref: pd.DataFrame | None, th: Thresholds) -> dict[
     return row
 
 
-def _quality(ok: pd.DataFrame, ref: pd.DataFrame | None, kind: str, th: Thresholds) -> dict[str, Any]:
-    """Quality at equal samples. Runs cut by the safety cap are counted and left out."""
+def _quality(ok: pd.DataFrame, ref: pd.DataFrame | None, kind: str, th: Thresholds,
+             continued: pd.DataFrame | None = None) -> dict[str, Any]:
+    """Quality at equal samples, and at equal time (``_equal_time``, with the set's continuations). Runs cut by
+    the safety cap are counted and left out."""
     with_quality = _rows(ok, [bool(c) for c in ok["curve"]])
     complete = _complete(ok)
     finals = _values(complete["final"])
@@ -587,7 +605,7 @@ def _quality(ok: pd.DataFrame, ref: pd.DataFrame | None, kind: str, th: Threshol
     same = (kind == "exact" and row["curve_pairs"] > 0 and row["curve_max_rel_diff"] is not None
             and row["curve_max_rel_diff"] <= EXACT_CURVE_RTOL)
     row["quality_same_exact"] = same
-    row.update(_equal_time(complete, ref_complete, words, threshold))
+    row.update(_equal_time(complete, ref_complete, words, threshold, continued if kind != "exact" else None))
     return row
 
 
@@ -662,18 +680,72 @@ def metric_at_time(curve: Sequence[Sequence[Any]], seconds: float) -> float | No
     return float(reached[-1][-1]) if reached else None
 
 
-def _equal_time(mine: pd.DataFrame, ref: pd.DataFrame | None, words: tuple[str, str], threshold: float
-                ) -> dict[str, Any]:
-    """The metric at equal training time: at the reference's median training clock (for sets that change how
-    fast a model learns, the other half of the question)."""
+EQUAL_TIME_EMPTY = {"equal_time_s": None, "equal_time_faster": 0, "equal_time_continued": 0,
+                    "equal_time_beyond_samples": None, "equal_time_until_s": None, "equal_time_blocked": None,
+                    "equal_time_cut": None}
+
+
+def _equal_time(mine: pd.DataFrame, ref: pd.DataFrame | None, words: tuple[str, str], threshold: float,
+                continued: pd.DataFrame | None = None) -> dict[str, Any]:
+    """The metric at equal training time (for sets that change how fast a model learns or how fast a step runs,
+    the other half of the question), seed by seed at the clock of the reference's run of that seed (the
+    reference's median clock, ``equal_time_s``, for a seed it lacks).
+
+    A run that finished sooner than that clock is read on its continuation's curve (``bench.continuation``: the
+    same budget, then trained on to the reference's clock) when one trained past the budget, so the set gets the
+    time its speed buys; otherwise, and for a slower run, on its own curve (a faster run's then ends early). The
+    row counts the faster seeds (``equal_time_faster``), those read on a continuation (``equal_time_continued``),
+    their median samples beyond the budget and clock reached, why a continuation was not possible
+    (``equal_time_blocked``) and why one ended before the clock (``equal_time_cut``).
+    """
     budget = _median(ref["train_time_s"]) if ref is not None and not ref.empty else None
     if budget is None or mine.empty:
-        return {"equal_time_s": None, **_compare("delta_at_time", {}, {}, False, threshold, words)}
-    at = {k: metric_at_time(c, budget) for k, c in zip(mine["key"], mine["curve"], strict=True)}
-    ref_at = {k: metric_at_time(c, budget) for k, c in zip(ref["key"], ref["curve"], strict=True)}
+        return {**EQUAL_TIME_EMPTY, **_compare("delta_at_time", {}, {}, False, threshold, words)}
+    clocks = keyed(ref, "train_time_s")
+    runs, blocked = _continuations(continued)
+    at, beyond, until, cut, faster = {}, [], [], [], 0
+    for key, curve, own in zip(mine["key"], mine["curve"], mine["train_time_s"], strict=True):
+        clock = clocks.get(key, budget)
+        if _ok(own) and own < clock:
+            faster += 1
+            run = runs.get(key)
+            if run is not None:
+                curve, info = run
+                beyond.append(info["samples_beyond_budget"])
+                until.append(info["train_time_s"])
+                if not info["reached"] and info["why_not"]:
+                    cut.append(info["why_not"])
+        at[key] = metric_at_time(curve, clock)
+    ref_at = {k: metric_at_time(c, clocks.get(k, budget)) for k, c in zip(ref["key"], ref["curve"], strict=True)}
     at = {k: v for k, v in at.items() if v is not None}
     ref_at = {k: v for k, v in ref_at.items() if v is not None}
-    return {"equal_time_s": budget, **_compare("delta_at_time", at, ref_at, False, threshold, words)}
+    return {"equal_time_s": budget, "equal_time_faster": faster, "equal_time_continued": len(beyond),
+            "equal_time_beyond_samples": float(np.median(beyond)) if beyond else None,
+            "equal_time_until_s": float(np.median(until)) if until else None,
+            "equal_time_blocked": "; ".join(dict.fromkeys(blocked)) or None,
+            "equal_time_cut": "; ".join(dict.fromkeys(cut)) or None,
+            **_compare("delta_at_time", at, ref_at, False, threshold, words)}
+
+
+def _continuations(continued: pd.DataFrame | None) -> tuple[dict[Any, tuple[list, dict]], list[str]]:
+    """{key: (curve, continuation)} of the continuations that trained past the budget (or found the clock reached
+    within it), and the reasons of those that could not (skipped by their set's blocker, or not run by the
+    trial)."""
+    runs: dict[Any, tuple[list, dict]] = {}
+    blocked: list[str] = []
+    if continued is None:
+        return runs, blocked
+    for key, status, reason, curve, info, cut in zip(continued["key"], continued["status"], continued["reason"],
+                                                     continued["curve"], continued["continuation"],
+                                                     continued["cut"], strict=True):
+        if status == "skipped" and reason:
+            blocked.append(reason)
+        elif status == "ok" and info and not cut:
+            if info["samples_beyond_budget"] > 0 or info["reached"]:  # reached in the budget: that run was slower
+                runs[key] = (curve, info)
+            elif not info["reached"] and info["why_not"]:
+                blocked.append(info["why_not"])
+    return runs, blocked
 
 
 def _time_to_target(ok: pd.DataFrame, ref: pd.DataFrame | None, th: Thresholds) -> dict[str, Any]:
@@ -808,6 +880,7 @@ class Analysis:
     claims: pd.DataFrame
     findings: list[findings.Finding]
     thresholds: Thresholds = field(default_factory=Thresholds)
+    continuations: pd.DataFrame | None = None  # continuation trials (bench.continuation), apart from ``frame``
 
     @property
     def machines(self) -> list[str]:
@@ -821,7 +894,8 @@ class Analysis:
 
 def analyze(sweep: Sweep, baseline: str = BASELINE, thresholds: Thresholds | None = None,
             claims: dict[str, tuple[Any, ...]] | None = None) -> Analysis:
-    frame = records_frame(sweep)
+    full = records_frame(sweep)
+    frame, continued = split_continuations(full)
     if frame.empty:
         dirs = ", ".join(str(s.path) for s in sweep.sources)
         raise InputError(f"no trial records in {dirs}")
@@ -829,7 +903,8 @@ def analyze(sweep: Sweep, baseline: str = BASELINE, thresholds: Thresholds | Non
         known = ", ".join(dict.fromkeys(frame["technique"]))
         raise InputError(f"reference technique set '{baseline}' is not in these records (sets here: {known})")
     th = thresholds or Thresholds()
-    configs = with_diagnoses(configurations(frame, baseline, th), sweep.machines)
+    configs = with_diagnoses(configurations(full, baseline, th), sweep.machines)
     inter = interactions(frame, configs, baseline)
     checked = findings.claims_check(configs, sweep.machines, claims)
-    return Analysis(sweep, baseline, frame, configs, inter, checked, findings.diagnose(configs, inter, checked), th)
+    return Analysis(sweep, baseline, frame, configs, inter, checked, findings.diagnose(configs, inter, checked), th,
+                    continued)

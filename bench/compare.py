@@ -248,7 +248,9 @@ def load_records(sweep_dir: Path) -> list[TrialRecord]:
         raise CompareError(str(exc)) from None
     if not records:
         raise CompareError(f"{store.path} holds no records")
-    return records
+    # Continuations (bench.continuation) train a set's budget again and on past it: the same seed's quality run
+    # a second time, so they would count as an extra repeat of every quantity compared here.
+    return [r for r in records if r.continues is None]
 
 
 def _unique(records: list[TrialRecord], sweep_dir: Path, notes: list[str]) -> list[TrialRecord]:

@@ -131,6 +131,7 @@ class TrialLauncher:
         record.added_by = trial.added_by
         if not trial.skip_reason:
             record.wall_s = round(time.perf_counter() - started, 3)
+        record.continues = trial.continues  # how the analysis tells a continuation from a planned trial
         return record
 
     def _peaks(self, trial: Trial, env: dict) -> tuple[dict[str, float], str | None]:
@@ -163,6 +164,7 @@ class TrialLauncher:
             position=trial.position,
             reference_dir=str(self.reference_dir),
             plugins=[p.to_dict() for p in self.cfg.plugins],
+            train_until_s=trial.train_until_s,
         )
 
     def _skipped(self, trial: Trial) -> TrialRecord:

@@ -40,6 +40,8 @@ class Trial:
     position: int = 0  # index in the run order
     mode: str | None = None  # what this trial measures, when not the sweep's mode (speed-only sequential pairs)
     added_by: str | None = None  # None: planned; "sequential": a speed-only pair added while a verdict was open
+    train_until_s: float | None = None  # quality: train on past the budget to this clock (bench.continuation)
+    continues: str | None = None  # the trial id whose quality run this one continues (bench.continuation)
 
 
 def resolve_device(name: str) -> torch.device:

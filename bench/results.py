@@ -137,6 +137,25 @@ class SpeedResult:
 
 
 @dataclass(frozen=True)
+class ContinuationResult:
+    """A quality run trained on past its budget to a training clock (the equal-time comparison of a set faster than
+    the reference): the budget is trained exactly as in the trial it continues, then training goes on at the same
+    evaluation cadence until the clock reaches ``until_s``."""
+
+    until_s: float = doc("the training clock to reach: the reference set's train_time_s for this workload and seed")
+    reached: bool = doc("the training clock reached until_s; false: cut by a safety cap, stopped, or not run "
+                        "(why_not says which)")
+    samples_beyond_budget: int = doc("samples trained after budget_samples")
+    steps_beyond_budget: int = doc("optimizer steps trained after budget_steps")
+    train_time_s: float = doc("training clock at the last evaluation (budget and continuation; one-off excluded)")
+    why_not: str | None = doc("why the clock did not reach until_s: a technique's continuation blocker, a stop, "
+                              "the safety cap (max_samples_factor x the budget's samples, or max_train_seconds)",
+                              None)
+    max_samples_factor: int = doc("the cap on the samples of budget and continuation together, as a multiple of "
+                                  "budget_samples", 4)
+
+
+@dataclass(frozen=True)
 class QualityResult:
     """The quality run: how fast the model learns. Every set of a workload trains the same samples from the same
     initial weights and batches, evaluated at the same sample counts; evaluation is not timed."""
@@ -146,10 +165,11 @@ class QualityResult:
     target: float | None = doc("the workload size's validation target (documented in the workload)")
     budget_samples: int = doc("samples to train: budget_steps * the workload's global batch")
     budget_steps: int = doc("optimizer steps at this trial's global batch")
-    samples_trained: int = doc("samples actually trained (less than budget_samples only when cut)")
+    samples_trained: int = doc("samples actually trained within the budget (less than budget_samples only when cut "
+                               "or stopped)")
     steps_trained: int = doc("optimizer steps actually trained")
-    train_time_s: float = doc("training clock: wall time of the training steps, evaluation excluded, one-off "
-                              "cost excluded (the first step counts as a steady one)")
+    train_time_s: float = doc("training clock at the budget's end: wall time of the training steps, evaluation "
+                              "excluded, one-off cost excluded (the first step counts as a steady one)")
     cut: str | None = doc("why the run stopped before its budget (the wall-clock safety cap); a cut run is never "
                           "compared as complete")
     curve_columns: list[str] = doc("names of the curve's columns")
@@ -167,6 +187,9 @@ class QualityResult:
                                  "the run is complete at that point", None)
     tokens_trained: int | None = doc("tokens actually trained (sequence workloads: shortened sequences count as "
                                      "short)", None)
+    continuation: ContinuationResult | None = doc("a trial that trains on past the budget to a training clock: what "
+                                                  "it trained beyond (the curve's rows past budget_samples); every "
+                                                  "other field describes the budget", None)
 
 
 @dataclass(frozen=True)
@@ -280,7 +303,11 @@ class TrialRecord:
     wall_s: float | None = doc("the trial's wall time as its launcher saw it, process start to record (what a "
                                "sequential sweep budgets with)", None)
     added_by: str | None = doc("None for a planned trial; 'sequential': a speed-only pair added by --repeats auto "
-                               "while the configuration's speed or memory verdict was open", None)
+                               "while the configuration's speed or memory verdict was open; 'continuation': a "
+                               "time-budgeted continuation of a quality run (see continues)", None)
+    continues: str | None = doc("the trial_id of the trial whose quality run this one continues past its budget "
+                                "(a time-budgeted continuation, quality.continuation); such records are kept out of "
+                                "every statistic but quality at equal time", None)
     config_hash: str = doc("hash of the sweep settings the trial ran under (budget, mode, device, threads, processes, "
                            "seed); --resume refuses to mix records of two settings", "")
     schema_version: int = doc("2", SCHEMA_VERSION)

@@ -22,6 +22,7 @@ import torch
 
 from bench import adaptive, nodes, sweepdir
 from bench.config import ConfigError, SweepConfig, check_shard
+from bench.continuation import continuation_trials
 from bench.files import write_atomic
 from bench.launcher import Launch, TrialLauncher
 from bench.plan import Trial
@@ -148,6 +149,14 @@ class SweepRunner:
         return nodes.agree_on_done(self.launch.rdzv_endpoint, self.launch.node_rank, self.launch.nnodes,
                                    [t.trial_id for t in trials], done)
 
+    def _continuations(self) -> list[Trial]:
+        """The time-budgeted continuations the recorded trials call for and the store lacks (none for sweeps of
+        several nodes: their other nodes do not read node 0's records)."""
+        if self.launch.nnodes > 1 or not self.recorder:
+            return []
+        records = self.store.read()
+        return continuation_trials(self.cfg, records, {r.trial_id for r in records})
+
     def run(self, on_progress: Callable[[Progress], None] | None = None) -> list[TrialRecord]:
         if not self.claimed:
             self.claim()
@@ -166,8 +175,16 @@ class SweepRunner:
                 finished += 1
                 if on_progress:
                     on_progress(Progress(finished, len(trials), trial, record))
+            # Continuations for quality at equal time (bench.continuation), from the records just written.
+            extra = self._continuations()
+            total = len(trials) + len(extra)
+            for trial, record in self.executor.run(self, extra, env):
+                self.store.append(record)
+                finished += 1
+                if on_progress:
+                    on_progress(Progress(finished, total, trial, record))
             if self.cfg.sequential:
-                self._sequential_phase(env, finished, len(trials), on_progress)
+                self._sequential_phase(env, finished, total, on_progress)
             return self.store.read()
         finally:
             self.close()

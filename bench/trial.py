@@ -9,7 +9,9 @@ clean and a crash takes down one trial, not the sweep. Two questions, two measur
 3. ``quality_run`` (modes quality, both): how fast the model learns. From the freshly built model, train the
    workload size's sample budget, evaluated at the same sample counts as every other set (evaluation untimed). The
    first step is timed on its own: what it costs beyond a steady step (compilation) is a one-off cost, kept out of
-   the training clock and reported apart. A wall-clock cap is only a safety net: a run it cuts is marked as such;
+   the training clock and reported apart. A wall-clock cap is only a safety net: a run it cuts is marked as such.
+   With ``train_until_s`` (a continuation, ``bench.continuation``) the run then trains on past the budget, at the
+   same evaluation cadence, until its training clock reaches that time (the equal-time comparison);
 4. ``speed_window`` (modes speed, both): how fast a step is. Warm-up, then a timed window with a device sync only
    at its edges; FLOPs and MFU on the window's own clock;
 5. ``parity``: the first optimizer steps of whichever stage ran first against the reference: losses and the
@@ -72,6 +74,7 @@ from bench.results import (
     PARITY_TOLERANCES,
     BuildInfo,
     Contention,
+    ContinuationResult,
     EnergyResult,
     MemoryResult,
     ParityResult,
@@ -102,6 +105,7 @@ log = logging.getLogger(__name__)
 CONTENTION_WARN = 0.10  # other processes used more than 10% of the cores during the timed window
 CONTENTION_PAUSE_S = 2.0  # before a contended window is measured again: let a short burst of other work pass
 CLEAN_RSS_STEPS = 2
+MAX_CONTINUATION_FACTOR = 4  # a continuation trains at most this multiple of the budget's samples in all
 
 
 @dataclass
@@ -125,14 +129,17 @@ class TrialSpec:
     position: int = 0  # index in the sweep's run order
     reference_dir: str | None = None  # cache of parity references (None: a temporary one)
     plugins: list[dict[str, Any]] = field(default_factory=list)  # users' models and techniques to load first
+    train_until_s: float | None = None  # quality: after the budget, train on to this training clock (equal time)
 
     @classmethod
     def from_json(cls, text: str) -> TrialSpec:
         return cls(**json.loads(text))
 
     def to_json(self) -> str:
-        # Without users' code the spec stays as older checkouts read it (``sweep --ab REV`` runs their trial code).
-        return json.dumps({k: v for k, v in dataclasses.asdict(self).items() if k != "plugins" or v})
+        # Without users' code or a continuation the spec stays as older checkouts read it (``sweep --ab REV`` runs
+        # their trial code).
+        optional = ("plugins", "train_until_s")
+        return json.dumps({k: v for k, v in dataclasses.asdict(self).items() if k not in optional or v})
 
 
 class Diverged(RuntimeError):
@@ -386,13 +393,13 @@ def quality_run(session: Session) -> QualityResult:
 
     The training clock is synchronised at segment edges only (the first step, the parity probe's steps, each
     evaluation), so queued GPU work between them is not serialised. The first step's excess over a steady step is
-    the one-off cost: the curve's times leave it out (``build.one_off_s`` has it).
+    the one-off cost: the curve's times leave it out (``build.one_off_s`` has it). With ``spec.train_until_s`` the
+    run trains on past the budget afterwards (``_train_on``); the budget's part is trained exactly as without it.
     """
     budget, built = session.budget, session.built
     plan = quality_plan(budget, built, session.cfg)
     if plan.steps <= 0:
         raise ValueError(f"workload {session.spec.workload}:{session.spec.size} has no quality budget: give --steps")
-    batch = session.cfg.batch_size
     tokens_before = session.loop.tokens
     curve: list[list[Any]] = []
     clock, pending, cut, stopped = 0.0, [], None, None
@@ -401,9 +408,7 @@ def quality_run(session: Session) -> QualityResult:
     contention.start()
 
     def evaluate(step: int) -> None:
-        loss = float(_mean_over_ranks(torch.stack(pending).float().mean())) if pending else None
-        pending.clear()
-        curve.append([step * batch, step, clock, loss, _evaluate(session)[built.metric]])
+        curve.append(_eval_row(session, step, clock, pending))
 
     evaluate(0)
     _sync(session.device)
@@ -436,14 +441,88 @@ def quality_run(session: Session) -> QualityResult:
                     break
             _sync(session.device)
             seg_start = time.perf_counter()
-    busy = contention.stop()
     steps = curve[-1][1]
     session.one_off_s = one_off = _one_off(session.first_step_s, clock, steps)
-    for point in curve[1:]:
-        point[2] = max(point[2] - one_off, 0.0)
     # the loop counts this rank's tokens: every rank's, under data parallelism
     tokens = (session.loop.tokens - tokens_before) * session.batch_shards if built.tokens_per_sample else None
-    return _quality_result(session, plan, curve, one_off, cut, stopped, busy, tokens)
+    n_budget = len(curve)
+    continuation = None
+    if session.spec.train_until_s is not None:
+        continuation = _train_on(session, plan, curve, clock, one_off, cut or stopped)
+    busy = contention.stop()
+    for point in curve[1:]:
+        point[2] = max(point[2] - one_off, 0.0)
+    return _quality_result(session, plan, curve, n_budget, one_off, cut, stopped, busy, tokens, continuation)
+
+
+def _eval_row(session: Session, step: int, clock: float, pending: list[torch.Tensor]) -> list[Any]:
+    """One row of the eval curve (samples, steps, clock, mean training loss since the last row, metric); empties
+    ``pending``, the losses since the last row."""
+    loss = float(_mean_over_ranks(torch.stack(pending).float().mean())) if pending else None
+    pending.clear()
+    return [step * session.cfg.batch_size, step, clock, loss, _evaluate(session)[session.built.metric]]
+
+
+def _continuation_evals(plan: QualityPlan, max_steps: int) -> list[int]:
+    """The steps past the budget to evaluate at: the budget's own evaluation steps repeated after it (the same
+    sample cadence), up to ``max_steps``, which is one of them."""
+    laps = math.ceil(max_steps / plan.steps)
+    steps = {lap * plan.steps + e for lap in range(1, laps + 1) for e in plan.eval_steps}
+    return sorted({s for s in steps if s < max_steps} | {max_steps})
+
+
+def _train_on(session: Session, plan: QualityPlan, curve: list[list[Any]], clock: float, one_off: float,
+              ended: str | None) -> ContinuationResult:
+    """After the budget: train on, evaluating at the budget's cadence, until the training clock (one-off excluded,
+    as the curve's) reaches ``spec.train_until_s``; appends to ``curve``. Not run when the budget's run was cut or
+    stopped, or a technique says it cannot be continued (``Technique.continuation_blocker``); ended early by the
+    safety caps (``MAX_CONTINUATION_FACTOR`` x the budget's samples, ``max_train_seconds``), a technique's stop,
+    divergence or the workload's batches running out, each with its reason."""
+    until, budget, batch = session.spec.train_until_s, session.budget, session.cfg.batch_size
+
+    def result(reached: bool, why: str | None) -> ContinuationResult:
+        beyond = max(curve[-1][1] - plan.steps, 0)
+        return ContinuationResult(until_s=until, reached=reached, samples_beyond_budget=beyond * batch,
+                                  steps_beyond_budget=beyond, train_time_s=max(clock - one_off, 0.0), why_not=why,
+                                  max_samples_factor=MAX_CONTINUATION_FACTOR)
+
+    if ended:
+        return result(False, f"the run ended before its budget: {ended}")
+    blockers = [why for t in session.techs if (why := t.continuation_blocker(session.ctx))]
+    if blockers:
+        return result(False, "; ".join(blockers))
+    if _agree(clock - one_off >= until):
+        return result(True, None)  # the budget alone reached the clock: this run was not the faster one
+    max_steps = math.ceil(MAX_CONTINUATION_FACTOR * plan.budget_samples / batch)
+    metric, pending, step, loss = session.built.metric, [], plan.steps, None
+    _sync(session.device)
+    seg_start = time.perf_counter()
+    try:
+        for target in _continuation_evals(plan, max_steps):
+            while step < target:
+                loss = session.loop.step(next(session.batches))
+                pending.append(loss.detach())
+                session.steps_done += 1
+                step += 1
+            _sync(session.device)
+            clock += time.perf_counter() - seg_start
+            _check_finite(loss, session.steps_done)
+            curve.append(_eval_row(session, step, clock, pending))
+            if _agree(clock - one_off >= until):
+                return result(True, None)
+            if _agree(clock > budget.max_train_seconds):
+                return result(False, f"the training clock passed max_train_seconds={budget.max_train_seconds:g} "
+                                     f"at step {step} (a safety cap)")
+            asked = [t.name for t in session.techs if t.on_eval({metric: curve[-1][-1]}, session.ctx)]
+            if _agree(bool(asked)):
+                return result(False, f"{', '.join(asked) or 'another rank'} stopped the run at step {step}")
+            _sync(session.device)
+            seg_start = time.perf_counter()
+    except StopIteration:
+        return result(False, f"the workload's batches ran out at step {step}")
+    except Diverged as exc:
+        return result(False, f"diverged past the budget: {exc}")
+    return result(False, f"the safety cap of {MAX_CONTINUATION_FACTOR}x the budget's samples ({step} steps)")
 
 
 def _one_off(first_step_s: float | None, clock: float, steps: int) -> float:
@@ -454,25 +533,30 @@ def _one_off(first_step_s: float | None, clock: float, steps: int) -> float:
     return max(first_step_s - steady, 0.0)
 
 
-def _quality_result(session: Session, plan: QualityPlan, curve: list[list[Any]], one_off: float,
-                    cut: str | None, stopped: str | None, busy: Any, tokens: int | None) -> QualityResult:
+def _quality_result(session: Session, plan: QualityPlan, curve: list[list[Any]], n_budget: int, one_off: float,
+                    cut: str | None, stopped: str | None, busy: Any, tokens: int | None,
+                    continuation: ContinuationResult | None = None) -> QualityResult:
+    """The record's quality section: every field but ``curve`` and ``continuation`` from the budget's rows (the
+    first ``n_budget``), so a continuation's record describes its budget as the trial it continues does."""
     built = session.built
-    steps = curve[-1][1]
+    within = curve[:n_budget]
+    steps = within[-1][1]
     target = built.target
-    hit = next((p for p in curve[1:] if target is not None and p[4] is not None and
+    hit = next((p for p in within[1:] if target is not None and p[4] is not None and
                 (p[4] >= target if built.higher_is_better else p[4] <= target)), None)
     return QualityResult(
         metric=built.metric, higher_is_better=built.higher_is_better, target=target, margin=built.margin,
         budget_samples=plan.budget_samples, budget_steps=plan.steps,
         samples_trained=steps * session.cfg.batch_size, steps_trained=steps,
-        train_time_s=curve[-1][2], cut=cut, stopped_by=stopped,
+        train_time_s=within[-1][2], cut=cut, stopped_by=stopped,
         curve_columns=["samples", "steps", "train_time_s", "train_loss", built.metric], curve=curve,
-        final=None if cut else curve[-1][4],
+        final=None if cut else within[-1][4],
         samples_to_target=hit[0] if hit else None, steps_to_target=hit[1] if hit else None,
         time_to_target_s=hit[2] if hit else None,
         time_to_target_with_one_off_s=hit[2] + one_off + session.probe_s if hit else None,
         contention=Contention(**dataclasses.asdict(busy)),
         tokens_trained=tokens,
+        continuation=continuation,
     )
 
 

@@ -29,6 +29,9 @@ loop (``bench/loop.py``) calls the hooks in one documented order; a technique ov
     eval_model(model, ctx) -> module    -> the module evaluation runs (compile: its eager original)
     finalize(model, ctx)
     results(ctx) -> dict | None         -> what the technique found (a search trace, a curve) for the record
+    continuation_blocker(ctx) -> str | None -> why its quality run cannot be trained on past the planned budget
+                                           (a schedule planned over the budget's steps); asked when a sweep
+                                           schedules a time-budgeted continuation and again after the budget
     held_tensors(ctx) -> tensors        -> what it keeps resident beside the model and optimizer (a distillation
                                            teacher), for the memory breakdown
 
@@ -332,6 +335,19 @@ class Technique:
 
     def results(self, ctx: Context) -> dict[str, Any] | None:
         """What the technique found, kept in the record's ``technique_results`` under its name."""
+        return None
+
+    def continuation_blocker(self, ctx: Context) -> str | None:
+        """Why this technique's quality run cannot be trained on past its planned budget, or None when it can.
+
+        The harness trains a set that ran faster than the reference on, to the reference's training clock (the
+        equal-time comparison, docs/methodology.md). A technique whose behaviour is planned over the budget's steps
+        (an LR schedule that ends there, a pacing or pruning schedule over a fraction of them) would have been
+        planned differently for a longer run, so training on past the plan is not what the technique does: it
+        returns the reason in one sentence. Asked with the planning context when the continuation is scheduled,
+        and with the trial's live context once its budget is trained (state a technique found while training,
+        such as a stop, counts there).
+        """
         return None
 
     def held_tensors(self, ctx: Context) -> Iterable[torch.Tensor]:

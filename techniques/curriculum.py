@@ -136,6 +136,12 @@ class Curriculum(Technique):
             idx = order[torch.randperm(pool, generator=gen)[:size]]
             yield x_all[idx], y_all[idx]
 
+    def continuation_blocker(self, ctx: Context) -> str | None:
+        if self.options.warmup == 0:
+            return None  # no pacing: every step trains the full length or pool
+        return (f"curriculum's pacing grows over {self.options.warmup:g} of the planned steps: a longer run would "
+                "pace over more of them")
+
     def results(self, ctx: Context) -> dict[str, Any] | None:
         o = self.options
         out: dict[str, Any] = {"order": o.order, "start": o.start, "warmup": o.warmup}

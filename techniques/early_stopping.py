@@ -108,6 +108,12 @@ class EarlyStopping(Technique):
             ctx.state["early_stopping_stop"] = {"reason": reason, "step": ctx.step, "evaluation": len(rule.seen)}
         return reason is not None
 
+    def continuation_blocker(self, ctx: Context) -> str | None:
+        stop = ctx.state.get("early_stopping_stop")
+        if stop is None:
+            return None  # not stopped: training on keeps watching the metric, and may stop there
+        return f"early_stopping stopped the run at step {stop['step']} ({stop['reason']}): it ends where it stopped"
+
     def results(self, ctx: Context) -> dict[str, Any] | None:
         rule, stop = self._rule(ctx), ctx.state.get("early_stopping_stop")
         if not rule.seen:
@@ -116,6 +122,6 @@ class EarlyStopping(Technique):
                                "evaluations": len(rule.seen), "best": rule.best, "stopped": stop is not None}
         if stop is not None:
             out.update(stop)
-            if ctx.total_steps:
+            if ctx.total_steps and stop["step"] <= ctx.total_steps:  # not a stop in a continuation past the plan
                 out["steps_saved_frac"] = 1 - stop["step"] / ctx.total_steps
         return out

@@ -105,6 +105,12 @@ class LRSchedule(Technique):
         if ctx.step + 1 < self._total:  # past the plan the LR stays at its last value (OneCycleLR would raise)
             self._scheduler.step()
 
+    def continuation_blocker(self, ctx: Context) -> str | None:
+        if self.options.schedule == "constant":
+            return None
+        return (f"lr_schedule's {self.options.schedule} schedule ends at the planned steps: a longer run would "
+                "stretch it, not hold its last LR")
+
     def results(self, ctx: Context) -> dict[str, Any] | None:
         if not self._lrs:
             return None  # no step within the plan (a speed-only trial)

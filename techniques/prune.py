@@ -416,6 +416,10 @@ class Prune(Technique):
                     raise RuntimeError(f"prune: {name}.weight_orig is not the Parameter the optimizer holds")
                 _drop_mask_copies(m)
 
+    def continuation_blocker(self, ctx: Context) -> str | None:
+        when = "its shrink" if self.options.mode == "structured" else "its pruning events"
+        return f"prune places {when} at fractions of the planned steps: a longer run would place them later"
+
     # ---- the record ----------------------------------------------------------------------------------------------
 
     def results(self, ctx: Context) -> dict[str, Any] | None:

@@ -12,7 +12,11 @@ def test_smoke_sweep_end_to_end(cli, tmp_path):
     out = tmp_path / "smoke"
     proc = cli("sweep", "--preset", "smoke", "--out", str(out))
     assert proc.returncode == 0, proc.stderr[-3000:]
-    records = ResultStore(out / "results.jsonl").read()
+    everything = ResultStore(out / "results.jsonl").read()
+    # where bf16 trained faster than the baseline on this machine, a continuation follows (quality at equal time)
+    continued = [r for r in everything if r.continues]
+    assert all(r.technique_label == "bf16" and r.mode == "quality" for r in continued)
+    records = [r for r in everything if not r.continues]
     assert len(records) == 9  # 3 workloads x 3 sets x 1 repeat
     assert {r.status for r in records} == {"ok"}, [(r.trial_id, r.reason) for r in records if r.status != "ok"]
     env = json.loads((out / "env.json").read_text())

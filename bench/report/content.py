@@ -278,11 +278,31 @@ def quality_cell(c: Any) -> Cell:
                "bug": f"{apart} and the first steps differ from the reference: check it"}[c.exact_quality]
         tone = {"drift": "good", "bug": "bad"}.get(c.exact_quality, "warn")
         return Cell(f"{why}; {text}" if c.exact_quality == "drift" else f"{text}; {why}", tone)
-    if c.kind == "algorithmic" and _ok(c.delta_at_time):
-        at = delta_cell(c.delta_at_time, c.delta_at_time_lo, c.delta_at_time_hi, c.delta_at_time_verdict,
-                        c.delta_at_time_why)
-        text += f"; at equal time ({fmt_secs(c.equal_time_s)}): {at.text}"
+    if c.kind in ("numeric", "algorithmic"):
+        text += equal_time_text(c)
     return Cell(text, delta.tone)
+
+
+def equal_time_text(c: Any) -> str:
+    """The metric at the reference's training clock, and how a faster set got there: trained on past its budget
+    (``bench.continuation``), or why it could not be ("" without an equal-time value)."""
+    if not _ok(c.delta_at_time):
+        return ""
+    at = delta_cell(c.delta_at_time, c.delta_at_time_lo, c.delta_at_time_hi, c.delta_at_time_verdict,
+                    c.delta_at_time_why)
+    how = []
+    if c.equal_time_continued:
+        seeds = "" if c.equal_time_continued == c.n_final else f", {c.equal_time_continued}/{c.n_final} seeds"
+        how.append(f"trained on to {fmt_secs(c.equal_time_until_s)}, +{c.equal_time_beyond_samples:,.0f} "
+                   f"samples{seeds}")
+    if c.equal_time_cut:
+        how.append(f"cut short: {c.equal_time_cut}")
+    if c.equal_time_blocked:
+        how.append(f"continuation not possible: {c.equal_time_blocked}")
+    elif c.equal_time_faster > c.equal_time_continued:
+        how.append(f"{c.equal_time_faster - c.equal_time_continued} faster run(s) scored where they ended: no "
+                   "continuation recorded")
+    return f"; at equal time ({fmt_secs(c.equal_time_s)}): {at.text}" + (f" ({'; '.join(how)})" if how else "")
 
 
 def exact_drift(c: Any) -> str:
@@ -812,7 +832,9 @@ def _method(analysis: Analysis) -> list[str]:
         f"(every evaluation within {EXACT_CURVE_RTOL:.0%} of the range the reference's metric covered) and then "
         "reads 'same'; a "
         "numeric or algorithmic set shows the metric at the full budget, mean ± std over seeds, and its paired "
-        "difference; an algorithmic set also the metric at the reference's training time.",
+        "difference, and its metric at the reference's training clock of the same seed: a set that trained "
+        "faster is trained on past its budget to that clock (a continuation; docs/methodology.md), or the cell "
+        "says why it could not be.",
         "Time to target: the training clock (evaluation and one-off excluded) at the first evaluation that "
         "reached the workload size's validation target, median over seeds with a miss counted as never (as "
         "AlgoPerf scores it), with the miss rate and the samples it took; the ratio to the reference is given "
