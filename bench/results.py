@@ -80,6 +80,8 @@ class Contention:
     window_s: float = doc("wall seconds measured")
     ncpu: int = doc("logical CPUs")
     fraction: float = doc("other_cpu_s / (window_s * ncpu): 0 idle, 1 every core busy with foreign work")
+    steal_s: float = doc("of other_cpu_s, the VM's steal time (/proc/stat): the hypervisor ran other guests on "
+                         "this VM's vCPUs", 0.0)
 
 
 @dataclass(frozen=True)

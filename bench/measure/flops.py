@@ -1,4 +1,4 @@
-"""FLOPs per step and model FLOPs utilization (MFU)."""
+"""FLOPs per step (MFU itself is computed on the timed window's clock, in ``bench.trial.speed_window``)."""
 
 from __future__ import annotations
 
@@ -52,16 +52,3 @@ def grouped_conv_backward_flop(grad_out_shape, x_shape, w_shape, bias, stride, p
 
 
 _FIXED = {torch.ops.aten.convolution_backward: grouped_conv_backward_flop}
-
-
-def mfu(flops_per_step: float | None, step_time_s: float | None, peak_flops: float | None) -> float | None:
-    """Model FLOPs utilization: achieved model FLOP/s divided by the device's peak FLOP/s.
-
-    Definition from the PaLM paper (Chowdhery et al. 2022, "PaLM: Scaling Language Modeling with Pathways",
-    Appendix B): MFU = observed throughput (tokens/s) x model FLOPs per token / peak FLOP/s, which is the same as
-    model FLOPs per step / step time / peak FLOP/s. Rematerialisation (activation checkpointing) is deliberately
-    not counted as useful work, so checkpointing lowers MFU. Returns None when any input is missing or zero.
-    """
-    if not flops_per_step or not step_time_s or not peak_flops:
-        return None
-    return float(flops_per_step) / float(step_time_s) / float(peak_flops)

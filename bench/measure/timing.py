@@ -161,16 +161,18 @@ class ContentionResult:
     window_s: float
     ncpu: int
     fraction: float
+    steal_s: float = 0.0  # of other_cpu_s: time the hypervisor gave this VM's vCPUs to other guests (/proc/stat)
 
 
-def _busy_system_cpu_s() -> float:
+def _busy_system_cpu_s() -> tuple[float, float]:
+    """System-wide busy CPU seconds, and the steal time among them (one snapshot of /proc/stat)."""
     t = psutil.cpu_times()
     # /proc/stat already counts guest time inside user (and guest_nice inside nice), so adding guest would count
     # it twice. Steal is time the hypervisor gave our vCPUs to someone else: contention from outside the VM.
     busy = t.user + t.nice + t.system
     for name in ("irq", "softirq", "steal"):
         busy += getattr(t, name, 0.0)
-    return busy
+    return busy, float(getattr(t, "steal", 0.0))
 
 
 def _sibling_cpu_s(exclude: int) -> dict[int, float]:
@@ -213,6 +215,7 @@ class CpuContention:
         self._proc = psutil.Process(os.getpid())
         self._t0: float | None = None
         self._busy0 = 0.0
+        self._steal0 = 0.0
         self._own0 = 0.0
         self._children0: dict[int, float] = {}
 
@@ -235,7 +238,7 @@ class CpuContention:
     def start(self) -> None:
         """Start the window: snapshot system-wide busy time and our own CPU time."""
         self._own0, self._children0 = self._own_cpu_s()
-        self._busy0 = _busy_system_cpu_s()
+        self._busy0, self._steal0 = _busy_system_cpu_s()
         self._t0 = self.clock()
 
     def stop(self) -> ContentionResult:
@@ -243,7 +246,8 @@ class CpuContention:
         if self._t0 is None:
             raise RuntimeError("CpuContention.stop() called before start()")
         window = self.clock() - self._t0
-        busy = _busy_system_cpu_s() - self._busy0
+        busy, steal = _busy_system_cpu_s()
+        busy, steal = busy - self._busy0, max(steal - self._steal0, 0.0)
         own1, kids1 = self._own_cpu_s()
         own = own1 - self._own0
         # Live descendants: only their CPU time inside the window (new ones since start count from 0).
@@ -253,5 +257,7 @@ class CpuContention:
         fraction = other / (window * ncpu) if window > 0 else 0.0
         self._t0 = None
         if fraction > 0.1:
-            log.info("other processes used %.0f%% of %d CPUs during the window", 100 * fraction, ncpu)
-        return ContentionResult(other_cpu_s=other, window_s=window, ncpu=ncpu, fraction=fraction)
+            log.info("other processes used %.0f%% of %d CPUs during the window (steal %.2f s)", 100 * fraction, ncpu,
+                     steal)
+        return ContentionResult(other_cpu_s=other, window_s=window, ncpu=ncpu, fraction=fraction,
+                                steal_s=min(steal, other))
