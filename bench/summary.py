@@ -8,7 +8,9 @@ judged at equal samples by the set's kind; time-to-target is a censored median (
 from __future__ import annotations
 
 import math
+import tomllib
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from bench import analysis, cost, stats
@@ -96,11 +98,21 @@ def parity_text(c: Any) -> str:
     return "expected mismatch" if c.parity_note else "MISMATCH"
 
 
-def summarize(records: list[TrialRecord], baseline: str = BASELINE) -> list[SummaryRow]:
-    """One row per workload x technique set, the reference first in each workload."""
+def design_of(sweep_dir: Path) -> int | None:
+    """The cap of the sequential design a sweep directory's sweep.toml records (None: a fixed design, or none)."""
+    try:
+        return analysis.design_cap(tomllib.loads((Path(sweep_dir) / "sweep.toml").read_text()))
+    except (OSError, tomllib.TOMLDecodeError, UnicodeDecodeError):
+        return None
+
+
+def summarize(records: list[TrialRecord], baseline: str = BASELINE, max_looks: int | None = None
+              ) -> list[SummaryRow]:
+    """One row per workload x technique set, the reference first in each workload; ``max_looks``: the sweep's
+    sequential design (its cap), so the intervals are the report's."""
     if not records:
         return []
-    configs = analysis.configurations(analysis.records_frame(records), baseline)
+    configs = analysis.configurations(analysis.records_frame(records, max_looks=max_looks), baseline)
     rows = []
     for c in configs.itertuples():
         notes = [*c.caveats, *c.problems] + ([f"skipped: {c.skip_reason}"] if c.skip_reason else [])

@@ -107,6 +107,7 @@ class Report:
     phases: Table | None = None  # where a step's time goes, per set, with the bottleneck it points to
     energy: Section | None = None  # joules per sample and to the target, or why energy was not measured
     cost: Section | None = None  # only with a price per machine-hour
+    decisions: list[str] = field(default_factory=list)  # how many verdicts the data decided, above the summary
 
 
 # ---- number formatting --------------------------------------------------------------------------------------
@@ -651,6 +652,42 @@ def _headline(analysis: Analysis, names: dict[str, str]) -> list[Headline]:
     return out
 
 
+def _count(words: pd.Series, order: tuple[str, ...]) -> str:
+    counts = words.fillna(stats.NONE).value_counts()
+    return ", ".join(f"{w} {int(counts[w])}" for w in order if w in counts)
+
+
+def decisions(analysis: Analysis) -> list[str]:
+    """How decisive the data were: speed verdicts decided of those made, how many pairs a sequential design added,
+    and how many quality comparisons the family made and kept after Holm's correction."""
+    others = analysis.configs[~analysis.configs["is_reference"].astype(bool)]
+    speed = others[[_ok(v) for v in others["speedup"]]]
+    out = []
+    if len(speed):
+        decided = sum(w not in (None, *stats.UNDECIDED) for w in speed["speedup_verdict"])
+        line = (f"Speed verdicts decided: {decided} of {len(speed)} ("
+                + _count(speed["speedup_verdict"], ("faster", "slower", stats.EQUIVALENT, stats.INCONCLUSIVE,
+                                                    stats.NONE)) + ")")
+        added = int(sum(int(n or 0) for n in speed["n_added"]))
+        caps = [int(c) for c in speed["max_looks"] if _ok(c)]
+        if caps:
+            line += (f"; a sequential design (--repeats auto, up to {max(caps)} pairs) added {added} speed-only "
+                     f"pair(s) to {int(sum(int(n or 0) > 0 for n in speed['n_added']))} configuration(s)")
+        widths = [float(h) / float(lo) for lo, h in zip(speed["speedup_lo"], speed["speedup_hi"], strict=True)
+                  if _ok(lo) and _ok(h) and lo > 0]
+        if widths:
+            line += f"; median interval width (hi/lo) {float(np.median(widths)):.2f}"
+        out.append(line + ".")
+    family = [int(n) for n in others.get("delta_family", pd.Series(dtype=object)) if _ok(n)]
+    if family and max(family):
+        kept = sum(w in ("better", "worse", stats.EQUIVALENT) for w in others["delta_verdict"])
+        dropped = int(sum(bool(d) for d in others["delta_holm_dropped"] if _ok(d)))
+        out.append(f"Quality at equal samples: {max(family)} comparisons, {kept} decided after Holm's correction "
+                   f"for their number" + (f" ({dropped} chance-level decision(s) did not survive it)" if dropped
+                                          else "") + ".")
+    return out
+
+
 def _interactions_table(analysis: Analysis, names: dict[str, str]) -> Table | None:
     inter = analysis.interactions
     if inter.empty:
@@ -818,9 +855,13 @@ def _method(analysis: Analysis) -> list[str]:
         f"run in the same repeat round; the order of the sets within a round is shuffled). Ratios are geometric "
         f"means with a {stats.CONFIDENCE:.0%} Student-t interval on the per-seed log-ratios (a percentile "
         "bootstrap over 3 seeds cannot reach beyond the extreme pair and covered the truth in 67% of simulated "
-        f"cases). No verdict below {stats.MIN_REPEATS} repeats; a verdict needs its whole interval beyond the "
-        f"threshold: {th.speed:.0%} for speed, {th.memory:.0%} for memory, {th.time_to_target:.0%} for "
-        "time-to-target, any difference for the metric.",
+        f"cases); a sequential sweep (--repeats auto) adds speed-only pairs while a verdict is open and reads "
+        "every look with a repeated confidence interval, which keeps its 95% over all looks up to the cap. No "
+        f"verdict below {stats.MIN_REPEATS} repeats; otherwise four answers: a change when the whole interval lies "
+        f"beyond the threshold ({th.speed:.0%} for speed, {th.memory:.0%} for memory, {th.time_to_target:.0%} for "
+        "time-to-target, the workload's equivalence margin for the metric), equivalent when it lies wholly inside, "
+        "inconclusive otherwise (with about how many pairs would decide it). The quality verdicts of this report "
+        "are corrected for their number (Holm's step-down procedure).",
         "Samples/s: per trial, samples over the wall time of the timed window; the table shows the median over "
         "repeats and its IQR. MFU: model FLOPs per step (FlopCounterMode on the eager fp32 reference step) x steps "
         "/ the window's wall time (the clock of samples/s) / this machine's matmul peak for the dtype in use, "
@@ -916,6 +957,7 @@ def build(analysis: Analysis, figures: dict[str, Figure] | None = None, input_no
         phases=_phases_table(analysis, names),
         energy=energy_section(analysis, names),
         cost=cost_section(analysis, names, price),
+        decisions=decisions(analysis),
     )
 
 

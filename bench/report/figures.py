@@ -142,7 +142,8 @@ def speedup_figure(analysis: Analysis) -> Figure | None:
         _style(ax, title)
     return _finish(fig, "speedup", "Speedup vs the reference",
                    "Bars: geometric mean over seeds of samples/s against the reference set's trial of the same "
-                   "seed, from 1 (no change) on a log scale; whiskers and brackets: 95% t interval. Green: faster, "
+                   "seed, from 1 (no change) on a log scale; whiskers and brackets: 95% interval (t, or a sequential "
+                   "design's repeated interval). Green: faster, "
                    "red: slower (the whole interval beyond the threshold); blue: equivalent (the whole interval "
                    "within it); grey: inconclusive, or no verdict (fewer than 3 repeats).")
 

@@ -57,6 +57,7 @@ def _head(report: Report) -> list[str]:
     for note in report.input_notes:
         out += [f"> **Input:** {escape(note)}", ""]
     out += ["## Summary", ""]
+    out += [escape(d) + "\n" for d in report.decisions]
     for h in report.headline:
         out.append(f"- **{escape(h.label)}**")
         out += [f"  - {escape(p)}" for p in h.points]
