@@ -703,30 +703,40 @@ def _timed_window(
     """One timed window: its step times, energy, the CPU time others took, the last loss and the steps taken.
 
     Under torchrun the other ranks are this rank's siblings (the launcher's children): the trial, not contention.
+    Python's cyclic garbage collector is off inside the window (as ``timeit`` does): a full collection over the
+    heap of a torch process takes milliseconds, landing on some steps of some windows (a few slow steps, not
+    contention) and on none of others; the reference counts that free most objects still run.
     """
     budget = session.budget
     timer, energy = StepTimer(session.device), EnergyMeter(session.device)
     contention = CpuContention(include_siblings=session.spec.world_size > 1)
-    contention.start()
-    energy.start()
-    timer.start()
-    window_start = time.perf_counter()
-    steps = 0
-    while True:
-        t_fetch = time.perf_counter()
-        batch = next(session.batches)
-        timer.data_wait(time.perf_counter() - t_fetch)
-        loss = session.loop.step(batch)
-        timer.step_done()
-        steps += 1
-        elapsed = time.perf_counter() - window_start
-        if planned is not None:
-            if steps >= planned:
+    gc.collect()
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        contention.start()
+        energy.start()
+        timer.start()
+        window_start = time.perf_counter()
+        steps = 0
+        while True:
+            t_fetch = time.perf_counter()
+            batch = next(session.batches)
+            timer.data_wait(time.perf_counter() - t_fetch)
+            loss = session.loop.step(batch)
+            timer.step_done()
+            steps += 1
+            elapsed = time.perf_counter() - window_start
+            if planned is not None:
+                if steps >= planned:
+                    break
+            elif (steps >= budget.min_steps and elapsed >= budget.min_seconds) or elapsed >= budget.max_seconds:
                 break
-        elif (steps >= budget.min_steps and elapsed >= budget.min_seconds) or elapsed >= budget.max_seconds:
-            break
-    window = timer.stop()
-    return window, energy.stop(), contention.stop(), loss, steps
+        window = timer.stop()
+        return window, energy.stop(), contention.stop(), loss, steps
+    finally:
+        if was_enabled:
+            gc.enable()
 
 
 def _warm_up(session: Session) -> list[float]:

@@ -322,3 +322,27 @@ def test_a_contended_window_is_measured_again_and_the_retry_recorded(spec, tmp_p
     assert rec.speed.contention_retries[0] == pytest.approx(windows[0], abs=1e-4)
     assert len(windows) == len(rec.speed.contention_retries) + 1 <= 3
     assert rec.speed.contended == (windows[-1] > trial_mod.CONTENTION_WARN)
+
+
+def test_the_timed_window_runs_with_the_cyclic_garbage_collector_off():
+    import gc
+    import types
+
+    import torch
+
+    from bench.config import Budget
+    from bench.trial import _timed_window
+
+    seen = []
+
+    class Loop:
+        def step(self, batch):
+            seen.append(gc.isenabled())
+            return torch.tensor(0.0)
+
+    session = types.SimpleNamespace(budget=Budget(min_steps=3, min_seconds=0.0, max_seconds=5.0),
+                                    device=torch.device("cpu"), batches=iter(range(100)), loop=Loop(),
+                                    spec=types.SimpleNamespace(world_size=1))
+    assert gc.isenabled()
+    _, _, _, _, steps = _timed_window(session, None)
+    assert steps == 3 and seen == [False] * 3 and gc.isenabled()  # off inside, back on after
