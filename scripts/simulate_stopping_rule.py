@@ -45,8 +45,8 @@ def main() -> None:
     parser.add_argument("--sims", type=int, default=2000)
     parser.add_argument("--cap", type=int, default=20)
     args = parser.parse_args()
-    print(f"| true ratio | CV per trial | faster | slower | equivalent | inconclusive at the cap | mean pairs | "
-          f"fixed t read at every look: faster / slower / equivalent |")
+    print("| true ratio | CV per trial | faster | slower | equivalent | inconclusive at the cap | mean pairs | "
+          "fixed t read at every look: faster / slower / equivalent |")
     print("|---|---|---|---|---|---|---|---|")
     for i, (effect, cv) in enumerate(SCENARIOS):
         out = sequential.simulate(effect, cv, args.cap, sims=args.sims, seed=100 + i)
