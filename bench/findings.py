@@ -53,8 +53,9 @@ def claims_check(configs: pd.DataFrame, machines: dict[str, dict[str, Any]] | No
     """Each single technique's published claim beside this sweep's measurement, with a verdict and, when the two
     disagree, why this hardware may differ from the claim's.
 
-    ``verdict``: "within" (the estimate lies in the claimed range), "below" or "above"; ``certain`` is False when
-    the estimate is outside the range but its interval still reaches it, None without an interval.
+    ``verdict`` (``stats.claim_verdict``): "within" (the whole interval lies in the claimed range), "below" or
+    "above" (wholly outside it), "inconclusive" (it reaches across an edge; ``why_not`` says which side the estimate
+    is on), "no verdict" (fewer than 3 repeats), or "not measured".
     """
     claims = registered_claims() if claims is None else claims
     machines = machines or {}
@@ -71,26 +72,23 @@ def claims_check(configs: pd.DataFrame, machines: dict[str, dict[str, Any]] | No
             row = {"machine": c.machine, "workload": c.workload, "technique": c.technique,
                    "name": c.names[0], "metric": claim.metric, "low": claim.low, "high": claim.high,
                    "setting": claim.setting, "source": claim.source, "measured": est, "measured_lo": lo,
-                   "measured_hi": hi, "verdict": None, "certain": None, "why": []}
+                   "measured_hi": hi, "verdict": None, "why_not": None, "why": []}
             if est is None:
                 row["verdict"] = "not measured"
                 row["why"] = [c.skip_reason] if c.skip_reason else list(c.problems)
             else:
                 # Exact bytes may miss a range's edge by shard padding (uneven tensors): allow 1% there.
-                slack = MODEL_STATE_SLACK if claim.metric == "model_state_ratio" else 0.0
-                if claim.low * (1 - slack) <= est <= claim.high * (1 + slack):
-                    row["verdict"] = "within"
-                else:
-                    row["verdict"] = "below" if est < claim.low else "above"
-                if lo is not None and hi is not None:
-                    inside = claim.low * (1 - slack) <= lo and hi <= claim.high * (1 + slack)
-                    row["certain"] = inside if row["verdict"] == "within" else (hi < claim.low or lo > claim.high)
-                if row["verdict"] != "within":
+                exact = claim.metric == "model_state_ratio"
+                slack = MODEL_STATE_SLACK if exact else 0.0
+                v = stats.claim_verdict(est, lo, hi, getattr(c, f"{col}_n", None), claim.low * (1 - slack),
+                                        claim.high * (1 + slack), exact=exact)
+                row["verdict"], row["why_not"] = v.word, v.why
+                if v.word in ("below", "above"):
                     ref = refs.get((c.machine, c.workload))
                     row["why"] = why_hardware_differs(c.names[0], claim, c, ref, machines.get(c.machine, {}))
             rows.append(row)
     cols = ["machine", "workload", "technique", "name", "metric", "low", "high", "setting", "source", "measured",
-            "measured_lo", "measured_hi", "verdict", "certain", "why"]
+            "measured_lo", "measured_hi", "verdict", "why_not", "why"]
     return frame_of(rows, cols)
 
 
@@ -290,8 +288,7 @@ def diagnose(configs: pd.DataFrame, interactions_: pd.DataFrame | None = None,
                                f"{len(where)} configuration{'s' if len(where) > 1 else ''} had trials end in "
                                f"{problem} ({', '.join(where)}): fix that before reading their numbers"))
     if claims is not None and not claims.empty:
-        below = claims[(claims["verdict"] == "below") & (claims["metric"] == "speedup") &
-                       claims["certain"].map(lambda v: v is True)]
+        below = claims[(claims["verdict"] == "below") & (claims["metric"] == "speedup")]
         for (machine, technique), rows in below.groupby(["machine", "technique"], sort=False):
             first = rows.iloc[0]
             measured = ", ".join(f"{r.measured:.2f}x on {r.workload}" for r in rows.itertuples())

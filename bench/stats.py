@@ -214,6 +214,28 @@ def _inconclusive(est: Estimate, threshold: float) -> Verdict:
     return Verdict(INCONCLUSIVE, why + more, needed)
 
 
+def claim_verdict(value: float | None, lo: float | None, hi: float | None, n: int | None, low: float, high: float,
+                  exact: bool = False, min_repeats: int = MIN_REPEATS) -> Verdict:
+    """A measurement against a published claim's range [low, high] (the claims check): ``within`` when the whole
+    interval lies in the range, ``below`` / ``above`` when it lies wholly outside, ``INCONCLUSIVE`` when it reaches
+    across an edge, ``NONE`` below ``min_repeats`` (unless ``exact``: counted bytes, whose interval is the point)."""
+    if value is None:
+        return Verdict(NONE, "not measured")
+    if not exact and (n is None or n < min_repeats):
+        return Verdict(NONE, f"{int(n or 0)} repeats: a verdict needs {min_repeats}")
+    if lo is None or hi is None:
+        return Verdict(NONE, "no interval")
+    if low <= lo and hi <= high:
+        return Verdict("within")
+    if hi < low:
+        return Verdict("below")
+    if lo > high:
+        return Verdict("above")
+    side = "below" if value < low else "above" if value > high else "inside"
+    return Verdict(INCONCLUSIVE, f"the estimate lies {side} the claimed range, but its interval reaches across the "
+                                 "range's edge")
+
+
 def p_value(est: Estimate, threshold: float, word: str, higher: str, lower: str) -> float | None:
     """The p-value of the decision ``word`` (the verdict's own hypothesis test), for a multiplicity correction.
 

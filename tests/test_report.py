@@ -80,7 +80,7 @@ def test_report_says_what_the_fixture_holds(rendered):
     # two seeds left after the gpt failure and bf16's contended window: an estimate, no verdict
     assert "| 1.24x | 1.20x | 0.98 [0.33, 2.90] | no verdict (2 repeats: a verdict needs 3) |" in text
     assert "| 1.33x | 1.30x | 0.98 [0.91, 1.06] | consistent with multiplying |" in text
-    assert "| bf16 | mlp:tiny | speedup 1.5-2x on NVIDIA V100/A100" in text and "within the claim" in text
+    assert "| bf16 | mlp:tiny | speedup 1.5-2x on NVIDIA V100/A100" in text and "inconclusive (the estimate lies inside the claimed range" in text
     assert "python -m bench sweep --workloads mlp,gpt" in text
 
 

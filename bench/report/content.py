@@ -777,16 +777,10 @@ def _claims_table(analysis: Analysis, names: dict[str, str]) -> Table | None:
                     else "-")
         verdict = {"within": "within the claim", "below": "below the claim", "above": "above the claim"}.get(
             cl.verdict, cl.verdict)
-        if cl.certain is False and cl.verdict == "within":
-            verdict += " (not certain: the interval reaches beyond the claimed range)"
-        elif cl.certain is False:
-            verdict += " (not significant: the interval reaches the claimed range)"
-        elif cl.certain is None and cl.verdict in ("below", "above"):
-            verdict += " (no interval)"
+        if cl.verdict in (stats.INCONCLUSIVE, stats.NONE) and cl.why_not:
+            verdict += f" ({cl.why_not})"
         tone = {"within": "good", "below": "bad" if cl.metric == "speedup" else "good",
                 "above": "good" if cl.metric == "speedup" else "bad"}.get(cl.verdict, "muted")
-        if cl.certain is False:
-            tone = "muted"
         rows.append([Cell(cl.technique), Cell(_where(cl.workload, names[cl.machine])),
                      Cell(f"{metric} {cl.low:g}-{cl.high:g}x on {cl.setting}"), Cell(cl.source),
                      Cell(measured), Cell(verdict, tone), Cell("; ".join(cl.why) if cl.why else "-")])
