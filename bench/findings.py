@@ -191,7 +191,7 @@ def _one_off_finding(c: Any, ref: Any) -> str | None:
         text = (f"{head}, more than the {saved:.2f} s it saves over the quality budget ({c.train_time_s:.2f} vs "
                 f"{ref.train_time_s:.2f} s): it pays off only for runs about {runs}x longer")
         if c.speedup_verdict != "faster":
-            text += ", and only if its speedup, not significant here, is real"
+            text += f", and only if its speedup ({c.speedup_verdict or stats.NONE} here) is real"
         return text
     return None
 
@@ -247,7 +247,7 @@ def _data_fix(rows: pd.DataFrame) -> str:
     if not loaders:
         return ("try loader:workers=2 (a DataLoader with worker processes), or cache the transformed batches, before "
                 "tuning the model")
-    measured = ", ".join(f"{r.technique} {r.speedup:.2f}x" for r in loaders)
+    measured = ", ".join(f"{r.technique} {r.speedup:.2f}x {r.speedup_verdict}" for r in loaders)
     return (f"worker processes did not pay here ({measured}: on a machine with few cores they take the cores the "
             "step uses), so cache the transformed batches, make the transform cheaper, or run where cores are idle "
             "(a GPU host)")
