@@ -436,11 +436,14 @@ QUALITY_FAMILIES = ("delta", "delta_at_time")
 
 
 def correct_family(rows: list[dict[str, Any]], prefix: str) -> None:
-    """Holm's step-down correction over every decided verdict of ``prefix`` in ``rows`` (all sets x workloads x
-    machines of the report): a decision whose p-value does not survive becomes inconclusive, with the reason.
+    """Holm's step-down correction over every decided verdict of ``prefix`` in ``rows`` (the numeric and
+    algorithmic sets x workloads x machines of the report; an exact set's metric difference is a check of its
+    curve, not a finding, and is left as it is): a decision whose p-value does not survive becomes inconclusive,
+    with the reason.
     Each row records the family's size (``{prefix}_family``) and whether its decision survived."""
-    decided = [r for r in rows if r.get(f"{prefix}_verdict") not in (None, *stats.UNDECIDED)]
-    family = [r for r in rows if r.get(f"{prefix}_verdict") not in (None, stats.NONE)]
+    judged = [r for r in rows if r.get("kind") != "exact"]  # an exact set's metric is a check of its curve
+    decided = [r for r in judged if r.get(f"{prefix}_verdict") not in (None, *stats.UNDECIDED)]
+    family = [r for r in judged if r.get(f"{prefix}_verdict") not in (None, stats.NONE)]
     keep = stats.holm([r.get(f"{prefix}_p") for r in decided], m=len(family))
     for r in rows:
         r[f"{prefix}_family"] = len(family)
@@ -448,8 +451,8 @@ def correct_family(rows: list[dict[str, Any]], prefix: str) -> None:
     for r, kept in zip(decided, keep, strict=True):
         if not kept:
             r[f"{prefix}_holm_dropped"] = True
-            r[f"{prefix}_why"] = (f"{r[f'{prefix}_verdict']} at p = {r[f'{prefix}_p']:.3f} alone, but not after "
-                                  f"Holm's correction over the {len(family)} comparisons of this report")
+            r[f"{prefix}_why"] = (f"{r[f'{prefix}_verdict']} at p = {r[f'{prefix}_p']:.3f} alone; not after Holm's "
+                                  f"correction over the {len(family)} comparisons of this report")
             r[f"{prefix}_verdict"] = stats.INCONCLUSIVE
 
 

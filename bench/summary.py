@@ -177,8 +177,9 @@ def row_cells(row: SummaryRow) -> list[str]:
 
 
 LEGEND = ("Speedup and memory ratio: geometric mean over seeds of each trial's ratio to the reference set's trial "
-          "of the same seed; a word (faster, slower, less, more) only when the whole 95% interval clears the "
-          "threshold (5% speed, 1% memory); 'x?' marks an estimate without a verdict (fewer than 3 repeats). "
+          "of the same seed, with its verdict: faster, slower, less, more when the whole 95% interval clears the "
+          "threshold (5% speed, 1% memory), equivalent when it lies wholly inside, inconclusive otherwise, "
+          "'(no verdict)' for an estimate of fewer than 3 repeats. "
           "Quality at equal samples: every set trains the same samples from the same initial weights; an exact set "
           "must reproduce the reference's eval curve ('same'), others show the metric's difference at the full "
           "budget ('at stop' when early stopping ended runs: the metric where it stopped). Time to target: median "

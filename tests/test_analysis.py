@@ -395,3 +395,17 @@ def test_low_mfu_is_called_per_op_overhead_only_when_the_step_does_not_wait_for_
     starved = [record(seed=i, sps=100, mfu=0.01, data_wait=0.5) for i in range(3)]
     topics = [{f.topic for f in findings.diagnose(configs_of(r).reset_index(drop=True))} for r in (fed, starved)]
     assert "overhead" in topics[0] and "overhead" not in topics[1] and "data" in topics[1]
+
+
+def test_holm_turns_a_chance_better_among_many_null_quality_comparisons_into_inconclusive():
+    base = [record(seed=i, final=v) for i, v in enumerate([0.800, 0.810, 0.790])]
+    lucky = [record("lucky", seed=i, kind="numeric", final=v) for i, v in enumerate([0.806, 0.817, 0.795])]
+    nulls = [record(f"null{k}", seed=i, kind="numeric", final=v + (0.002 if (k + i) % 2 else -0.002))
+             for k in range(29) for i, v in enumerate([0.800, 0.810, 0.790])]
+    alone = analysis.configurations(analysis.records_frame(base + lucky)).set_index("technique").loc["lucky"]
+    assert alone["delta_verdict"] == "better"  # +0.006 in every seed, with no margin: a change
+    many = analysis.configurations(analysis.records_frame(base + lucky + nulls)).set_index("technique")
+    c = many.loc["lucky"]
+    assert c["delta_verdict"] == stats.INCONCLUSIVE and c["delta_holm_dropped"]
+    assert "not after Holm's correction over the 30 comparisons" in c["delta_why"]
+    assert many.loc["baseline", "delta_family"] == 30

@@ -191,6 +191,8 @@ def delta_cell(est: float | None, lo: float | None, hi: float | None, verdict: s
     ci = f" [{lo:+.4f}, {hi:+.4f}]" if _ok(lo) and _ok(hi) else ""
     if verdict in (None, stats.NONE):
         return Cell(f"{est:+.4f}{ci} (no verdict: {why or 'no interval'})", "muted")
+    if verdict == stats.INCONCLUSIVE and why and "Holm" in why:  # a decision the family's correction undid
+        return Cell(f"{est:+.4f}{ci} inconclusive ({why})", "muted")
     return Cell(f"{est:+.4f}{ci} {verdict}", TONES.get(verdict, ""))
 
 
@@ -535,7 +537,8 @@ def _speed_points(analysis: Analysis, rows: pd.DataFrame, others: pd.DataFrame) 
     smaller = others[others["mem_ratio_verdict"] == "less"]
     if len(smaller):
         least = smaller.loc[smaller["mem_ratio"].astype(float).idxmin()]
-        speed = f", at {least['speedup']:.2f}x speed" if _ok(least["speedup"]) else ""
+        speed = (f", at {least['speedup']:.2f}x speed ({least['speedup_verdict'] or stats.NONE})"
+                 if _ok(least["speedup"]) else "")
         parts.append(f"least memory: {least['technique']} at {least['mem_ratio']:.2f}x peak memory "
                      f"({least['mem_ratio_source']}){speed}")
     slower = others[others["speedup_verdict"] == "slower"]
@@ -572,7 +575,7 @@ def _quality_points(others: pd.DataFrame) -> list[str]:
     same = [r.technique for r in others.itertuples() if r.exact_quality == "identical"]
     drift = [f"{r.technique}, whose eval curves drift up to {r.curve_max_rel_diff:.1%} of the metric's range from "
              "the reference's (floating-point rounding amplified over the run: its first steps match the reference "
-             "and its metric at the full budget does not differ significantly)"
+             "and its metric at the full budget is equivalent or its difference includes zero)"
              for r in others.itertuples() if r.exact_quality == "drift"]
     if same or drift:
         parts.append("same quality at equal samples (exact): " + "; ".join(
@@ -1100,6 +1103,11 @@ def _saved_cell(c: Any, p: float, machines_ratio: float = 1.0) -> Cell:
     if c.speedup_verdict == stats.EQUIVALENT:
         return Cell(f"no saving beyond the threshold (speed equivalent; {text})", "muted")
     if c.speedup_verdict == stats.INCONCLUSIVE:
+        if saved_hi is not None and saved_hi < 0:  # slower for sure, though not by the threshold
+            return Cell(f"{text}: extra cost (the speedup is inconclusive: below 1, not clear of the threshold)",
+                        "muted")
+        if saved_lo is not None and saved_lo > 0:
+            return Cell(f"{text} saved (the speedup is inconclusive: above 1, not clear of the threshold)", "muted")
         return Cell(f"no saving shown: the speedup is inconclusive ({text})", "muted")
     if c.speedup_verdict == "faster":
         return Cell(f"{text} saved", "good")
