@@ -26,9 +26,10 @@ Method card
   plain steps. A failed noise estimate (the averaged |G|^2 not positive) keeps the workload's batch.
 - Measured, mode=noise (2-core AMD EPYC, tiny workloads, 5 seeds, 30 evaluations; reports/example-cpu-convergence): B_simple
   per seed 90-202 (cnn, median 188), 104-381 (mlp, median 176) and 3-79 (gpt: unstable even with 16 repeats); the
-  batches chosen (cnn 64-256 against 32, mlp 128-512 against 64) train 2-8x fewer steps on the same samples, so at
-  these budgets they reached the target less often (cnn 4/5 missed, gpt 2/5, mlp 1/5) and ended lower (cnn accuracy
-  -0.089, not significant). The probe cost 2.3-3.3 s per trial.
+  batches chosen (cnn 64-256 against 32, mlp 128-512 against 64) train 2-8x fewer steps on the same samples; at
+  these budgets their runs missed the target in cnn 4/5, gpt 2/5, mlp 1/5 (the baseline's in none), and the final
+  metric's differences are inconclusive (cnn accuracy -0.089 [-0.202, +0.024], gpt val_loss +0.25 [-0.28, +0.77],
+  mlp accuracy -0.027 [-0.083, +0.030]). The probe cost 2.2-3.3 s per trial.
 - Sources: McCandlish, Kaplan, Amodei et al., "An Empirical Model of Large-Batch Training" (2018,
   arXiv:1812.06162); Smith, Kindermans, Le, "Don't Decay the Learning Rate, Increase the Batch Size" (ICLR 2018);
   Goyal et al., "Accurate, Large Minibatch SGD" (2017, the linear rule for SGD); Hoffer, Hubara, Soudry, "Train

@@ -5,9 +5,11 @@ Method card
   bf16 keeps fp32's exponent range, so no loss scaling is needed (unlike fp16).
 - When it helps: on hardware with fast bf16 matrix units (NVIDIA Ampere and newer; CPUs with AVX512-BF16 or AMX).
   On a CPU without them autocast adds casts and can be slower.
-- Measured here (2-core AMD EPYC VM, AVX2 only: no avx512_bf16/AMX; torch 2.13 CPU; quick sweep, 2-3 repeats):
-  bf16 is SLOWER: mlp:tiny ~0.17x, gpt:tiny ~0.13x, cnn:tiny ~0.42x of fp32 throughput, because bf16 matmul runs at
-  ~1-5 GFLOP/s here against ~65-96 for fp32. DESIGN.md's probe machine (with avx512_bf16) measured 1.7-1.9x.
+- Measured here (2-core AMD EPYC VM, AVX2 only: no avx512_bf16/AMX; torch 2.13 CPU; reports/example-cpu, 3
+  repeats): bf16 is slower: mlp:tiny 0.10x [0.07, 0.15], gpt:tiny 0.09x [0.06, 0.14], cnn:tiny 0.29x [0.16, 0.52]
+  of fp32's samples/s, each "slower", because bf16 matmul peaks at about 17 GFLOP/s here against 146 for fp32 (the
+  report's calibrated peaks). DESIGN.md's probe machine (with avx512_bf16) gave 1.7-1.9x: an estimate from its
+  probes, with no committed report behind it.
 - Sources: Micikevicius et al., "Mixed Precision Training", ICLR 2018; Kalamkar et al., "A Study of BFLOAT16 for
   Deep Learning Training", arXiv:1905.12322; PyTorch AMP docs.
 """

@@ -32,8 +32,10 @@ Method card
   warm-up steps then 30 timed ``TrainLoop.step`` calls (``perf_counter``; CPU, so no sync), the median per repeat
   and the median over repeats (IQR over repeats), machine load about 1 (no other work running). Run 1, 5 repeats:
   baseline 14.08 ms (IQR 12.86-15.18), channels_last 13.52 ms (12.85-14.00), 1.04x. Run 2, 7 repeats: 14.32 ms
-  (14.14-14.46) against 13.48 ms (12.90-13.96), 1.06x. So at most a few percent faster, at the edge of the noise:
-  28 x 28 images with 8-32 channels leave oneDNN little reordering to save. Not measured on a GPU.
+  (14.14-14.46) against 13.48 ms (12.90-13.96), 1.06x: estimates from one process, with no interval and no
+  verdict. The committed sweep (reports/example-cpu-bottleneck, 5 repeats) gives 1.01x [0.85, 1.19] on cnn:tiny and
+  1.03x [0.86, 1.23] on cnn_aug:tiny, both inconclusive: 28 x 28 images with 8-32 channels likely leave oneDNN
+  little reordering to save. Not measured on a GPU.
 - Sources: PyTorch tutorial, "Channels Last Memory Format in PyTorch" (Fedyunin;
   pytorch.org/tutorials/intermediate/memory_format_tutorial.html), its "Performance Gains" section; NVIDIA,
   "Convolutional Layers User's Guide" (Deep Learning Performance documentation), "Tensor Layouts In Memory: NCHW vs

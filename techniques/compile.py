@@ -11,7 +11,8 @@ Method card
 - What it captured: the record's ``technique_results.compile`` counts the graphs TorchDynamo compiled and its graph
   breaks, and the report shows them. Measured: the example LSTM language model (``examples/lstm_lm.py``) captures
   no graph at all (Dynamo does not trace ``nn.LSTM`` by default and skips the frame), so its "compiled" trials ran
-  eager: one-off 0.32 s, curves bit-identical to the baseline, 1.05x within noise.
+  eager: one-off 0.32 s, curves bit-identical to the baseline, 1.05x [0.61, 1.82] inconclusive
+  (reports/example-cpu-user-models).
 - Measurement: every trial runs in its own process with a fresh ``TORCHINDUCTOR_CACHE_DIR`` so compile time is a
   cold-cache figure. The tensor-level memory tracker cannot see inside compiled graphs: compiled trials report RSS
   (and CUDA allocator peaks) only.

@@ -19,12 +19,14 @@ Method card
 - Costs: the scorer's training time is reported (``scorer_train_s``) and paid once per sweep (cached), not by each
   trial. Compare at equal samples: a length warm-up trains fewer tokens in the same samples, which is its point.
 - Measured (2-core AMD EPYC, tiny workloads, 5 seeds, 30 evaluations; reports/example-cpu-convergence): the
-  length warm-up on gpt trained 85% of the plan's tokens and ended worse (val_loss +0.134 [+0.028, +0.239]) and
-  later (median 2.10 s to target vs 1.11 s, 2/5 runs missed); with the same lengths in random order the loss matched
-  the baseline (+0.004) and reached the target not significantly later (1.93 s, 1.27x): the order, not the shorter
-  sequences, cost quality.
-  On the classifiers no order changed the final accuracy significantly; hard-first reached the mlp target later
-  (1.68x, significant); easy-first and random were within noise (Wu et al. 2021's finding holds here).
+  length warm-up on gpt trained 85% of the plan's tokens; its val_loss difference, +0.134 [+0.028, +0.239], is
+  inconclusive (p = 0.024 alone, not after Holm's correction over the report's 27 quality comparisons), and its
+  median time to target was 2.10 s against 1.11 s with 2/5 runs missing it (no ratio: misses on one side). With the
+  same lengths in random order: +0.004 [-0.093, +0.101] inconclusive, 1.27x [0.85, 1.90] to target, inconclusive.
+  Whether the order or the shorter sequences cost quality is not decided by these 5 seeds.
+  On the classifiers every order's final accuracy difference is inconclusive; hard-first reached the mlp target
+  later (1.68x [1.19, 2.37] later); to the cnn target easy-first 1.35x [0.85, 2.15] and random 1.19x [0.89, 1.58], to
+  the mlp target random 1.09x [0.79, 1.49], all inconclusive (easy-first missed the mlp target in 1/5 runs).
 - Sources: Bengio et al., "Curriculum Learning", ICML 2009; Hacohen & Weinshall, "On the Power of Curriculum
   Learning in Training Deep Networks", ICML 2019 (arXiv:1904.03626); Li, Zhang, He, "The Stability-Efficiency
   Dilemma: Investigating Sequence Length Warmup for Training GPT Models", NeurIPS 2022 (arXiv:2108.06084); Wu, Dyer,

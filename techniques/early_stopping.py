@@ -16,9 +16,9 @@ Method card
   most seeds, so expect it to stop rarely, or to stop on noise and give up quality: the numbers say which.
 - Measured (2-core AMD EPYC, tiny workloads, 5 seeds, 30 evaluations; reports/example-cpu-convergence): with
   the default patience of 3 evaluations (15 steps apart) it stopped 5/5 cnn and 5/5 mlp runs, saving 13-70% of the
-  steps, and gave up accuracy at the stop (cnn -0.034, mlp -0.076 against the full run of the same seed; intervals
-  cross 0) and the target (cnn: 4/5 runs stop before it). The tiny curves are noisy enough for three evaluations
-  without a new best to happen mid-climb: raise patience or min_delta for short runs.
+  steps; the accuracy at the stop against the full run of the same seed is inconclusive (cnn -0.034 [-0.092,
+  +0.025], mlp -0.076 [-0.191, +0.039]), and 4/5 cnn runs stopped before the target. The tiny curves are noisy
+  enough for three evaluations without a new best to happen mid-climb: raise patience or min_delta for short runs.
 - Sources: Prechelt, "Early Stopping - But When?", in Neural Networks: Tricks of the Trade, 1998; PyTorch Lightning
   ``lightning.pytorch.callbacks.EarlyStopping`` (monitor, min_delta, patience, mode, stopping_threshold,
   divergence_threshold, check_finite).

@@ -73,10 +73,11 @@ Method card
   fused ``qkv`` by head) and ``pp`` (its stages would receive the FLOP count's whole-model input).
 - Measured (2-core AMD EPYC, AVX2; tiny sizes, `--preset quick`, 3 seeds; reports/example-cpu-model-techniques):
   gpt with multi-query attention (1 KV head for 2): 102,464 parameters (-7.5%), forward FLOPs x0.922, 0.92x
-  samples/s and -0.024 val_loss (neither significant), 0.95x memory, KV cache per token 1,024 -> 512 bytes. cnn
-  depthwise-separable: 4,394 parameters (0.22x) and x0.222 FLOPs, yet 0.78x samples/s (no verdict: one window
-  contended), 1.46x memory (more, smaller activations), MFU 1.0% against 6.2%, accuracy -0.085 [-0.129, -0.041]
-  worse and 3/3 missed the target: fewer FLOPs, not less time, on this CPU.
+  [0.41, 2.05] samples/s and -0.024 [-0.322, +0.274] val_loss (both inconclusive), 0.95x memory (less), KV cache per
+  token 1,024 -> 512 bytes. cnn depthwise-separable: 4,394 parameters (0.22x) and x0.222 FLOPs, yet 0.78x samples/s
+  (no verdict: one window contended, 2 pairs left), 1.46x memory (more: more, smaller activations), MFU 1.0% against
+  6.2%, accuracy -0.085 [-0.129, -0.041] (inconclusive: p = 0.014 alone, not after Holm's correction over the
+  report's 8 comparisons) and 3/3 missed the target: fewer FLOPs did not buy time on this CPU.
 """
 
 from __future__ import annotations

@@ -5,9 +5,10 @@ Method card
   so small gradients do not flush to zero, gradients are unscaled before the step, and steps with inf/NaN
   gradients are skipped while the scale backs off (Micikevicius et al. 2018).
 - When it helps: GPUs with fp16 tensor cores (Volta and newer). On GPUs with bf16 prefer bf16 (no scaler).
-  On CPUs there is usually no fast fp16 matmul: on this project's 2-core CI CPU fp16 matmul runs at ~2.7 GFLOP/s
-  against ~210 for fp32, so fp16 autocast is 20-30x slower here. It runs and is measured as it is; the report
-  shows the slowdown rather than hiding it.
+  On CPUs there is usually no fast fp16 matmul: a probe on this project's 2-core CI CPU measured fp16 matmul at
+  ~2.7 GFLOP/s against ~210 for fp32 (the committed reports' calibration on the AMD EPYC VM: 19.6 against 144.5), so
+  fp16 autocast should run several times slower here: an estimate from the peaks, since no committed report
+  measured fp16. It runs and is measured as it is; the report shows the slowdown rather than hiding it.
 - Sources: Micikevicius et al., "Mixed Precision Training", ICLR 2018 (arXiv:1710.03740); PyTorch AMP docs.
 """
 

@@ -35,11 +35,12 @@ Method card
   freezing parameters registered directly on the model (outside child modules).
 - Measured (2-core AMD EPYC, AVX2; tiny sizes, `--preset quick`, 3 seeds; reports/example-cpu-model-techniques):
   after `transfer`, freezing block 0 and the input layers ran 1.33x [0.98, 1.79] (gpt) and 1.37x [1.03, 1.81]
-  (cnn) the samples/s at 0.59x / 0.58x the peak memory; on gpt it gave back most of transfer's gain (val_loss
-  -0.057 against transfer's -0.339), on cnn none (+0.043, not significant), and both reached the target first
-  (0.40 s, 0.65 s). From scratch it cost gpt everything: 1.47x [1.21, 1.79] faster but +1.35 val_loss worse, 3/3
-  missed the target (the random embedding and the tied head never train); cnn (-0.001) and mlp (-0.023, 1.14x)
-  lost nothing significant.
+  (cnn) the samples/s, both inconclusive (cnn's whole interval above 1, not clear of 5%), at 0.59x / 0.58x the peak
+  memory (less); its quality differences are inconclusive (gpt val_loss -0.057 [-0.315, +0.202], cnn +0.043
+  [-0.026, +0.113]), and both reached the target sooner (0.16x [0.07, 0.37] and 0.46x [0.24, 0.87] the baseline's
+  time). From scratch on gpt: 1.47x [1.21, 1.79] faster but +1.35 [+1.08, +1.63] val_loss worse, 3/3 missed the
+  target (the random embedding and the tied head never train); cnn (-0.001 [-0.067, +0.065]; 1.33x [0.87, 2.05])
+  and mlp (-0.023 [-0.127, +0.081]; 1.14x [0.38, 3.44]): inconclusive.
 - Sources: Yosinski, Clune, Bengio, Lipson, "How transferable are features in deep neural networks?", NeurIPS 2014
   (arXiv:1411.1792); Howard & Ruder, "Universal Language Model Fine-tuning for Text Classification", ACL 2018
   (arXiv:1801.06146; gradual unfreezing); Lee, Tang, Lin, "What Would Elsa Do? Freezing Layers During Transformer

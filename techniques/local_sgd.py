@@ -24,9 +24,11 @@ Method card
   quality cost grows with H and the learning rate. On one CPU host with gloo the all-reduce is cheap, so the
   saving is small; the quality cost is what to look at.
 - Measured (2 gloo ranks, 2-core AMD EPYC, 3 seeds, 150 steps with the 10-step warm-up; docs/parallelism.md):
-  bytes per sample 100% / 30% / 12.7% of DDP's for H = 1 / 4 / 16, and no significant quality change at equal
-  samples (mlp accuracy -0.002, -0.004, -0.017; gpt val_loss -0.058, -0.059, -0.001; every interval includes 0);
-  mlp samples/s 9,154 / 14,522 / 17,912 against DDP's 7,886 (one process: 21,359).
+  bytes per sample 100% / 30% / 12.7% of DDP's for H = 1 / 4 / 16 (exact counts); quality at equal samples
+  inconclusive (mlp accuracy -0.002, -0.004, -0.017; gpt val_loss -0.058, -0.059, -0.001; every interval includes 0,
+  none lies within the workload's margin); mlp samples/s 9,154 / 14,522 / 17,912 (medians; DDP's 7,886, one
+  process's 21,359): against one process 0.43x [0.32, 0.58] slower, 0.72x [0.39, 1.34] and 0.88x [0.74, 1.04]
+  inconclusive (the reports compare with one process, not with DDP).
 - Sources: Lin, Stich, Patel, Jaggi, "Don't Use Large Mini-Batches, Use Local SGD", ICLR 2020 (arXiv:1808.07217);
   Stich, "Local SGD Converges Fast and Communicates Little", ICLR 2019; Ortiz et al., "Trade-offs of Local SGD at
   Scale: An Empirical Study", 2021 (arXiv:2110.08133); torch.distributed.algorithms.model_averaging docs.

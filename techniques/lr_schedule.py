@@ -19,10 +19,11 @@ Method card
   metric at equal samples. On the tiny CPU workloads the runs are short (150 steps), so the decay's benefit shows
   mostly in the final metric, and a warm-up can delay the target: the report shows which.
 - Measured (2-core AMD EPYC, tiny workloads, 5 seeds, 30 evaluations; reports/example-cpu-convergence): no
-  schedule reached a target sooner. Time-to-target medians against the constant-LR baseline: warmup_cosine 1.47 s vs
-  1.34 s (cnn), 1.71 vs 1.11 s (gpt), 0.27 vs 0.23 s (mlp); one_cycle 1.81, 1.75, 0.25 s, each with a miss in 1 of 5
-  runs on cnn and gpt. Final metrics differ by less than their seed spread (gpt val_loss +0.055 and +0.074, mlp
-  accuracy +0.018 and +0.009, none significant): 150-step budgets are too short for a decay to pay.
+  schedule was shown to reach a target sooner. Time-to-target medians against the constant-LR baseline:
+  warmup_cosine 1.47 s vs 1.34 s (cnn), 1.71 vs 1.11 s (gpt), 0.27 vs 0.23 s (mlp); one_cycle 1.81, 1.75, 0.25 s,
+  each with a miss in 1 of 5 runs on cnn and gpt (so no ratio there); on mlp 1.15x [0.74, 1.79] and 1.16x [0.92,
+  1.47], inconclusive. Final metric differences are inconclusive (gpt val_loss +0.055 and +0.074, mlp accuracy
+  +0.018 and +0.009): 150-step budgets may be too short for a decay to pay.
 - Sources: Loshchilov & Hutter, "SGDR: Stochastic Gradient Descent with Warm Restarts", ICLR 2017
   (arXiv:1608.03983); Goyal et al., "Accurate, Large Minibatch SGD", 2017 (arXiv:1706.02677); Smith & Topin,
   "Super-Convergence", 2017 (arXiv:1708.07120); torch.optim.lr_scheduler.OneCycleLR.

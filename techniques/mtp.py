@@ -54,10 +54,12 @@ Method card
   wraps ``model.blocks`` only).
 - Functional form: ``apply_mtp(model, variant, n, seed)`` and ``mtp_losses(aux_logits, y)``.
 - Measured (2-core AMD EPYC, AVX2; tiny sizes, `--preset quick`, 3 seeds; reports/example-cpu-model-techniques):
-  independent heads, n=2: 0.57x [0.31, 1.06] samples/s (1.52x the FLOPs), 1.49x memory, val_loss +0.22 [+0.02,
-  +0.42] worse at equal samples and 3/3 missed the target: the small-model result Gloeckle et al. report.
-  Sequential (DeepSeek-V3, lambda 0.3): 0.47x [0.27, 0.80] slower, 1.63x memory, -0.124 at equal samples and
-  +0.083 at equal time (neither significant), the target in 3.08 s against the baseline's 2.71 s.
+  independent heads, n=2: 0.57x [0.31, 1.06] samples/s, inconclusive (1.52x the FLOPs), 1.49x memory (more),
+  val_loss +0.22 [+0.02, +0.42] at equal samples, inconclusive (p = 0.040 alone, not after Holm's correction over
+  the report's 10 comparisons), and 3/3 missed the target: consistent with the small-model result Gloeckle et al.
+  report, not a confirmation of it. Sequential (DeepSeek-V3, lambda 0.3): 0.47x [0.27, 0.80] slower, 1.63x memory
+  (more), -0.124 [-0.411, +0.162] at equal samples and +0.086 [-0.274, +0.446] at equal time (both inconclusive),
+  the target in 3.08 s against the baseline's 2.71 s (1.27x [0.53, 3.05], inconclusive).
 - Sources: Gloeckle, Youbi Idrissi, Roziere, Lopez-Paz, Synnaeve, "Better & Faster Large Language Models via
   Multi-token Prediction", ICML 2024 (arXiv:2404.19737); DeepSeek-AI, "DeepSeek-V3 Technical Report", sections 2.2,
   4.5.1 and 5.4.3 (arXiv:2412.19437); torch.distributed.fsdp ``fully_shard`` (the class swap); nanoGPT ``model.py``

@@ -40,9 +40,10 @@ Method card
   default is 0). Parity's parameter distance counts each stage's parameters once over the ranks (they are marked
   ``held_by_one_rank``; the tied copy is counted on stage 0).
 - Measured (2 gloo ranks, 2-core AMD EPYC, gpt:tiny, m = 4, 3 seeds; docs/parallelism.md): gpipe 0.53x
-  [0.42, 0.67] and 1f1b 0.55x of one process's samples/s, exact (parity ok), 948 KiB of model state per rank; the
-  measured bubble 0.40-0.49 (stage 0) and 0.31-0.42 (stage 1) against the formula's 0.20: micro-batches of 4
-  sequences take well under a millisecond, so the sends and the schedule's Python count as idle time.
+  [0.42, 0.67] slower and 1f1b 0.55x (no verdict: one window contended, 2 pairs left) of one process's samples/s,
+  exact (parity ok), 948 KiB of model state per rank; the measured bubble 0.40-0.49 (stage 0) and 0.31-0.42
+  (stage 1) against the formula's 0.20: micro-batches of 4 sequences take well under a millisecond, so the sends
+  and the schedule's Python count as idle time.
 - Sources: Huang et al., "GPipe: Efficient Training of Giant Neural Networks using Pipeline Parallelism",
   arXiv:1811.06965 (2019); Narayanan et al., "PipeDream: Generalized Pipeline Parallelism for DNN Training", SOSP
   2019, and the flushed 1F1B schedule (PipeDream-Flush) in Narayanan et al., "Efficient Large-Scale Language Model

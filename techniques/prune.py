@@ -40,12 +40,13 @@ Method card
 - Not implemented: pruning embeddings, attention heads or the residual width; iterative structured pruning; rewinding
   (lottery tickets); sparse kernels; ``compile`` (the mask hooks and changing shapes) and more than one process.
 - Measured (2-core AMD EPYC, AVX2; tiny sizes, `--preset quick`, 3 seeds; reports/example-cpu-model-techniques):
-  unstructured 50% made nothing faster (gpt 0.95x, cnn 0.87x, mlp 0.88x; the masks cost 1.06-1.40x memory) and
-  cost no significant quality (+0.020 val_loss, +0.006, -0.002 accuracy). Structured, half the hidden channels
-  removed at 25% of the plan: gpt 1.28x [1.02, 1.60] samples/s at 0.79x memory (110,784 -> 77,760 parameters;
-  +0.007 val_loss, not significant); mlp 1.33x [0.91, 1.93] at 0.27x memory (144,650 -> 39,562; -0.034, not
-  significant); cnn 0.99x (convolutions this small are bound by overhead, not FLOPs) at 0.80x memory (19,810 ->
-  10,538).
+  unstructured 50% was not shown faster (gpt 0.95x [0.38, 2.34], cnn 0.87x [0.72, 1.06], mlp 0.88x [0.53, 1.46],
+  all inconclusive; the masks cost 1.06-1.40x memory, more), and its quality differences are inconclusive (+0.020
+  val_loss, +0.006, -0.002 accuracy). Structured, half the hidden channels removed at 25% of the plan: gpt 1.28x
+  [1.02, 1.60] samples/s, inconclusive (the whole interval above 1, not clear of 5%), at 0.79x memory (less;
+  110,784 -> 77,760 parameters; +0.007 val_loss, inconclusive); mlp 1.33x [0.91, 1.93], inconclusive, at 0.27x
+  memory (less; 144,650 -> 39,562; -0.034 [-0.077, +0.009], inconclusive); cnn 0.99x [0.87, 1.13], inconclusive
+  (convolutions this small are likely bound by overhead, not FLOPs), at 0.80x memory (less; 19,810 -> 10,538).
 - Sources: Han, Pool, Tran, Dally, "Learning both Weights and Connections for Efficient Neural Networks", NeurIPS
   2015 (arXiv:1506.02626); Zhu & Gupta, "To prune, or not to prune: exploring the efficacy of pruning for model
   compression", 2017 (arXiv:1710.01878); Li, Kadav, Durdanovic, Samet, Graf, "Pruning Filters for Efficient

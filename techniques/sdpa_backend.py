@@ -36,8 +36,10 @@ Method card
   each repeat 5 warm-up steps then 30 timed ``TrainLoop.step`` calls, the median per repeat and the median over
   repeats (IQR over repeats), load about 1. Run 1, 5 repeats: baseline 19.32 ms (IQR 18.64-20.84), math 20.35 ms
   (19.43-22.96) 0.95x, flash 20.24 ms (17.68-20.87) 0.96x. Run 2, 7 repeats: baseline 17.68 ms (16.73-20.38),
-  math 19.73 ms (19.09-20.78) 0.90x, flash 18.67 ms (17.85-19.86) 0.95x. Flash is the baseline's own kernel, so
-  its 4-5% gap is this machine's noise; math is 5-10% slower, near that noise. The attention alone (forward and
+  math 19.73 ms (19.09-20.78) 0.90x, flash 18.67 ms (17.85-19.86) 0.95x: estimates from one process, with no
+  interval and no verdict. Flash is the baseline's own kernel, so its 4-5% gap is this machine's noise; math's
+  0.90-0.95x is near that noise, and the committed sweep (reports/example-cpu-bottleneck, 5 repeats) gives it
+  0.90x [0.72, 1.11] on gpt:tiny, inconclusive. The attention alone (forward and
   backward, causal, interleaved, 5 repeats of 200 calls) shows the kernels apart: (16, 2, 64, 32) math 3.38 ms,
   flash 1.95 ms (1.7x); (8, 4, 512, 64) 175 ms against 92 ms (1.9x). At sequence 64 attention is a small part of
   the step. Not measured on a GPU.

@@ -44,10 +44,13 @@ Method card
 - Not implemented: discriminative (per-layer) learning rates and slanted triangular schedules (ULMFiT), multi-process
   runs (every rank would write the cache: refused), workloads other than gpt, cnn and cnn_aug.
 - Measured (2-core AMD EPYC, AVX2; tiny sizes, `--preset quick`, 3 seeds; reports/example-cpu-model-techniques):
-  gpt, pretrained 150 steps on stdlib sources once (4.8 s): val_loss -0.339 [-0.593, -0.085] better at equal
-  samples, -0.342 at equal time, the target in 0.29 s against the baseline's 2.71 s (0.60 s with the checkpoint's
-  loading). cnn, pretrained on classes 0-4 once (3.8 s): +0.027 at equal samples (not significant), +0.040
-  [+0.003, +0.078] at equal time, the target in 0.97 s against 1.51 s.
+  gpt, pretrained 150 steps on stdlib sources once (4.8 s): val_loss -0.339 [-0.593, -0.085] at equal samples,
+  inconclusive (p = 0.029 alone, not after Holm's correction over the report's 10 comparisons; the same at equal
+  time, where its 3 faster runs are scored where they ended: no continuation recorded), the target 0.12x [0.03,
+  0.41] sooner: 0.29 s against the baseline's 2.71 s (0.60 s with the checkpoint's loading). cnn, pretrained on
+  classes 0-4 once (3.8 s): +0.027 [-0.098, +0.152] at equal samples and +0.044 [+0.016, +0.073] at equal time, both
+  inconclusive (the latter p = 0.021 alone, not after Holm over 8), the target in 0.97 s against 1.51 s (0.65x
+  [0.40, 1.05], inconclusive).
 - Sources: Yosinski, Clune, Bengio, Lipson, "How transferable are features in deep neural networks?", NeurIPS 2014
   (arXiv:1411.1792); Howard & Ruder, "Universal Language Model Fine-tuning for Text Classification", ACL 2018
   (arXiv:1801.06146); Kornblith, Shlens, Le, "Do Better ImageNet Models Transfer Better?", CVPR 2019

@@ -1,0 +1,371 @@
+"""Generate the docs tables that quote measured numbers from the committed example reports, so the docs can never
+say what the reports do not.
+
+    .venv/bin/python -m bench.docs_tables            # rewrites every generated block in the docs
+    .venv/bin/python -m bench.docs_tables --check    # exit 1 when a block is out of date (a test runs this)
+
+Each table lives in a marked block of its document::
+
+    <!-- generated: NAME (python -m bench.docs_tables; from reports/...) -->
+    | ... the table ... |
+    <!-- end generated -->
+
+and is rendered from that report's ``results.jsonl`` through the analysis (``bench.analysis.load`` + ``analyze``),
+with the report's own cell wording (``bench.report.content``): every comparison carries the verdict word
+``bench.stats.verdict`` gave it (faster/slower, equivalent, inconclusive, no verdict), and a quality verdict that
+did not survive Holm's correction over the report's comparisons says so. Only the block's body is rewritten; the
+prose around it is the author's.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from bench import analysis, stats
+from bench.report import content
+from bench.report.content import fmt_bytes, fmt_num, fmt_pct, fmt_secs
+
+ROOT = Path(__file__).resolve().parent.parent
+BLOCK = re.compile(r"(<!-- generated: (?P<name>[\w.-]+)[^\n]*-->\n)(?P<body>.*?)(<!-- end generated -->)", re.S)
+
+
+@dataclass(frozen=True)
+class Spec:
+    """One generated table: the document it lives in, the report directory it is rendered from, and how."""
+
+    doc: str  # relative to the repository root
+    report: str  # a directory holding results.jsonl, relative to the root
+    render: Callable[[analysis.Analysis], list[str]]
+
+
+# ---- cells --------------------------------------------------------------------------------------------------
+
+
+def _ok(v: Any) -> bool:
+    return v is not None and not (isinstance(v, float) and math.isnan(v))
+
+
+def _ratio(est: Any, lo: Any, hi: Any, verdict: Any, why: Any = None) -> str:
+    """A ratio with its interval and verdict word, worded as the report words it."""
+    if not _ok(est):
+        return "-"
+    return content.ratio_cell(est, lo, hi, verdict, _short(why)).text
+
+
+def _short(why: Any) -> str | None:
+    """The reason for no verdict, to its first clause (the report has the whole sentence)."""
+    return str(why).split(";")[0] if why else None
+
+
+def _delta(c: Any, prefix: str, digits: int = 4) -> str:
+    """A metric difference with its interval and verdict; one that Holm's correction undid says so."""
+    est, lo, hi = (getattr(c, f"{prefix}{s}") for s in ("", "_lo", "_hi"))
+    verdict = getattr(c, f"{prefix}_verdict")
+    if not _ok(est):
+        return "-"
+    ci = f" [{lo:+.{digits}f}, {hi:+.{digits}f}]" if _ok(lo) and _ok(hi) else ""
+    word = verdict if verdict not in (None, stats.NONE) else f"(no verdict: {_short(getattr(c, f'{prefix}_why'))})"
+    if getattr(c, f"{prefix}_holm_dropped", False):
+        word += (f" (p = {getattr(c, f'{prefix}_p'):.3f} alone; not after Holm over "
+                 f"{getattr(c, f'{prefix}_family')})")
+    return f"{est:+.{digits}f}{ci} {word}"
+
+
+def _speed(c: Any) -> str:
+    """samples/s with the speedup and its verdict in brackets (the reference: 1)."""
+    if not _ok(c.sps_median):
+        return "-"
+    ratio = "1" if c.is_reference else _ratio(c.speedup, c.speedup_lo, c.speedup_hi, c.speedup_verdict,
+                                               c.speedup_why)
+    return f"{fmt_num(c.sps_median)} ({ratio}{_contended(c)})"
+
+
+def _contended(c: Any) -> str:
+    """Windows shared with other processes are left out of the speedup: say how many, as the report's status does."""
+    return f"; {c.n_contended} contended window(s) left out" if c.n_contended else ""
+
+
+def _memory(c: Any) -> str:
+    if c.is_reference:
+        return "1 (reference)"
+    text = _ratio(c.mem_ratio, c.mem_ratio_lo, c.mem_ratio_hi, c.mem_ratio_verdict, c.mem_ratio_why)
+    return text + (" (RSS)" if c.mem_ratio_source == "RSS" and text != "-" else "")
+
+
+def _exact_same(c: Any) -> str | None:
+    """An exact set's quality in words when its eval curves match (or drift by rounding), else None."""
+    if c.quality_same_exact:
+        return "same (curves identical)" if c.curve_max_rel_diff == 0 else \
+            f"same (curves within {c.curve_max_rel_diff:.1%})"
+    if c.exact_quality == "drift":
+        return f"same within noise (curves drift {c.curve_max_rel_diff:.1%} by rounding)"
+    return None
+
+
+def _quality(c: Any, digits: int = 4) -> str:
+    if c.is_reference:
+        return f"{c.metric} {c.final_mean:.{digits}f} ± {c.final_std:.{digits}f}" if _ok(c.final_mean) else "-"
+    same = _exact_same(c)
+    if same:
+        return same
+    text = _delta(c, "delta", digits)
+    if c.exact_quality == "expected mismatch":
+        text += "; not exact by design (see the report's parity)"
+    return text
+
+
+def _equal_time(c: Any) -> str:
+    if c.is_reference or c.kind == "exact":
+        return "-"
+    text = _delta(c, "delta_at_time")
+    unscored = c.equal_time_faster - c.equal_time_continued
+    if text != "-" and unscored > 0:
+        text += f"; {unscored} faster run(s) scored where they ended"
+    return text
+
+
+def _ttt(c: Any, with_ratio: bool = True) -> str:
+    """Censored median time to target, misses, and (with ``with_ratio``) the paired ratio with its verdict."""
+    if c.target is None or not c.n_ttt:
+        return "-"
+    misses = f"{round(c.ttt_miss_rate * c.n_ttt)}/{c.n_ttt} missed"
+    if not _ok(c.ttt_median) or not math.isfinite(c.ttt_median):
+        return f"missed ({misses.removesuffix(' missed')})"
+    one_off = (c.one_off_s if _ok(c.one_off_s) else 0.0) + (c.probe_s if _ok(c.probe_s) else 0.0)
+    text = fmt_secs(c.ttt_median)
+    if one_off > 0.05 * c.ttt_median and math.isfinite(c.ttt_one_off_median):
+        text += f" ({fmt_secs(c.ttt_one_off_median)} with one-off)"
+    text += f"; {misses}"
+    if with_ratio and not c.is_reference and _ok(c.ttt_ratio):
+        text += "; " + _ratio(c.ttt_ratio, c.ttt_ratio_lo, c.ttt_ratio_hi, c.ttt_ratio_verdict, c.ttt_ratio_why)
+    return text
+
+
+def _one_off(c: Any) -> str:
+    return content._one_off(c).text  # the report's own cell: first-step excess, "+ probes"
+
+
+def _table(columns: list[str], rows: list[list[str]]) -> list[str]:
+    esc = [[cell.replace("|", "\\|") for cell in row] for row in rows]
+    return ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns), *("| " + " | ".join(r) + " |" for r in esc)]
+
+
+def _rows(a: analysis.Analysis, workload: str | None = None, order: tuple[str, ...] = ()) -> pd.DataFrame:
+    """The configurations of one workload (default: all), in the report's order, or with the sets named in
+    ``order`` first in that order (the reading order of the doc's prose)."""
+    configs = a.configs if workload is None else a.configs[a.configs["workload"] == workload]
+    rank = {label: i for i, label in enumerate(order)}
+    keys = [(w, rank.get(t, len(rank)), i) for i, (w, t) in enumerate(zip(configs["workload"], configs["technique"],
+                                                                          strict=True))]
+    return configs.iloc[sorted(range(len(configs)), key=keys.__getitem__)]
+
+
+def _step(s: Any) -> str:
+    return f"{s * 1000:.1f} ms" if _ok(s) and s < 1 else fmt_secs(s)
+
+
+# ---- the tables ---------------------------------------------------------------------------------------------
+
+
+def front_page(a: analysis.Analysis) -> list[str]:
+    """README: the default sweep, one row per workload x set."""
+    rows, last = [], None
+    for c in _rows(a).itertuples():
+        speed = "reference" if c.is_reference else _ratio(c.speedup, c.speedup_lo, c.speedup_hi, c.speedup_verdict,
+                                                          c.speedup_why)
+        memory = "reference" if c.is_reference else _memory(c)
+        rows.append([c.workload if c.workload != last else "", c.technique, fmt_num(c.sps_median), speed, memory,
+                     _quality(c, 3), _ttt(c), _one_off(c)])
+        last = c.workload
+    return _table(["workload", "set", "samples/s", "speedup [95% CI]", "peak memory", "quality at equal samples",
+                   "time to target", "one-off"], rows)
+
+
+def model_techniques(a: analysis.Analysis) -> list[str]:
+    """docs/model-techniques.md: one workload's sets, speed and quality side by side."""
+    rows = []
+    for c in _rows(a).itertuples():
+        quality = f"{c.final_mean:.4f} ± {c.final_std:.4f} (reference)" if c.is_reference else _quality(c)
+        rows.append([c.technique, _speed(c), _memory(c), quality, _equal_time(c), _ttt(c), _one_off(c),
+                     fmt_pct(c.mfu)])
+    return _table(["set", "samples/s (speedup [95% CI])", "memory ratio", "quality at equal samples [95% CI]",
+                   "at equal time [95% CI]", "time to target", "one-off", "MFU"], rows)
+
+
+def _technique_result(a: analysis.Analysis, c: Any) -> dict[str, Any]:
+    """The first ok trial's technique results of a set (byte counts and rounds repeat exactly over seeds)."""
+    f = a.frame
+    mine = f[(f["workload"] == c.workload) & (f["technique"] == c.technique) & (f["status"] == "ok")]
+    return next((r for r in mine["technique_results"] if r), {}) if len(mine) else {}
+
+
+def _bytes_per_sample(a: analysis.Analysis, c: Any) -> str:
+    if c.is_reference:
+        return "-"
+    found = _technique_result(a, c)
+    for name, result in found.items():
+        comm = ((result or {}).get("communication") or {}).get("quality_run") or {}
+        if comm.get("bytes_per_sample") is not None:
+            text = f"{comm['bytes_per_sample']:,.0f}"
+            fed = (result or {}).get("federated") or {}
+            if fed.get("bytes_down_per_round"):
+                text += (f" (all-reduce); {fed['bytes_down_per_round'] / 1e6:.2f} MB down and "
+                         f"{fed['bytes_up_per_round'] / 1e6:.2f} MB up per round")
+            return text + (" (stage 0)" if name == "pp" else "")
+    if c.technique == "ddp" and _ok(c.n_params) and c.batch_size:  # DDP all-reduces every fp32 gradient once
+        return f"{4 * c.n_params / c.batch_size:,.0f} (computed)"
+    return "-"
+
+
+def _state(a: analysis.Analysis, c: Any) -> str:
+    if c.is_reference:
+        return f"- / {fmt_bytes(c.clean_rss_at_rest_bytes)}"
+    state = fmt_bytes(c.model_state_bytes) if _ok(c.model_state_bytes) else "-"
+    extra = next((r.get("simulation_state_bytes") for r in _technique_result(a, c).values()
+                  if isinstance(r, dict) and r.get("simulation_state_bytes")), None)
+    if extra:
+        state += f" (+ {fmt_bytes(extra)} simulation state)"
+    return f"{state} / {fmt_bytes(c.clean_rss_at_rest_bytes)}"
+
+
+def _ttt_rounds(a: analysis.Analysis, c: Any) -> str:
+    text = _ttt(c)
+    rounds = next(((r.get("rounds_completed") or {}).get("quality_run") for r in _technique_result(a, c).values()
+                   if isinstance(r, dict) and r.get("rounds_completed")), None)
+    return text + (f"; {rounds} rounds" if rounds else "")
+
+
+PARALLEL_ORDER = ("baseline", "ddp", "tp", "pp:schedule=gpipe", "pp:schedule=1f1b", "local_sgd:period=1",
+                  "local_sgd:period=4", "local_sgd:period=16", "fedavg", "fedavg:alpha=0.1:partition=dirichlet")
+
+
+def parallelism(a: analysis.Analysis) -> list[str]:
+    """docs/parallelism.md: the sets on two gloo ranks against one process (the reference's row first)."""
+    metric = next((m for m in a.configs["metric"] if m), "metric")
+    rows = []
+    for c in _rows(a, order=PARALLEL_ORDER).itertuples():
+        label = f"{c.technique} (1 process)" if c.is_reference else c.technique
+        rows.append([label, _speed(c), _state(a, c), _bytes_per_sample(a, c), _quality(c, 3),
+                     _ttt_rounds(a, c)])
+    return _table(["set", "samples/s (speedup [95% CI])", "model state / clean RSS at rest, per rank",
+                   "bytes per sample", f"{metric} at equal samples [95% CI]", "time to target"], rows)
+
+
+def _per_rank(values: Any) -> str:
+    if not values:
+        return "-"
+    return " / ".join(fmt_bytes(v) for v in values)
+
+
+def distributed(workload: str) -> Callable[[analysis.Analysis], list[str]]:
+    """docs/distributed.md: DDP and the ZeRO stages on one workload, memory per rank beside the formula."""
+
+    def render(a: analysis.Analysis) -> list[str]:
+        rows = []
+        for c in _rows(a, workload).itertuples():
+            label = f"{c.technique} (1 process)" if c.is_reference else c.technique
+            rss = fmt_bytes(c.peak_rss_bytes) if c.is_reference else _per_rank(c.rank_peak_rss_bytes)
+            formula = "-" if c.is_reference else fmt_bytes(c.zero_formula_bytes)
+            rows.append([label, _speed(c), _step(c.step_time_s), rss,
+                         f"{fmt_bytes(c.clean_rss_at_rest_bytes)} / {fmt_bytes(c.clean_rss_peak_bytes)}",
+                         "-" if c.is_reference else fmt_bytes(c.model_state_bytes), formula])
+        return _table(["set", "samples/s, global (speedup [95% CI])", "step", "peak RSS per rank (timed)",
+                       "clean RSS at rest / peak (per rank)", "model state per rank", "ZeRO formula"], rows)
+
+    return render
+
+
+TABLES: dict[str, Spec] = {
+    "readme-example-cpu": Spec("README.md", "reports/example-cpu", front_page),
+    "model-techniques-gpt": Spec("docs/model-techniques.md", "reports/example-cpu-model-techniques/gpt",
+                                 model_techniques),
+    "model-techniques-cnn": Spec("docs/model-techniques.md", "reports/example-cpu-model-techniques/cnn",
+                                 model_techniques),
+    "model-techniques-mlp": Spec("docs/model-techniques.md", "reports/example-cpu-model-techniques/mlp",
+                                 model_techniques),
+    "parallelism-gpt": Spec("docs/parallelism.md", "reports/example-cpu-parallelism/gpt", parallelism),
+    "parallelism-mlp": Spec("docs/parallelism.md", "reports/example-cpu-parallelism/mlp", parallelism),
+    "distributed-mlp-large": Spec("docs/distributed.md", "reports/example-cpu-2rank", distributed("mlp:large")),
+    "distributed-gpt-tiny": Spec("docs/distributed.md", "reports/example-cpu-2rank", distributed("gpt:tiny")),
+}
+
+
+# ---- rendering and checking ---------------------------------------------------------------------------------
+
+
+def render(names: list[str] | None = None, root: Path = ROOT) -> dict[str, str]:
+    """{block name: its body} for ``names`` (default: every table), each report analysed once."""
+    cache: dict[str, analysis.Analysis] = {}
+    out = {}
+    for name in names or list(TABLES):
+        spec = TABLES[name]
+        if spec.report not in cache:
+            cache[spec.report] = analysis.analyze(analysis.load([root / spec.report]))
+        out[name] = "\n".join(spec.render(cache[spec.report])) + "\n"
+    return out
+
+
+def update(text: str, bodies: dict[str, str]) -> tuple[str, list[str]]:
+    """``text`` with each block named in ``bodies`` given its body; and the names of blocks it holds that no table
+    renders (a typo in a marker)."""
+    unknown: list[str] = []
+
+    def replace(m: re.Match[str]) -> str:
+        name = m.group("name")
+        if name not in bodies:
+            unknown.append(name)
+            return m.group(0)
+        return m.group(1) + bodies[name] + m.group(4)
+
+    return BLOCK.sub(replace, text), unknown
+
+
+def problems(bodies: dict[str, str], root: Path = ROOT) -> tuple[list[str], dict[str, str]]:
+    """What is wrong with the docs under ``root`` given the rendered ``bodies``: stale, missing and unknown blocks,
+    one line each; and {doc: its text with every block brought up to date} for the docs that change."""
+    found: list[str] = []
+    rewritten: dict[str, str] = {}
+    for doc in dict.fromkeys(spec.doc for spec in TABLES.values()):
+        text = (root / doc).read_text()
+        mine = {n: b for n, b in bodies.items() if TABLES[n].doc == doc}
+        present = [m.group("name") for m in BLOCK.finditer(text)]
+        found += [f"{doc} has no block '{n}': add <!-- generated: {n} --> and <!-- end generated --> where it goes"
+                  for n in mine if n not in present]
+        new, unknown = update(text, mine)
+        found += [f"{doc}: no table is called '{n}' (known: {', '.join(mine)})" for n in unknown]
+        if new != text:
+            stale = [n for n in mine if n in present and update(text, {n: mine[n]})[0] != text]
+            found.append(f"{doc} is out of date (blocks {', '.join(stale)}): run python -m bench.docs_tables")
+            rewritten[doc] = new
+    return found, rewritten
+
+
+def main(argv: list[str] | None = None, root: Path = ROOT) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv not in ([], ["--check"]):
+        print("usage: python -m bench.docs_tables [--check]", file=sys.stderr)
+        return 2
+    found, rewritten = problems(render(root=root), root)
+    if argv == ["--check"]:
+        for line in found:
+            print(line, file=sys.stderr)
+        return 1 if found else 0
+    for doc, text in rewritten.items():
+        (root / doc).write_text(text)
+        print(f"wrote {doc}")
+    left = [line for line in found if "out of date" not in line]  # missing or unknown blocks need a hand
+    for line in left:
+        print(line, file=sys.stderr)
+    return 1 if left else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
