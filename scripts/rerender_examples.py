@@ -1,0 +1,44 @@
+"""Re-render every committed example report (report.md, report.html, figures, summary.md) from its results.jsonl,
+after a change to the analysis or the report; no trial is run. Then refresh the docs tables quoted from them.
+
+    .venv/bin/python scripts/rerender_examples.py && .venv/bin/python -m bench.docs_tables
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+
+from bench import cost
+from bench import summary as summary_mod
+from bench.results import ResultStore
+
+REPORTS = Path(__file__).resolve().parent.parent / "reports"
+
+
+def resummarize(d: Path) -> None:
+    """summary.md again, keeping its title and wall-time line (the report command does not write it)."""
+    old = (d / "summary.md").read_text().splitlines()
+    title = old[0].lstrip("# ").strip()
+    wall = next((line for line in old if line.startswith("Wall time of this invocation")), None)
+    settings = tomllib.loads((d / "sweep.toml").read_text()) if (d / "sweep.toml").is_file() else None
+    price = cost.from_settings(settings)
+    rows = summary_mod.summarize(ResultStore(d / "results.jsonl").read(), max_looks=summary_mod.design_of(d))
+    md = summary_mod.to_markdown(rows, title=title, price_per_hour=price.per_hour if price else None)
+    (d / "summary.md").write_text(md + (f"\n{wall}\n" if wall else ""))
+
+
+def main() -> int:
+    dirs = sorted(p.parent for p in REPORTS.glob("example-*/**/results.jsonl"))
+    for d in dirs:
+        subprocess.run([sys.executable, "-m", "bench", "report", str(d)], check=True, stdout=subprocess.DEVNULL)
+        if (d / "summary.md").is_file():
+            resummarize(d)
+        print(f"re-rendered {d.relative_to(REPORTS.parent)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
