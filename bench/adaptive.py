@@ -16,6 +16,9 @@ after round, until no configuration is open, the cap is reached or the time budg
   a seed and is not repeated.
 - **The budget** (``--decide-within``, default half the wall time the planned trials took) is shared by the open
   configurations and counted from the records' own wall times, so a resumed sweep keeps what it spent.
+
+``sweep --ab --repeats auto`` (``bench.ab``) applies the same rules to the verdicts of B against A, through the
+helpers below (``open_of``, ``informative_first``, ``next_repeat``, ``speed_trial``, ``trial_cost``).
 """
 
 from __future__ import annotations

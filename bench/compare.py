@@ -15,7 +15,10 @@ log-ratios of matched trials, a Welch interval when the trials do not match:
   are left out.
 
 A change counts only when the whole 95% interval lies beyond ``threshold`` (default 5%), equivalence only when it
-lies wholly inside, and there is no verdict with fewer than 3 matched trials (``bench.stats.verdict``). Across configurations an overall verdict compares the geometric mean
+lies wholly inside, and there is no verdict with fewer than 3 matched trials (``bench.stats.verdict``). When the
+sweeps' sweep.toml say they were sequential designs (``--repeats auto``: pairs added while a verdict was open), the
+throughput and memory intervals are the design's repeated confidence intervals (``bench.sequential``), which keep
+their coverage over every look. Across configurations an overall verdict compares the geometric mean
 of the per-configuration ratios (as pyperf summarises a suite), so a uniform slowdown too small to call in each
 configuration alone still trips the gate. The spread of each side (IQR / median of the per-trial values) is
 reported as the measured noise.
