@@ -41,7 +41,7 @@ import torch
 from bench import adaptive, sweepdir
 from bench import compare as compare_mod
 from bench import summary as summary_mod
-from bench.config import ConfigError, SweepConfig, TechniqueSet
+from bench.config import ConfigError, SweepConfig, TechniqueSet, WorkloadSpec
 from bench.files import write_atomic
 from bench.launcher import Launch
 from bench.plan import Trial, plan, resolve_device
@@ -314,7 +314,7 @@ def abba_order(trials: list[Trial], index: dict[tuple[str, str], int] | None = N
 # ---- the sequential phase (``--repeats auto``) ------------------------------------------------------------------
 
 
-def _configurations(cfg: SweepConfig) -> tuple[dict[str, Any], dict[str, TechniqueSet]]:
+def _configurations(cfg: SweepConfig) -> tuple[dict[str, WorkloadSpec], dict[str, TechniqueSet]]:
     """The sweep's workloads and technique sets (the baseline among them) by label."""
     return {w.label: w for w in cfg.workloads}, {t.label: t for t in (*cfg.techniques, TechniqueSet(()))}
 
