@@ -13,6 +13,11 @@ both sides alike. That is what makes a CI regression gate stable on a shared mac
   orchestration are this checkout's: the other side must understand this version's ``TrialSpec``.
 - OUT/a/ and OUT/b/ are ordinary sweep directories (results.jsonl, env.json, sweep.toml, summary.md); OUT/ab.json
   says which code each side ran; OUT/compare.md is ``bench compare OUT/a OUT/b`` (B judged against A).
+- ``--repeats auto`` (a sequential design): after the planned trials, rounds of speed-only trials for the
+  configurations whose throughput or memory verdict of B against A is still open (``sequential_round``), each trial
+  on both sides back to back, ABBA from one round to the next, the closest to a decision first, within the time
+  budget (``bench.adaptive``'s rules, read off ``bench compare``'s verdicts instead of set-vs-baseline ones). The
+  final comparison reads the design from sweep.toml and gives repeated intervals.
 """
 
 from __future__ import annotations
@@ -33,13 +38,14 @@ from typing import Any
 
 import torch
 
+from bench import adaptive, sweepdir
 from bench import compare as compare_mod
 from bench import summary as summary_mod
-from bench import sweepdir
-from bench.config import ConfigError, SweepConfig
+from bench.config import ConfigError, SweepConfig, TechniqueSet, WorkloadSpec
 from bench.files import write_atomic
 from bench.launcher import Launch
 from bench.plan import Trial, plan, resolve_device
+from bench.report import inputs
 from bench.results import TrialRecord
 from bench.runner import REPO_DIR, SweepRunner, default_out_dir
 
@@ -192,21 +198,56 @@ class AbRunner:
             total, count = 2 * len(trials), 0
             for trial, sides in abba_order(trials):
                 for side in sides:
-                    runner = self.runners[side]
-                    record = None
-                    if trial.trial_id not in done[side]:
-                        # The runner's own per-trial path (one child process, timeout, soft failure), one trial at
-                        # a time so the two sides interleave.
-                        record = runner.launcher.run(trial, envs[side])
-                        if runner.recorder:  # node 0 of a multi-node sweep
-                            runner.store.append(record)
-                    count += 1
-                    if on_progress:
-                        on_progress(AbProgress(count, total, side, trial, record))
+                    count = self._run_one(side, trial, envs, trial.trial_id in done[side], count, total,
+                                          on_progress)
+            if self.cfg.sequential and self.recorder:
+                self._sequential_phase(envs, config_index(trials), count, total, on_progress)
         finally:
             for runner in self.runners.values():
                 runner.close()
         return self.finish() if self.recorder else None
+
+    def _run_one(self, side: str, trial: Trial, envs: dict[str, dict], done: bool, count: int, total: int,
+                 on_progress: Callable[[AbProgress], None] | None) -> int:
+        """One side of one trial (unless ``done``): the runner's own per-trial path (one child process, timeout,
+        soft failure), one trial at a time so the two sides interleave. Returns the new count."""
+        runner = self.runners[side]
+        record = None
+        if not done:
+            record = runner.launcher.run(trial, envs[side])
+            if runner.recorder:  # node 0 of a multi-node sweep
+                runner.store.append(record)
+        if on_progress:
+            on_progress(AbProgress(count + 1, total, side, trial, record))
+        return count + 1
+
+    def _records(self) -> dict[str, list[TrialRecord]]:
+        return {side: runner.store.read() for side, runner in self.runners.items()}
+
+    def _sequential_phase(self, envs: dict[str, dict], index: dict[tuple[str, str], int], count: int, total: int,
+                          on_progress: Callable[[AbProgress], None] | None) -> None:
+        """``--repeats auto``: rounds of speed-only trials, each on both sides back to back, while B's verdicts
+        against A are open; first the other side of a trial an interrupted run recorded on one side only."""
+        if self.runners["a"].launch.nnodes > 1:
+            log.warning("--repeats auto adds no speed-only pairs to a multi-node A/B run (its nodes would have to "
+                        "agree on every round): the planned %d repeats are the design", self.cfg.repeats)
+            return
+        records = self._records()
+        for trial, side in half_done(self.cfg, records):
+            total += 1
+            count = self._run_one(side, trial, envs, False, count, total, on_progress)
+        records = self._records()
+        budget = adaptive.budget_s(self.cfg, records["a"] + records["b"])
+        while True:
+            spent = adaptive.spent_s(records["a"] + records["b"])
+            trials = sequential_round(self.cfg, records, budget - spent, self.threshold)
+            if not trials:
+                break
+            total += 2 * len(trials)
+            for trial, sides in abba_order(trials, index):
+                for side in sides:
+                    count = self._run_one(side, trial, envs, False, count, total, on_progress)
+            records = self._records()
 
     def _agree_on_done(self, trials: list[Trial]) -> dict[str, set[str]]:
         """Each side's finished trials, the same on every node of a multi-node sweep (node 0's record)."""
@@ -241,15 +282,26 @@ class AbRunner:
         return AbResult(self.out_dir, records, comparison, md)
 
 
-def abba_order(trials: list[Trial]) -> list[tuple[Trial, tuple[str, str]]]:
+def config_index(trials: list[Trial]) -> dict[tuple[str, str], int]:
+    """Each configuration's (workload, set) index in the order the trials first name it."""
+    index: dict[tuple[str, str], int] = {}
+    for trial in trials:
+        index.setdefault((trial.workload.label, trial.techniques.label), len(index))
+    return index
+
+
+def abba_order(trials: list[Trial], index: dict[tuple[str, str], int] | None = None
+               ) -> list[tuple[Trial, tuple[str, str]]]:
     """Which side runs first for each trial: ABBA, balanced per configuration.
 
     A configuration (workload x set) alternates from one repeat to the next, and neighbouring configurations (in
     the plan's unshuffled order) start on opposite sides, so drift in the machine's speed hits A and B alike: each
     configuration runs A first in half of its repeats (one more when the count is odd). The index comes from the
     configuration, not the trial's shuffled position, which would leave a configuration's order to chance.
+    ``index``: the plan's (``config_index``), so a sequential round's speed-only trials, numbered on from the
+    planned repeats, keep alternating (a configuration's next round starts on the other side).
     """
-    index: dict[tuple[str, str], int] = {}
+    index = dict(index) if index is not None else {}
     for trial in trials:
         index.setdefault((trial.workload.label, trial.techniques.label), len(index))
     ordered = []
@@ -257,6 +309,81 @@ def abba_order(trials: list[Trial]) -> list[tuple[Trial, tuple[str, str]]]:
         j = index[(trial.workload.label, trial.techniques.label)]
         ordered.append((trial, SIDES if (j + trial.repeat) % 2 == 0 else SIDES[::-1]))
     return ordered
+
+
+# ---- the sequential phase (``--repeats auto``) ------------------------------------------------------------------
+
+
+def _configurations(cfg: SweepConfig) -> tuple[dict[str, WorkloadSpec], dict[str, TechniqueSet]]:
+    """The sweep's workloads and technique sets (the baseline among them) by label."""
+    return {w.label: w for w in cfg.workloads}, {t.label: t for t in (*cfg.techniques, TechniqueSet(()))}
+
+
+def open_configurations(cfg: SweepConfig, records: dict[str, list[TrialRecord]],
+                        threshold: float = compare_mod.DEFAULT_THRESHOLD) -> list[adaptive.Open]:
+    """The configurations whose throughput or memory verdict of B against A (``bench compare`` on the records so
+    far, with the design's repeated intervals) is still open with fewer than ``max_repeats`` pairs, the most
+    informative first. A configuration that has had ``max_repeats`` trials on a side is closed even when some
+    failed, so trials that keep failing cannot keep a round going."""
+    a, b = (inputs.unique_trials(records[side])[0] for side in SIDES)
+    rows, _, _ = compare_mod.compare_records(a, b, threshold, cfg.max_repeats)
+    workloads, sets = _configurations(cfg)
+    found: list[adaptive.Open] = []
+    for row in rows:
+        key = row.key
+        if key.workload not in workloads or key.techniques not in sets:
+            continue
+        if max(row.n_base_total, row.n_new_total) >= cfg.max_repeats:
+            continue
+        verdicts = [(name, q.verdict, q.estimate.n if q.estimate else None, q.needed)
+                    for name, q in (("speed", row.throughput), ("memory", row.memory))]
+        cost = sum(adaptive.trial_cost(records[side], key.workload, key.techniques) for side in SIDES)
+        found += adaptive.open_of(verdicts, cfg.max_repeats, workloads[key.workload], sets[key.techniques],
+                                  key.world_size, cost)
+    return adaptive.informative_first(found)
+
+
+def sequential_round(cfg: SweepConfig, records: dict[str, list[TrialRecord]], budget_left: float,
+                     threshold: float = compare_mod.DEFAULT_THRESHOLD) -> list[Trial]:
+    """The next round of speed-only trials, each to run on both sides (empty: nothing open, or the budget left
+    fits none). The open configurations go in order, the closest to a decision first, while their cost on both
+    sides fits ``budget_left``; a workload's trials of one round share its next repeat number."""
+    chosen, cost = [], 0.0
+    for o in open_configurations(cfg, records, threshold):
+        if cost + o.cost_s > budget_left:
+            continue  # a cheaper configuration further down may still fit
+        chosen.append(o)
+        cost += o.cost_s
+    both = records["a"] + records["b"]
+    repeats = {w: adaptive.next_repeat(both, w.label) for w in {o.workload for o in chosen}}
+    trials = [adaptive.speed_trial(cfg, o.workload, o.techniques, o.world_size, repeats[o.workload],
+                                   len(records["a"]) + i) for i, o in enumerate(chosen)]
+    if trials:
+        log.info("A/B sequential round: %d speed-only trials on both sides for %s", len(trials),
+                 ", ".join(f"{o.workload.label} {o.techniques.label} ({o.what}, {o.pairs} pairs)" for o in chosen))
+    return trials
+
+
+def half_done(cfg: SweepConfig, records: dict[str, list[TrialRecord]]) -> list[tuple[Trial, str]]:
+    """Speed-only trials an interrupted run recorded on one side only, with the side that still has to run them
+    (their pair is incomplete until it does)."""
+    workloads, sets = _configurations(cfg)
+    ids = {side: {r.trial_id for r in recs} for side, recs in records.items()}
+    out = []
+    for side, other in (("a", "b"), ("b", "a")):
+        for r in records[side]:
+            if r.added_by != adaptive.ADDED_BY or r.trial_id in ids[other]:
+                continue
+            if r.workload_label not in workloads or r.technique_label not in sets:
+                continue
+            trial = adaptive.speed_trial(cfg, workloads[r.workload_label], sets[r.technique_label], r.world_size,
+                                         r.repeat, r.position)
+            if trial.trial_id == r.trial_id:
+                out.append((trial, other))
+            else:  # a record of another design (a seed this sweep would not give): left unpaired
+                log.warning("A/B resume: %s on side %s has no pair, and this sweep would not make it", r.trial_id,
+                            side.upper())
+    return out
 
 
 def run_ab(
@@ -322,4 +449,5 @@ def cmd_sweep_ab(args: argparse.Namespace, out: Any, err: Any) -> int:
     return 0
 
 
-__all__ = ["abba_order", "AbProgress", "AbResult", "AbRunner", "Checkout", "release", "resolve_checkout", "run_ab"]
+__all__ = ["abba_order", "AbProgress", "AbResult", "AbRunner", "Checkout", "config_index", "half_done",
+           "open_configurations", "release", "resolve_checkout", "run_ab", "sequential_round"]

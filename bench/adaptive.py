@@ -16,6 +16,9 @@ after round, until no configuration is open, the cap is reached or the time budg
   a seed and is not repeated.
 - **The budget** (``--decide-within``, default half the wall time the planned trials took) is shared by the open
   configurations and counted from the records' own wall times, so a resumed sweep keeps what it spent.
+
+``sweep --ab --repeats auto`` (``bench.ab``) applies the same rules to the verdicts of B against A, through the
+helpers below (``open_of``, ``informative_first``, ``next_repeat``, ``speed_trial``, ``trial_cost``).
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ from __future__ import annotations
 import logging
 import math
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -74,29 +78,58 @@ def open_configurations(cfg: SweepConfig, records: list[TrialRecord]) -> list[Op
         return []
     workloads = {w.label: w for w in cfg.workloads}
     sets = {t.label: t for t in (*cfg.techniques, TechniqueSet(()))}
-    found = []
+    found: list[Open] = []
     for c in analysis.configurations(frame).itertuples():
         if c.is_reference or not c.n_ok or c.workload not in workloads or c.technique not in sets:
             continue
-        what, pairs, needed = [], [], []
-        for name, prefix in (("speed", "speedup"), ("memory", "mem_ratio")):
-            n, word = getattr(c, f"{prefix}_n"), getattr(c, f"{prefix}_verdict")
-            if n is None or word is None or (word not in stats.UNDECIDED) or n >= cfg.max_repeats:
-                continue
-            what.append(name)
-            pairs.append(int(n))
-            want = getattr(c, f"{prefix}_needed") if word == stats.INCONCLUSIVE else stats.MIN_REPEATS
-            needed.append(int(want) if want is not None and not math.isnan(want) and want <= cfg.max_repeats
-                          else None)
-        if what:
-            known = [x for x in needed if x is not None]
-            found.append(Open(workloads[c.workload], sets[c.technique], int(c.world_size or 1), min(pairs),
-                              min(known) if known else None, " and ".join(what),
-                              _trial_cost(records, c.workload, c.technique)))
+        verdicts = [(name, getattr(c, f"{prefix}_verdict"), getattr(c, f"{prefix}_n"),
+                     getattr(c, f"{prefix}_needed", None)) for name, prefix in (("speed", "speedup"), ("memory", "mem_ratio"))]
+        found += open_of(verdicts, cfg.max_repeats, workloads[c.workload], sets[c.technique],
+                         int(c.world_size or 1), trial_cost(records, c.workload, c.technique))
+    return informative_first(found)
+
+
+def open_of(verdicts: list[tuple[str, str | None, Any, Any]], max_repeats: int, workload: WorkloadSpec,
+            techniques: TechniqueSet, world_size: int, cost_s: float) -> list[Open]:
+    """``[Open]`` when any of ``verdicts`` = [(what, verdict word, pairs, pairs needed), ...] is still open: undecided
+    (inconclusive, or no verdict for want of pairs) with fewer than ``max_repeats`` pairs; else ``[]``. The pairs it
+    needs: the inconclusive verdict's estimate, or the fewest that give a verdict; None when more than the cap."""
+    what, pairs, needed = [], [], []
+    for name, word, n, want in verdicts:
+        if n is None or word is None or word not in stats.UNDECIDED or n >= max_repeats:
+            continue
+        what.append(name)
+        pairs.append(int(n))
+        want = want if word == stats.INCONCLUSIVE else stats.MIN_REPEATS
+        needed.append(int(want) if want is not None and not math.isnan(want) and want <= max_repeats else None)
+    if not what:
+        return []
+    known = [x for x in needed if x is not None]
+    return [Open(workload, techniques, world_size, min(pairs), min(known) if known else None, " and ".join(what),
+                 cost_s)]
+
+
+def informative_first(found: list[Open]) -> list[Open]:
+    """The closest to a decision first (the fewest pairs needed); those the cap leaves no room for last."""
     return sorted(found, key=lambda o: (not o.hopeful, o.needed or 0, o.pairs))
 
 
-def _trial_cost(records: list[TrialRecord], workload: str, technique: str) -> float:
+def next_repeat(records: list[TrialRecord], workload: str) -> int:
+    """The repeat number of a workload's next speed-only round: one past every repeat it has recorded."""
+    return 1 + max((r.repeat for r in records if r.workload_label == workload), default=-1)
+
+
+def speed_trial(cfg: SweepConfig, workload: WorkloadSpec, techniques: TechniqueSet, world_size: int, repeat: int,
+                position: int) -> Trial:
+    """A speed-only trial of the sequential phase. Its seed is one the sweep has (``repeat % repeats``), so its
+    parity reference is cached; its id is the planned form with ``/speed``, so it never collides with a planned one."""
+    seed = cfg.seed + repeat % cfg.repeats
+    return Trial(trial_id=trial_id(workload, techniques, seed, repeat, world_size) + "/speed", workload=workload,
+                 techniques=techniques, seed=seed, repeat=repeat, world_size=world_size, position=position,
+                 mode="speed", added_by=ADDED_BY)
+
+
+def trial_cost(records: list[TrialRecord], workload: str, technique: str) -> float:
     """The median wall time of this configuration's speed-only trials, or a share of its full trials'."""
     mine = [r for r in records if r.workload_label == workload and r.technique_label == technique
             and r.status == "ok" and r.wall_s]
@@ -112,8 +145,8 @@ def next_round(cfg: SweepConfig, records: list[TrialRecord], budget_left: float)
     chosen: dict[WorkloadSpec, list[Open]] = {}
     cost = 0.0
     for o in open_configurations(cfg, records):
-        extra = o.cost_s + (0.0 if o.workload in chosen else _trial_cost(records, o.workload.label,
-                                                                          analysis.BASELINE))
+        extra = o.cost_s + (0.0 if o.workload in chosen else trial_cost(records, o.workload.label,
+                                                                         analysis.BASELINE))
         if cost + extra > budget_left:
             continue  # a cheaper configuration further down may still fit
         chosen.setdefault(o.workload, []).append(o)
@@ -124,14 +157,10 @@ def next_round(cfg: SweepConfig, records: list[TrialRecord], budget_left: float)
     reference_first = len(rounds) % 2 == 0  # ABBA across rounds
     trials: list[Trial] = []
     for workload, opens in chosen.items():
-        repeat = 1 + max((r.repeat for r in records if r.workload_label == workload.label), default=-1)
-        seed = cfg.seed + repeat % cfg.repeats  # a seed the sweep has: its parity reference is cached
+        repeat = next_repeat(records, workload.label)
         sides = [(TechniqueSet(()), 1), *((o.techniques, o.world_size) for o in opens)]
         for techs, world in (sides if reference_first else sides[::-1]):
-            trials.append(Trial(
-                trial_id=trial_id(workload, techs, seed, repeat, world) + "/speed",
-                workload=workload, techniques=techs, seed=seed, repeat=repeat, world_size=world,
-                position=len(records) + len(trials), mode="speed", added_by=ADDED_BY))
+            trials.append(speed_trial(cfg, workload, techs, world, repeat, len(records) + len(trials)))
     log.info("sequential round: %d speed-only trials for %s", len(trials),
              ", ".join(f"{w.label} {o.techniques.label} ({o.what}, {o.pairs} pairs)" for w, os_ in chosen.items()
                        for o in os_))

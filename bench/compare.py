@@ -15,7 +15,10 @@ log-ratios of matched trials, a Welch interval when the trials do not match:
   are left out.
 
 A change counts only when the whole 95% interval lies beyond ``threshold`` (default 5%), equivalence only when it
-lies wholly inside, and there is no verdict with fewer than 3 matched trials (``bench.stats.verdict``). Across configurations an overall verdict compares the geometric mean
+lies wholly inside, and there is no verdict with fewer than 3 matched trials (``bench.stats.verdict``). When the
+sweeps' sweep.toml say they were sequential designs (``--repeats auto``: pairs added while a verdict was open), the
+throughput and memory intervals are the design's repeated confidence intervals (``bench.sequential``), which keep
+their coverage over every look. Across configurations an overall verdict compares the geometric mean
 of the per-configuration ratios (as pyperf summarises a suite), so a uniform slowdown too small to call in each
 configuration alone still trips the gate. The spread of each side (IQR / median of the per-trial values) is
 reported as the measured noise.
@@ -26,6 +29,7 @@ sweep settings (sweep.toml) are stated at the top, since a difference there can 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import math
@@ -38,7 +42,7 @@ from pathlib import Path
 from typing import Any
 
 from bench import stats
-from bench.analysis import InputError
+from bench.analysis import InputError, design_cap
 from bench.config import ConfigError
 from bench.report import inputs
 from bench.results import ResultStore, TrialRecord
@@ -99,6 +103,7 @@ class MetricComparison:
     why: str | None  # what stood in the way of a verdict
     regression: bool  # the verdict is the bad direction
     noise: float | None  # the larger IQR / median of the two sides (None with fewer than 2 values)
+    needed: int | None = None  # an inconclusive verdict: about how many pairs would decide it (bench.stats.verdict)
 
     @property
     def base_median(self) -> float | None:
@@ -171,6 +176,7 @@ class Comparison:
     settings: list[str] = field(default_factory=list)  # sweep.toml differences, as lines
     overall: list[Overall] = field(default_factory=list)
     input_notes: list[str] = field(default_factory=list)  # what was wrong with the input (duplicated trial ids)
+    max_looks: int | None = None  # a sequential design's cap (sweep.toml): ratios are repeated intervals
 
     @property
     def environment_mismatch(self) -> list[EnvDifference]:
@@ -294,8 +300,10 @@ def _values(records: Iterable[TrialRecord], get: Any) -> dict[str, float]:
 
 
 def _quantity(quantity: str, unit: str, base: dict[str, float], new: dict[str, float], threshold: float,
-              higher: str, lower: str, bad: str, log: bool = True) -> MetricComparison:
-    """NEW against BASE through the statistics engine: a ratio (``log``) or a difference, paired by trial id."""
+              higher: str, lower: str, bad: str, log: bool = True, max_looks: int | None = None
+              ) -> MetricComparison:
+    """NEW against BASE through the statistics engine: a ratio (``log``) or a difference, paired by trial id.
+    ``max_looks``: a sequential design's cap, so a paired ratio is its repeated interval (``bench.sequential``)."""
     noises = [n for n in (_spread(list(base.values())), _spread(list(new.values()))) if n is not None]
     noise = max(noises) if noises else None
     if not base or not new:
@@ -304,9 +312,9 @@ def _quantity(quantity: str, unit: str, base: dict[str, float], new: dict[str, f
     if log and (min(base.values()) <= 0 or min(new.values()) <= 0):
         return MetricComparison(quantity, unit, base, new, None, "not comparable", "zero or negative values",
                                 False, noise)
-    est = stats.ratio(new, base) if log else stats.difference(new, base)
+    est = stats.ratio(new, base, max_looks) if log else stats.difference(new, base)
     v = stats.verdict(est, threshold, higher, lower)
-    return MetricComparison(quantity, unit, base, new, est, v.word, v.why, v.word == bad, noise)
+    return MetricComparison(quantity, unit, base, new, est, v.word, v.why, v.word == bad, noise, v.needed)
 
 
 def _spread(values: list[float]) -> float | None:
@@ -347,10 +355,12 @@ def _final(r: TrialRecord) -> float | None:
 
 
 def compare_config(key: ConfigKey, base: Sequence[TrialRecord], new: Sequence[TrialRecord],
-                   threshold: float = DEFAULT_THRESHOLD) -> ConfigComparison:
+                   threshold: float = DEFAULT_THRESHOLD, max_looks: int | None = None) -> ConfigComparison:
     """Compare the trials of one configuration (all statuses; only ``ok`` trials give values). ``threshold`` is
     throughput's; memory and the metric use the report's (``bench.stats.THRESHOLDS``), the metric as a difference
-    at equal samples, as the report compares it."""
+    at equal samples, as the report compares it. ``max_looks``: the cap of the sequential design the trials came
+    from (throughput and memory pairs were added while their verdicts were open, so their intervals are repeated
+    ones; the metric's quality runs are the planned ones, never repeated for speed)."""
     ok_b = [r for r in base if r.status == "ok"]
     ok_n = [r for r in new if r.status == "ok"]
 
@@ -358,10 +368,10 @@ def compare_config(key: ConfigKey, base: Sequence[TrialRecord], new: Sequence[Tr
         return r.speed.samples_per_s if r.speed and not r.speed.contended else None
 
     throughput = _quantity("throughput", "samples/s", _values(ok_b, sps), _values(ok_n, sps), threshold,
-                           "faster", "slower", "slower")
+                           "faster", "slower", "slower", max_looks=max_looks)
     unit, mb, mn = _memory_values(ok_b, ok_n)
     memory = _quantity("peak memory", unit, mb, mn, stats.THRESHOLDS["memory"], "more memory", "less memory",
-                       "more memory")
+                       "more memory", max_looks=max_looks)
     name, hib = _higher_is_better([*ok_b, *ok_n])
     good, worse = "better", "worse"
     metric = _quantity("final metric", f"{name}, {'higher' if hib else 'lower'} is better" if name else "-",
@@ -397,11 +407,18 @@ def _listing(values: list[Any]) -> str:
 
 
 _OVERALL_CATEGORY = {"throughput": "slower", "peak memory": "more-memory", "final metric": "worse-metric"}
+SEQUENTIAL_OVERALL = (", fixed-n t on each configuration's final pairs, read once at the end (the sequential "
+                      "design's stopping rule looks at each configuration, not at the overall)")
 
 
-def overall_verdicts(rows: Sequence[ConfigComparison], threshold: float) -> list[Overall]:
+def overall_verdicts(rows: Sequence[ConfigComparison], threshold: float, max_looks: int | None = None
+                     ) -> list[Overall]:
     """Throughput and peak memory across configurations: the geometric mean of NEW / BASE with a stratified
-    interval (metrics of different workloads have different units and directions, so they get no overall)."""
+    interval (metrics of different workloads have different units and directions, so they get no overall).
+
+    In a sequential design (``max_looks``) the overall is still read once, at the end, from every configuration's
+    final pairs: the stopping rule looked at each configuration's verdict, never at the overall one, so its interval
+    is the fixed-n stratified one, and its method text says so."""
     out = []
     for index, (quantity, th, higher, lower, bad) in enumerate((
             ("throughput", threshold, "faster", "slower", "slower"),
@@ -411,21 +428,24 @@ def overall_verdicts(rows: Sequence[ConfigComparison], threshold: float) -> list
         if len(pairs) < 2:
             continue
         est = stats.overall(pairs)
+        if max_looks is not None and est.has_interval:
+            est = dataclasses.replace(est, method=est.method + SEQUENTIAL_OVERALL)
         v = stats.verdict(est, th, higher, lower, min_repeats=2)
         out.append(Overall(quantity, est, v.word, v.why, v.word == bad))
     return out
 
 
-def compare_records(base: Sequence[TrialRecord], new: Sequence[TrialRecord], threshold: float = DEFAULT_THRESHOLD
-                    ) -> tuple[list[ConfigComparison], list[ConfigKey], list[ConfigKey]]:
-    """(rows for configurations on both sides, keys only in BASE, keys only in NEW), in BASE's order."""
+def compare_records(base: Sequence[TrialRecord], new: Sequence[TrialRecord], threshold: float = DEFAULT_THRESHOLD,
+                    max_looks: int | None = None) -> tuple[list[ConfigComparison], list[ConfigKey], list[ConfigKey]]:
+    """(rows for configurations on both sides, keys only in BASE, keys only in NEW), in BASE's order.
+    ``max_looks``: the cap of a sequential design (``compare_config``)."""
     groups_b: dict[ConfigKey, list[TrialRecord]] = defaultdict(list)
     groups_n: dict[ConfigKey, list[TrialRecord]] = defaultdict(list)
     for r in base:
         groups_b[ConfigKey.of(r)].append(r)
     for r in new:
         groups_n[ConfigKey.of(r)].append(r)
-    rows = [compare_config(k, groups_b[k], groups_n[k], threshold) for k in groups_b if k in groups_n]
+    rows = [compare_config(k, groups_b[k], groups_n[k], threshold, max_looks) for k in groups_b if k in groups_n]
     return rows, [k for k in groups_b if k not in groups_n], [k for k in groups_n if k not in groups_b]
 
 
@@ -480,16 +500,26 @@ def compare_dirs(base_dir: Path, new_dir: Path, threshold: float = DEFAULT_THRES
     notes: list[str] = []
     base = _unique(load_records(base_dir), base_dir, notes)
     new = _unique(load_records(new_dir), new_dir, notes)
+    settings_b, settings_n = _load_toml(base_dir / "sweep.toml"), _load_toml(new_dir / "sweep.toml")
+    cap = design_cap_of(settings_b, settings_n)
     try:
-        rows, only_b, only_n = compare_records(base, new, threshold)
+        rows, only_b, only_n = compare_records(base, new, threshold, cap)
     except (TypeError, KeyError, AttributeError, IndexError) as exc:
         # The records passed the type check, so this is a shape it does not cover: one line, not a traceback.
         raise CompareError(f"{base_dir} vs {new_dir}: a record of an unexpected shape stopped the comparison "
                            f"({type(exc).__name__}: {inputs.clip(exc)})") from None
     env = env_differences(_load_json(base_dir / "env.json"), _load_json(new_dir / "env.json"))
-    settings = settings_differences(_load_toml(base_dir / "sweep.toml"), _load_toml(new_dir / "sweep.toml"))
+    settings = settings_differences(settings_b, settings_n)
     return Comparison(base_dir, new_dir, threshold, rows, only_b, only_n, env, settings,
-                      overall_verdicts(rows, threshold), notes)
+                      overall_verdicts(rows, threshold, cap), notes, cap)
+
+
+def design_cap_of(*settings: dict[str, Any]) -> int | None:
+    """The sequential design's cap that applies to a comparison: the larger one when the two sweeps' differ (the
+    wider interval), a sequential side's when only one was (its pairs were added by looking), None when both were
+    fixed designs (``bench.analysis.design_cap``)."""
+    caps = [c for c in (design_cap(s) for s in settings) if c is not None]
+    return max(caps) if caps else None
 
 
 # ---- rendering ----------------------------------------------------------------------------------------------
@@ -594,9 +624,19 @@ def to_markdown(comp: Comparison, title: str = "Comparison") -> str:
             lines.append(f"- {o.quantity}: {_fmt_estimate(o.estimate)} over {o.estimate.n} configurations: "
                          f"{_fmt_verdict(o.verdict, o.why, o.regression)} ({o.estimate.method})")
     lines += ["", "Ratios are NEW / BASE: geometric means of per-trial values (one trial = one process = one seed) "
-              "with a 95% t interval on their logs, paired by trial id where both sides ran the same trials (in "
-              "`sweep --ab`, the two runs of a trial back to back), Welch otherwise; no verdict below 3 trials. "
+              f"with {_interval_words(comp.max_looks)} on their logs, paired by trial id where both sides ran the same "
+              "trials (in `sweep --ab`, the two runs of a trial back to back), Welch otherwise; no verdict below 3 "
+              "trials. "
               "Memory compares the tensor-level (or CUDA allocator) peak when every trial has one, else peak RSS. "
               "The metric is the quality run's metric at the full sample budget, compared as a difference NEW - BASE "
               "in the workload's direction."]
     return "\n".join(lines) + "\n"
+
+
+def _interval_words(max_looks: int | None) -> str:
+    """The method sentence's interval: a fixed design's t interval, or a sequential design's repeated one."""
+    if max_looks is None:
+        return "a 95% t interval"
+    return (f"a 95% repeated confidence interval (the sweeps' sequential design, `--repeats auto` up to {max_looks} "
+            "pairs: speed-only pairs were added while a verdict was open, and this interval keeps its coverage over "
+            "every look, see `bench.sequential`; the metric compares the planned quality runs)")

@@ -281,3 +281,66 @@ def test_fixtures_are_what_the_generator_writes(tmp_path):
     lines = (BASE / "results.jsonl").read_text().splitlines()
     assert len(lines) == 12 and json.loads(lines[0])["technique_label"] == "baseline"
     assert json.loads(lines[0])["schema_version"] == 2
+
+
+# ---- a sequential design (`--repeats auto`) ----------------------------------------------------------------------
+
+
+def _sweep_dir(path: Path, records: list[TrialRecord], toml: str) -> Path:
+    path.mkdir()
+    (path / "results.jsonl").write_text("".join(r.to_json() + "\n" for r in records))
+    (path / "sweep.toml").write_text(toml)
+    return path
+
+
+SEQUENTIAL_TOML = 'name = "s"\nrepeats = 3\nmax_repeats = 20\n'
+FIXED_TOML = 'name = "s"\nrepeats = 3\n'
+
+
+def _two_configurations(scale: float) -> tuple[list[TrialRecord], list[TrialRecord]]:
+    """Five pairs of two configurations, NEW ``scale`` times BASE's throughput with a per-pair wobble."""
+    base, new = [], []
+    for label in ("baseline", "bf16"):
+        for r, wobble in enumerate([1.00, 1.03, 0.98, 1.01, 0.99]):
+            base.append(record(label, repeat=r, sps=100.0))
+            new.append(record(label, repeat=r, sps=100.0 * scale * wobble, peak=1000 + 10 * r))
+    return base, new
+
+
+def test_a_sequential_design_gives_repeated_intervals_and_says_so(tmp_path):
+    base, new = _two_configurations(0.95)
+    seq = compare.compare_dirs(_sweep_dir(tmp_path / "sb", base, SEQUENTIAL_TOML),
+                               _sweep_dir(tmp_path / "sn", new, SEQUENTIAL_TOML))
+    fixed = compare.compare_dirs(_sweep_dir(tmp_path / "fb", base, FIXED_TOML),
+                                 _sweep_dir(tmp_path / "fn", new, FIXED_TOML))
+    assert seq.max_looks == 20 and fixed.max_looks is None
+    new_sps = {r.trial_id: r.speed.samples_per_s for r in new if r.technique_label == "bf16"}
+    base_sps = {r.trial_id: r.speed.samples_per_s for r in base if r.technique_label == "bf16"}
+    s_row, f_row = rows_by_label(seq)["mlp:tiny bf16"], rows_by_label(fixed)["mlp:tiny bf16"]
+    assert s_row.throughput.estimate == stats.ratio(new_sps, base_sps, max_looks=20)
+    assert f_row.throughput.estimate == stats.ratio(new_sps, base_sps)  # a fixed design: today's t interval
+    assert s_row.throughput.estimate.lo < f_row.throughput.estimate.lo  # the repeated interval is wider
+    assert "repeated interval over 5 pairs" in s_row.throughput.estimate.method
+    new_peak = {r.trial_id: r.memory.peak_bytes for r in new if r.technique_label == "bf16"}
+    base_peak = {r.trial_id: r.memory.peak_bytes for r in base if r.technique_label == "bf16"}
+    assert s_row.memory.estimate == stats.ratio(new_peak, base_peak, max_looks=20)
+    assert f_row.memory.estimate == stats.ratio(new_peak, base_peak)
+    assert s_row.metric.estimate.max_looks is None  # the planned quality runs: a plain difference
+    md, fixed_md = compare.to_markdown(seq), compare.to_markdown(fixed)
+    assert "95% repeated confidence interval (the sweeps' sequential design, `--repeats auto` up to 20 pairs" in md
+    assert "with a 95% t interval on their logs" in fixed_md and "repeated" not in fixed_md
+    overall = {o.quantity: o for o in seq.overall}["throughput"]
+    assert overall.estimate.method.endswith(compare.SEQUENTIAL_OVERALL) and compare.SEQUENTIAL_OVERALL in md
+    fixed_overall = {o.quantity: o for o in fixed.overall}["throughput"]
+    assert (overall.estimate.value, overall.estimate.lo) == (fixed_overall.estimate.value, fixed_overall.estimate.lo)
+
+
+def test_the_wider_cap_applies_when_the_sweeps_differ_and_an_inconclusive_verdict_says_what_it_needs():
+    assert compare.design_cap_of({"repeats": 3, "max_repeats": 10}, {"repeats": 3, "max_repeats": 20}) == 20
+    assert compare.design_cap_of({"repeats": 5}, {"repeats": 3, "max_repeats": 12}) == 12
+    assert compare.design_cap_of({"repeats": 5}, {}) is None
+    base = [record(repeat=r, sps=100.0) for r in range(3)]
+    new = [record(repeat=r, sps=s) for r, s in enumerate([90.0, 99.0, 104.0])]
+    q = compare.compare_records(base, new, max_looks=20)[0][0].throughput
+    assert q.verdict == stats.INCONCLUSIVE and q.needed == stats.verdict(q.estimate, 0.05, "faster", "slower").needed
+    assert q.needed is not None and q.needed > 3
