@@ -166,14 +166,20 @@ def test_tp_gives_the_single_process_losses_and_parameters(tp_run, single_proces
     initial = gpt_tiny().model.state_dict()
     d = gpt_tiny().params["d_model"]
     for key, expected in ref_params.items():
-        got = params[key]
+        got, start = params[key], initial[key].to(expected)
         if key.endswith("attn.qkv.bias"):
             # The key bias's true gradient is zero (it adds q.b_k to every score of a query: softmax ignores it), so
             # what AdamW does with it is normalised rounding noise, in one process as under tp: compared loosely.
             torch.testing.assert_close(got[d:2 * d], expected[d:2 * d], rtol=0, atol=1e-4, msg=key)
             got, expected = torch.cat([got[:d], got[2 * d:]]), torch.cat([expected[:d], expected[2 * d:]])
-        torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-5, msg=key)
-        assert not torch.equal(ref_params[key], initial[key]), f"training moved nothing: {key}"
+            start = torch.cat([start[:d], start[2 * d:]])
+        # What training did to the tensor, tp against one process: the updates' difference relative to the update.
+        # (An element-wise tolerance failed on an AMD EPYC with avx512_bf16 for 1 element of 16,384 in
+        # blocks.1.mlp.fc.weight: 3.2e-5 apart after moving 3e-3, AdamW normalising the rounding of a tiny gradient.
+        # A 10% learning-rate error moves every update by 10%: this still catches it a hundred times over.)
+        moved = (expected - start).norm()
+        assert moved > 0, f"training moved nothing: {key}"
+        assert float((got - expected).norm() / moved) < 1e-3, key
 
 
 @distributed
