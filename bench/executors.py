@@ -20,12 +20,15 @@ again, and gathers what finished meanwhile. Nothing here schedules: Slurm (or su
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import datetime as dt
 import hashlib
 import json
 import logging
 import shutil
+import signal
+import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -152,8 +155,8 @@ class SubmititExecutor:
         """env.json, the plan and the references, computed by a job on the cluster (the trials' kind of node)."""
         done = done | gather(runner)
         launcher = runner.launcher  # its device is resolved on the node
-        job = self._executor(runner, runner.cfg.budget.timeout_s).submit(
-            setup_job, launcher, runner.command, runner.resume, sorted(done), self.describe())
+        job = self.submit(self._executor(runner, runner.cfg.budget.timeout_s),
+                          setup_job, launcher, runner.command, runner.resume, sorted(done), self.describe())
         log.info("submitted the setup job %s (calibration, plan, references)", job.job_id)
         while not job.done():
             time.sleep(min(self.poll_s, 2.0))
@@ -187,7 +190,7 @@ class SubmititExecutor:
         while queue or active:
             while queue and (not self.max_running or len(active) < self.max_running):
                 trial = queue.pop(0)
-                job = executor.submit(trial_job, launcher, trial, env, str(record_path(runner.out_dir, trial)))
+                job = self.submit(executor, trial_job, launcher, trial, env, str(record_path(runner.out_dir, trial)))
                 ledger.add(trial.trial_id, job.job_id)
                 active[trial.trial_id] = (trial, job)
             time.sleep(self.poll_s)
@@ -197,6 +200,12 @@ class SubmititExecutor:
                     yield trial, self._finished(runner, trial, job.job_id)
 
     # ---- submitit ----
+
+    def submit(self, executor: Any, fn: Any, *args: Any) -> Any:
+        """``executor.submit(fn, *args)``; a submitit-local job starts with SIGINT at its default, so that
+        submitit's ``cancel()`` (SIGINT to the job's controller, which passes it on to the task) ends it."""
+        with sigint_default_in_children() if self.cluster == "local" else contextlib.nullcontext():
+            return executor.submit(fn, *args)
 
     def _executor(self, runner: SweepRunner, timeout_s: float) -> Any:
         submitit = _import_submitit()
@@ -305,6 +314,26 @@ def parse_options(options: list[str]) -> dict[str, Any]:
         key = key.strip().replace("-", "_")
         parsed[key if key.startswith("slurm_") else f"slurm_{key}"] = int(value) if value.isdigit() else value
     return parsed
+
+
+@contextlib.contextmanager
+def sigint_default_in_children() -> Iterator[None]:
+    """Children started inside get SIGINT at its default disposition even when this process ignores it.
+
+    A process started in the background by a non-interactive shell (``cmd &`` in a CI script, ``nohup``) inherits
+    SIGINT ignored, and Python keeps an inherited SIG_IGN; so would the submitit-local jobs it starts, and
+    submitit's ``LocalJob.cancel()`` (SIGINT, nothing else) would leave them running to their end. A Python-level
+    handler is reset to the default at ``exec``, so installing a no-op one around the submission gives the child
+    the default without making this process interruptible meanwhile.
+    """
+    if threading.current_thread() is not threading.main_thread() or signal.getsignal(signal.SIGINT) != signal.SIG_IGN:
+        yield  # a Python handler (the usual case) is already reset to the default in the children
+        return
+    signal.signal(signal.SIGINT, lambda *_: None)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
 def local_job_alive(job_id: str) -> bool:
