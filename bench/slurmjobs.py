@@ -1,13 +1,15 @@
-"""What Slurm says about a sweep's jobs, asked once per poll for all of them, with a fallback when accounting is away.
+"""What Slurm says about a sweep's jobs, asked once per poll for all of them, with fallbacks when a source is away.
 
-``sacct`` answers first: accounting keeps a job after it ended, for as long as its database does. When it does not
-answer (accounting stopped, ``slurmdbd`` unreachable) or does not know a job yet (its records reach the database a
-little after ``sbatch``), ``squeue`` and then ``scontrol`` are asked: the controller knows queued and running jobs, and
-ended ones for ``MinJobAge`` (300 s by default). A job none of them knows is ``UNKNOWN``; ``JobWatch`` counts how long
-each job has been unknown, so that a submitter's wait for it is bounded (``UNKNOWN_WAIT_S``) instead of endless.
+``squeue`` answers first: the controller's state is the live one, for jobs queued, running, requeued, and ended less
+than ``MinJobAge`` ago (300 s by default). Jobs it no longer knows are asked of ``sacct``: accounting keeps a job after
+it ended, for as long as its database does. ``scontrol`` is the last resort. A job none of them knows is
+``UNKNOWN`` (accounting stopped and the controller's memory of it gone, or a job id from another cluster); ``JobWatch``
+counts how long each job has been unknown, so that a submitter's wait for it is bounded (``UNKNOWN_WAIT_S``) instead of
+endless.
 
-submitit's own state (``SlurmJob.done()``) is not used to wait: it asks ``sacct`` at growing intervals (up to 10 minutes
-apart) and, with accounting away, keeps a job ``UNKNOWN``, which it counts as not done, forever.
+submitit's own state (``SlurmJob.done()``) is not used to wait: it asks ``sacct`` only, at growing intervals (up to 10
+minutes apart), reports a requeued job by its previous run's end, and with accounting away keeps a job ``UNKNOWN``,
+which it counts as not done, forever.
 """
 
 from __future__ import annotations
@@ -56,18 +58,20 @@ def states(job_ids: Iterable[str], run: Runner = _run) -> dict[str, tuple[str, s
     found: dict[str, tuple[str, str]] = {}
     if not wanted:
         return found
-    out = run(["sacct", "-n", "-X", "-P", "-o", "JobID,State", "-j", ",".join(wanted)])
+    # The controller first: its state is the live one (a job requeued after its node failed is PENDING there while
+    # accounting still shows the NODE_FAIL of its first run), and it keeps ended jobs for MinJobAge.
+    out = run(["squeue", "-h", "--all", "-t", "all", "-o", "%i|%T", "-j", ",".join(wanted)])
     for line in (out or "").splitlines():
         job_id, _, state = line.partition("|")
         if job_id in wanted and state:
-            found[job_id] = (_state_word(state), "sacct")
+            found[job_id] = (_state_word(state), "squeue")
     missing = [j for j in wanted if j not in found]
-    if missing:  # accounting did not answer, or does not know these jobs yet: ask the controller
-        out = run(["squeue", "-h", "--all", "-t", "all", "-o", "%i|%T"])
+    if missing:  # ended longer ago than the controller remembers: accounting keeps them
+        out = run(["sacct", "-n", "-X", "-P", "-o", "JobID,State", "-j", ",".join(missing)])
         for line in (out or "").splitlines():
             job_id, _, state = line.partition("|")
             if job_id in missing and state:
-                found[job_id] = (_state_word(state), "squeue")
+                found[job_id] = (_state_word(state), "sacct")
     for job_id in [j for j in wanted if j not in found]:
         out = run(["scontrol", "show", "job", "-o", job_id]) or ""
         state = next((w.split("=", 1)[1] for w in out.split() if w.startswith("JobState=")), None)

@@ -1,7 +1,8 @@
-"""bench.slurmjobs: a job's state from sacct, else squeue, else scontrol; a job no one knows is waited for a bounded time.
+"""bench.slurmjobs: a job's state from squeue, else sacct, else scontrol; a job no one knows is waited for a bounded time.
 
-The commands' answers here are the text Slurm 22.05 prints (tests/test_slurm.py runs the real ones); what is checked is
-which command is asked when, and what the submitter concludes.
+The commands' answers here are in the form Slurm 22.05 prints them (``squeue -o %i|%T``, ``sacct -P``,
+``scontrol -o``; tests/test_slurm.py runs the real ones); what is checked is which command is asked when, and what the
+submitter concludes.
 """
 
 from __future__ import annotations
@@ -27,20 +28,20 @@ class FakeSlurm:
         return "".join(f"{j}|{s}\n" for j, s in known.items())
 
 
-def test_sacct_answers_first_and_its_words_are_reduced_to_the_state():
-    slurm = FakeSlurm(sacct={"7": "CANCELLED by 0", "8": "RUNNING"})
-    assert slurmjobs.states(["7", "8"], slurm) == {"7": ("CANCELLED", "sacct"), "8": ("RUNNING", "sacct")}
-    assert slurm.calls == ["sacct"]
+def test_the_controller_answers_first_and_accounting_for_the_jobs_it_forgot():
+    # 8 was requeued after its node failed: accounting shows its first run's end, the controller its live state.
+    slurm = FakeSlurm(squeue={"8": "PENDING"}, sacct={"7": "CANCELLED by 0", "8": "NODE_FAIL"})
+    assert slurmjobs.states(["7", "8"], slurm) == {"7": ("CANCELLED", "sacct"), "8": ("PENDING", "squeue")}
+    assert slurm.calls == ["squeue", "sacct"]
+    slurm = FakeSlurm(squeue={"7": "RUNNING"}, sacct={"7": "RUNNING"})
+    assert slurmjobs.states(["7"], slurm) == {"7": ("RUNNING", "squeue")} and slurm.calls == ["squeue"]
 
 
-def test_without_accounting_squeue_then_scontrol_are_asked():
+def test_without_accounting_the_controller_still_answers_and_scontrol_is_last():
     slurm = FakeSlurm(sacct=None, squeue={"7": "COMPLETED"}, scontrol={"8": "TIMEOUT"})
     assert slurmjobs.states(["7", "8", "9"], slurm) == {
         "7": ("COMPLETED", "squeue"), "8": ("TIMEOUT", "scontrol"), "9": ("UNKNOWN", "none")}
-    assert slurm.calls == ["sacct", "squeue", "scontrol", "scontrol"]
-    # accounting that does not know a job yet (just submitted) is completed by the controller's answer
-    slurm = FakeSlurm(sacct={"7": "COMPLETED"}, squeue={"8": "PENDING"})
-    assert slurmjobs.states(["7", "8"], slurm)["8"] == ("PENDING", "squeue")
+    assert slurm.calls == ["squeue", "sacct", "scontrol", "scontrol"]
 
 
 def test_a_job_no_one_knows_is_waited_for_a_bounded_time():
@@ -61,7 +62,7 @@ def test_a_job_no_one_knows_is_waited_for_a_bounded_time():
 
 
 def test_active_and_ended_states():
-    watch = slurmjobs.JobWatch(run=FakeSlurm(sacct={"1": "PENDING", "2": "REQUEUED", "3": "COMPLETED",
+    watch = slurmjobs.JobWatch(run=FakeSlurm(squeue={"1": "PENDING", "2": "REQUEUED", "3": "COMPLETED",
                                                     "4": "NODE_FAIL", "5": "COMPLETING"}))
     assert watch.poll(["1", "2", "3", "4", "5"]) == {"1": True, "2": True, "3": False, "4": False, "5": True}
     assert [slurmjobs.ended_status(s) for s in ("CANCELLED", "TIMEOUT", "NODE_FAIL", "PREEMPTED", "OUT_OF_MEMORY",
