@@ -3,6 +3,7 @@
 #   bash scripts/slurm_local.sh start    # installs (root, apt) and starts munge, MariaDB, slurmdbd, slurmctld, slurmd
 #   bash scripts/slurm_local.sh status   # which of them run (exit 0 when all do and the node answers)
 #   bash scripts/slurm_local.sh stop     # stops what `start` started, by the pids it recorded, nothing else
+#   bash scripts/slurm_local.sh stop slurmdbd   # only that daemon (e.g. accounting away); `start` brings it back
 # The node has this machine's real CPUs and memory (`slurmd -C`); one partition `debug`, the default. Accounting goes
 # through slurmdbd and MariaDB: on Slurm 22.05 (Debian 12) that is the only accounting storage `sacct` reads
 # (`accounting_storage/none` makes sacct refuse, and there is no file-based one any more).
@@ -171,14 +172,18 @@ start() {
   wait_for 60 cluster_ready || die "the node does not take jobs (sinfo: $(sinfo -h -N -o '%T %E' 2>&1 | head -1))"
 }
 
-stop() {
-  local name pid jobs
+stop() {  # stop [DAEMON...]: all (their jobs cancelled first), or only those named
+  local name pid jobs names
+  names=${*:-$(echo "$DAEMONS" | tr ' ' '\n' | tac)}
+  for name in $names; do
+    case " $DAEMONS " in *" $name "*) ;; *) die "no daemon $name (valid: $DAEMONS)" ;; esac
+  done
   # No job left behind: the jobs of this cluster (it is this script's own) are cancelled while slurmctld runs.
-  if pid_of slurmctld >/dev/null && jobs=$(squeue -h -o %i 2>/dev/null) && [ -n "$jobs" ]; then
+  if [ $# = 0 ] && pid_of slurmctld >/dev/null && jobs=$(squeue -h -o %i 2>/dev/null) && [ -n "$jobs" ]; then
     scancel $jobs 2>/dev/null || true
     wait_for 30 sh -c '[ -z "$(squeue -h -o %i)" ]' || say "jobs still ending: $(squeue -h -o %i | tr '\n' ' ')"
   fi
-  for name in $(echo "$DAEMONS" | tr ' ' '\n' | tac); do
+  for name in $names; do
     pid=$(pid_of "$name") || { rm -f "$STATE/pids/$name.pid"; continue; }
     kill "$pid" 2>/dev/null || true
     wait_for 30 sh -c "! kill -0 $pid" || { say "$name (pid $pid) did not stop on SIGTERM: killing it"; kill -9 "$pid" 2>/dev/null || true; }
@@ -202,7 +207,7 @@ status() {
 
 case "${1:-}" in
   start) start ;;
-  stop) stop ;;
+  stop) shift; stop "$@" ;;
   status) status ;;
   *) echo "usage: $0 start|stop|status" >&2; exit 2 ;;
 esac
