@@ -186,11 +186,17 @@ class SubmititExecutor:
         active: dict[str, tuple[Trial, Any]] = {}
         queue: list[Trial] = []
         watch = slurmjobs.JobWatch()
+        unrecorded = self._unrecorded_jobs(runner.out_dir, ledger)
         for trial in trials:
             if trial.skip_reason:  # no job: the plan said why it cannot run
                 yield trial, launcher.run(trial, env)
                 continue
             job_id = ledger.job_of(trial.trial_id)
+            if job_id is None and trial.trial_id in unrecorded:  # submitted by a submitter stopped before it wrote it
+                job_id = unrecorded[trial.trial_id]
+                log.info("trial %s: Slurm job %s, submitted before the ledger knew it, is its job", trial.trial_id,
+                         job_id)
+                ledger.add(trial.trial_id, job_id)
             job = None if job_id is None else self._attach(runner.out_dir, job_id)
             if job is None:
                 queue.append(trial)
@@ -249,6 +255,16 @@ class SubmititExecutor:
         submitit = _import_submitit()
         folder = out_dir / JOBS_DIR
         return submitit.SlurmJob(folder, job_id) if self.cluster == "slurm" else submitit.LocalJob(folder, job_id)
+
+    def _unrecorded_jobs(self, out_dir: Path, ledger: Ledger) -> dict[str, str]:
+        """Trial id -> job id of this sweep's jobs that Slurm knows and the ledger does not: a submitter stopped
+        between ``sbatch`` and writing ``jobs.json`` (a resume must not submit those trials again)."""
+        if self.cluster != "slurm" or not ledger.jobs and not (out_dir / JOBS_DIR).is_dir():
+            return {}
+        prefix = job_name(out_dir, "")
+        known = {e["job_id"] for e in ledger.jobs.values()}
+        return {name[len(prefix):]: job_id for name, job_id in slurmjobs.jobs_named(prefix).items()
+                if job_id not in known and name != prefix + "setup"}
 
     def _alive(self, jobs: dict[str, Any], watch: slurmjobs.JobWatch) -> dict[str, bool]:
         """Whether each job (by id) may still run: on Slurm one query for all of them (``bench.slurmjobs``)."""

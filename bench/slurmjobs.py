@@ -14,6 +14,7 @@ which it counts as not done, forever.
 
 from __future__ import annotations
 
+import getpass
 import logging
 import subprocess
 import time
@@ -123,3 +124,17 @@ class JobWatch:
             waited = self.clock() - self._unknown_since.get(job_id, self.clock())
             return f"{UNKNOWN}: neither sacct, squeue nor scontrol knew the job (waited {waited:.0f} s)"
         return f"{state} ({source})"
+
+
+def jobs_named(prefix: str, run: Runner = _run) -> dict[str, str]:
+    """Job name -> job id of this user's jobs whose names start with ``prefix``, as the controller (``squeue``: queued,
+    running, recently ended) and accounting (``sacct``: the last 30 days) know them; the newest job of each name."""
+    found: dict[str, str] = {}
+    user = getpass.getuser()
+    lines = (run(["sacct", "-n", "-X", "-P", "-u", user, "-S", "now-30days", "-o", "JobID,JobName"]) or "").splitlines()
+    lines += (run(["squeue", "-h", "-u", user, "-t", "all", "-o", "%i|%j"]) or "").splitlines()
+    for line in lines:
+        job_id, _, name = line.partition("|")
+        if name.startswith(prefix) and job_id.isdigit() and int(job_id) > int(found.get(name, 0)):
+            found[name] = job_id
+    return found

@@ -143,12 +143,15 @@ def _running_trial(out: Path, proc: subprocess.Popen, log: Path, timeout: float 
     while time.monotonic() < deadline:
         assert proc.poll() is None, log.read_text()[-3000:]
         running = [j for j, n, s in _jobs(out) if s == "RUNNING" and not n.endswith(":setup")]
-        trials = [p for p in psutil.process_iter(["cmdline"]) if (p.info["cmdline"] or [])[1:3] == ["-m", "bench.trial"]]
-        if running and trials:
+        if running and _trial_processes():
             time.sleep(3)  # past its start-up: inside the trial
             return running[0]
         time.sleep(0.5)
     raise AssertionError(f"no trial job started running: {log.read_text()[-3000:]}")
+
+
+def _trial_processes() -> list[psutil.Process]:
+    return [p for p in psutil.process_iter(["cmdline"]) if (p.info["cmdline"] or [])[1:3] == ["-m", "bench.trial"]]
 
 
 def _records(out: Path) -> dict:
@@ -247,12 +250,18 @@ def test_a_submitter_killed_while_jobs_run_is_resumed_without_submitting_twice(s
     _running_trial(sweep_dir, first, log)
     first.send_signal(signal.SIGKILL)  # no chance to clean up
     first.wait(timeout=30)
-    before = json.loads((sweep_dir / "jobs.json").read_text())["jobs"]
+    ledger = json.loads((sweep_dir / "jobs.json").read_text())
+    before = dict(ledger["jobs"])
     assert len(before) == 3  # no cap on Slurm: every trial's job was submitted at once
     assert any(s in ("RUNNING", "PENDING") for _, n, s in _jobs(sweep_dir) if not n.endswith(":setup"))
+    # As if the submitter had died between sbatch and writing jobs.json for the last trial: Slurm has its job (by
+    # name), the ledger does not.
+    lost = max(before, key=lambda t: int(before[t]["job_id"]))
+    del ledger["jobs"][lost]
+    (sweep_dir / "jobs.json").write_text(json.dumps(ledger))
     _run([*cmd, "--resume"])
     after = json.loads((sweep_dir / "jobs.json").read_text())["jobs"]
-    assert after == before  # the resumed submitter submitted nothing again
+    assert {t: e["job_id"] for t, e in after.items()} == {t: e["job_id"] for t, e in before.items()}  # none again
     assert {t: len(j) for t, j in _trial_jobs(sweep_dir).items()} == {t: 1 for t in before}  # per Slurm too
     records = _records(sweep_dir)
     assert sorted(records) == sorted(before) and {r.status for r in records.values()} == {"ok"}
@@ -273,6 +282,9 @@ def test_a_node_drained_then_down_while_a_job_runs_then_back(sweep_dir, tmp_path
         _wait_for(lambda: _scontrol(running).get("JobState") == "PENDING", 60, "the job was not requeued")
         first.send_signal(signal.SIGKILL)  # and the submitter is lost meanwhile
         first.wait(timeout=30)
+        # The node comes back only once the first run's processes are gone: a slurmd that registers while they run
+        # reports the requeued job as running there, and the controller drains the node ("Duplicate jobid").
+        _wait_for(lambda: not _trial_processes(), 60, "the first run's trial did not end")
         requeued = next(t for t, e in json.loads((sweep_dir / "jobs.json").read_text())["jobs"].items()
                         if e["job_id"] == running)
         assert requeued not in _records(sweep_dir)  # not taken for ended: Slurm runs it again
@@ -333,7 +345,7 @@ def test_a_trial_with_its_own_cores_beside_another_job(sweep_dir, tmp_path):
         proc = _start(_cmd(sweep_dir, "--slurm-cpus-per-trial", "1", config=_long(tmp_path, 10, '"baseline"')), log)
         job = _scontrol(_running_trial(sweep_dir, proc, log))
         assert (job["NumCPUs"], job["OverSubscribe"]) == ("1", "OK"), job  # one core, the node shared
-        trial = next(p for p in psutil.process_iter(["cmdline"]) if (p.info["cmdline"] or [])[1:3] == ["-m", "bench.trial"])
+        (trial,) = _trial_processes()
         burning = next(p for p in psutil.process_iter(["cmdline"])
                        if "while True: pass" in " ".join(p.info["cmdline"] or []) and "--wrap" not in p.info["cmdline"])
         assert len(trial.cpu_affinity()) == 1 and not set(trial.cpu_affinity()) & set(burning.cpu_affinity())

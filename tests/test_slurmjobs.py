@@ -68,3 +68,13 @@ def test_active_and_ended_states():
     assert [slurmjobs.ended_status(s) for s in ("CANCELLED", "TIMEOUT", "NODE_FAIL", "PREEMPTED", "OUT_OF_MEMORY",
                                                 "OUT_OF_ME+", "FAILED", "COMPLETED", "UNKNOWN: ...")] == [
         "killed", "killed", "killed", "killed", "oom", "oom", "failed", "failed", "failed"]
+
+
+def test_jobs_of_a_sweep_are_found_by_name_in_both_sources():
+    answers = {"sacct": "7|trainbench:ab12:setup\n8|trainbench:ab12:mlp:tiny/baseline/seed0/r0\n9|other\n",
+               "squeue": "8|trainbench:ab12:mlp:tiny/baseline/seed0/r0\n11|trainbench:ab12:mlp:tiny/x/seed0/r0\n"
+                         "12|trainbench:cd34:mlp:tiny/x/seed0/r0\n"}
+    assert slurmjobs.jobs_named("trainbench:ab12:", lambda cmd: answers[cmd[0]]) == {
+        "trainbench:ab12:setup": "7", "trainbench:ab12:mlp:tiny/baseline/seed0/r0": "8",
+        "trainbench:ab12:mlp:tiny/x/seed0/r0": "11"}
+    assert slurmjobs.jobs_named("trainbench:ab12:", lambda cmd: None) == {}  # no Slurm answering: none found
