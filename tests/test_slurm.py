@@ -325,6 +325,7 @@ def test_without_accounting_states_come_from_the_controller_and_an_unknown_job_e
     monkeypatch.setattr(slurmjobs, "UNKNOWN_WAIT_S", 3.0)
     monkeypatch.setattr(executors, "RECORD_GRACE_S", 0.5)
     out = tmp_path / "unknown"
+    out.mkdir()
     runner = SweepRunner(build_config("smoke", {"workloads": "mlp", "techniques": "baseline", "repeats": 1}), out, None)
     trial = plan(runner.cfg, None)[0]
     ledger = executors.Ledger(out)
