@@ -15,7 +15,8 @@ machine, for trying it and for tests). Each job runs the trial exactly as the lo
 ``OUT/trials/<id>.json``; the submitting process is the only writer of ``results.jsonl``, gathering those files as
 jobs finish, so concurrent jobs never append to one file. ``OUT/jobs.json`` keeps each trial's job id: a submitter
 stopped and started again with ``--resume`` waits for the jobs still queued or running instead of submitting them
-again, and gathers what finished meanwhile. Nothing here schedules: Slurm (or submitit's local executor) does.
+again, and gathers what finished meanwhile. What Slurm says of a job's state: ``bench.slurmjobs``. Nothing here
+schedules: Slurm (or submitit's local executor) does.
 """
 
 from __future__ import annotations
@@ -186,21 +187,20 @@ class SubmititExecutor:
         active: dict[str, tuple[Trial, Any]] = {}
         queue: list[Trial] = []
         watch = slurmjobs.JobWatch()
-        unrecorded = self._unrecorded_jobs(runner.out_dir, ledger)
+        for trial_id, job_id in self._unrecorded_jobs(runner.out_dir, ledger).items():
+            # submitted by a submitter stopped between sbatch and writing jobs.json: that job is the trial's
+            log.info("trial %s: Slurm job %s, submitted before jobs.json knew it, is its job", trial_id, job_id)
+            ledger.add(trial_id, job_id)
+        earlier = {t.trial_id: self._attach(runner.out_dir, ledger.job_of(t.trial_id)) for t in trials
+                   if not t.skip_reason and ledger.job_of(t.trial_id) is not None}
+        alive = self._alive({job.job_id: job for job in earlier.values()}, watch)  # one query for all of them
         for trial in trials:
+            job = earlier.get(trial.trial_id)
             if trial.skip_reason:  # no job: the plan said why it cannot run
                 yield trial, launcher.run(trial, env)
-                continue
-            job_id = ledger.job_of(trial.trial_id)
-            if job_id is None and trial.trial_id in unrecorded:  # submitted by a submitter stopped before it wrote it
-                job_id = unrecorded[trial.trial_id]
-                log.info("trial %s: Slurm job %s, submitted before the ledger knew it, is its job", trial.trial_id,
-                         job_id)
-                ledger.add(trial.trial_id, job_id)
-            job = None if job_id is None else self._attach(runner.out_dir, job_id)
-            if job is None:
+            elif job is None:
                 queue.append(trial)
-            elif self._alive({job_id: job}, watch)[job_id]:  # still queued or running: wait, do not submit again
+            elif alive[job.job_id]:  # still queued or running: wait for it, do not submit it again
                 active[trial.trial_id] = (trial, job)
             else:  # ended while no submitter watched it (its record, if it wrote one, arrives here too)
                 yield trial, self._finished(runner, trial, job, watch)
@@ -231,8 +231,8 @@ class SubmititExecutor:
     def _executor(self, runner: SweepRunner, timeout_s: float) -> Any:
         submitit = _import_submitit()
         executor = submitit.AutoExecutor(folder=runner.out_dir / JOBS_DIR, cluster=self.cluster)
-        params: dict[str, Any] = {"name": job_name(runner.out_dir, "setup"), "timeout_min": int(timeout_s // 60) + SETUP_MARGIN_MIN,
-                                  "nodes": 1, "tasks_per_node": 1}
+        params: dict[str, Any] = {"name": job_name(runner.out_dir, "setup"), "nodes": 1, "tasks_per_node": 1,
+                                  "timeout_min": int(timeout_s // 60) + SETUP_MARGIN_MIN}
         if self.gpus_per_trial:
             params["gpus_per_node"] = self.gpus_per_trial
         if self.cluster == "slurm":
