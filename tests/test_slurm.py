@@ -154,6 +154,11 @@ def _trial_processes() -> list[psutil.Process]:
     return [p for p in psutil.process_iter(["cmdline"]) if (p.info["cmdline"] or [])[1:3] == ["-m", "bench.trial"]]
 
 
+def _steps(job_id: str) -> list[psutil.Process]:
+    """The job's slurmstepd processes on this node (titled ``slurmstepd: [JOB.batch]``, ``[JOB.0]``)."""
+    return [p for p in psutil.process_iter(["cmdline"]) if f"[{job_id}." in " ".join(p.info["cmdline"] or [])]
+
+
 def _records(out: Path) -> dict:
     records = ResultStore(out / "results.jsonl").read()
     assert len(records) == len({r.trial_id for r in records}), [r.trial_id for r in records]  # each once
@@ -282,9 +287,10 @@ def test_a_node_drained_then_down_while_a_job_runs_then_back(sweep_dir, tmp_path
         _wait_for(lambda: _scontrol(running).get("JobState") == "PENDING", 60, "the job was not requeued")
         first.send_signal(signal.SIGKILL)  # and the submitter is lost meanwhile
         first.wait(timeout=30)
-        # The node comes back only once the first run's processes are gone: a slurmd that registers while they run
-        # reports the requeued job as running there, and the controller drains the node ("Duplicate jobid").
-        _wait_for(lambda: not _trial_processes(), 60, "the first run's trial did not end")
+        # The node comes back only once the first run's processes are gone (slurmstepd included): a node that takes
+        # the requeued job while its first run's step still runs there is drained ("Duplicate jobid") and the job
+        # held, as on any cluster.
+        _wait_for(lambda: not _trial_processes() and not _steps(running), 120, "the first run did not end")
         requeued = next(t for t, e in json.loads((sweep_dir / "jobs.json").read_text())["jobs"].items()
                         if e["job_id"] == running)
         assert requeued not in _records(sweep_dir)  # not taken for ended: Slurm runs it again
