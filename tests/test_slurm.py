@@ -296,6 +296,7 @@ def test_a_node_drained_then_down_while_a_job_runs_then_back(sweep_dir, tmp_path
         assert requeued not in _records(sweep_dir)  # not taken for ended: Slurm runs it again
     finally:
         subprocess.run(["scontrol", "update", f"nodename={node}", "state=resume"], capture_output=True)
+    subprocess.run(["scontrol", "release", running], capture_output=True)  # held if Slurm found it twice: no-op else
     subprocess.run(["scontrol", "update", f"jobid={running}", "starttime=now"], capture_output=True)  # no 2-min wait
     before = json.loads((sweep_dir / "jobs.json").read_text())["jobs"]
     _run([*cmd, "--resume"])
