@@ -125,6 +125,8 @@ def _add_executor(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-running", type=int, metavar="N",
                    help="at most N trial jobs queued or running at once (slurm: no cap by default; submitit-local: "
                         "1, so timed trials never share this machine)")
+    p.add_argument("--slurm-poll-seconds", type=float, metavar="S",
+                   help="how often the submitter asks Slurm about its jobs (default 15; submitit-local: 0.5)")
     p.add_argument("--shard", metavar="I/N",
                    help="run shard I of N (I from 0): every N-th workload of the plan, with all its technique sets "
                         "and repeats, so each machine holds whole comparisons; merge with `bench report DIR1 DIR2 "
@@ -369,7 +371,7 @@ def _sweep(args: argparse.Namespace) -> int:
     cfg = sweep_config_from_args(args, args.out)
     executor = executors.from_args(args.executor, args.out, args.resume, args.slurm_partition,
                                    args.slurm_gpus_per_trial, args.slurm_cpus_per_trial, args.max_running,
-                                   args.slurm_option)
+                                   args.slurm_option, args.slurm_poll_seconds)
     # A batch executor's trials run on other machines: the device is resolved there (its setup job).
     device = resolve_device(cfg.device) if executor.name == "local" else None
     out_dir = args.out or default_out_dir(cfg)

@@ -15,17 +15,21 @@ machine, for trying it and for tests). Each job runs the trial exactly as the lo
 ``OUT/trials/<id>.json``; the submitting process is the only writer of ``results.jsonl``, gathering those files as
 jobs finish, so concurrent jobs never append to one file. ``OUT/jobs.json`` keeps each trial's job id: a submitter
 stopped and started again with ``--resume`` waits for the jobs still queued or running instead of submitting them
-again, and gathers what finished meanwhile. Nothing here schedules: Slurm (or submitit's local executor) does.
+again, and gathers what finished meanwhile. What Slurm says of a job's state: ``bench.slurmjobs``. Nothing here
+schedules: Slurm (or submitit's local executor) does.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import datetime as dt
 import hashlib
 import json
 import logging
 import shutil
+import signal
+import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -36,6 +40,7 @@ import psutil
 import torch
 
 from bench import env as envmod
+from bench import slurmjobs
 from bench.config import ConfigError
 from bench.files import write_atomic
 from bench.launcher import TrialLauncher
@@ -126,6 +131,8 @@ class SubmititExecutor:
             raise ConfigError("--slurm-gpus-per-trial must be >= 0 and --slurm-cpus-per-trial >= 1")
         if self.max_running < 0:
             raise ConfigError(f"--max-running must be >= 0 (0: no cap), got {self.max_running}")
+        if not self.poll_s > 0:
+            raise ConfigError(f"--slurm-poll-seconds must be > 0, got {self.poll_s:g}")
 
     @property
     def name(self) -> str:
@@ -152,11 +159,18 @@ class SubmititExecutor:
         """env.json, the plan and the references, computed by a job on the cluster (the trials' kind of node)."""
         done = done | gather(runner)
         launcher = runner.launcher  # its device is resolved on the node
-        job = self._executor(runner, runner.cfg.budget.timeout_s).submit(
-            setup_job, launcher, runner.command, runner.resume, sorted(done), self.describe())
+        job = self.submit(self._executor(runner, runner.cfg.budget.timeout_s),
+                          setup_job, launcher, runner.command, runner.resume, sorted(done), self.describe())
         log.info("submitted the setup job %s (calibration, plan, references)", job.job_id)
-        while not job.done():
+        watch = slurmjobs.JobWatch()
+        while not job.paths.result_pickle.exists() and self._alive({job.job_id: job}, watch)[job.job_id]:
             time.sleep(min(self.poll_s, 2.0))
+        deadline = time.monotonic() + RECORD_GRACE_S  # the result may show on a shared filesystem after the job ended
+        while not job.paths.result_pickle.exists() and time.monotonic() < deadline:
+            time.sleep(min(self.poll_s, 1.0))
+        if not job.paths.result_pickle.exists():  # stopped from outside (scancel, its node, its time limit)
+            raise ExecutorError(f"the sweep's setup job {job.job_id} ended ({self._state(job, watch)}) without a "
+                                f"result (its log: {runner.out_dir / JOBS_DIR}/{job.job_id}_0_log.err)")
         try:
             device, env, trials = job.result()
         except Exception as exc:  # submitit's FailedJobError carries the job's traceback
@@ -172,37 +186,53 @@ class SubmititExecutor:
         executor = self._executor(runner, runner.cfg.budget.timeout_s)
         active: dict[str, tuple[Trial, Any]] = {}
         queue: list[Trial] = []
+        watch = slurmjobs.JobWatch()
+        for trial_id, job_id in self._unrecorded_jobs(runner.out_dir, ledger).items():
+            # submitted by a submitter stopped between sbatch and writing jobs.json: that job is the trial's
+            log.info("trial %s: Slurm job %s, submitted before jobs.json knew it, is its job", trial_id, job_id)
+            ledger.add(trial_id, job_id)
+        earlier = {t.trial_id: self._attach(runner.out_dir, ledger.job_of(t.trial_id)) for t in trials
+                   if not t.skip_reason and ledger.job_of(t.trial_id) is not None}
+        alive = self._alive({job.job_id: job for job in earlier.values()}, watch)  # one query for all of them
         for trial in trials:
+            job = earlier.get(trial.trial_id)
             if trial.skip_reason:  # no job: the plan said why it cannot run
                 yield trial, launcher.run(trial, env)
-                continue
-            job_id = ledger.job_of(trial.trial_id)
-            job = None if job_id is None else self._attach(runner.out_dir, job_id)
-            if job is None:
+            elif job is None:
                 queue.append(trial)
-            elif self._job_alive(job):  # still queued or running: wait for it, do not submit it again
+            elif alive[job.job_id]:  # still queued or running: wait for it, do not submit it again
                 active[trial.trial_id] = (trial, job)
             else:  # ended while no submitter watched it (its record, if it wrote one, arrives here too)
-                yield trial, self._finished(runner, trial, job_id)
+                yield trial, self._finished(runner, trial, job, watch)
         while queue or active:
             while queue and (not self.max_running or len(active) < self.max_running):
                 trial = queue.pop(0)
-                job = executor.submit(trial_job, launcher, trial, env, str(record_path(runner.out_dir, trial)))
+                executor.update_parameters(name=job_name(runner.out_dir, trial.trial_id))
+                job = self.submit(executor, trial_job, launcher, trial, env, str(record_path(runner.out_dir, trial)))
                 ledger.add(trial.trial_id, job.job_id)
                 active[trial.trial_id] = (trial, job)
             time.sleep(self.poll_s)
+            waiting = {job.job_id: job for trial, job in active.values()
+                       if not record_path(runner.out_dir, trial).exists()}
+            alive = self._alive(waiting, watch)
             for trial_id, (trial, job) in list(active.items()):
-                if record_path(runner.out_dir, trial).exists() or not self._job_alive(job):
+                if not alive.get(job.job_id, False):  # its record is there, or its job ended
                     del active[trial_id]
-                    yield trial, self._finished(runner, trial, job.job_id)
+                    yield trial, self._finished(runner, trial, job, watch)
 
     # ---- submitit ----
+
+    def submit(self, executor: Any, fn: Any, *args: Any) -> Any:
+        """``executor.submit(fn, *args)``; a submitit-local job starts with SIGINT at its default, so that
+        submitit's ``cancel()`` (SIGINT to the job's controller, which passes it on to the task) ends it."""
+        with sigint_default_in_children() if self.cluster == "local" else contextlib.nullcontext():
+            return executor.submit(fn, *args)
 
     def _executor(self, runner: SweepRunner, timeout_s: float) -> Any:
         submitit = _import_submitit()
         executor = submitit.AutoExecutor(folder=runner.out_dir / JOBS_DIR, cluster=self.cluster)
-        params: dict[str, Any] = {"name": "trainbench", "timeout_min": int(timeout_s // 60) + SETUP_MARGIN_MIN,
-                                  "nodes": 1, "tasks_per_node": 1}
+        params: dict[str, Any] = {"name": job_name(runner.out_dir, "setup"), "nodes": 1, "tasks_per_node": 1,
+                                  "timeout_min": int(timeout_s // 60) + SETUP_MARGIN_MIN}
         if self.gpus_per_trial:
             params["gpus_per_node"] = self.gpus_per_trial
         if self.cluster == "slurm":
@@ -226,41 +256,59 @@ class SubmititExecutor:
         folder = out_dir / JOBS_DIR
         return submitit.SlurmJob(folder, job_id) if self.cluster == "slurm" else submitit.LocalJob(folder, job_id)
 
-    def _job_alive(self, job: Any) -> bool:
-        if self.cluster == "slurm" or getattr(job, "_process", None) is not None:
-            return not job.done()
-        return local_job_alive(job.job_id)  # submitted by an earlier submitter: by its process id
+    def _unrecorded_jobs(self, out_dir: Path, ledger: Ledger) -> dict[str, str]:
+        """Trial id -> job id of this sweep's jobs that Slurm knows and the ledger does not: a submitter stopped
+        between ``sbatch`` and writing ``jobs.json`` (a resume must not submit those trials again)."""
+        if self.cluster != "slurm" or not ledger.jobs and not (out_dir / JOBS_DIR).is_dir():
+            return {}
+        prefix = job_name(out_dir, "")
+        known = {e["job_id"] for e in ledger.jobs.values()}
+        return {name[len(prefix):]: job_id for name, job_id in slurmjobs.jobs_named(prefix).items()
+                if job_id not in known and name != prefix + "setup"}
 
-    def _finished(self, runner: SweepRunner, trial: Trial, job_id: str) -> TrialRecord:
+    def _alive(self, jobs: dict[str, Any], watch: slurmjobs.JobWatch) -> dict[str, bool]:
+        """Whether each job (by id) may still run: on Slurm one query for all of them (``bench.slurmjobs``)."""
+        if self.cluster == "slurm":
+            return watch.poll(jobs) if jobs else {}
+        return {job_id: (not job.done() if getattr(job, "_process", None) is not None
+                         else local_job_alive(job_id))  # submitted by an earlier submitter: by its process id
+                for job_id, job in jobs.items()}
+
+    def _state(self, job: Any, watch: slurmjobs.JobWatch) -> str:
+        if self.cluster == "slurm":
+            return watch.describe(job.job_id)
+        try:
+            return job.state
+        except Exception:  # noqa: BLE001 - submitit-local: its process may be gone
+            return slurmjobs.UNKNOWN
+
+    def _finished(self, runner: SweepRunner, trial: Trial, job: Any, watch: slurmjobs.JobWatch) -> TrialRecord:
         """The record a finished job wrote; if none is there yet, wait a little (a shared filesystem may show the
         file after the scheduler shows the job ended), then record how the job ended."""
         path = record_path(runner.out_dir, trial)
         deadline = time.monotonic() + RECORD_GRACE_S
         while not path.exists() and time.monotonic() < deadline:
             time.sleep(min(self.poll_s, 1.0))
-        return _read(path, runner) if path.exists() else self._ended(runner, trial, job_id)
+        return _read(path, runner) if path.exists() else self._ended(runner, trial, job, watch)
 
-    def _ended(self, runner: SweepRunner, trial: Trial, job_id: str) -> TrialRecord:
+    def _ended(self, runner: SweepRunner, trial: Trial, job: Any, watch: slurmjobs.JobWatch) -> TrialRecord:
         """A job that ended without writing its trial's record: ``killed`` when it was stopped from outside
-        (cancelled, its node lost, its time limit), ``failed`` when its own process failed (its stderr says why)."""
-        job = self._attach(runner.out_dir, job_id)
-        try:
-            state = job.state
-        except Exception:  # noqa: BLE001 - the scheduler may have forgotten the job
-            state = "UNKNOWN"
+        (cancelled, its node lost, its time limit), ``oom`` when Slurm killed it for memory, ``failed`` when its own
+        process failed (its stderr says why)."""
+        state = self._state(job, watch)
         tail = " | ".join((job.stderr() or "").strip().splitlines()[-3:])
-        stopped = any(word in state.upper() for word in ("CANCEL", "TIMEOUT", "NODE_FAIL", "PREEMPT", "INTERRUPT",
-                                                          "BOOT_FAIL", "DEADLINE"))
         record = runner.launcher.bare_record(
-            trial, "killed" if stopped else "failed",
-            f"{self.name} job {job_id} ended ({state}) before the trial wrote its record" + (f": {tail}" if tail else ""))
+            trial, slurmjobs.ended_status(state),
+            f"{self.name} job {job.job_id} ended ({state}) before the trial wrote its record"
+            + (f": {tail}" if tail else ""))
         record.config_hash = runner.config_hash
         return record
 
 
 def from_args(kind: str | None, out_dir: Path | None, resume: bool, partition: str | None = None,
               gpus_per_trial: int | None = None, cpus_per_trial: int | None = None,
-              max_running: int | None = None, options: list[str] | None = None) -> LocalExecutor | SubmititExecutor:
+              max_running: int | None = None, options: list[str] | None = None,
+              poll_s: float | None = None) -> LocalExecutor | SubmititExecutor:
     """The executor the command line asks for; a resumed sweep keeps the one it was started with (``jobs.json``),
     with any option given now replacing the stored one."""
     stored = Ledger(out_dir).executor if resume and out_dir is not None and (out_dir / LEDGER).is_file() else {}
@@ -273,11 +321,12 @@ def from_args(kind: str | None, out_dir: Path | None, resume: bool, partition: s
     if kind not in EXECUTORS:
         raise ConfigError(f"unknown executor {kind!r} (valid: {', '.join(EXECUTORS)})")
     given = {"partition": partition, "gpus_per_trial": gpus_per_trial, "cpus_per_trial": cpus_per_trial,
-             "max_running": max_running, "option": options or None}
+             "max_running": max_running, "option": options or None, "poll_s": poll_s}
     if kind == "local":
         slurm_only = [k for k, v in given.items() if v is not None]
         if slurm_only:
-            flag = {"max_running": "--max-running"}.get(slurm_only[0], "--slurm-" + slurm_only[0].replace("_", "-"))
+            flag = {"max_running": "--max-running", "poll_s": "--slurm-poll-seconds"}.get(
+                slurm_only[0], "--slurm-" + slurm_only[0].replace("_", "-"))
             raise ConfigError(f"{flag} is an option of --executor slurm or submitit-local (the local executor runs "
                               "one trial at a time on this machine)")
         return LocalExecutor()
@@ -307,6 +356,26 @@ def parse_options(options: list[str]) -> dict[str, Any]:
     return parsed
 
 
+@contextlib.contextmanager
+def sigint_default_in_children() -> Iterator[None]:
+    """Children started inside get SIGINT at its default disposition even when this process ignores it.
+
+    A process started in the background by a non-interactive shell (``cmd &`` in a CI script, ``nohup``) inherits
+    SIGINT ignored, and Python keeps an inherited SIG_IGN; so would the submitit-local jobs it starts, and
+    submitit's ``LocalJob.cancel()`` (SIGINT, nothing else) would leave them running to their end. A Python-level
+    handler is reset to the default at ``exec``, so installing a no-op one around the submission gives the child
+    the default without making this process interruptible meanwhile.
+    """
+    if threading.current_thread() is not threading.main_thread() or signal.getsignal(signal.SIGINT) != signal.SIG_IGN:
+        yield  # a Python handler (the usual case) is already reset to the default in the children
+        return
+    signal.signal(signal.SIGINT, lambda *_: None)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
 def local_job_alive(job_id: str) -> bool:
     """Whether a submitit-local job (its id is its controller's pid) still runs; a reused pid is not it."""
     try:
@@ -333,6 +402,7 @@ def setup_job(launcher: TrialLauncher, command: str, resume: bool, done: list[st
     """The sweep's setup on a node: resolve the device, env.json, the plan, the references the pending trials need."""
     from bench import plugins
 
+    ignore_submitit_timeout_signal()
     plugins.load([p.to_dict() for p in launcher.cfg.plugins])
     launcher = dataclasses.replace(launcher, device=resolve_device(launcher.cfg.device))
     env = launcher.environment(command, resume)
@@ -351,14 +421,37 @@ def trial_job(launcher: TrialLauncher, trial: Trial, env: dict, path: str) -> st
     """One trial on a node, as the local executor runs it; its record goes to ``path`` for the submitter."""
     from bench import plugins
 
+    ignore_submitit_timeout_signal()
+    stopped: list[int] = []
+    # The scheduler ends a job (scancel, its time limit, its node) with SIGTERM to every process of it, the trial's
+    # included, then SIGKILL: the launcher would see its trial die by SIGTERM and record it ``failed``. Such a job
+    # writes no record unless the trial had finished; the submitter records how the job ended (its Slurm state).
+    signal.signal(signal.SIGTERM, lambda signum, _frame: stopped.append(signum))
     plugins.load([p.to_dict() for p in launcher.cfg.plugins])
     record = launcher.run(trial, env)
+    if stopped and record.status != "ok":
+        log.warning("the job was stopped from outside (SIGTERM) while its trial ran: no record written")
+        return "stopped"
     note = node_note(env, envmod.fingerprint(None))
     if note:
         record.notes.append(note)
     Path(path).parent.mkdir(parents=True, exist_ok=True)
     write_atomic(Path(path), record.to_json())
     return record.status
+
+
+def ignore_submitit_timeout_signal() -> None:
+    """A job ignores the signal submitit asks Slurm to send ahead of the time limit (``--signal=USR2@90``).
+
+    submitit's handler for it requeues a checkpointable call and raises in any other: the trial (killed by the same
+    signal, sent to every process of the job) would be recorded ``failed`` up to 90 s before its limit, and with a
+    limit under 90 s (``--slurm-option time=1``) as soon as it starts. A trial cannot resume from a checkpoint; its
+    own ``timeout_s`` ends it first, and if Slurm's limit comes first, Slurm ends the job (TIMEOUT), which the
+    submitter records. Ignored here, the signal is ignored by the trial's processes too (they inherit it).
+    """
+    from submitit.core.job_environment import JobEnvironment
+
+    signal.signal(JobEnvironment._usr_sig(), signal.SIG_IGN)
 
 
 HARDWARE_KEYS = ("cpu_model", "cpu_logical", "memory_total_bytes")
@@ -379,6 +472,13 @@ def node_note(env: dict[str, Any], here: dict[str, Any]) -> str | None:
 
 
 # ---- the sweep directory's job files ----------------------------------------------------------------------------
+
+
+def job_name(out_dir: Path, what: str) -> str:
+    """A job's name in ``squeue``/``sacct``: ``trainbench:<sweep>:<trial id>`` (or ``setup``); ``<sweep>`` is a digest of
+    the sweep's directory, so jobs of two sweeps of one plan are told apart."""
+    sweep = hashlib.sha1(str(Path(out_dir).resolve()).encode()).hexdigest()[:8]
+    return f"trainbench:{sweep}:{what}"
 
 
 def record_path(out_dir: Path, trial: Trial | str) -> Path:
@@ -457,12 +557,13 @@ class Ledger:
         if not pending or kind not in ("slurm", "submitit-local"):
             return []
         executor = SubmititExecutor(cluster="slurm" if kind == "slurm" else "local")
-        return [j for j in pending if executor._job_alive(executor._attach(self.out_dir, j))]
+        alive = executor._alive({j: executor._attach(self.out_dir, j) for j in pending}, slurmjobs.JobWatch())
+        return [j for j in pending if alive[j]]
 
     def _write(self) -> None:
         write_atomic(self.path, json.dumps({"executor": self._executor, "jobs": self.jobs}, indent=1) + "\n")
 
 
 __all__ = ["EXECUTORS", "Executor", "ExecutorError", "Ledger", "LocalExecutor", "SubmititExecutor", "from_args", "gather",
-           "node_note", "parse_options", "record_path", "setup_job",
+           "job_name", "node_note", "parse_options", "record_path", "setup_job",
            "trial_job"]

@@ -78,7 +78,7 @@ class Contention:
 
     other_cpu_s: float = doc("CPU seconds used by other processes")
     window_s: float = doc("wall seconds measured")
-    ncpu: int = doc("logical CPUs")
+    ncpu: int = doc("logical CPUs the trial may run on (a Slurm job's cores; otherwise all of the machine's)")
     fraction: float = doc("other_cpu_s / (window_s * ncpu): 0 idle, 1 every core busy with foreign work")
     steal_s: float = doc("of other_cpu_s, the VM's steal time (/proc/stat): the hypervisor ran other guests on "
                          "this VM's vCPUs", 0.0)

@@ -79,12 +79,21 @@ def test_a_restarted_submitter_waits_for_running_jobs_and_resubmits_none(tmp_pat
     assert (out / "report.md").exists()
 
 
-def test_a_local_resume_refuses_while_jobs_of_the_sweep_run(tmp_path):
+@pytest.fixture
+def sigint_ignored():
+    """This process as a CI script's background job runs it (``pytest &`` in a non-interactive shell): SIGINT
+    ignored, and inherited so by every child unless the submitter sees to it."""
+    before = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    yield
+    signal.signal(signal.SIGINT, before)
+
+
+def test_a_local_resume_refuses_while_jobs_of_the_sweep_run(tmp_path, sigint_ignored):
     out = tmp_path / "sweep"
     out.mkdir()
     sleeper = submitit.AutoExecutor(folder=out / "jobs", cluster="local")
     sleeper.update_parameters(timeout_min=1)
-    job = sleeper.submit(time.sleep, 30)
+    job = executors.SubmititExecutor(cluster="local").submit(sleeper, time.sleep, 30)
     try:
         ledger = executors.Ledger(out)
         ledger.executor = {"kind": "submitit-local"}
@@ -95,11 +104,12 @@ def test_a_local_resume_refuses_while_jobs_of_the_sweep_run(tmp_path):
                                               r"submitit-local"):
             runner.executor.claim(runner)
     finally:
-        job.cancel()
+        job.cancel()  # SIGINT to the job's controller: it ends the job although this process ignores SIGINT
     deadline = time.monotonic() + 30
     while executors.local_job_alive(job.job_id) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert executors.Ledger(out).active_jobs() == []
+    assert not job.paths.result_pickle.exists()  # cancelled, not run to its end
 
 
 def test_the_slurm_job_has_its_node_to_itself_unless_cores_are_given(tmp_path, monkeypatch):

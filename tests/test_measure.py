@@ -116,6 +116,7 @@ def test_cpu_contention_arithmetic(monkeypatch):
     ])
     monkeypatch.setattr(timing.psutil, "cpu_times", lambda: next(system))
     monkeypatch.setattr(timing.psutil, "cpu_count", lambda logical=True: 2)
+    monkeypatch.setattr(timing, "allowed_cpus", lambda: None)  # may run on every CPU
     c = CpuContention(clock=fake_clock([0.0, 2.0]))
     c._proc = FakeProc([ProcTimes(1.0, 0.5, 0.0, 0.0), ProcTimes(2.0, 1.0, 0.5, 0.0)])
     c.start()
@@ -124,6 +125,30 @@ def test_cpu_contention_arithmetic(monkeypatch):
     assert r.window_s == 2.0 and r.ncpu == 2
     assert r.fraction == pytest.approx(2.5 / 4.0)
     assert r.steal_s == pytest.approx(0.5)  # the VM's share of it, said apart
+
+
+def test_cpu_contention_counts_only_the_cpus_the_trial_may_run_on(monkeypatch):
+    # A Slurm job with one of the node's two cores (--cpus-per-task=1, bound to CPU 0) beside another job busy on
+    # CPU 1: CPU 0 is busy 2 s of the 2-s window, all of it this process's; CPU 1 is busy 2 s with the other job.
+    idle = CpuTimes(0, 0, 0, 0, 0, 0, 0, 0, 0, 0)
+    per_cpu = iter([[idle, idle], [CpuTimes(2, 0, 0, 0, 0, 0, 0, 0, 0, 0), CpuTimes(1.5, 0, 0.5, 0, 0, 0, 0, 0, 0, 0)]])
+    monkeypatch.setattr(timing.psutil, "cpu_times", lambda percpu=False: next(per_cpu))
+    monkeypatch.setattr(timing.psutil, "cpu_count", lambda logical=True: 2)
+    monkeypatch.setattr(timing.os, "sched_getaffinity", lambda pid: {0})
+    c = CpuContention(include_children=False, clock=fake_clock([0.0, 2.0]))
+    c._proc = FakeProc([ProcTimes(0.0, 0.0, 0.0, 0.0), ProcTimes(2.0, 0.0, 0.0, 0.0)])
+    c.start()
+    r = c.stop()
+    assert (r.other_cpu_s, r.ncpu, r.fraction) == (0.0, 1, 0.0)  # the other job's core is not this window's
+    monkeypatch.setattr(timing.os, "sched_getaffinity", lambda pid: {0, 1})  # the whole machine: it counts
+    per_cpu = iter([[idle, idle], [CpuTimes(2, 0, 0, 0, 0, 0, 0, 0, 0, 0), CpuTimes(1.5, 0, 0.5, 0, 0, 0, 0, 0, 0, 0)]])
+    monkeypatch.setattr(timing.psutil, "cpu_times", lambda percpu=False: next(per_cpu) if percpu else (
+        CpuTimes(*map(sum, zip(*next(per_cpu), strict=True)))))
+    c = CpuContention(include_children=False, clock=fake_clock([0.0, 2.0]))
+    c._proc = FakeProc([ProcTimes(0.0, 0.0, 0.0, 0.0), ProcTimes(2.0, 0.0, 0.0, 0.0)])
+    c.start()
+    r = c.stop()
+    assert (r.other_cpu_s, r.ncpu, r.fraction) == (2.0, 2, 0.5)
 
 
 def test_cpu_contention_sees_busy_process():

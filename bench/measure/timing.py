@@ -12,6 +12,7 @@ import os
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import psutil
@@ -164,15 +165,33 @@ class ContentionResult:
     steal_s: float = 0.0  # of other_cpu_s: time the hypervisor gave this VM's vCPUs to other guests (/proc/stat)
 
 
-def _busy_system_cpu_s() -> tuple[float, float]:
-    """System-wide busy CPU seconds, and the steal time among them (one snapshot of /proc/stat)."""
-    t = psutil.cpu_times()
+def _busy_system_cpu_s(cpus: list[int] | None = None) -> tuple[float, float]:
+    """System-wide busy CPU seconds since boot, and the steal time among them (one snapshot of /proc/stat), of the
+    whole machine or (``cpus``) of those logical CPUs only."""
+    if cpus is None:
+        return _busy(psutil.cpu_times())
+    per_cpu = psutil.cpu_times(percpu=True)
+    parts = [_busy(per_cpu[i]) for i in cpus if i < len(per_cpu)]
+    return sum(b for b, _ in parts), sum(st for _, st in parts)
+
+
+def _busy(t: Any) -> tuple[float, float]:
     # /proc/stat already counts guest time inside user (and guest_nice inside nice), so adding guest would count
     # it twice. Steal is time the hypervisor gave our vCPUs to someone else: contention from outside the VM.
     busy = t.user + t.nice + t.system
     for name in ("irq", "softirq", "steal"):
         busy += getattr(t, name, 0.0)
     return busy, float(getattr(t, "steal", 0.0))
+
+
+def allowed_cpus() -> list[int] | None:
+    """The logical CPUs this process may run on when that is fewer than the machine's (a Slurm job's cores, taskset,
+    a cgroup cpuset); None when it may run on all of them."""
+    try:
+        cpus = sorted(os.sched_getaffinity(0))
+    except (AttributeError, OSError):  # not Linux
+        return None
+    return cpus if 0 < len(cpus) < (psutil.cpu_count(logical=True) or 0) else None
 
 
 def _sibling_cpu_s(exclude: int) -> dict[int, float]:
@@ -201,6 +220,11 @@ class CpuContention:
     alive at ``start()`` and reaped before ``stop()`` brings its whole lifetime's CPU time into the reaped-children
     counters; that can only make the result look cleaner than it was, and the result is clamped at 0.
 
+    Only the CPUs this process may run on count (``allowed_cpus``): a Slurm job given some of a node's cores
+    (``--cpus-per-task``, bound by task/affinity or a cgroup) shares the node with other jobs on the other cores; their
+    work is not on the trial's cores and is not contention of its window (memory bandwidth and caches are still
+    shared, and not measured here). Without such a restriction every CPU of the machine counts.
+
     With ``include_siblings=True`` every other descendant of this process's parent counts as our own too: under
     torchrun the parent is the launcher, so the other local ranks (and their workers) are part of the trial, not
     contamination. (Each rank is a session leader of its own there, so sessions cannot tell.) Off by default: the
@@ -213,6 +237,7 @@ class CpuContention:
         self.include_siblings = include_siblings
         self.clock = clock
         self._proc = psutil.Process(os.getpid())
+        self._cpus = allowed_cpus()
         self._t0: float | None = None
         self._busy0 = 0.0
         self._steal0 = 0.0
@@ -238,7 +263,7 @@ class CpuContention:
     def start(self) -> None:
         """Start the window: snapshot system-wide busy time and our own CPU time."""
         self._own0, self._children0 = self._own_cpu_s()
-        self._busy0, self._steal0 = _busy_system_cpu_s()
+        self._busy0, self._steal0 = _busy_system_cpu_s(self._cpus)
         self._t0 = self.clock()
 
     def stop(self) -> ContentionResult:
@@ -246,14 +271,14 @@ class CpuContention:
         if self._t0 is None:
             raise RuntimeError("CpuContention.stop() called before start()")
         window = self.clock() - self._t0
-        busy, steal = _busy_system_cpu_s()
+        busy, steal = _busy_system_cpu_s(self._cpus)
         busy, steal = busy - self._busy0, max(steal - self._steal0, 0.0)
         own1, kids1 = self._own_cpu_s()
         own = own1 - self._own0
         # Live descendants: only their CPU time inside the window (new ones since start count from 0).
         own += sum(max(v - self._children0.get(pid, 0.0), 0.0) for pid, v in kids1.items())
         other = max(busy - own, 0.0)
-        ncpu = psutil.cpu_count(logical=True) or 1
+        ncpu = len(self._cpus) if self._cpus else psutil.cpu_count(logical=True) or 1
         fraction = other / (window * ncpu) if window > 0 else 0.0
         self._t0 = None
         if fraction > 0.1:
