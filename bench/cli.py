@@ -63,7 +63,7 @@ def _add_sweep(sub: argparse._SubParsersAction) -> None:
                         "while a configuration's speed or memory verdict is open, under a stopping rule that keeps "
                         "its error rate over every look (docs/methodology.md)")
     p.add_argument("--max-repeats", type=int, metavar="N",
-                   help="a sequential design's cap: pairs per configuration at most (default with auto: 20); with "
+                   help="a sequential design's cap: pairs per configuration at most (default with auto: 8); with "
                         "--repeats N, a sequential design starting from N")
     p.add_argument("--decide-within", type=float, metavar="SECONDS",
                    help="time the sequential phase may spend, shared by the open configurations, the closest to a "

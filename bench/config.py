@@ -359,7 +359,7 @@ class SweepConfig:
 
 
 MIN_SEQUENTIAL_START = 3  # bench.stats.MIN_REPEATS: a sequential design's first look
-DEFAULT_MAX_REPEATS = 20  # --repeats auto: pairs per configuration at most (docs/methodology.md: why 20)
+DEFAULT_MAX_REPEATS = 8  # --repeats auto: pairs per configuration at most (docs/methodology.md: why 8)
 MAX_SEQUENTIAL_REPEATS = 200  # the design's levels are simulated for the cap: a larger one is a typo
 MAX_TRIALS = 10_000  # a sweep of more trials is a typo (--repeats 1000000000), not a plan: refused before planning
 

@@ -284,7 +284,7 @@ def distributed(workload: str) -> Callable[[analysis.Analysis], list[str]]:
 
 
 TABLES: dict[str, Spec] = {
-    "readme-example-cpu": Spec("README.md", "reports/example-cpu", front_page),
+    "readme-example-cpu-auto": Spec("README.md", "reports/example-cpu-auto", front_page),
     "model-techniques-gpt": Spec("docs/model-techniques.md", "reports/example-cpu-model-techniques/gpt",
                                  model_techniques),
     "model-techniques-cnn": Spec("docs/model-techniques.md", "reports/example-cpu-model-techniques/cnn",

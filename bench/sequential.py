@@ -16,7 +16,7 @@ does not depend on the unknown mean or variance (the t statistic is scale-free),
 
 Why this and not an anytime-valid confidence sequence (Lai 1976's t mixture, as in Howard et al. 2021): a sweep
 has a cap (``--max-repeats``), and a boundary that only has to hold up to the cap is narrower at every look. At the
-default cap of 20, the multiplier of s/sqrt(n) is 3.0 at n = 20 and 3.4 at n = 10, against 3.5 and 3.9 for a
+cap of 20, the multiplier of s/sqrt(n) is 3.0 at n = 20 and 3.4 at n = 10, against 3.5 and 3.9 for a
 mixture tuned to those n, and the design can decide at the first look (n = 3: 11.2 s/sqrt(n)) where the mixture
 cannot (its interval is unbounded below n = 4 or 5). The price: the guarantee holds up to ``max_n`` looks; a resumed sweep that raises the cap recalibrates for the
 new cap (a little wider at every look), and the analysis always uses the cap the sweep recorded.

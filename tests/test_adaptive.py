@@ -24,7 +24,7 @@ def _planned(speedups: dict[str, list[float]], wall: float = 10.0):
 
 def test_auto_is_the_quick_presets_default_and_a_fixed_count_is_a_fixed_design():
     cfg = _cfg()
-    assert cfg.repeats == 3 and cfg.max_repeats == 20 and cfg.sequential
+    assert cfg.repeats == 3 and cfg.max_repeats == 8 and cfg.sequential
     fixed = _cfg(repeats=5)
     assert fixed.repeats == 5 and fixed.max_repeats == 0 and not fixed.sequential
     assert _cfg(repeats=5, max_repeats=12).sequential

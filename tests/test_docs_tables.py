@@ -47,10 +47,10 @@ def test_a_stale_missing_or_misnamed_block_is_caught_and_a_stale_one_rewritten(b
     assert rewritten["docs/model-techniques.md"] == text
 
     readme = tmp_path / "README.md"
-    readme.write_text(readme.read_text().replace("generated: readme-example-cpu", "generated: readme-exmaple-cpu"))
+    readme.write_text(readme.read_text().replace("generated: readme-example-cpu-auto", "generated: readme-exmaple-cpu-auto"))
     found, _ = docs_tables.problems(bodies, tmp_path)
-    assert any("README.md has no block 'readme-example-cpu'" in line for line in found)
-    assert any("no table is called 'readme-exmaple-cpu'" in line for line in found)
+    assert any("README.md has no block 'readme-example-cpu-auto'" in line for line in found)
+    assert any("no table is called 'readme-exmaple-cpu-auto'" in line for line in found)
 
 
 def test_update_rewrites_only_the_block_body():

@@ -10,7 +10,7 @@ from scipy import stats as sps
 
 from bench import sequential, stats
 
-CAP = 20  # bench.config.DEFAULT_MAX_REPEATS
+CAP = 20  # a cap with room for the looks these tests make (the default, bench.config.DEFAULT_MAX_REPEATS, is 8)
 
 
 def _looks(sims: int, max_n: int, seed: int) -> np.ndarray:
@@ -63,8 +63,8 @@ def test_no_effect_on_a_quiet_machine_is_called_equivalent():
     assert out["equivalent"] >= 0.95 and out["mean_pairs"] < 9
 
 
-def test_decisiveness_of_the_default_cap():
-    """What the design decides within its cap of 20 pairs (docs/methodology.md has the table). A 10% effect at 10%
+def test_decisiveness_at_a_cap_of_twenty():
+    """What the design decides within a cap of 20 pairs (docs/methodology.md has the table). A 10% effect at 10%
     CV per trial is not among them: clearing a 5% threshold with a 95% interval needs about 95 pairs at that noise
     with any design (fixed-n power: (1.96 + 1.28)^2 x (0.141 / 0.0465)^2), so it stays inconclusive at the cap."""
     assert sequential.simulate(1.2, 0.10, CAP, seed=3)["faster"] >= 0.90
@@ -85,3 +85,12 @@ def test_pairs_needed_follows_the_designs_multiplier():
     assert sequential.multiplier(seq - 1, CAP) * 0.06 / math.sqrt(seq - 1) > 0.05
     assert sequential.pairs_needed(4, 0.0, 0.05) == 5  # no spread: one more
     assert sequential.pairs_needed(4, 0.10, 0.0) is None
+
+
+def test_the_default_cap_keeps_the_error_rates_and_calls_a_quiet_null_equivalent():
+    from bench.config import DEFAULT_MAX_REPEATS
+
+    for cv in (0.02, 0.10, 0.30):
+        out = sequential.simulate(1.0, cv, DEFAULT_MAX_REPEATS, sims=2000, seed=7 + int(cv * 100))
+        assert out["faster"] <= 0.025 and out["slower"] <= 0.025
+    assert sequential.simulate(1.0, 0.02, DEFAULT_MAX_REPEATS, seed=8)["equivalent"] >= 0.8

@@ -683,8 +683,9 @@ def decisions(analysis: Analysis) -> list[str]:
         out.append(line + ".")
     family = [int(n) for n in others.get("delta_family", pd.Series(dtype=object)) if _ok(n)]
     if family and max(family):
-        kept = sum(w in ("better", "worse", stats.EQUIVALENT) for w in others["delta_verdict"])
-        dropped = int(sum(bool(d) for d in others["delta_holm_dropped"] if _ok(d)))
+        judged = others[others["kind"] != "exact"]  # the family (bench.analysis.correct_family)
+        kept = sum(w not in (None, *stats.UNDECIDED) for w in judged["delta_verdict"])
+        dropped = int(sum(bool(d) for d in judged["delta_holm_dropped"] if _ok(d)))
         out.append(f"Quality at equal samples: {max(family)} comparisons, {kept} decided after Holm's correction "
                    f"for their number" + (f" ({dropped} chance-level decision(s) did not survive it)" if dropped
                                           else "") + ".")
