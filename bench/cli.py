@@ -163,7 +163,8 @@ def _add_compare(sub: argparse._SubParsersAction) -> None:
         description="Match the trials of two sweeps by workload, technique set and options (and trials by id, so "
                     "the comparison is paired), and report per configuration throughput and peak memory as "
                     "geometric-mean ratios NEW/BASE and the metric at equal samples as a difference, each with its "
-                    "95% t interval, and an overall verdict across configurations. Exit code 1 when --fail-on trips, "
+                    "95% interval (t, or a sequential design's repeated interval) and its verdict: faster / slower / "
+                    "equivalent / inconclusive, and an overall verdict across configurations. Exit code 1 when --fail-on trips, "
                     "2 on bad input. See docs/regression.md.",
     )
     p.add_argument("base", type=Path, metavar="BASE_DIR", help="the reference sweep directory")

@@ -132,7 +132,7 @@ def _phase(tmp_path, monkeypatch, cfg, planned, calls):
 
 
 def test_the_phase_runs_each_trial_on_both_sides_until_the_budget_is_spent(tmp_path, monkeypatch):
-    cfg = _cfg()
+    cfg = _cfg(max_repeats=20)  # room beyond the budget's six rounds (the default cap, 8, would end at five)
     index = ab.config_index(plan(cfg, torch.device("cpu")))
     calls: list = []
     runner = _phase(tmp_path, monkeypatch, cfg, _planned(), calls)
