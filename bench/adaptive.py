@@ -82,6 +82,8 @@ def open_configurations(cfg: SweepConfig, records: list[TrialRecord]) -> list[Op
     for c in analysis.configurations(frame).itertuples():
         if c.is_reference or not c.n_ok or c.workload not in workloads or c.technique not in sets:
             continue
+        if int(c.n_total) >= cfg.max_repeats + cfg.repeats:  # trials that keep failing or stay contended: enough
+            continue
         verdicts = [(name, getattr(c, f"{prefix}_verdict"), getattr(c, f"{prefix}_n"),
                      getattr(c, f"{prefix}_needed", None)) for name, prefix in (("speed", "speedup"), ("memory", "mem_ratio"))]
         found += open_of(verdicts, cfg.max_repeats, workloads[c.workload], sets[c.technique],

@@ -83,3 +83,12 @@ def test_speed_only_pairs_count_in_the_speed_verdict_but_not_in_quality():
     assert c["speedup_verdict"] == "faster"
     fixed = analysis.configurations(analysis.records_frame(records + extra)).set_index("technique")
     assert c["speedup_lo"] < fixed.loc["grad_accum:steps=4", "speedup_lo"]  # the repeated interval is wider
+
+
+def test_a_configuration_whose_added_trials_keep_failing_is_closed_at_last():
+    cfg = _cfg(max_repeats=4)
+    records = _planned({"grad_accum:steps=4": [1.02, 0.90, 1.10]})
+    failed = [dataclasses.replace(record("grad_accum:steps=4", seed=r % 3, repeat=r, status="failed", reason="boom",
+                                         mode="speed"), added_by="sequential", wall_s=1.0) for r in range(3, 7)]
+    assert adaptive.open_configurations(cfg, records + failed[:3])  # 6 trials, 3 pairs: still open
+    assert adaptive.open_configurations(cfg, records + failed) == []  # 7 = cap + planned: no more rounds
