@@ -41,7 +41,7 @@ import torch
 from bench import adaptive, sweepdir
 from bench import compare as compare_mod
 from bench import summary as summary_mod
-from bench.config import ConfigError, SweepConfig, TechniqueSet, WorkloadSpec
+from bench.config import ConfigError, SweepConfig
 from bench.files import write_atomic
 from bench.launcher import Launch
 from bench.plan import Trial, plan, resolve_device
@@ -314,11 +314,6 @@ def abba_order(trials: list[Trial], index: dict[tuple[str, str], int] | None = N
 # ---- the sequential phase (``--repeats auto``) ------------------------------------------------------------------
 
 
-def _configurations(cfg: SweepConfig) -> tuple[dict[str, WorkloadSpec], dict[str, TechniqueSet]]:
-    """The sweep's workloads and technique sets (the baseline among them) by label."""
-    return {w.label: w for w in cfg.workloads}, {t.label: t for t in (*cfg.techniques, TechniqueSet(()))}
-
-
 def open_configurations(cfg: SweepConfig, records: dict[str, list[TrialRecord]],
                         threshold: float = compare_mod.DEFAULT_THRESHOLD) -> list[adaptive.Open]:
     """The configurations whose throughput or memory verdict of B against A (``bench compare`` on the records so
@@ -327,13 +322,13 @@ def open_configurations(cfg: SweepConfig, records: dict[str, list[TrialRecord]],
     failed, so trials that keep failing cannot keep a round going."""
     a, b = (inputs.unique_trials(records[side])[0] for side in SIDES)
     rows, _, _ = compare_mod.compare_records(a, b, threshold, cfg.max_repeats)
-    workloads, sets = _configurations(cfg)
+    workloads, sets = adaptive.labelled(cfg)
     found: list[adaptive.Open] = []
     for row in rows:
         key = row.key
         if key.workload not in workloads or key.techniques not in sets:
             continue
-        if max(row.n_base_total, row.n_new_total) >= cfg.max_repeats:
+        if adaptive.exhausted(cfg, max(row.n_base_total, row.n_new_total)):
             continue
         verdicts = [(name, q.verdict, q.estimate.n if q.estimate else None, q.needed)
                     for name, q in (("speed", row.throughput), ("memory", row.memory))]
@@ -367,7 +362,7 @@ def sequential_round(cfg: SweepConfig, records: dict[str, list[TrialRecord]], bu
 def half_done(cfg: SweepConfig, records: dict[str, list[TrialRecord]]) -> list[tuple[Trial, str]]:
     """Speed-only trials an interrupted run recorded on one side only, with the side that still has to run them
     (their pair is incomplete until it does)."""
-    workloads, sets = _configurations(cfg)
+    workloads, sets = adaptive.labelled(cfg)
     ids = {side: {r.trial_id for r in recs} for side, recs in records.items()}
     out = []
     for side, other in (("a", "b"), ("b", "a")):

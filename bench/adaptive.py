@@ -71,18 +71,28 @@ def spent_s(records: list[TrialRecord]) -> float:
     return sum(r.wall_s or 0.0 for r in records if r.added_by == ADDED_BY)
 
 
+def labelled(cfg: SweepConfig) -> tuple[dict[str, WorkloadSpec], dict[str, TechniqueSet]]:
+    """The sweep's workloads and technique sets (the baseline among them) by label."""
+    return {w.label: w for w in cfg.workloads}, {t.label: t for t in (*cfg.techniques, TechniqueSet(()))}
+
+
+def exhausted(cfg: SweepConfig, n_trials: int) -> bool:
+    """Whether a configuration has had as many trials as the cap allows pairs: then it gets no more, even when some
+    failed or stayed contended (trials that keep failing must not keep the rounds going)."""
+    return n_trials >= cfg.max_repeats
+
+
 def open_configurations(cfg: SweepConfig, records: list[TrialRecord]) -> list[Open]:
     """The configurations of ``cfg`` whose speed or memory verdict is open, the most informative first."""
     frame = analysis.records_frame(records, max_looks=cfg.max_repeats)
     if frame.empty or analysis.BASELINE not in set(frame["technique"]):
         return []
-    workloads = {w.label: w for w in cfg.workloads}
-    sets = {t.label: t for t in (*cfg.techniques, TechniqueSet(()))}
+    workloads, sets = labelled(cfg)
     found: list[Open] = []
     for c in analysis.configurations(frame).itertuples():
         if c.is_reference or not c.n_ok or c.workload not in workloads or c.technique not in sets:
             continue
-        if int(c.n_total) >= cfg.max_repeats + cfg.repeats:  # trials that keep failing or stay contended: enough
+        if exhausted(cfg, int(c.n_total)):
             continue
         verdicts = [(name, getattr(c, f"{prefix}_verdict"), getattr(c, f"{prefix}_n"),
                      getattr(c, f"{prefix}_needed", None)) for name, prefix in (("speed", "speedup"), ("memory", "mem_ratio"))]

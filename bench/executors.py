@@ -165,10 +165,7 @@ class SubmititExecutor:
         watch = slurmjobs.JobWatch()
         while not job.paths.result_pickle.exists() and self._alive({job.job_id: job}, watch)[job.job_id]:
             time.sleep(min(self.poll_s, 2.0))
-        deadline = time.monotonic() + RECORD_GRACE_S  # the result may show on a shared filesystem after the job ended
-        while not job.paths.result_pickle.exists() and time.monotonic() < deadline:
-            time.sleep(min(self.poll_s, 1.0))
-        if not job.paths.result_pickle.exists():  # stopped from outside (scancel, its node, its time limit)
+        if not self._appears(job.paths.result_pickle):  # stopped from outside (scancel, its node, its time limit)
             raise ExecutorError(f"the sweep's setup job {job.job_id} ended ({self._state(job, watch)}) without a "
                                 f"result (its log: {runner.out_dir / JOBS_DIR}/{job.job_id}_0_log.err)")
         try:
@@ -286,10 +283,15 @@ class SubmititExecutor:
         """The record a finished job wrote; if none is there yet, wait a little (a shared filesystem may show the
         file after the scheduler shows the job ended), then record how the job ended."""
         path = record_path(runner.out_dir, trial)
+        return _read(path, runner) if self._appears(path) else self._ended(runner, trial, job, watch)
+
+    def _appears(self, path: Path) -> bool:
+        """Whether ``path`` exists, or appears within ``RECORD_GRACE_S``: a file a job wrote may show on a shared
+        filesystem after the scheduler shows the job ended."""
         deadline = time.monotonic() + RECORD_GRACE_S
         while not path.exists() and time.monotonic() < deadline:
             time.sleep(min(self.poll_s, 1.0))
-        return _read(path, runner) if path.exists() else self._ended(runner, trial, job, watch)
+        return path.exists()
 
     def _ended(self, runner: SweepRunner, trial: Trial, job: Any, watch: slurmjobs.JobWatch) -> TrialRecord:
         """A job that ended without writing its trial's record: ``killed`` when it was stopped from outside

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import atexit
 import collections
+import contextlib
 import dataclasses
 import datetime as dt
 import functools
@@ -710,10 +711,7 @@ def _timed_window(
     budget = session.budget
     timer, energy = StepTimer(session.device), EnergyMeter(session.device)
     contention = CpuContention(include_siblings=session.spec.world_size > 1)
-    gc.collect()
-    was_enabled = gc.isenabled()
-    gc.disable()
-    try:
+    with _gc_paused():
         contention.start()
         energy.start()
         timer.start()
@@ -734,6 +732,16 @@ def _timed_window(
                 break
         window = timer.stop()
         return window, energy.stop(), contention.stop(), loss, steps
+
+
+@contextlib.contextmanager
+def _gc_paused() -> Iterator[None]:
+    """Python's cyclic collector off (after a collection), as it was before on the way out."""
+    gc.collect()
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
     finally:
         if was_enabled:
             gc.enable()

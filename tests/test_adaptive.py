@@ -90,5 +90,5 @@ def test_a_configuration_whose_added_trials_keep_failing_is_closed_at_last():
     records = _planned({"grad_accum:steps=4": [1.02, 0.90, 1.10]})
     failed = [dataclasses.replace(record("grad_accum:steps=4", seed=r % 3, repeat=r, status="failed", reason="boom",
                                          mode="speed"), added_by="sequential", wall_s=1.0) for r in range(3, 7)]
-    assert adaptive.open_configurations(cfg, records + failed[:3])  # 6 trials, 3 pairs: still open
-    assert adaptive.open_configurations(cfg, records + failed) == []  # 7 = cap + planned: no more rounds
+    assert adaptive.open_configurations(cfg, records)  # 3 trials, 3 pairs: open
+    assert adaptive.open_configurations(cfg, records + failed[:1]) == []  # 4 trials = the cap: no more rounds
