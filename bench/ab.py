@@ -187,6 +187,7 @@ class AbRunner:
             if self.recorder:
                 write_atomic(self.out_dir / "ab.json", json.dumps(
                     {"a": mine.describe(), "b": self.other.describe(), "command": self.command,
+                     "threshold": self.threshold,
                      "order": "per trial, alternating which side goes first (ABBA, balanced per configuration)"},
                     indent=2) + "\n")
             envs = {side: runner.prepare() for side, runner in self.runners.items()}
@@ -414,7 +415,7 @@ def cmd_sweep_ab(args: argparse.Namespace, out: Any, err: Any) -> int:
     try:
         launch = Launch(nnodes=cfg.nnodes, node_rank=args.node_rank, rdzv_endpoint=args.rdzv_endpoint)
         runner = AbRunner(cfg, out_dir, device, other, resume=args.resume, command=command, extend=args.extend,
-                          launch=launch)
+                          launch=launch, threshold=compare_mod.parse_threshold(args.threshold))
         runner.claim()  # bad input is one line, before the banner
         err.print(f"[bold]trainbench[/] A/B sweep '{runner.cfg.name}' on {device}: this checkout (A) vs {args.ab} "
                   f"(B) -> {out_dir}")

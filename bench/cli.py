@@ -68,6 +68,10 @@ def _add_sweep(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--decide-within", type=float, metavar="SECONDS",
                    help="time the sequential phase may spend, shared by the open configurations, the closest to a "
                         "decision first (default: half the wall time of the planned trials)")
+    p.add_argument("--threshold", default="5%",
+                   help="with --ab: the smallest throughput change of B against A that counts, as a percentage or "
+                        "fraction (default 5%%); the sequential phase adds pairs while B's verdict against this "
+                        "threshold is open, and the printed comparison uses it (pass the same to bench compare)")
     p.add_argument("--seed", type=int, help="seed of repeat 0 (repeat r uses seed + r)")
     p.add_argument("--mode", choices=["speed", "quality", "both"],
                    help="what each trial measures: speed (timed window and memory), quality (the quality run: "
@@ -362,6 +366,9 @@ def _sweep(args: argparse.Namespace) -> int:
     if args.ab and args.executor not in (None, "local"):
         raise ConfigError("--ab runs both sides on this machine, back to back, so drift hits both alike; it does not "
                           f"combine with --executor {args.executor}")
+    if args.threshold != "5%" and not args.ab:
+        raise ConfigError("--threshold sets the A/B comparison's threshold (sweep --ab); a sweep's report takes its "
+                          "own: python -m bench report DIR --threshold ...")
     if args.ab:  # A/B: both sides interleaved, then compared (bench/ab.py)
         from bench.ab import cmd_sweep_ab
 

@@ -189,6 +189,25 @@ def front_page(a: analysis.Analysis) -> list[str]:
                    "time to target", "one-off"], rows)
 
 
+def claims_check(a: analysis.Analysis) -> list[str]:
+    """README: a sweep's sets beside their published speed claims (the report's claims check, one row per claim)."""
+    rows = []
+    by_set = {(c.workload, c.technique): c for c in _rows(a).itertuples()}
+    for cl in a.claims.itertuples():
+        if cl.metric != "speedup":
+            continue
+        c = by_set.get((cl.workload, cl.technique))
+        measured = _speed(c) if c is not None else "-"
+        memory = _memory(c) if c is not None else "-"
+        verdict = {"within": "within the claim", "below": "below the claim", "above": "above the claim"}.get(
+            cl.verdict, cl.verdict)
+        if cl.verdict in (stats.INCONCLUSIVE, stats.NONE) and cl.why_not:
+            verdict += f" ({_short(cl.why_not)})"
+        rows.append([cl.workload, cl.technique, measured, memory, f"{cl.low:g}-{cl.high:g}x ({cl.source})", verdict])
+    return _table(["workload", "set", "samples/s (speedup [95% CI])", "peak memory", "published claim",
+                   "claims check"], rows)
+
+
 def model_techniques(a: analysis.Analysis) -> list[str]:
     """docs/model-techniques.md: one workload's sets, speed and quality side by side."""
     rows = []

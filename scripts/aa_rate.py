@@ -64,12 +64,12 @@ def gate(other: str, out: Path, sweep_args: list[str]) -> tuple[int, float]:
     return rc, time.perf_counter() - started
 
 
-def verdicts(out: Path) -> tuple[list[str], str]:
+def verdicts(out: Path, threshold: float) -> tuple[list[str], str]:
     """The change verdicts of the comparison of OUT/b against OUT/a ("where: verdict"), and a one-line summary."""
     sys.path.insert(0, str(REPO))
     from bench import compare
 
-    comp = compare.compare_dirs(out / "a", out / "b")
+    comp = compare.compare_dirs(out / "a", out / "b", threshold)
     found = [f"{row.key.label} {q.quantity}: {q.verdict}" for row in comp.rows for q in row.quantities
              if q.verdict in CHANGES]
     found += [f"overall {o.quantity}: {o.verdict}" for o in comp.overall if o.verdict in CHANGES]
@@ -85,12 +85,12 @@ def verdicts(out: Path) -> tuple[list[str], str]:
     return found, "; ".join(parts)
 
 
-def called_slower(out: Path) -> bool:
+def called_slower(out: Path, threshold: float) -> bool:
     """Whether the comparison calls B slower: overall, or (one configuration, so no overall) in that one."""
     sys.path.insert(0, str(REPO))
     from bench import compare
 
-    comp = compare.compare_dirs(out / "a", out / "b")
+    comp = compare.compare_dirs(out / "a", out / "b", threshold)
     overall = [o for o in comp.overall if o.quantity == "throughput"]
     if overall:
         return overall[0].verdict == "slower"
@@ -109,6 +109,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("-n", type=int, default=10, help="gates of each kind (default 10)")
     p.add_argument("--slowdown", type=float, default=0.05,
                    help="side B's injected slowdown per step, a fraction (default 0.05; 0: A/A runs only)")
+    p.add_argument("--threshold", type=float, default=0.02,
+                   help="the gate's threshold, a fraction (default 0.02): the smallest change of B that counts, "
+                        "passed to the sweep (its sequential phase) and to the comparison. A slowdown as large as "
+                        "the threshold sits on it and can only be called slower half the time, so the gate that is "
+                        "to catch 5%% needs a threshold below 5%%")
     p.add_argument("--sweep-args", default=GATE_ARGS, help=f"the gate's sweep flags (default: {GATE_ARGS})")
     p.add_argument("--out", type=Path, help="where the runs go (default: a new temporary directory)")
     args = p.parse_args(argv)
@@ -116,11 +121,12 @@ def main(argv: list[str] | None = None) -> int:
         p.error("-n must be at least 1 and --slowdown a fraction between 0 and 10")
     root = args.out or Path(tempfile.mkdtemp(prefix="trainbench-aa-rate-"))
     root.mkdir(parents=True, exist_ok=True)
-    sweep_args = shlex.split(args.sweep_args)
+    sweep_args = [*shlex.split(args.sweep_args), "--threshold", str(args.threshold)]
     kinds = [("aa", ".")]
     if args.slowdown > 0:
         kinds.append(("slow", str(slowed_copy(root / "slowed-checkout", args.slowdown))))
-    print(f"aa_rate: {args.n} gate(s) of each of {', '.join(k for k, _ in kinds)} into {root}", flush=True)
+    print(f"aa_rate: {args.n} gate(s) of each of {', '.join(k for k, _ in kinds)} at threshold {args.threshold:.0%} "
+          f"into {root}: {shlex.join(sweep_args)}", flush=True)
     counts = {kind: [0, 0] for kind, _ in kinds}  # kind -> [gates that ran, gates with the verdict counted]
     failed = 0
     for i in range(args.n):
@@ -131,12 +137,12 @@ def main(argv: list[str] | None = None) -> int:
                 failed += 1
                 print(f"{kind} {i}: the sweep failed (exit {rc}); see {out}.log", flush=True)
                 continue
-            found, summary = verdicts(out)
+            found, summary = verdicts(out, args.threshold)
             if kind == "aa":
                 hit = bool(found)
                 word = "FALSE VERDICT: " + ", ".join(found) if found else "no verdict of a change"
             else:
-                hit = called_slower(out)
+                hit = called_slower(out, args.threshold)
                 word = "slower overall" if hit else "NOT called slower overall"
             counts[kind][0] += 1
             counts[kind][1] += hit

@@ -31,7 +31,9 @@ def resummarize(d: Path) -> None:
 
 
 def main() -> int:
-    dirs = sorted(p.parent for p in REPORTS.glob("example-*/**/results.jsonl"))
+    # The sides of an A/B run (a directory beside ab.json, e.g. reports/example-cpu-aa-rate) are compared, not
+    # reported: their record is the comparison (compare.md), so they get no report of their own.
+    dirs = sorted(p.parent for p in REPORTS.glob("example-*/**/results.jsonl") if not (p.parent.parent / "ab.json").is_file())
     for d in dirs:
         subprocess.run([sys.executable, "-m", "bench", "report", str(d)], check=True, stdout=subprocess.DEVNULL)
         if (d / "summary.md").is_file():

@@ -47,6 +47,8 @@ def test_list_shows_workloads_and_techniques(cli):
         (["--techniques", "grad_accum:stepz=2"], "has no option 'stepz' (valid options: steps)"),
         (["--repeats", "0"], "repeats must be >= 1"),
         (["--resume"], "--resume needs --out"),
+        (["--threshold", "2%"], "--threshold sets the A/B comparison's threshold (sweep --ab)"),
+        (["--ab", ".", "--threshold", "150%"], "--threshold must be between 0% and 100%"),
     ],
 )
 def test_bad_input_exits_2_with_one_clear_line(cli, args, message):
