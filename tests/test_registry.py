@@ -17,6 +17,7 @@ def test_every_technique_has_test_settings():
     assert not (set(TECHNIQUE_SETTINGS) | set(DISTRIBUTED_SETTINGS)) & set(GPU_SETTINGS)
 
 
+@pytest.mark.slow  # one torchrun launch per technique (CI runs -m slow); the settings test above stays
 @pytest.mark.distributed
 @pytest.mark.parametrize("name", sorted(DISTRIBUTED_SETTINGS))
 def test_distributed_technique_runs_two_steps_on_two_ranks(name, tmp_path):
