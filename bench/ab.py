@@ -22,15 +22,12 @@ both sides alike. That is what makes a CI regression gate stable on a shared mac
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import json
 import logging
-import shlex
 import shutil
 import subprocess
 import tempfile
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -47,7 +44,7 @@ from bench.launcher import Launch
 from bench.plan import Trial, plan, resolve_device
 from bench.report import inputs
 from bench.results import TrialRecord
-from bench.runner import REPO_DIR, SweepRunner, default_out_dir
+from bench.runner import REPO_DIR, SweepRunner
 
 log = logging.getLogger(__name__)
 
@@ -394,55 +391,6 @@ def run_ab(
         return AbRunner(cfg, out_dir, device, other, resume=resume, command=command, extend=extend).run(on_progress)
     finally:
         release(other, repo_dir)
-
-
-# ---- the CLI side of `sweep --ab` (cli.py dispatches here; like cli.py, this part prints) --------------------
-
-
-def cmd_sweep_ab(args: argparse.Namespace, out: Any, err: Any) -> int:
-    """``sweep --ab``: run, print the comparison, exit 0 (gate with ``bench compare OUT/a OUT/b --fail-on``)."""
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
-    from bench.cli import interrupted_code, interrupted_word, progress_text, sweep_config_from_args
-
-    # The same layering as a plain sweep; when resuming, side a's resolved sweep.toml is the config.
-    cfg = sweep_config_from_args(args, args.out / "a" if args.out is not None else None)
-    device = resolve_device(cfg.device)
-    default = default_out_dir(cfg)
-    out_dir = args.out or default.with_name(default.name + "-ab")
-    command = "python -m bench " + shlex.join(args.argv)
-    other = resolve_checkout(args.ab)
-    try:
-        launch = Launch(nnodes=cfg.nnodes, node_rank=args.node_rank, rdzv_endpoint=args.rdzv_endpoint)
-        runner = AbRunner(cfg, out_dir, device, other, resume=args.resume, command=command, extend=args.extend,
-                          launch=launch, threshold=compare_mod.parse_threshold(args.threshold))
-        runner.claim()  # bad input is one line, before the banner
-        err.print(f"[bold]trainbench[/] A/B sweep '{runner.cfg.name}' on {device}: this checkout (A) vs {args.ab} "
-                  f"(B) -> {out_dir}")
-        started = time.perf_counter()
-        with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                      TextColumn("{task.fields[last]}"), console=err, transient=False) as bar:
-            task = bar.add_task("trials", total=None, last="measuring peak FLOP/s...")
-
-            def on_progress(p: AbProgress) -> None:
-                last = progress_text(p.trial.trial_id, p.record, side=p.side.upper())
-                bar.update(task, total=p.total, completed=p.done, last=last)
-
-            try:
-                result = runner.run(on_progress)
-            except KeyboardInterrupt as exc:
-                err.print(f"[yellow]{interrupted_word(exc)}[/]: finished trials are saved in {out_dir}/a and "
-                          f"{out_dir}/b; continue with: python -m bench sweep --ab {shlex.quote(args.ab)} --resume "
-                          f"--out {out_dir}")
-                return interrupted_code(exc)
-    finally:
-        release(other)
-    if result is None:
-        out.print(f"node {args.node_rank} took part in the A/B trials; node 0 records and compares them")
-        return 0
-    out.print(result.markdown, markup=False, highlight=False)
-    out.print(f"wall time {time.perf_counter() - started:.0f} s; A/B results in {out_dir} (compare.md)")
-    return 0
 
 
 __all__ = ["abba_order", "AbProgress", "AbResult", "AbRunner", "Checkout", "config_index", "half_done",

@@ -39,8 +39,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from bench import findings, stats
-from bench.bottleneck import PHASES, bf16_faster, diagnose
+from bench import bottleneck, findings, stats
+from bench.bottleneck import PHASES
 from bench.findings import REPLICA_BYTES_PER_PARAM, frame_of
 from bench.results import ResultStore, TrialRecord
 
@@ -478,11 +478,16 @@ def _identity(machine: str, workload: str, technique: str, g: pd.DataFrame, ok: 
 
 def _caveats(ok: pd.DataFrame) -> tuple[str, ...]:
     """What makes a set's numbers mean something else than its name says, from what its techniques recorded."""
-    compiled = [(r or {}).get("compile") for r in ok["technique_results"]]
-    if compiled and all(c is not None and c.get("graphs") == 0 for c in compiled):
-        return ("torch.compile captured no graph (TorchDynamo skipped the model): these trials ran eager, so "
-                "their numbers are not a compile result",)
-    return ()
+    results = list(ok["technique_results"])
+    names = dict.fromkeys(name for r in results for name in (r or {}))
+    if not names:
+        return ()
+    import techniques  # each technique reads its own results (imported once some are there: it imports torch)
+
+    known = techniques.registry()
+    found = ((known[name].caveat([(r or {}).get(name) for r in results]) if name in known else None)
+             for name in names)
+    return tuple(c for c in found if c)
 
 
 def _uncontended(rows: pd.DataFrame | None) -> pd.DataFrame | None:
@@ -524,7 +529,7 @@ def _phases(ok: pd.DataFrame, device: str) -> dict[str, Any]:
     """Where the step's time goes: the median over trials of each phase's share and of the phase pass's step
     time, and the diagnosis those medians point to (None when no trial ran a phase pass). Trials whose timed window
     stayed contended are left out, as from the speed numbers (their phase pass ran beside the same other work);
-    ``with_diagnoses`` narrows the advice with the machine's peaks and the sweep's own loader results."""
+    ``with_diagnoses`` narrows the advice with the machine's peaks and the sweep's own measurements."""
     ok = _uncontended(ok)
     shares = {name: _median(ok[f"phase_{name}_share"]) for name in PHASES}
     row: dict[str, Any] = {f"phase_{name}_share": v for name, v in shares.items()}
@@ -532,15 +537,18 @@ def _phases(ok: pd.DataFrame, device: str) -> dict[str, Any]:
     row["phase_device"] = device
     names = tuple(ok["names"].iloc[0]) if len(ok) else ()
     complete = all(v is not None for v in shares.values())
-    row["phase_diagnosis"] = diagnose(shares, names, device) if complete else None  # type: ignore[arg-type]
+    row["phase_diagnosis"] = bottleneck.diagnose(shares, names, device) if complete else None  # type: ignore[arg-type]
     return row
 
 
 def with_diagnoses(configs: pd.DataFrame, machines: Mapping[str, dict[str, Any]]) -> pd.DataFrame:
-    """The phase diagnoses again, knowing what one set alone does not: whether the machine's calibrated bf16 peak
-    beats fp32's, and which loader sets this sweep measured no faster than the reference on the same workload."""
+    """The phase diagnoses again, knowing what one set alone does not: the machine's calibrated matmul peaks (a
+    lower precision is suggested only where it beats fp32), and which sets this sweep measured no faster than the
+    reference on the same workload while holding a remedy for the bottleneck (``bottleneck.refutable``)."""
     if configs.empty or "phase_diagnosis" not in configs:
         return configs
+    from techniques.base import Bottleneck
+
     out = configs.copy()
     for i, c in zip(out.index, out.itertuples(), strict=True):
         shares = {name: getattr(c, f"phase_{name}_share") for name in PHASES}
@@ -549,11 +557,15 @@ def with_diagnoses(configs: pd.DataFrame, machines: Mapping[str, dict[str, Any]]
         env = machines.get(c.machine) or {}
         peaks = {d: (p or {}).get("flops") for d, p in (env.get("peak_flops") or {}).items()}
         same = out[(out["machine"] == c.machine) & (out["workload"] == c.workload)]
-        loaders = [f"{r.technique} {r.speedup:.2f}x" for r in same.itertuples()
-                   if "loader" in r.names and _ok(r.speedup)
-                   and r.speedup_verdict in ("slower", stats.EQUIVALENT, stats.INCONCLUSIVE)]
-        out.at[i, "phase_diagnosis"] = diagnose(shares, tuple(c.names), c.phase_device,
-                                                bf16_faster(peaks), ", ".join(loaders) or None)
+        refuted = {}
+        for kind in Bottleneck:
+            remedied = bottleneck.refutable(kind)
+            sets = [f"{r.technique} {r.speedup:.2f}x" for r in same.itertuples()
+                    if remedied.intersection(r.names) and _ok(r.speedup)
+                    and r.speedup_verdict in findings.NOT_FASTER]
+            if sets:
+                refuted[kind] = ", ".join(sets)
+        out.at[i, "phase_diagnosis"] = bottleneck.diagnose(shares, tuple(c.names), c.phase_device, peaks, refuted)
     return out
 
 

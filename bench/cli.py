@@ -370,9 +370,7 @@ def _sweep(args: argparse.Namespace) -> int:
         raise ConfigError("--threshold sets the A/B comparison's threshold (sweep --ab); a sweep's report takes its "
                           "own: python -m bench report DIR --threshold ...")
     if args.ab:  # A/B: both sides interleaved, then compared (bench/ab.py)
-        from bench.ab import cmd_sweep_ab
-
-        return cmd_sweep_ab(args, out, err)
+        return _sweep_ab(args)
     from bench import executors
     from bench.runner import Launch, SweepRunner, default_out_dir
 
@@ -428,6 +426,52 @@ def _sweep(args: argparse.Namespace) -> int:
     for path in write_report([out_dir]).values():
         out.print(f"report: {path}", markup=False, highlight=False)
     out.print(f"wall time {wall:.0f} s; results in {out_dir}")
+    return 0
+
+
+def _sweep_ab(args: argparse.Namespace) -> int:
+    """``sweep --ab`` (bench/ab.py): run, print the comparison, exit 0 (gate with ``bench compare OUT/a OUT/b
+    --fail-on``)."""
+    from bench import ab
+    from bench.runner import Launch, default_out_dir
+
+    # The same layering as a plain sweep; when resuming, side a's resolved sweep.toml is the config.
+    cfg = sweep_config_from_args(args, args.out / "a" if args.out is not None else None)
+    device = resolve_device(cfg.device)
+    default = default_out_dir(cfg)
+    out_dir = args.out or default.with_name(default.name + "-ab")
+    command = "python -m bench " + shlex.join(args.argv)
+    other = ab.resolve_checkout(args.ab)
+    try:
+        launch = Launch(nnodes=cfg.nnodes, node_rank=args.node_rank, rdzv_endpoint=args.rdzv_endpoint)
+        runner = ab.AbRunner(cfg, out_dir, device, other, resume=args.resume, command=command, extend=args.extend,
+                             launch=launch, threshold=ab.compare_mod.parse_threshold(args.threshold))
+        runner.claim()  # bad input is one line, before the banner
+        err.print(f"[bold]trainbench[/] A/B sweep '{runner.cfg.name}' on {device}: this checkout (A) vs {args.ab} "
+                  f"(B) -> {out_dir}")
+        started = time.perf_counter()
+        with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                      TextColumn("{task.fields[last]}"), console=err, transient=False) as bar:
+            task = bar.add_task("trials", total=None, last="measuring peak FLOP/s...")
+
+            def on_progress(p: ab.AbProgress) -> None:
+                last = progress_text(p.trial.trial_id, p.record, side=p.side.upper())
+                bar.update(task, total=p.total, completed=p.done, last=last)
+
+            try:
+                result = runner.run(on_progress)
+            except KeyboardInterrupt as exc:
+                err.print(f"[yellow]{interrupted_word(exc)}[/]: finished trials are saved in {out_dir}/a and "
+                          f"{out_dir}/b; continue with: python -m bench sweep --ab {shlex.quote(args.ab)} --resume "
+                          f"--out {out_dir}")
+                return interrupted_code(exc)
+    finally:
+        ab.release(other)
+    if result is None:
+        out.print(f"node {args.node_rank} took part in the A/B trials; node 0 records and compares them")
+        return 0
+    out.print(result.markdown, markup=False, highlight=False)
+    out.print(f"wall time {time.perf_counter() - started:.0f} s; A/B results in {out_dir} (compare.md)")
     return 0
 
 

@@ -13,15 +13,20 @@ Each table lives in a marked block of its document::
 and is rendered from that report's ``results.jsonl`` through the analysis (``bench.analysis.load`` + ``analyze``),
 with the report's own cell wording (``bench.report.content``): every comparison carries the verdict word
 ``bench.stats.verdict`` gave it (faster/slower, equivalent, inconclusive, no verdict), and a quality verdict that
-did not survive Holm's correction over the report's comparisons says so. Only the block's body is rewritten; the
-prose around it is the author's.
+did not survive Holm's correction over the report's comparisons says so. Two tables come from the technique registry
+instead of a report, so a new technique cannot be missing from them: the README's technique table (name, kind,
+options, summary) and docs/commands.md's table of what each technique's row in "What the techniques found" says
+(its ``summarize`` docstring). Only the block's body is rewritten; the prose around it is the author's.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import inspect
 import math
 import re
 import sys
+import typing
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,9 +34,11 @@ from typing import Any
 
 import pandas as pd
 
+import techniques
 from bench import analysis, stats
 from bench.report import content
 from bench.report.content import fmt_bytes, fmt_num, fmt_pct, fmt_secs
+from techniques.base import Kind, Technique
 
 ROOT = Path(__file__).resolve().parent.parent
 BLOCK = re.compile(r"(<!-- generated: (?P<name>[\w.-]+)[^\n]*-->\n)(?P<body>.*?)(<!-- end generated -->)", re.S)
@@ -42,8 +49,8 @@ class Spec:
     """One generated table: the document it lives in, the report directory it is rendered from, and how."""
 
     doc: str  # relative to the repository root
-    report: str  # a directory holding results.jsonl, relative to the root
-    render: Callable[[analysis.Analysis], list[str]]
+    report: str | None  # a directory holding results.jsonl, relative to the root; None: drawn from the registry
+    render: Callable[[Any], list[str]]  # given the report's analysis (None for a registry table)
 
 
 # ---- cells --------------------------------------------------------------------------------------------------
@@ -226,6 +233,12 @@ def _technique_result(a: analysis.Analysis, c: Any) -> dict[str, Any]:
     return next((r for r in mine["technique_results"] if r), {}) if len(mine) else {}
 
 
+def _plain_data_parallel(c: Any) -> bool:
+    """The set is one plain data-parallel technique (ZeRO stage 0: DDP), which all-reduces every gradient once."""
+    tech = techniques.registry().get(c.names[0]) if len(c.names) == 1 else None
+    return tech is not None and tech.zero_stage == 0
+
+
 def _bytes_per_sample(a: analysis.Analysis, c: Any) -> str:
     if c.is_reference:
         return "-"
@@ -238,8 +251,9 @@ def _bytes_per_sample(a: analysis.Analysis, c: Any) -> str:
             if fed.get("bytes_down_per_round"):
                 text += (f" (all-reduce); {fed['bytes_down_per_round'] / 1e6:.2f} MB down and "
                          f"{fed['bytes_up_per_round'] / 1e6:.2f} MB up per round")
-            return text + (" (stage 0)" if name == "pp" else "")
-    if c.technique == "ddp" and _ok(c.n_params) and c.batch_size:  # DDP all-reduces every fp32 gradient once
+            sent_by = getattr(techniques.registry().get(name), "sent_by", None)  # one rank's traffic, not all
+            return text + (f" ({sent_by})" if sent_by else "")
+    if _plain_data_parallel(c) and _ok(c.n_params) and c.batch_size:  # all-reduces every fp32 gradient once
         return f"{4 * c.n_params / c.batch_size:,.0f} (computed)"
     return "-"
 
@@ -262,15 +276,18 @@ def _ttt_rounds(a: analysis.Analysis, c: Any) -> str:
     return text + (f"; {rounds} rounds" if rounds else "")
 
 
-PARALLEL_ORDER = ("baseline", "ddp", "tp", "pp:schedule=gpipe", "pp:schedule=1f1b", "local_sgd:period=1",
-                  "local_sgd:period=4", "local_sgd:period=16", "fedavg", "fedavg:alpha=0.1:partition=dirichlet")
+def sweep_order(a: analysis.Analysis) -> tuple[str, ...]:
+    """The sets in the order the sweep listed them (its sweep.toml), the reference first: the reading order of
+    the doc's prose, which the example sweep was written in."""
+    listed = [t for s in a.sweep.sources for t in ((s.settings or {}).get("techniques") or [])]
+    return tuple(dict.fromkeys([a.baseline, *listed]))
 
 
 def parallelism(a: analysis.Analysis) -> list[str]:
     """docs/parallelism.md: the sets on two gloo ranks against one process (the reference's row first)."""
     metric = next((m for m in a.configs["metric"] if m), "metric")
     rows = []
-    for c in _rows(a, order=PARALLEL_ORDER).itertuples():
+    for c in _rows(a, order=sweep_order(a)).itertuples():
         label = f"{c.technique} (1 process)" if c.is_reference else c.technique
         rows.append([label, _speed(c), _state(a, c), _bytes_per_sample(a, c), _quality(c, 3),
                      _ttt_rounds(a, c)])
@@ -302,6 +319,51 @@ def distributed(workload: str) -> Callable[[analysis.Analysis], list[str]]:
     return render
 
 
+# ---- tables of the registry (no report: what the techniques declare) -----------------------------------------
+
+OPTIONS_SHOWN = 5  # options listed in the technique table; beyond, "..."
+
+
+def _options(tech: type[Technique]) -> str:
+    """A technique's options as typed on the command line: ``name=default``, a choice's values after its default."""
+    hints = typing.get_type_hints(tech.Options)
+    parts = []
+    for f in dataclasses.fields(tech.Options):
+        choices = typing.get_args(hints[f.name]) if typing.get_origin(hints[f.name]) is typing.Literal else ()
+        if choices:
+            parts.append(f"`{f.name}=" + "|".join(str(c) for c in sorted(choices, key=lambda c: c != f.default)) + "`")
+        elif f.default is not dataclasses.MISSING:  # as typed: true/false, not Python's True/False
+            default = str(f.default).lower() if isinstance(f.default, bool) else f.default
+            parts.append(f"`{f.name}={default}`")
+        else:
+            parts.append(f"`{f.name}`")
+    return ", ".join(parts[:OPTIONS_SHOWN]) + (", ..." if len(parts) > OPTIONS_SHOWN else "") if parts else "-"
+
+
+def _registered(reference: str = analysis.BASELINE) -> list[type[Technique]]:
+    """The built-in techniques: the reference set first, then by kind (exact, numeric, algorithmic), by name."""
+    order = list(Kind)
+    return sorted(techniques.registry().values(), key=lambda t: (t.name != reference, order.index(t.kind), t.name))
+
+
+def technique_table(_: analysis.Analysis | None = None) -> list[str]:
+    """README: every registered technique, its kind, options and summary (``bench list`` says which run here)."""
+    rows = [[f"`{t.name}`", t.kind.value, _options(t), t.summary] for t in _registered()]
+    return _table(["name", "kind", "options", "what"], rows)
+
+
+def findings_table(_: analysis.Analysis | None = None) -> list[str]:
+    """docs/commands.md: what each technique's row in the report's "What the techniques found" says (its
+    ``summarize`` docstring), and the figure it adds (``result_curve``)."""
+    rows = []
+    for t in _registered():
+        if t.summarize.__func__ is Technique.summarize.__func__:  # type: ignore[attr-defined]
+            continue  # it reports no results of its own (a registry test holds results() to a summary)
+        figure = f"{t.result_curve.title} (`figures/{t.result_curve.name}.png`)" if t.result_curve else "-"
+        rows.append([f"`{t.name}`", " ".join((inspect.getdoc(t.summarize) or "").split()), figure])
+    return _table(["technique", "what it found (one line per configuration, seeds in order)", "figure"], rows)
+
+
 TABLES: dict[str, Spec] = {
     "readme-example-cpu-auto": Spec("README.md", "reports/example-cpu-auto", front_page),
     "model-techniques-gpt": Spec("docs/model-techniques.md", "reports/example-cpu-model-techniques/gpt",
@@ -314,6 +376,8 @@ TABLES: dict[str, Spec] = {
     "parallelism-mlp": Spec("docs/parallelism.md", "reports/example-cpu-parallelism/mlp", parallelism),
     "distributed-mlp-large": Spec("docs/distributed.md", "reports/example-cpu-2rank", distributed("mlp:large")),
     "distributed-gpt-tiny": Spec("docs/distributed.md", "reports/example-cpu-2rank", distributed("gpt:tiny")),
+    "readme-techniques": Spec("README.md", None, technique_table),
+    "commands-findings": Spec("docs/commands.md", None, findings_table),
 }
 
 
@@ -326,6 +390,9 @@ def render(names: list[str] | None = None, root: Path = ROOT) -> dict[str, str]:
     out = {}
     for name in names or list(TABLES):
         spec = TABLES[name]
+        if spec.report is None:
+            out[name] = "\n".join(spec.render(None)) + "\n"
+            continue
         if spec.report not in cache:
             cache[spec.report] = analysis.analyze(analysis.load([root / spec.report]))
         out[name] = "\n".join(spec.render(cache[spec.report])) + "\n"

@@ -402,10 +402,10 @@ def _import_submitit() -> Any:
 def setup_job(launcher: TrialLauncher, command: str, resume: bool, done: list[str],
               executor: dict[str, Any]) -> tuple[str, dict, list[Trial]]:
     """The sweep's setup on a node: resolve the device, env.json, the plan, the references the pending trials need."""
-    from bench import plugins
+    from bench.workloads import user
 
     ignore_submitit_timeout_signal()
-    plugins.load([p.to_dict() for p in launcher.cfg.plugins])
+    user.load_plugins([p.to_dict() for p in launcher.cfg.plugins])
     launcher = dataclasses.replace(launcher, device=resolve_device(launcher.cfg.device))
     env = launcher.environment(command, resume)
     if executor.get("kind") == "slurm" and "setup_hostname" not in env:
@@ -421,7 +421,7 @@ def setup_job(launcher: TrialLauncher, command: str, resume: bool, done: list[st
 
 def trial_job(launcher: TrialLauncher, trial: Trial, env: dict, path: str) -> str:
     """One trial on a node, as the local executor runs it; its record goes to ``path`` for the submitter."""
-    from bench import plugins
+    from bench.workloads import user
 
     ignore_submitit_timeout_signal()
     stopped: list[int] = []
@@ -429,7 +429,7 @@ def trial_job(launcher: TrialLauncher, trial: Trial, env: dict, path: str) -> st
     # included, then SIGKILL: the launcher would see its trial die by SIGTERM and record it ``failed``. Such a job
     # writes no record unless the trial had finished; the submitter records how the job ended (its Slurm state).
     signal.signal(signal.SIGTERM, lambda signum, _frame: stopped.append(signum))
-    plugins.load([p.to_dict() for p in launcher.cfg.plugins])
+    user.load_plugins([p.to_dict() for p in launcher.cfg.plugins])
     record = launcher.run(trial, env)
     if stopped and record.status != "ok":
         log.warning("the job was stopped from outside (SIGTERM) while its trial ran: no record written")

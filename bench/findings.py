@@ -11,7 +11,7 @@ from typing import Any
 
 import pandas as pd
 
-from bench import stats
+from bench import bottleneck, stats
 
 REPLICA_BYTES_PER_PARAM = 16  # model state of a full replica with fp32 AdamW: params 4 + grads 4 + two moments 8
 
@@ -26,6 +26,7 @@ ONE_OFF_COST_S = 0.5  # a one-off cost above this (and 3x the reference's) is wo
 MODEL_STATE_SLACK = 0.01  # exact bytes may miss a claimed range's edge by shard padding (uneven tensors)
 
 GPU_WORDS = ("gpu", "nvidia", "v100", "a100", "h100", "h200", "tensor core", "cuda", "tpu")
+NOT_FASTER = ("slower", stats.EQUIVALENT, stats.INCONCLUSIVE)  # verdicts of a set that did not pay off here
 
 
 def frame_of(rows: list[dict[str, Any]], columns: list[str] | None = None) -> pd.DataFrame:
@@ -40,7 +41,7 @@ def frame_of(rows: list[dict[str, Any]], columns: list[str] | None = None) -> pd
 
 def registered_claims() -> dict[str, tuple[Any, ...]]:
     """Each registered technique's published claims, by technique name."""
-    import techniques
+    import techniques  # on first use: it imports torch
 
     return {name: tuple(cls.claims) for name, cls in techniques.registry().items() if cls.claims}
 
@@ -161,8 +162,11 @@ def _reference_findings(c: Any) -> list[tuple[str, str]]:
         out.append(("bottleneck", f"{c.workload}'s step at {c.technique} is {diagnosis}"))
     peak = c.peak_bytes
     if peak and c.mem_activations_bytes is not None and c.mem_activations_bytes / peak > ACTIVATIONS_DOMINANT:
+        from techniques.base import Bottleneck
+
+        cut = " or ".join(bottleneck.say(t, r) for t, r in bottleneck.remedies(Bottleneck.ACTIVATIONS))
         out.append(("memory", f"activations are {c.mem_activations_bytes / peak:.0%} of {c.workload}'s tensor "
-                              "peak: activation checkpointing or gradient accumulation cut the peak most"))
+                              f"peak: {cut or 'a smaller batch'} cut the peak most"))
     if peak and c.mem_optimizer_bytes is not None and c.mem_optimizer_bytes / peak > OPTIMIZER_DOMINANT:
         out.append(("memory", f"optimizer state is {c.mem_optimizer_bytes / peak:.0%} of {c.workload}'s tensor "
                               "peak: a sharded (ZeRO) or 8-bit optimizer saves most"))
@@ -241,16 +245,23 @@ def _technique_findings(c: Any, ref: Any) -> list[tuple[str, str]]:
 
 
 def _data_fix(rows: pd.DataFrame) -> str:
-    """What to try for a data wait: a DataLoader with workers, unless this sweep measured one that did not help."""
-    loaders = [r for r in rows.itertuples() if "loader" in r.names and r.n_ok and r.speedup is not None
-               and r.speedup_verdict in ("slower", stats.EQUIVALENT, stats.INCONCLUSIVE)]
-    if not loaders:
-        return ("try loader:workers=2 (a DataLoader with worker processes), or cache the transformed batches, before "
-                "tuning the model")
-    measured = ", ".join(f"{r.technique} {r.speedup:.2f}x {r.speedup_verdict}" for r in loaders)
-    return (f"worker processes did not pay here ({measured}: on a machine with few cores they take the cores the "
-            "step uses), so cache the transformed batches, make the transform cheaper, or run where cores are idle "
-            "(a GPU host)")
+    """What to try for a data wait: the techniques' remedies for an input-bound step, unless this sweep measured a
+    set holding one that did not help (then why it may not have, and what else helps)."""
+    from techniques.base import Bottleneck
+
+    offered = bottleneck.remedies(Bottleneck.INPUT)
+    remedied = bottleneck.refutable(Bottleneck.INPUT)
+    measured_sets = [r for r in rows.itertuples() if remedied.intersection(r.names) and r.n_ok and r.speedup is not None
+                     and r.speedup_verdict in NOT_FASTER]
+    if not measured_sets:
+        tried = " or ".join(bottleneck.say(t, r) for t, r in offered)
+        return (f"try {tried}, or cache the transformed batches, before tuning the model" if tried else
+                "cache the transformed batches, or make the transform cheaper, before tuning the model")
+    remedy = next(r for _, r in offered if r.refuted)
+    measured = ", ".join(f"{r.technique} {r.speedup:.2f}x {r.speedup_verdict}" for r in measured_sets)
+    why = f": {remedy.refuted_why}" if remedy.refuted_why else ""
+    return (f"{remedy.refuted} ({measured}{why}), so cache the transformed batches, make the transform cheaper, or "
+            "run where cores are idle (a GPU host)")
 
 
 def diagnose(configs: pd.DataFrame, interactions_: pd.DataFrame | None = None,

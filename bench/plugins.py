@@ -278,19 +278,3 @@ def load_entry_points() -> None:
                 raise PluginError(f"{label} has no class attribute `name`")
             register(cls, label)
     _ENTRY_POINTS_LOADED = True
-
-
-def load(plugins: list[dict[str, Any]] | tuple[Plugin, ...]) -> None:
-    """In a child process: the installed plugins, then the sources the sweep was planned with."""
-    load_entry_points()
-    for item in plugins:
-        plugin = item if isinstance(item, Plugin) else Plugin(**item)
-        use_path(plugin)
-        if plugin.kind == "technique":
-            register_technique(plugin.source)
-        elif plugin.kind == "model":
-            from bench.workloads import user
-
-            user.register_model(plugin)
-        else:
-            raise PluginError(f"unknown plugin kind {shown(plugin.kind)} (model, technique)")

@@ -175,13 +175,13 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     logging.basicConfig(level=os.environ.get("TRAINBENCH_LOG", "WARNING"), stream=sys.stderr,
                         format="%(levelname)s %(name)s: %(message)s")
-    from bench import plugins
+    from bench.workloads import user
 
     cache_dir, device, keys = Path(argv[0]), torch.device(argv[1]), argv[2:]
     given = []
     if keys[0] == "--plugins":
         given, keys = json.loads(keys[1]), keys[2:]
-    plugins.load(given)  # installed plugins always; users' models and techniques when the sweep has some
+    user.load_plugins(given)  # installed plugins always; users' models and techniques when the sweep has some
     for text in keys:
         key = ReferenceKey(**json.loads(text))
         result = compute(key, device)

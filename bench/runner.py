@@ -16,20 +16,17 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import torch
 
 from bench import adaptive, nodes, sweepdir
 from bench.config import ConfigError, SweepConfig, check_shard
 from bench.continuation import continuation_trials
+from bench.executors import Executor, LocalExecutor  # they name the runner in type hints only (TYPE_CHECKING)
 from bench.files import write_atomic
 from bench.launcher import Launch, TrialLauncher
 from bench.plan import Trial
 from bench.results import ResultStore, TrialRecord
-
-if TYPE_CHECKING:
-    from bench.executors import Executor
 
 log = logging.getLogger(__name__)
 
@@ -57,8 +54,6 @@ class SweepRunner:
         code_dir: Path | None = None, launch: Launch | None = None, extend: bool = False,
         executor: Executor | None = None,
     ) -> None:
-        from bench.executors import LocalExecutor
-
         self.cfg = cfg
         self.extend = extend  # --resume --extend: grow the stored plan on purpose
         self.launch = launch or Launch()

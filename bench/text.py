@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import math
 import re
+from typing import Any
 
 
 def shown(text: object, limit: int = 60) -> str:
@@ -37,4 +39,29 @@ def cell(text: object) -> str:
     return escape(text).replace("|", "\\|")
 
 
-__all__ = ["cell", "escape", "shown"]
+def _ok(v: Any) -> bool:
+    return v is not None and not (isinstance(v, float) and math.isnan(v))
+
+
+def fmt_bytes(b: float | None) -> str:
+    """Bytes in KiB, MiB or GiB, about 3 significant digits ("-" for none)."""
+    if not _ok(b):
+        return "-"
+    mib = b / 2**20
+    if mib >= 1024:
+        return f"{mib / 1024:.2f} GiB"
+    if mib >= 100:
+        return f"{mib:.0f} MiB"
+    if mib >= 1:
+        return f"{mib:.1f} MiB"
+    return f"{b / 1024:.0f} KiB"
+
+
+def fmt_secs(s: float | None) -> str:
+    """Seconds, 3 significant digits ("-" for none)."""
+    if not _ok(s):
+        return "-"
+    return f"{s:.2f} s" if s < 10 else f"{s:.1f} s"
+
+
+__all__ = ["cell", "escape", "fmt_bytes", "fmt_secs", "shown"]

@@ -52,7 +52,7 @@ from torch import nn
 
 from bench import plugins, workloads
 from bench import reference as reference_mod
-from bench.bottleneck import bf16_faster, diagnose
+from bench.bottleneck import diagnose
 from bench.config import Budget, TechniqueSet, TechniqueSpec
 from bench.env import datasheet_peak
 from bench.files import write_atomic
@@ -87,6 +87,7 @@ from bench.results import (
     memory_exhausted,
     sanitize,
 )
+from bench.workloads import user as user_models
 from techniques._distributed import model_state_bytes, zero_formula_bytes
 from techniques.base import (
     Context,
@@ -235,7 +236,8 @@ def configure(wl: workloads.Workload, size: str, built: workloads.BuiltWorkload,
                   higher_is_better=built.higher_is_better, sequence_length=built.tokens_per_sample,
                   cache_dir=cache_dir)
     _plan_into(ctx, budget, built, cfg)
-    cfg, probe_s = _tune(techs, cfg, ctx, Probe(functools.partial(_fresh, wl, size, seed, device), device, seed))
+    cfg, probe_s = _tune(techs, cfg, ctx, Probe(functools.partial(_fresh, wl, size, seed, device), device, seed,
+                                                make_loop=plain_loop))
     _plan_into(ctx, budget, built, cfg)
     ctx.state.update(lr=cfg.lr, local_batch_size=cfg.batch_size // batch_shards(techs, world_size) // cfg.micro_batches)
     return cfg, ctx, probe_s
@@ -792,8 +794,7 @@ def phase_pass(session: Session, steps: int = PHASE_STEPS) -> PhaseResult:
     names = tuple(t.name for t in session.techs)
     return PhaseResult(steps=stats.steps, step_s=stats.step_s, mean_s=stats.mean_s, median_s=stats.median_s,
                        iqr_s=stats.iqr_s, share=stats.share,
-                       diagnosis=diagnose(stats.share, names, session.device.type,
-                                          bf16_faster(session.spec.peaks)))
+                       diagnosis=diagnose(stats.share, names, session.device.type, session.spec.peaks))
 
 
 # ---- stage: memory ----------------------------------------------------------------------------------------------
@@ -1105,7 +1106,7 @@ def main(argv: list[str] | None = None) -> int:
     if spec.reference_dir is None:  # every rank must look in the same place: beside the record
         spec.reference_dir = str(Path(argv[1]).resolve().parent / "references")
     if spec.world_size == 1:
-        plugins.load(spec.plugins)  # users' models and techniques, as the sweep registered them
+        user_models.load_plugins(spec.plugins)  # users' models and techniques, as the sweep registered them
         record = run(spec, own_process=True)
         write_atomic(argv[1], record.to_json() + "\n")  # the runner reads a whole record or none
         return 0
@@ -1114,7 +1115,7 @@ def main(argv: list[str] | None = None) -> int:
     rank = int(os.environ.get("RANK", "0"))
     code = 1  # every way out of the try but its last line is a failure
     try:
-        plugins.load(spec.plugins)
+        user_models.load_plugins(spec.plugins)
         _init_distributed(spec)
         if os.environ.get("TRAINBENCH_FAULT_RANK") == str(rank):  # test hook: prove a failing rank ends the trial
             if os.environ.get("TRAINBENCH_FAULT") == "hang":  # ... or a hanging one, through the runner's timeout

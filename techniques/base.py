@@ -7,6 +7,8 @@ loop (``bench/loop.py``) calls the hooks in one documented order; a technique ov
     configure(cfg)                      -> adjust the TrainConfig (micro-batches, ...) before anything is built
     tune(cfg, probe, ctx)               -> may probe fresh copies of the workload (LR range test, batch search)
                                            and return a changed TrainConfig; its time is the trial's one-off cost
+                                           (``probe.fresh()`` builds a copy, ``probe.loop(built, lr)`` trains it:
+                                           techniques sit below the loop and never import it)
     transform_model(model, ctx)         -> in phase order: surgery, precision, checkpointing, compile, sharding
     build_optimizer(params, default, ctx)
     attach(optimizer, ctx)              -> once, with the optimizer the loop steps (LR schedules start here)
@@ -47,6 +49,24 @@ than the workload's model: counted on the trial's own model), ``multi_process`` 
 every process ``--nproc`` starts) and ``splits_batch`` (its ranks train slices of the global batch, or each the whole
 batch).
 
+How its findings read travels with the technique (the report, the findings, the bottleneck diagnosis and "What to
+try next" loop over the registry and never name a technique):
+
+    summarize(found) -> str             -> classmethod: the report's one-line "what it found" for one configuration
+                                           (``found``: its ``results`` of each seed's trial, in seed order); the
+                                           base class lists the result keys, so a technique that reports results
+                                           without a summary shows them, never nothing (a registry test asks every
+                                           technique with ``results`` for its own)
+    caveat(found) -> str | None         -> classmethod: what makes the set's numbers mean something else than its
+                                           name says (compile that captured no graph ran eager)
+    result_curve: ResultCurve | None    -> a curve in its results the report draws (the LR range test's loss vs LR)
+    remedies: tuple[Remedy, ...]        -> the step bottlenecks (``Bottleneck``) it addresses and the advice's words:
+                                           what to type, why, what to say when the set already has it or when this
+                                           sweep measured it no faster
+    explains: {Bottleneck: line}        -> the diagnosis line when the set holds it and the step is bound there (a
+                                           pipeline schedule is one region; local SGD averages inside the optimizer)
+    sent_by: str | None                 -> whose traffic its communication count is, when not every rank's alike
+
 Model outputs: a model returns its logits (what ``loss_fn`` and evaluation take). A technique that makes the model
 compute more in training (multi-token prediction's extra heads) has it return a ``TrainOutput`` there instead:
 ``logits`` (the next-token logits, what ``loss_fn`` sees) and ``extra`` (what the technique's own ``loss`` hook reads).
@@ -65,7 +85,7 @@ import dataclasses
 import enum
 import types
 import typing
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
@@ -103,6 +123,54 @@ class Claim:
     high: float
     setting: str  # hardware / model the claim was made on
     source: str  # citation or URL
+
+
+class Bottleneck(enum.StrEnum):
+    """What a training step is bound by, as ``bench.bottleneck`` reads it off the step's phase shares (and the
+    memory categories the findings read off the tensor peak)."""
+
+    INPUT = "input"  # the step waits for data
+    COPY = "copy"  # host-to-device copies of the inputs
+    OPTIMIZER = "optimizer"  # the optimizer step
+    OVERHEAD = "overhead"  # time outside the labelled regions: Python, kernel launches
+    COMPUTE = "compute"  # the forward and backward math
+    ACTIVATIONS = "activations"  # activations dominate the tensor peak
+
+
+@dataclass(frozen=True)
+class Remedy:
+    """What a technique offers against one ``Bottleneck``, in the words the diagnosis and "What to try next" use.
+
+    The advice reads "try {say} ({why})" for a set without it; ``again`` for a set that has it already; once this
+    sweep measured a set holding it no faster than the reference, ``refuted`` ("{refuted} (the sets measured): ...",
+    with ``refuted_why`` where the findings explain it) instead of a suggestion the numbers beside it refute."""
+
+    bottleneck: Bottleneck
+    say: str = ""  # how the advice names it ("loader:workers=2", "activation checkpointing"); "" = its name
+    why: str = ""  # the parenthesis after the suggestion ("a DataLoader with worker processes")
+    again: str | None = None  # the advice for a set that already holds it
+    refuted: str | None = None  # the clause when this sweep measured it no faster ("worker processes did not pay here")
+    refuted_why: str = ""  # why that may be, for the findings ("on a machine with few cores they take the cores...")
+    device: str | None = None  # suggested on this device type only ("cuda"); None: on any
+    if_dtype_faster: bool = False  # suggested only where its ``compute_dtype``'s calibrated peak beats fp32's
+
+
+@dataclass(frozen=True)
+class ResultCurve:
+    """A curve a technique keeps in its ``results`` that the report draws, one panel per workload and one line per
+    trial: ``results[key]`` is a list of points, ``x`` and ``y`` index into each; ``mark`` names a result value drawn
+    as a dotted vertical line (the chosen learning rate)."""
+
+    name: str  # the figure's file name (figures/NAME.png)
+    title: str
+    caption: str
+    key: str = "curve"
+    x: int = 0
+    y: int = 1
+    xlabel: str = ""
+    ylabel: str = ""
+    xlog: bool = False
+    mark: str | None = None
 
 
 @dataclass
@@ -166,7 +234,7 @@ class Probe:
 
     ``fresh()`` returns a new ``bench.workloads.BuiltWorkload`` (model, ``batches(batch_size, seed)``, ``loss_fn``,
     ``evaluate``, ``train_data``, ``quality_steps``, ...); ``fresh(seed)`` one initialised from another seed (a
-    scorer shared by every trial). The trial's own model is never touched by a probe. Work computed once and
+    scorer shared by every trial); ``loop(built, lr)`` a plain training loop on one of them. The trial's own model is never touched by a probe. Work computed once and
     cached for every trial (a difficulty scorer) adds its time to ``shared_s``: it is reported by the technique,
     not charged to the trial as a one-off cost.
     """
@@ -175,6 +243,15 @@ class Probe:
     device: torch.device
     seed: int = 0
     shared_s: float = 0.0  # time a technique spent on work cached for every trial of the sweep (not this trial's)
+    make_loop: Callable[..., Any] | None = None  # the harness's plain loop (``bench.loop.plain_loop``), filled in by
+    # the trial: techniques sit below the loop and never import it
+
+    def loop(self, built: Any, lr: float, micro_batches: int = 1) -> Any:
+        """A training loop with no techniques and the default optimizer on ``built`` (a workload ``fresh()``
+        returned), on the probe's device: ``loop.step(batch)`` trains one optimizer step and returns its loss."""
+        if self.make_loop is None:
+            raise TypeError("this Probe has no make_loop: pass bench.loop.plain_loop (bench.trial does)")
+        return self.make_loop(built, lr, self.device, micro_batches)
 
 
 @dataclass
@@ -214,6 +291,11 @@ class Technique:
     # technique run in one process, as the reference the multi-process sets are compared with
     splits_batch: ClassVar[bool] = True  # a multi-process technique's ranks each train a slice of the global
     # batch (data parallel); False: every rank trains the whole batch (tensor and pipeline parallelism)
+    # How its findings read (see the module docstring): remedies, explanations, a curve to draw.
+    remedies: ClassVar[tuple[Remedy, ...]] = ()
+    explains: ClassVar[Mapping[Bottleneck, str]] = types.MappingProxyType({})  # "{share}": the phase's share in %
+    result_curve: ClassVar[ResultCurve | None] = None
+    sent_by: ClassVar[str | None] = None  # whose traffic its communication count is ("stage 0"), if not every rank's
 
     @dataclass(frozen=True)
     class Options:
@@ -250,6 +332,29 @@ class Technique:
 
     def describe(self) -> dict[str, Any]:
         return {"name": self.name, "options": dataclasses.asdict(self.options)}
+
+    # ---- reading --------------------------------------------------------------------------------------------
+
+    @classmethod
+    def summarize(cls, found: list[dict[str, Any]]) -> str:
+        """The report's one line on what this technique found in one configuration: ``found`` holds the
+        ``technique_results`` entries of its trials, one per seed, in seed order. This default lists the result
+        keys (visibly: a technique that reports results without a summary of its own is seen, not skipped)."""
+        keys = sorted({k for f in found if isinstance(f, dict) for k in f})
+        shown_keys = ", ".join(keys[:12]) + (f" and {len(keys) - 12} more" if len(keys) > 12 else "")
+        return (f"{len(found)} result(s) with keys {shown_keys or 'none'} (no summary of its own: see "
+                "technique_results in the records)")
+
+    @classmethod
+    def caveat(cls, found: list[dict[str, Any]]) -> str | None:
+        """What makes a set's numbers mean something else than its name says, read off this technique's results of
+        the set's trials (one per ok trial, None where a trial recorded none); None when nothing does."""
+        return None
+
+    @classmethod
+    def remedy_for(cls, bottleneck: Bottleneck) -> Remedy | None:
+        """Its remedy for ``bottleneck``, or None when it offers none."""
+        return next((r for r in cls.remedies if r.bottleneck == bottleneck), None)
 
     # ---- planning ------------------------------------------------------------------------------------------
 

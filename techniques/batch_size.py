@@ -53,8 +53,8 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import torch
 
-from bench import loop as train_loop  # a module reference: bench.loop imports this package
 from bench.measure.memory import TensorMemoryTracker
+from techniques import _reading as rd
 from techniques.base import Context, Kind, Probe, Technique, TrainConfig, register
 
 if TYPE_CHECKING:
@@ -401,7 +401,7 @@ class BatchSize(Technique):
     def _by_memory(self, built: Any, cfg: TrainConfig, probe: Probe, baseline_bytes: int) -> tuple[int, dict]:
         """Searches the micro-batch: with gradient accumulation a step's activations are one micro-batch's."""
         o, k = self.options, cfg.micro_batches
-        loop = train_loop.plain_loop(built, cfg.lr, probe.device)
+        loop = probe.loop(built, cfg.lr)
         measure = memory_measure(built, loop, probe.seed, baseline_bytes)
         low, cap = max(1, math.ceil(o.min_batch / k)), self._cap(built) // k
         start = min(max(cfg.batch_size // k, low), cap)
@@ -418,13 +418,13 @@ class BatchSize(Technique):
         o, k = self.options, cfg.micro_batches
         cap = self._cap(built)
         ladder = sorted({clamp_batch(b, o.min_batch, cap, None, k) for b in power_ladder(o.min_batch, cap)})
-        loop = train_loop.plain_loop(built, cfg.lr, probe.device, micro_batches=k)
+        loop = probe.loop(built, cfg.lr, micro_batches=k)
         batch, trace = fastest_batch(rate_measure(built, loop, probe.seed, o.probe_steps), ladder)
         return batch, {"probe_steps": o.probe_steps, "trace": trace}
 
     def _by_noise(self, built: Any, cfg: TrainConfig, probe: Probe, baseline_bytes: int) -> tuple[int, dict]:
         o = self.options
-        loop = train_loop.plain_loop(built, cfg.lr, probe.device)
+        loop = probe.loop(built, cfg.lr)
         warm = built.batches(cfg.batch_size, probe.seed)
         losses = [float(loop.step(next(warm))) for _ in range(o.warmup_steps)]
         micro = max(1, cfg.batch_size // 4)
@@ -444,3 +444,21 @@ class BatchSize(Technique):
                        "last_loss": _finite(losses[-1]) if losses else None},
             "trace": trace,
         }
+
+    # ---- reading ------------------------------------------------------------------------------------------
+
+    @classmethod
+    def summarize(cls, found: list[dict[str, Any]]) -> str:
+        """The batch the search trained at and the rescaled LR (in noise mode, the critical batch size B_simple it
+        estimated)."""
+        mode = found[0].get("mode")
+        text = f"mode {mode}: trained at batch {rd.values([f.get('batch_size') for f in found])} " \
+               f"(default {found[0].get('default_batch_size')}), LR {rd.values([f.get('lr_after') for f in found])} " \
+               f"({found[0].get('rule')} rule)"
+        if mode == "noise":
+            text += f"; critical batch size B_simple {rd.values([f.get('b_simple') for f in found])}"
+            failed = sum(bool(f.get("estimate_failed")) for f in found)
+            if failed:
+                text += (f" ({failed} estimate(s) failed: the noise swamped the mean gradient; those kept the default "
+                         "batch)")
+        return text

@@ -21,7 +21,7 @@ from typing import Any
 
 import torch
 
-from techniques.base import Claim, Context, Kind, Phase, Technique, register
+from techniques.base import Bottleneck, Claim, Context, Kind, Phase, Remedy, Technique, register
 
 
 @register
@@ -32,6 +32,7 @@ class BF16(Technique):
     phase = Phase.PRECISION
     slot = "precision"
     compute_dtype = "bfloat16"
+    remedies = (Remedy(Bottleneck.COMPUTE, if_dtype_faster=True),)  # where its calibrated peak beats fp32's
     claims = (
         Claim("speedup", 1.5, 2.0, "NVIDIA V100/A100 mixed precision vs fp32",
               "NVIDIA, Train With Mixed Precision (docs.nvidia.com/deeplearning/performance/mixed-precision-training)"),

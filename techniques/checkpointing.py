@@ -29,7 +29,7 @@ from torch.nn.modules.batchnorm import _BatchNorm
 from torch.utils.checkpoint import checkpoint
 
 from bench.measure import flops
-from techniques.base import Claim, Context, Kind, Phase, Technique, model_blocks, register
+from techniques.base import Bottleneck, Claim, Context, Kind, Phase, Remedy, Technique, model_blocks, register
 
 
 @contextlib.contextmanager
@@ -88,6 +88,7 @@ class Checkpointing(Technique):
     summary = "activation checkpointing of every block (recompute in backward)"
     kind = Kind.EXACT
     phase = Phase.CHECKPOINTING
+    remedies = (Remedy(Bottleneck.ACTIVATIONS, say="activation checkpointing"),)
     claims = (
         Claim("speedup", 0.65, 0.8, "transformers on GPUs: one extra forward per step (~20-35% slower)",
               "Chen et al. 2016 (arXiv:1604.06174); Korthikanti et al. 2022, Reducing Activation Recomputation (arXiv:2205.05198)"),

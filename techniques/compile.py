@@ -23,13 +23,14 @@ Method card
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 import torch
 from torch import nn
 
+from techniques import _reading as rd
 from techniques._distributed import FSDP_TECHNIQUES
-from techniques.base import Claim, Context, Kind, Phase, Technique, model_blocks, register
+from techniques.base import Bottleneck, Claim, Context, Kind, Phase, Remedy, Technique, model_blocks, register
 
 
 @register
@@ -72,3 +73,25 @@ class Compile(Technique):
 
         return {"graphs": int(counters["stats"].get("unique_graphs", 0)),
                 "graph_breaks": int(sum(counters["graph_break"].values()))}
+
+    # ---- reading ------------------------------------------------------------------------------------------
+
+    remedies = (
+        Remedy(Bottleneck.OVERHEAD, why="fewer Python and kernel-launch costs", again="look at the trace's top operators"),
+        Remedy(Bottleneck.COMPUTE, why="fuses small ops"),
+    )
+
+    @classmethod
+    def caveat(cls, found: list[dict[str, Any]]) -> str | None:
+        if found and all(f is not None and f.get("graphs") == 0 for f in found):
+            return ("torch.compile captured no graph (TorchDynamo skipped the model): these trials ran eager, so "
+                    "their numbers are not a compile result")
+        return None
+
+    @classmethod
+    def summarize(cls, found: list[dict[str, Any]]) -> str:
+        """The graphs compiled and the graph breaks, or that TorchDynamo captured none (the trials ran eager)."""
+        graphs = [f.get("graphs") for f in found]
+        if all(g == 0 for g in graphs):
+            return "captured no graph: TorchDynamo skipped the model, so these trials ran eager (not a compile result)"
+        return f"graphs compiled {rd.values(graphs)}; graph breaks {rd.values([f.get('graph_breaks') for f in found])}"

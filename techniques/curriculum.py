@@ -47,8 +47,8 @@ from typing import Any, Literal
 import torch
 import torch.nn.functional as F
 
-from bench import loop as train_loop  # a module reference: bench.loop imports this package
 from bench.files import save_torch_atomic
+from techniques import _reading as rd
 from techniques.base import Context, Kind, Probe, Technique, TrainConfig, register
 
 SCORER_SEED = 10_000  # the scorer's initialisation and batch order: one scorer per workload, whatever the trial seed
@@ -157,6 +157,26 @@ class Curriculum(Technique):
             out["scorer"] = self._scorer
         return out
 
+    # ---- reading ------------------------------------------------------------------------------------------
+
+    @classmethod
+    def summarize(cls, found: list[dict[str, Any]]) -> str:
+        """The lengths and steps of a sequence-length warm-up, or the pacing and the scorer that ranks difficulty
+        (its cost, shared by the sweep)."""
+        first = found[0]
+        if "full_length" in first:
+            lengths = [int(k) for k in first.get("warmup_lengths") or {}]
+            if not lengths:
+                return f"order {first['order']}: no length warm-up (warmup=0): every step at {first['full_length']}"
+            share = first.get("tokens_fraction_of_plan")
+            return (f"order {first['order']}: lengths {min(lengths)}-{max(lengths)} of {first['full_length']} over "
+                    f"{first['warmup_steps']} steps" + (f"; {share:.0%} of the plan's tokens" if share is not None else ""))
+        scorer = first.get("scorer") or {}
+        cost = max((f.get("scorer") or {}).get("scorer_train_s") or 0 for f in found)
+        return (f"order {first['order']}, pool from {first['start']:.0%} to all over {first['warmup']:.0%} of the steps; "
+                f"difficulty = loss of a scorer trained {scorer.get('steps')} steps once ({rd.fmt_secs(cost)}, cached and "
+                "shared by every trial of the sweep)")
+
 
 def difficulty_scores(probe: Probe, cache_dir: Path | None) -> tuple[torch.Tensor, dict[str, Any], Any]:
     """Each training example's loss under the scorer (from the cache when it has them), what the scorer was, and
@@ -172,7 +192,7 @@ def difficulty_scores(probe: Probe, cache_dir: Path | None) -> tuple[torch.Tenso
         saved = torch.load(path, weights_only=True)
         return saved["scores"], {**json.loads(saved["meta"]), "cached": True}, fresh.train_data
     started = time.perf_counter()
-    loop = train_loop.plain_loop(fresh, fresh.lr, probe.device)
+    loop = probe.loop(fresh, fresh.lr)
     batches = fresh.batches(fresh.batch_size, SCORER_SEED)
     for _ in range(fresh.quality_steps):
         loop.step(next(batches))

@@ -80,9 +80,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from bench import loop as train_loop  # a module reference: bench.loop imports this package
 from bench import workloads
 from bench.files import save_torch_atomic
+from techniques import _reading as rd
 from techniques._model import n_params
 from techniques.base import Context, Kind, Phase, Probe, Technique, TrainConfig, logits_of, register
 
@@ -184,6 +184,19 @@ class Distill(Technique):
             out.update(self._meta)
         return out
 
+    # ---- reading ------------------------------------------------------------------------------------------
+
+    @classmethod
+    def summarize(cls, found: list[dict[str, Any]]) -> str:
+        """The teacher's size, quality and training steps, its cost amortised over the trials that shared it, alpha
+        and temperature."""
+        first = found[0]
+        metric = (first.get("teacher_eval") or {}).get(first.get("teacher_metric") or "")
+        return (f"teacher {rd.n(first.get('teacher_n_params'))} params ({first.get('width')}x width, {first.get('depth')}x "
+                f"depth; student {rd.n(first.get('student_n_params'))}), {first.get('teacher_metric')} {rd.g(metric)} after "
+                f"{first.get('teacher_steps_trained')} steps, " + rd.once(found, "teacher_train_s", "trained") +
+                f"; alpha {first.get('alpha')}, T {first.get('temperature')}")
+
 
 def load_or_train_teacher(workload_name: str, probe: Probe, ctx: Context, options: Distill.Options
                           ) -> tuple[nn.Module, dict[str, Any]]:
@@ -211,7 +224,7 @@ def load_or_train_teacher(workload_name: str, probe: Probe, ctx: Context, option
         meta, cached = json.loads(saved["meta"]), True
     else:
         started = time.perf_counter()
-        loop = train_loop.plain_loop(built, built.lr, probe.device)
+        loop = probe.loop(built, built.lr)
         batches = built.batches(built.batch_size, TEACHER_SEED)
         for _ in range(steps):
             loop.step(next(batches))

@@ -30,6 +30,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from techniques import _reading as rd
 from techniques.base import Context, Kind, Technique, register
 
 
@@ -125,3 +126,17 @@ class EarlyStopping(Technique):
             if ctx.total_steps and stop["step"] <= ctx.total_steps:  # not a stop in a continuation past the plan
                 out["steps_saved_frac"] = 1 - stop["step"] / ctx.total_steps
         return out
+
+    # ---- reading ------------------------------------------------------------------------------------------
+
+    @classmethod
+    def summarize(cls, found: list[dict[str, Any]]) -> str:
+        """How many runs stopped early and the share of the planned steps they saved."""
+        ran = [f for f in found if f.get("evaluations")]
+        if not ran:
+            return "no evaluation in these trials (speed only): nothing to stop"
+        stopped = [f for f in ran if f.get("stopped")]
+        if not stopped:
+            return f"never stopped ({len(ran)} runs): the metric kept improving within the patience"
+        saved = rd.values([f.get("steps_saved_frac") for f in stopped])
+        return f"stopped {len(stopped)}/{len(ran)} runs, saving {saved} of the planned steps"

@@ -92,6 +92,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 
+from techniques import _reading as rd
 from techniques._model import gpt2_init_, n_params
 from techniques.base import Context, Kind, Phase, Technique, model_blocks, register
 
@@ -374,3 +375,22 @@ class EfficientArch(Technique):
 
     def results(self, ctx: Context) -> dict[str, Any] | None:
         return dict(self._found) if hasattr(self, "_found") else None
+
+    # ---- reading ------------------------------------------------------------------------------------------
+
+    @classmethod
+    def summarize(cls, found: list[dict[str, Any]]) -> str:
+        """Parameters and forward FLOPs before and after; KV heads and KV-cache bytes per token, or the convolutions
+        replaced."""
+        first = found[0]
+        text = (f"params {rd.n(first.get('n_params_before'))} -> {rd.n(first.get('n_params_after'))}, forward FLOPs per sample "
+                f"x{rd.g(first.get('flops_ratio'))}")
+        if "kv_heads" in first:
+            text = (f"{first['kv_heads']} KV head(s) for {first.get('n_head')} query heads: " + text +
+                    f"; KV cache per token {rd.small_bytes(first.get('kv_cache_bytes_per_token_before'))} -> "
+                    f"{rd.small_bytes(first.get('kv_cache_bytes_per_token_after'))}")
+            if first.get("attention_flops_counted") is False:
+                text += " (attention's own FLOPs not counted on this device)"
+        else:
+            text = f"{first.get('convs_replaced')} 3x3 convs depthwise-separable: " + text
+        return text

@@ -56,6 +56,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from techniques import _reading as rd
 from techniques._distributed import CommCounter, is_initialized, local_bytes
 from techniques.base import Context, Kind, Phase, Probe, Technique, TrainConfig, register
 
@@ -279,6 +280,25 @@ class FedAvg(Technique):
             + local_bytes(v for state in self.client_state.values() for s in state.values() for v in s.values()
                           if torch.is_tensor(v)),
         }
+
+    # ---- reading ------------------------------------------------------------------------------------------
+
+    @classmethod
+    def summarize(cls, found: list[dict[str, Any]]) -> str:
+        """Clients and steps per round, the label skew, the rounds completed and the bytes a deployment would
+        send."""
+        first = found[0]
+        skew = rd.values([(f.get("label_skew") or {}).get("mean_tv_distance") for f in found])  # "-": not class labels
+        rounds = rd.values([(f.get("rounds_completed") or {}).get("quality_run") for f in found])
+        fed = first.get("federated") or {}
+        unaveraged = [f.get("quality_run_steps_after_last_round") for f in found]
+        tail = (f"; the final evaluation misses the last {rd.values(unaveraged)} steps (a round unfinished at the budget's "
+                "end)" if any(unaveraged) else "")
+        return (f"{first['participants_per_round']} of {first['clients']} clients per round, {first['steps_per_round']} "
+                f"steps a round; label skew (mean TV distance to the whole set, 0 = IID) {skew}; {rounds} rounds in "
+                f"the quality run; a deployment sends {rd.fmt_bytes(fed.get('bytes_down_per_round'))} down and as much up "
+                f"per round (MiB over the quality run: "
+                f"{rd.values([rd.mib((f.get('federated') or {}).get('quality_run_bytes')) for f in found])})" + tail)
 
 
 def _state(model: nn.Module) -> list[torch.Tensor]:

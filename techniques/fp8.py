@@ -52,6 +52,7 @@ from typing import Any, Literal
 import torch
 from torch import nn
 
+from techniques import _reading as rd
 from techniques._model import cuda_capability_problem, shared_weights, torchao_missing
 from techniques.base import Claim, Context, Kind, Phase, Technique, register
 
@@ -163,3 +164,17 @@ class FP8(Technique):
                 "float8_layers": count_float8(self._model), "layers": list(self._targets),
                 "left_high_precision": dict(self._left), "weights_in_float8_matmuls": converted,
                 "fraction_of_params": round(converted / total, 4) if total else None}
+
+    # ---- reading ------------------------------------------------------------------------------------------
+
+    @classmethod
+    def summarize(cls, found: list[dict[str, Any]]) -> str:
+        """The recipe, the Linear layers converted to float8 matmuls and their share of the parameters, and the
+        layers left in high precision."""
+        first = found[0]
+        left = first.get("left_high_precision") or {}
+        return (f"{first.get('recipe')} recipe: {rd.values([f.get('float8_layers') for f in found])} Linear layers in "
+                f"float8 matmuls ({rd.n(first.get('weights_in_float8_matmuls'))} weights, "
+                f"{rd.values([f.get('fraction_of_params') for f in found])} of the parameters); "
+                f"{len(left)} left in high precision" + (f" ({', '.join(sorted(left)[:3])}"
+                                                         f"{', ...' if len(left) > 3 else ''})" if left else ""))

@@ -58,6 +58,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from techniques import _reading as rd
 from techniques.base import Context, Kind, Phase, Technique, model_blocks, register
 
 ADAMW_STATE_BYTES = 2 * 4  # exp_avg and exp_avg_sq, fp32, per parameter element
@@ -153,3 +154,13 @@ class Freeze(Technique):
     def results(self, ctx: Context) -> dict[str, Any] | None:
         found = getattr(self, "_found", None)
         return {"blocks": self.options.blocks, **found} if found else None
+
+    # ---- reading ------------------------------------------------------------------------------------------
+
+    @classmethod
+    def summarize(cls, found: list[dict[str, Any]]) -> str:
+        """The frozen blocks and parameters, and the optimizer-state and gradient bytes saved."""
+        first = found[0]
+        return (f"first {first.get('blocks')} block(s) and the input layers frozen: {rd.n(first.get('frozen_params'))} "
+                f"params ({rd.n(first.get('trainable_params'))} still train); optimizer state {rd.fmt_bytes(first.get('optimizer_state_bytes_saved'))} "
+                f"and gradients {rd.fmt_bytes(first.get('grad_bytes_saved'))} saved")

@@ -34,7 +34,7 @@ from collections.abc import Callable, Iterable
 import torch
 from torch import nn
 
-from techniques.base import Context, Kind, Technique, register
+from techniques.base import Bottleneck, Context, Kind, Remedy, Technique, register
 
 # Per-group keys that pick an implementation: dropped so the group does not override ``fused=True``.
 _IMPL_KEYS = ("foreach", "fused", "capturable", "differentiable")
@@ -66,6 +66,7 @@ class FusedAdamW(Technique):
     summary = "AdamW with fused=True: one kernel updates every parameter (same math)"
     kind = Kind.EXACT
     slot = "optimizer"
+    remedies = (Remedy(Bottleneck.OPTIMIZER, again="a ZeRO set spreads it over ranks"),)
 
     def check(self, ctx: Context) -> str | None:
         devices = fused_devices()

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from techniques.base import Kind, Technique, TrainConfig, register
+from techniques.base import Bottleneck, Kind, Remedy, Technique, TrainConfig, register
 
 
 @register
@@ -26,6 +26,7 @@ class GradAccum(Technique):
     summary = "split each step's batch into micro-batches and accumulate gradients"
     kind = Kind.EXACT
     slot = "micro_batching"
+    remedies = (Remedy(Bottleneck.ACTIVATIONS, say="gradient accumulation"),)
 
     @dataclass(frozen=True)
     class Options:

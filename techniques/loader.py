@@ -49,7 +49,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from techniques.base import Context, Kind, Technique, register
+from techniques.base import Bottleneck, Context, Kind, Remedy, Technique, register
 
 
 @register
@@ -58,6 +58,13 @@ class Loader(Technique):
     summary = "a DataLoader with worker processes builds the batches ahead of the step (bit-identical batches)"
     kind = Kind.EXACT
     conflicts = frozenset({"curriculum"})
+    remedies = (
+        Remedy(Bottleneck.INPUT, say="loader:workers=2", why="a DataLoader with worker processes",
+               again="raise loader:workers, or make the per-sample transform cheaper",
+               refuted="worker processes did not pay here",
+               refuted_why="on a machine with few cores they take the cores the step uses"),
+        Remedy(Bottleneck.COPY, say="loader:pin_memory=true", device="cuda"),
+    )
 
     @dataclass(frozen=True)
     class Options:

@@ -48,8 +48,9 @@ from torch.distributed.algorithms.model_averaging.averagers import PeriodicModel
 from torch.distributed.algorithms.model_averaging.utils import average_parameters, get_params_to_average
 from torch.nn.parallel import DistributedDataParallel
 
+from techniques import _reading as rd
 from techniques._distributed import CommCounter, local_bytes, needs_world, shard_batches
-from techniques.base import Context, Kind, Phase, Technique, register
+from techniques.base import Bottleneck, Context, Kind, Phase, Technique, register
 
 
 @register
@@ -140,6 +141,25 @@ class LocalSGD(Technique):
         # DDP all-reduces every gradient once per step: what the same steps would have passed without local SGD
         return {"period": self.options.period, "warmup": self.options.warmup, "communication": self.comm.results(),
                 "ddp_bytes_per_step": getattr(self, "param_bytes", None)}
+
+    # ---- reading ------------------------------------------------------------------------------------------
+
+    explains = {Bottleneck.OPTIMIZER: (
+        "optimizer-bound: {share}% of the step is the optimizer; local_sgd averages the parameters inside the optimizer "
+        "step: a longer period averages less often")}  # PostLocalSGDOptimizer all-reduces inside its step
+
+    @classmethod
+    def summarize(cls, found: list[dict[str, Any]]) -> str:
+        """The period and DDP warm-up, the bytes each rank all-reduced per sample and their share of DDP's."""
+        first = found[0]
+        runs = [(f.get("communication") or {}).get("quality_run") or {} for f in found]
+        if not any(r.get("steps") for r in runs):
+            return f"H={first['period']} after {first['warmup']} DDP steps; no quality run in these trials"
+        per_sample = rd.values([r.get("bytes_per_sample") for r in runs])
+        share = rd.values([r["bytes"] / (r["steps"] * f["ddp_bytes_per_step"]) for r, f in zip(runs, found, strict=True)
+                         if r.get("steps") and f.get("ddp_bytes_per_step")])
+        return (f"H={first['period']} after {first['warmup']} DDP steps: {per_sample} bytes per sample all-reduced by "
+                f"each rank in the quality run, {share} of DDP's bytes in the same steps")
 
 
 class _CountingAverager(PeriodicModelAverager):

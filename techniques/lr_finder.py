@@ -35,8 +35,8 @@ import math
 from dataclasses import dataclass, replace
 from typing import Any, Literal
 
-from bench import loop as train_loop  # a module reference: bench.loop imports this package
-from techniques.base import Context, Kind, Probe, Technique, TrainConfig, register
+from techniques import _reading as rd
+from techniques.base import Context, Kind, Probe, ResultCurve, Technique, TrainConfig, register
 
 
 @dataclass(frozen=True)
@@ -122,6 +122,12 @@ class LRFinder(Technique):
     summary = "LR range test on a fresh copy before the run (Smith 2015); the run trains at the suggested LR"
     kind = Kind.ALGORITHMIC
     slot = "lr_finder"
+    result_curve = ResultCurve(
+        "lr_range", "LR range tests",
+        "Smoothed training loss of each range test's exponential LR sweep on a fresh copy of the model; dotted: the "
+        "LR the trial then trained with. A sweep ends early once the loss passes 4x its best.",
+        key="curve", x=0, y=2, xlabel="learning rate (log scale)", ylabel="training loss (smoothed)", xlog=True,
+        mark="chosen_lr")
 
     @dataclass(frozen=True)
     class Options:
@@ -150,7 +156,7 @@ class LRFinder(Technique):
     def tune(self, cfg: TrainConfig, probe: Probe, ctx: Context) -> TrainConfig:
         o = self.options
         fresh = probe.fresh()
-        loop = train_loop.plain_loop(fresh, o.min_lr, probe.device, cfg.micro_batches)
+        loop = probe.loop(fresh, o.min_lr, cfg.micro_batches)
         test = range_test(loop, fresh.batches(cfg.batch_size, probe.seed + 7919), o.min_lr, o.max_lr, o.steps,
                           o.beta, o.stop_factor)
         suggestions = {"steepest": test.suggest("steepest", o.skip_start), "valley": test.suggest("valley")}
@@ -163,3 +169,17 @@ class LRFinder(Technique):
 
     def results(self, ctx: Context) -> dict[str, Any] | None:
         return getattr(self, "_found", None)
+
+    # ---- reading ------------------------------------------------------------------------------------------
+
+    @classmethod
+    def summarize(cls, found: list[dict[str, Any]]) -> str:
+        """The LR the range test chose, what the other rule would have chosen, and the workload's default."""
+        rule = found[0].get("rule")
+        chosen = rd.values([f.get("chosen_lr") for f in found])
+        other = "valley" if rule == "steepest" else "steepest"
+        alt = rd.values([(f.get("suggestions") or {}).get(other) for f in found])
+        fell = sum(bool(f.get("fell_back")) for f in found)
+        text = (f"chosen LR ({rule} rule): {chosen}; the {other} rule would give {alt}; the workload's default "
+                f"{rd.g(found[0].get('default_lr'))}")
+        return text + (f"; {fell} probe(s) found no suggestion and kept the default" if fell else "")

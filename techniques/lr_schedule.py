@@ -37,6 +37,7 @@ from typing import Any, Literal
 
 import torch
 
+from techniques import _reading as rd
 from techniques.base import Context, Kind, Technique, register
 
 
@@ -117,3 +118,12 @@ class LRSchedule(Technique):
             return None  # no step within the plan (a speed-only trial)
         return {"schedule": self.options.schedule, "peak_lr": self._peak, "planned_steps": self._total,
                 "lr_per_step": [round(x, 10) for x in self._lrs]}
+
+    # ---- reading ------------------------------------------------------------------------------------------
+
+    @classmethod
+    def summarize(cls, found: list[dict[str, Any]]) -> str:
+        """The schedule, its peak LR and the steps it was planned over."""
+        first = found[0]
+        peaks = rd.values([f.get("peak_lr") for f in found])
+        return f"{first['schedule']}, peak LR {peaks} over {first['planned_steps']} steps"

@@ -76,6 +76,7 @@ import torch
 from torch import nn
 
 from bench.workloads.gpt_chars import GPT, Block, lm_loss
+from techniques import _reading as rd
 from techniques._model import gpt2_init_
 from techniques.base import Context, Kind, Phase, Technique, TrainOutput, register, registry
 
@@ -261,3 +262,16 @@ class MTP(Technique):
             "aux_loss_last": {f"t+{d + 1}": float(v) for d, v in enumerate(last, 1)},
             "note": "only the next-token head is evaluated (eval mode runs the GPT's own forward)",
         }
+
+    # ---- reading ------------------------------------------------------------------------------------------
+
+    @classmethod
+    def summarize(cls, found: list[dict[str, Any]]) -> str:
+        """The variant, the extra heads' parameters, and the last auxiliary losses (evaluation reads the next-token
+        head only)."""
+        first = found[0]
+        depths = sorted({k for f in found for k in (f.get("aux_loss_last") or {})})
+        last = "; ".join(f"{d} {rd.values([(f.get('aux_loss_last') or {}).get(d) for f in found])}" for d in depths)
+        return (f"{first.get('variant')}, n={first.get('n')}, weight {rd.g(first.get('weight'))}: "
+                f"{rd.n(first.get('extra_params'))} extra params, evaluated on the next-token head only; last auxiliary "
+                f"losses {last}")

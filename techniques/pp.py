@@ -64,8 +64,9 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from techniques import _reading as rd
 from techniques._distributed import CommCounter, local_bytes, needs_world
-from techniques.base import Context, Kind, Phase, Technique, TrainConfig, register
+from techniques.base import Bottleneck, Context, Kind, Phase, Technique, TrainConfig, register
 from techniques.base import get as get_technique
 
 SUPPORTED_WORKLOADS = frozenset({"gpt"})  # models with the GPT's structure (bench/workloads/gpt_chars.py)
@@ -440,6 +441,27 @@ class PP(Technique):
                 "how": "activations sent forward and their gradients backward, summed from the tensors sent",
             },
         }
+
+    # ---- reading ------------------------------------------------------------------------------------------
+
+    explains = {Bottleneck.COMPUTE: (  # the schedule is one region: compute, sends, idle
+        "pipeline: {share}% of the step is the pipeline schedule (stage compute, point-to-point sends and the bubble: "
+        "see pp's measured bubble); more micro-batches shrink the bubble (pp:microbatches)")}
+    sent_by = "stage 0"  # its communication count is the first stage's sends
+
+    @classmethod
+    def summarize(cls, found: list[dict[str, Any]]) -> str:
+        """Schedule, micro-batches and stages; each stage's measured bubble against (p - 1) / (m + p - 1); stage 0's
+        bytes per sample."""
+        first = found[0]
+        bubble = first.get("bubble") or {}
+        stages = range(first.get("stages") or 0)
+        measured = "; ".join(f"stage {s} {rd.values([((f.get('bubble') or {}).get('measured_per_stage') or [None] * (s + 1))[s] for f in found])}"
+                             for s in stages)
+        sent = rd.values([((f.get("communication") or {}).get("quality_run") or {}).get("bytes_per_sample") for f in found])
+        return (f"{first['schedule']}, {first['microbatches']} micro-batches over {first['stages']} stages (blocks "
+                f"{first.get('layers_per_stage')}): measured bubble {measured}, against (p - 1) / (m + p - 1) = "
+                f"{rd.g(bubble.get('formula'))}; stage 0 sends {sent} bytes per sample")
 
 
 def _tensors(value: Any) -> list[torch.Tensor]:

@@ -66,6 +66,7 @@ from torch import nn
 from torch.nn.modules.batchnorm import _BatchNorm
 from torch.nn.utils import prune
 
+from techniques import _reading as rd
 from techniques._model import shared_weights
 from techniques.base import Context, Kind, Phase, Technique, register
 
@@ -446,3 +447,20 @@ class Prune(Technique):
                    sparsity=round(zeros / total, 6) if total else None, layers=layers, weights=total,
                    nonzero=total - zeros, left_dense_shared=self._shared)
         return out
+
+    # ---- reading ------------------------------------------------------------------------------------------
+
+    @classmethod
+    def summarize(cls, found: list[dict[str, Any]]) -> str:
+        """The sparsity reached (unstructured), or the hidden channels removed and the parameters before and after
+        (structured)."""
+        first = found[0]
+        reached = rd.values([f.get("sparsity") for f in found])
+        if first.get("mode") == "structured":
+            if all(f.get("params_after") is None for f in found):
+                return f"structured: never reached its step {first.get('start_step')}; nothing was removed"
+            return (f"structured: {first.get('target'):.0%} of the hidden channels removed at step {first.get('start_step')} "
+                    f"(channel sparsity {reached}); params {rd.n(first.get('params_before'))} -> "
+                    f"{rd.n(first.get('params_after'))}")
+        return (f"unstructured ({first.get('scope')}): {reached} of {rd.n(first.get('weights'))} weights zero at the end "
+                f"(target {first.get('target'):.0%}); masks leave dense matmuls as large as before")

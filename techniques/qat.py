@@ -86,6 +86,7 @@ import torch
 from torch import nn
 from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
+from techniques import _reading as rd
 from techniques._model import TORCHAO_MISSING, shared_weights, torchao_missing  # noqa: F401  (re-exported)
 from techniques.base import Context, Kind, Phase, Probe, Technique, TrainConfig, register
 
@@ -273,3 +274,24 @@ class QAT(Technique):
             "model_bytes": {"float": float_model, "int8": model_bytes(converted)},
             "convert_s": round(convert_s, 4),  # the copy, the convert step and the int8 quantization, no evaluation
         }
+
+    # ---- reading ------------------------------------------------------------------------------------------
+
+    @classmethod
+    def summarize(cls, found: list[dict[str, Any]]) -> str:
+        """The fake-quantized layers; the metric with fake-quant, float and int8 weights; the weights' bytes before
+        and after."""
+        first = found[0]
+        metric = first.get("metric") or ""
+        errors = [f["conversion_error"] for f in found if f.get("conversion_error")]
+        if errors:
+            return f"{first.get('fake_quantized_layers')} Linear layers fake-quantized; conversion failed: {errors[0]}"
+
+        def of(kind: str) -> str:
+            return rd.values([((f.get("metrics") or {}).get(kind) or {}).get(metric) for f in found])
+
+        wb = first.get("weight_bytes") or {}
+        return (f"{first.get('fake_quantized_layers')} Linear layers fake-quantized; {metric} at the trial's end (after "
+                f"{rd.values([f.get('trained_steps') for f in found])} steps: the quality run's and the timed window's): "
+                f"fake-quant {of('fake_quant')}, float weights {of('float')}, int8 converted {of('int8')}; those layers' "
+                f"weights {rd.small_bytes(wb.get('float'))} -> {rd.small_bytes(wb.get('int8'))}")

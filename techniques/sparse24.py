@@ -58,6 +58,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from techniques import _reading as rd
 from techniques._model import cuda_capability_problem, shared_weights, torchao_missing
 from techniques.base import Claim, Context, Kind, Phase, Technique, register
 
@@ -196,3 +197,16 @@ class Sparse24(Technique):
                 "sparse_layers": sum(isinstance(m, cls) for m in self._model.modules()),
                 "layers": list(self._targets), "left_dense": dict(self._left),
                 "weights_2to4": weights, "fraction_of_params": round(weights / total, 4) if total else None}
+
+    # ---- reading ------------------------------------------------------------------------------------------
+
+    @classmethod
+    def summarize(cls, found: list[dict[str, Any]]) -> str:
+        """The Linear layers trained 2:4 sparse and their share of the parameters, and the layers left dense."""
+        first = found[0]
+        left = first.get("left_dense") or {}
+        return (f"layers={first.get('layers_option')}: {rd.values([f.get('sparse_layers') for f in found])} Linear "
+                f"layers 2:4 sparse ({rd.n(first.get('weights_2to4'))} weights, "
+                f"{rd.values([f.get('fraction_of_params') for f in found])} of the parameters); "
+                f"{len(left)} left dense" + (f" ({', '.join(sorted(left)[:3])}{', ...' if len(left) > 3 else ''})"
+                                             if left else ""))

@@ -50,6 +50,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from techniques import _reading as rd
 from techniques._distributed import CommCounter, local_bytes, needs_world
 from techniques.base import Context, Kind, Phase, Technique, model_blocks, register
 
@@ -279,4 +280,17 @@ class TensorParallel(Technique):
                            f"{2 * (self._info['degree'] - 1) / self._info['degree']:g}x these bytes on the wire",
             },
         }
+
+    # ---- reading ------------------------------------------------------------------------------------------
+
+    @classmethod
+    def summarize(cls, found: list[dict[str, Any]]) -> str:
+        """Heads and parameter bytes per rank, all-reduces per step and bytes per sample."""
+        first = found[0]
+        per_sample = rd.values([((f.get("communication") or {}).get("quality_run") or {}).get("bytes_per_sample")
+                              for f in found])
+        calls = (first.get("communication_detail") or {}).get("collectives_per_step")
+        return (f"degree {first['degree']}: {first['local_heads']} of {first['n_head']} heads per rank, "
+                f"{rd.fmt_bytes(first.get('param_bytes_per_rank'))} of parameters per rank; {calls} all-reduces a step, "
+                f"{per_sample} bytes per sample passed by each rank in the quality run")
 

@@ -75,8 +75,8 @@ import numpy as np
 import torch
 from torch import nn
 
-from bench import loop as train_loop  # a module reference: bench.loop imports this package
 from bench.files import save_torch_atomic
+from techniques import _reading as rd
 from techniques.base import Context, Kind, Phase, Probe, Technique, TrainConfig, register
 
 PRETRAIN_SEED = 20_000  # the pretrained model's initialisation and batch order: one checkpoint per workload size
@@ -221,7 +221,7 @@ def pretrained(workload: str, probe: Probe, steps: float, cache_dir: Path | None
         saved = torch.load(path, weights_only=True)
         return saved["state"], {**json.loads(saved["meta"]), "cached": True}
     started = time.perf_counter()
-    loop = train_loop.plain_loop(fresh, fresh.lr, probe.device)
+    loop = probe.loop(fresh, fresh.lr)
     source_batches = batches()
     losses = [loop.step(next(source_batches)) for _ in range(n_steps)]
     last = torch.stack(losses[-10:]).float().mean().item()
@@ -302,3 +302,20 @@ class Transfer(Technique):
         return {**meta, "steps": self.options.steps, "fine_tune_lr": ctx.state.get("lr"),
                 "head_reinitialised": getattr(self, "_head", None),
                 "source_overlaps_target": meta["source"]["overlaps_target"]}
+
+    # ---- reading ------------------------------------------------------------------------------------------
+
+    @classmethod
+    def summarize(cls, found: list[dict[str, Any]]) -> str:
+        """The pretraining steps, source task and loss, its cost amortised over the trials that shared the
+        checkpoint."""
+        first = found[0]
+        source = first.get("source") or {}
+        text = (f"pretrained {first.get('pretrain_steps')} steps on {source.get('task')} (loss "
+                f"{rd.g(first.get('source_first_loss'))} -> {rd.g(first.get('source_final_loss'))}), "
+                + rd.once(found, "pretrain_s", "trained"))
+        if first.get("head_reinitialised"):
+            text += "; classifier head re-initialised"
+        if first.get("source_overlaps_target"):
+            text += "; the source images overlap the fine-tune's training set"
+        return text

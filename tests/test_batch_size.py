@@ -93,7 +93,8 @@ def test_memory_mode_chooses_what_largest_fitting_finds_and_scales_the_lr():
     expected, _ = largest_fitting(measure, budget, 64, 4000)
     tech = BatchSize(BatchSize.Options(mode="memory", memory=str(budget), margin=0.0))
     ctx = Context(device=CPU)
-    cfg = tech.tune(TrainConfig(batch_size=64, lr=1e-3), Probe(lambda: wl.build("tiny", 0, CPU), CPU), ctx)
+    probe = Probe(lambda: wl.build("tiny", 0, CPU), CPU, make_loop=plain_loop)
+    cfg = tech.tune(TrainConfig(batch_size=64, lr=1e-3), probe, ctx)
     assert cfg.batch_size == expected
     assert cfg.lr == pytest.approx(1e-3 * math.sqrt(expected / 64))
     assert tech.results(ctx)["budget_bytes"] == budget
@@ -103,7 +104,8 @@ def test_memory_mode_raises_when_nothing_fits():
     wl = workloads.get("mlp")
     tech = BatchSize(BatchSize.Options(mode="memory", memory="1KiB"))
     with pytest.raises(ValueError, match="exceeds the memory budget"):
-        tech.tune(TrainConfig(batch_size=64), Probe(lambda: wl.build("tiny", 0, CPU), CPU), Context(device=CPU))
+        tech.tune(TrainConfig(batch_size=64), Probe(lambda: wl.build("tiny", 0, CPU), CPU, make_loop=plain_loop),
+                  Context(device=CPU))
 
 
 # ---- fastest_batch ------------------------------------------------------------------------------------------------

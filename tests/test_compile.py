@@ -37,10 +37,10 @@ def test_results_count_what_dynamo_captured():
 
 
 def test_report_says_when_nothing_was_compiled():
-    from bench.report.tuning import SUMMARIES
-
-    assert "ran eager" in SUMMARIES["compile"]([{"graphs": 0, "graph_breaks": 0}] * 3)
-    assert SUMMARIES["compile"]([{"graphs": 1, "graph_breaks": 0}, {"graphs": 2, "graph_breaks": 1}]) == \
+    assert "ran eager" in Compile.summarize([{"graphs": 0, "graph_breaks": 0}] * 3)
+    assert "ran eager" in Compile.caveat([{"graphs": 0, "graph_breaks": 0}] * 3)
+    assert Compile.caveat([{"graphs": 0}, None]) is None  # a trial without its result: no claim about all
+    assert Compile.summarize([{"graphs": 1, "graph_breaks": 0}, {"graphs": 2, "graph_breaks": 1}]) == \
         "graphs compiled 1, 2; graph breaks 0, 1"
 
 

@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from bench.config import Budget
+from bench.loop import plain_loop
 from bench.trial import TrialSpec, run
 from techniques.base import Context, Probe
 from techniques.curriculum import Curriculum, difficulty_scores, length_schedule, paced_fraction, pool_order
@@ -71,7 +72,7 @@ def test_the_scorer_is_trained_once_and_cached(tmp_path):
 
     wl = workloads.get("mlp")
     probe = Probe(lambda seed=None: wl.build("tiny", 0 if seed is None else seed, torch.device("cpu")),
-                  torch.device("cpu"), 0)
+                  torch.device("cpu"), 0, make_loop=plain_loop)
     scores, meta, (x, _) = difficulty_scores(probe, tmp_path)
     shared = probe.shared_s
     again, meta2, _ = difficulty_scores(probe, tmp_path)

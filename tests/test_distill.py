@@ -62,7 +62,8 @@ def test_t_squared_keeps_the_gradient_size_at_high_temperature():
 
 def mlp_probe() -> Probe:
     wl = workloads.get("mlp")
-    return Probe(lambda seed=None: wl.build("tiny", 0 if seed is None else seed, CPU), CPU, 0)
+    return Probe(lambda seed=None: wl.build("tiny", 0 if seed is None else seed, CPU), CPU, 0,
+                 make_loop=plain_loop)
 
 
 def tuned(probe: Probe, cache_dir, **options) -> Distill:

@@ -19,9 +19,8 @@ import torch
 from bench import workloads
 from bench.config import ConfigError, TechniqueSpec
 from bench.loop import TrainLoop, build_optimizer
-from bench.report.tuning import SUMMARIES
 from techniques.base import Context, Probe, TrainConfig
-from techniques.fedavg import label_skew, participants, partition
+from techniques.fedavg import FedAvg, label_skew, participants, partition
 from tests.test_distributed import torchrun
 
 CPU = torch.device("cpu")
@@ -81,7 +80,7 @@ def test_two_ranks_average_what_one_process_averages(tmp_path):
         assert found["federated"]["quality_run_bytes"] == 2 * n_bytes * 4 * 4  # 2 x model x 4 participants x 4 rounds
         assert found["communication"]["quality_run"]["bytes"] == 4 * n_bytes  # the flat buffer once per round
         assert found["communication"]["quality_run"]["samples"] == 16 * 64
-    text = SUMMARIES["fedavg"]([found])
+    text = FedAvg.summarize([found])
     assert "4 of 4 clients per round, 4 steps a round" in text and "4 rounds in the quality run" in text
 
 

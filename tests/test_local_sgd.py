@@ -18,8 +18,8 @@ import torch
 
 from bench import workloads
 from bench.config import ConfigError, TechniqueSpec
-from bench.report.tuning import SUMMARIES
 from techniques.base import Context
+from techniques.local_sgd import LocalSGD
 from tests.test_distributed import torchrun
 
 STEPS = 10
@@ -61,7 +61,7 @@ def test_period_four_drifts_from_ddp_and_counts_what_it_sends(tmp_path, ddp_sgd)
         assert run["samples"] == STEPS * 64 and run["steps"] == STEPS
         assert run["bytes_per_sample"] == run["bytes"] / run["samples"]
     found = json.loads((tmp_path / "results_rank0.json").read_text())["local_sgd"]
-    assert "0.4 of DDP's bytes" in SUMMARIES["local_sgd"]([found])  # 4 of 10 steps' worth
+    assert "0.4 of DDP's bytes" in LocalSGD.summarize([found])  # 4 of 10 steps' worth
     # steps 7-9 came after the last average: the ranks differ, and evaluation saw their mean
     own = [torch.load(tmp_path / f"own_rank{rank}.pt") for rank in (0, 1)]
     assert any(not torch.equal(own[0][k], own[1][k]) for k in own[0])

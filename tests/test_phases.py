@@ -155,6 +155,47 @@ def test_diagnosis_does_not_suggest_what_the_set_already_uses():
     assert pipeline.startswith("pipeline: 90%") and "compile" not in pipeline and "bf16" not in pipeline
 
 
+FAST_BF16 = {"float32": 1.5e11, "bfloat16": 8e11}
+SLOW_BF16 = {"float32": 1.5e11, "bfloat16": 1.8e10}
+_INPUT, _COMPUTE = "input-bound: 60% of the step waits for data; ", "compute-bound: 90% of the step is forward and backward; "
+
+
+@pytest.mark.parametrize(("args", "line"), [
+    (({"data": 0.6},), _INPUT + "try loader:workers=2 (a DataLoader with worker processes)"),
+    (({"data": 0.6}, ("loader",)), _INPUT + "raise loader:workers, or make the per-sample transform cheaper"),
+    (({"data": 0.6}, (), "cpu", None, {"input": "loader:workers=2 0.74x"}),
+     _INPUT + "worker processes did not pay here (loader:workers=2 0.74x): cache the transformed batches or make the "
+              "transform cheaper"),
+    (({"h2d": 0.2},), "copy-bound: 20% of the step copies inputs to the device; keep the data on the device"),
+    (({"h2d": 0.2}, (), "cuda"), "copy-bound: 20% of the step copies inputs to the device; try loader:pin_memory=true"),
+    (({"optimizer": 0.3},), "optimizer-bound: 30% of the step is the optimizer; try fused_adamw"),
+    (({"optimizer": 0.3}, ("fused_adamw",)), "optimizer-bound: 30% of the step is the optimizer; a ZeRO set spreads it "
+                                             "over ranks"),
+    (({"optimizer": 0.3}, ("local_sgd",)), "optimizer-bound: 30% of the step is the optimizer; local_sgd averages the "
+                                           "parameters inside the optimizer step: a longer period averages less often"),
+    (({"other": 0.4},), "overhead-bound: 40% of the step is outside the labelled phases; try compile (fewer Python and "
+                        "kernel-launch costs)"),
+    (({"other": 0.4}, ("compile",)), "overhead-bound: 40% of the step is outside the labelled phases; look at the "
+                                     "trace's top operators"),
+    (({"forward": 0.4, "backward": 0.5},), _COMPUTE + "try compile, or lower precision where its calibrated peak beats "
+                                                      "fp32's"),
+    (({"forward": 0.4, "backward": 0.5}, (), "cpu", FAST_BF16),
+     _COMPUTE + "try bf16 (its calibrated peak beats fp32's here) or compile"),
+    (({"forward": 0.4, "backward": 0.5}, (), "cpu", SLOW_BF16),
+     _COMPUTE + "try compile (fuses small ops); not bf16: its calibrated peak is below fp32's on this machine"),
+    (({"forward": 0.4, "backward": 0.5}, ("pp",)),
+     "pipeline: 90% of the step is the pipeline schedule (stage compute, point-to-point sends and the bubble: see pp's "
+     "measured bubble); more micro-batches shrink the bubble (pp:microbatches)"),
+])
+def test_each_diagnosis_line_in_the_techniques_words(args, line):
+    """The lines read as they did when bench/bottleneck.py spelled them out; now each fix is a technique's remedy."""
+    from techniques.base import Bottleneck
+
+    if len(args) == 5:
+        args = (*args[:4], {Bottleneck(k): v for k, v in args[4].items()})
+    assert diagnose(*args) == line
+
+
 def _with_phases(rec, share: dict[str, float], step_s: float, diagnosis: str = "x"):
     full = {p: share.get(p, 0.0) for p in PHASES}
     rec.phases = PhaseResult(steps=10, step_s=step_s, mean_s={p: v * step_s for p, v in full.items()},

@@ -17,6 +17,7 @@ def test_every_technique_has_test_settings():
     assert not (set(TECHNIQUE_SETTINGS) | set(DISTRIBUTED_SETTINGS)) & set(GPU_SETTINGS)
 
 
+@pytest.mark.slow  # one torchrun launch per technique (CI runs -m slow); the settings test above stays
 @pytest.mark.distributed
 @pytest.mark.parametrize("name", sorted(DISTRIBUTED_SETTINGS))
 def test_distributed_technique_runs_two_steps_on_two_ranks(name, tmp_path):
@@ -77,3 +78,34 @@ def test_hooks_default_to_no_ops():
     assert tech.transform_model(model, ctx) is model
     assert tech.backward(torch.tensor(1.0), ctx) is False
     assert tech.check(ctx) is None
+
+
+# ---- each technique carries its own reading -------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", sorted(techniques.registry()))
+def test_a_technique_that_reports_results_reads_them_itself(name):
+    """results() without summarize() would show only the result keys in the report: a new technique writes both."""
+    cls = techniques.get(name)
+    if cls.results is Technique.results:
+        return
+    assert cls.summarize.__func__ is not Technique.summarize.__func__, f"{name} reports results but has no summarize()"
+    assert (cls.summarize.__doc__ or "").strip(), f"{name}.summarize has no docstring (docs/commands.md lists it)"
+
+
+@pytest.mark.parametrize("name", sorted(techniques.registry()))
+def test_a_techniques_advice_is_well_formed(name):
+    from techniques.base import Bottleneck, Remedy, ResultCurve
+
+    cls = techniques.get(name)
+    assert all(isinstance(r, Remedy) and isinstance(r.bottleneck, Bottleneck) for r in cls.remedies)
+    assert all(r.compute_dtype for r in [cls] if any(x.if_dtype_faster for x in cls.remedies))
+    for bottleneck, line in cls.explains.items():
+        assert isinstance(bottleneck, Bottleneck) and "{share}" in line
+        assert line.format(share=42).count("42%") == 1
+    assert cls.result_curve is None or isinstance(cls.result_curve, ResultCurve)
+
+
+def test_the_base_summary_shows_the_result_keys_not_nothing():
+    text = Technique.summarize([{"chosen": 1, "curve": [1, 2]}, {"chosen": 2, "extra": None}])
+    assert text.startswith("2 result(s) with keys chosen, curve, extra (no summary of its own")

@@ -87,21 +87,32 @@ def test_median_interval_from_order_statistics():
 
 
 def test_each_finding_reads_plainly_and_edge_cases_do_not_break_the_report():
-    from bench.report.tuning import SUMMARIES
+    import techniques
 
+    summaries = {name: cls.summarize for name, cls in techniques.registry().items()}
     seq = {"order": "easy_first", "start": 0.125, "warmup": 0.3, "full_length": 64, "warmup_steps": 45,
            "warmup_lengths": {"8": 10, "32": 20, "56": 15}, "tokens_fraction_of_plan": 0.8}
-    assert SUMMARIES["curriculum"]([seq]) == ("order easy_first: lengths 8-56 of 64 over 45 steps; 80% of the plan's "
+    assert summaries["curriculum"]([seq]) == ("order easy_first: lengths 8-56 of 64 over 45 steps; 80% of the plan's "
                                               "tokens")
     none = {**seq, "warmup_steps": 0, "warmup_lengths": {}, "tokens_fraction_of_plan": None}
-    assert "no length warm-up" in SUMMARIES["curriculum"]([none])
+    assert "no length warm-up" in summaries["curriculum"]([none])
     pool = {"order": "random", "start": 0.125, "warmup": 0.3,
             "scorer": {"steps": 150, "scorer_train_s": 2.5, "cached": True}}
-    assert "scorer trained 150 steps once (2.50 s, cached" in SUMMARIES["curriculum"]([pool])
+    assert "scorer trained 150 steps once (2.50 s, cached" in summaries["curriculum"]([pool])
     batch = {"mode": "noise", "batch_size": 256, "default_batch_size": 64, "lr_after": 0.004, "rule": "sqrt",
              "b_simple": 198.3}
-    assert SUMMARIES["batch_size"]([batch]) == ("mode noise: trained at batch 256 (default 64), LR 0.004 (sqrt rule); "
+    assert summaries["batch_size"]([batch]) == ("mode noise: trained at batch 256 (default 64), LR 0.004 (sqrt rule); "
                                                 "critical batch size B_simple 198")
-    assert SUMMARIES["early_stopping"]([{"evaluations": 0, "stopped": False}]).startswith("no evaluation")
-    assert SUMMARIES["lr_schedule"]([{"schedule": "one_cycle", "peak_lr": 0.003, "planned_steps": 150}]) == \
+    assert summaries["early_stopping"]([{"evaluations": 0, "stopped": False}]).startswith("no evaluation")
+    assert summaries["lr_schedule"]([{"schedule": "one_cycle", "peak_lr": 0.003, "planned_steps": 150}]) == \
         "one_cycle, peak LR 0.003 over 150 steps"
+
+
+def test_a_technique_without_a_summary_of_its_own_shows_its_result_keys(tmp_path):
+    """A plugin technique not registered where the report renders (or one without summarize) is seen, not skipped."""
+    records = [dataclasses.replace(record("baseline", seed), technique_results={"not_here": {"found": seed, "n": 1}})
+               for seed in range(2)]
+    text, _ = _sweep(tmp_path, records)
+    section = text.split("## What the techniques found", 1)[1].split("\n## ", 1)[0]
+    assert "| not_here | 2 result(s) with keys found, n (no summary of its own: see technique_results in the " \
+           "records) |" in section

@@ -10,6 +10,7 @@ import torch
 
 from bench import workloads
 from bench.config import Budget
+from bench.loop import plain_loop
 from bench.trial import TrialSpec, run
 from bench.workloads.cnn_fashion import data_dir, load_fashion_mnist
 from bench.workloads.gpt_chars import _stdlib_sources, load_corpus
@@ -37,7 +38,7 @@ CPU = torch.device("cpu")
 
 def probe_of(workload: str, size: str = "tiny") -> Probe:
     wl = workloads.get(workload)
-    return Probe(lambda seed=None: wl.build(size, 0 if seed is None else seed, CPU), CPU, 0)
+    return Probe(lambda seed=None: wl.build(size, 0 if seed is None else seed, CPU), CPU, 0, make_loop=plain_loop)
 
 
 def tuned(workload: str, steps: float, cache_dir, probe: Probe | None = None) -> Transfer:

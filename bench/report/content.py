@@ -8,16 +8,20 @@ renderer, markdown and HTML alike.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 import pandas as pd
 
+import techniques
 from bench import cost, stats
 from bench.analysis import BREAKDOWN, EXACT_CURVE_RTOL, EXACT_QUALITY, MULTIPLY, Analysis
 from bench.bottleneck import PHASES
 from bench.results import PARITY_TOLERANCES
+from bench.text import fmt_bytes, fmt_secs
+from techniques.base import Technique
 
 # ---- data ---------------------------------------------------------------------------------------------------
 
@@ -95,7 +99,7 @@ class Report:
     interactions: Table | None
     distributed: Table | None
     distributed_notes: list[str]
-    tuning: Table | None
+    tuning: Table | None  # what the techniques found (each technique's ``summarize``)
     claims: Table | None
     claims_note: str | None
     problems: Table | None
@@ -108,6 +112,7 @@ class Report:
     energy: Section | None = None  # joules per sample and to the target, or why energy was not measured
     cost: Section | None = None  # only with a price per machine-hour
     decisions: list[str] = field(default_factory=list)  # how many verdicts the data decided, above the summary
+    tuning_figures: list[str] = field(default_factory=list)  # the techniques' result curves, under their table
 
 
 # ---- number formatting --------------------------------------------------------------------------------------
@@ -127,25 +132,6 @@ def fmt_num(v: float | None) -> str:
     if a >= 10:
         return f"{v:.1f}"
     return f"{v:.2f}"
-
-
-def fmt_bytes(b: float | None) -> str:
-    if not _ok(b):
-        return "-"
-    mib = b / 2**20
-    if mib >= 1024:
-        return f"{mib / 1024:.2f} GiB"
-    if mib >= 100:
-        return f"{mib:.0f} MiB"
-    if mib >= 1:
-        return f"{mib:.1f} MiB"
-    return f"{b / 1024:.0f} KiB"
-
-
-def fmt_secs(s: float | None) -> str:
-    if not _ok(s):
-        return "-"
-    return f"{s:.2f} s" if s < 10 else f"{s:.1f} s"
 
 
 def fmt_pct(v: float | None) -> str:
@@ -927,8 +913,6 @@ def build(analysis: Analysis, figures: dict[str, Figure] | None = None, input_no
                        f"'{analysis.baseline}', so the measured side of each claim is relative to it.")
     sweep_ids = ", ".join(dict.fromkeys(str(s) for s in analysis.frame["sweep_id"]))
     distributed, distributed_notes = _distributed_table(analysis, names)
-    from bench.report.tuning import tuning_table  # it formats with this module's cells
-
     tuning = tuning_table(analysis.frame, lambda machine, workload: _where(workload, names[machine]))
     return Report(
         title=f"trainbench report: {sweep_ids}",
@@ -956,7 +940,29 @@ def build(analysis: Analysis, figures: dict[str, Figure] | None = None, input_no
         energy=energy_section(analysis, names),
         cost=cost_section(analysis, names, price),
         decisions=decisions(analysis),
+        tuning_figures=[t.result_curve.name for t in techniques.registry().values() if t.result_curve],
     )
+
+
+def tuning_table(frame: pd.DataFrame, where: Callable[[str, str], str]) -> Table | None:
+    """What the techniques found: one row per configuration and technique that reported results, in the words of
+    the technique's own ``summarize`` (the seeds of a configuration side by side, in seed order); a technique this
+    session has not registered (a plugin not loaded here) reads as the base class lists results: by their keys.
+    ``where(machine, workload)`` names the configuration's place."""
+    ok = frame[frame["status"] == "ok"]
+    known = techniques.registry()
+    rows = []
+    for (machine, workload, technique), g in ok.groupby(["machine", "workload", "technique"], sort=False):
+        per_name: dict[str, list[dict[str, Any]]] = {}
+        for results in g.sort_values("seed")["technique_results"]:
+            for name, found in (results or {}).items():
+                per_name.setdefault(name, []).append(found)
+        for name, found in per_name.items():
+            text = known.get(name, Technique).summarize(found)
+            rows.append([Cell(where(machine, workload)), Cell(technique), Cell(name), Cell(text)])
+    if not rows:
+        return None
+    return Table(["where", "technique set", "technique", "what it found (seeds in order)"], rows, wrap=(3,))
 
 
 def _phases_table(analysis: Analysis, names: dict[str, str]) -> Table | None:

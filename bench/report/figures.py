@@ -7,7 +7,8 @@ One panel per machine x workload in each figure:
 - ``pareto``: final metric against training wall-clock, the Pareto front drawn through the sets nobody beats;
 - ``curves``: the evaluation metric over training wall-clock, every trial;
 - ``interaction``: for combined sets, the observed speedup against the product of the single ones;
-- ``phases``: where a step's time goes, one stacked bar per set (data, h2d, forward, backward, optimizer, other).
+- ``phases``: where a step's time goes, one stacked bar per set (data, h2d, forward, backward, optimizer, other);
+- one per technique that keeps a curve in its results (``Technique.result_curve``: the LR range tests).
 """
 
 from __future__ import annotations
@@ -23,9 +24,11 @@ from matplotlib.axes import Axes
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure as MplFigure
 
+import techniques
 from bench.analysis import BREAKDOWN, MODEL_STATE, Analysis
 from bench.bottleneck import PHASES
 from bench.report.content import Figure
+from techniques.base import ResultCurve
 
 DPI = 100
 PANEL_W = 5.6  # inches per panel column
@@ -364,32 +367,33 @@ def interaction_figure(analysis: Analysis, colors: dict[str, str]) -> Figure | N
 # ---- what the techniques found -------------------------------------------------------------------------------
 
 
-def lr_range_figure(analysis: Analysis) -> Figure | None:
-    """The LR range tests' smoothed loss against the LR, one line per trial, the chosen LR marked."""
+def result_curve_figure(analysis: Analysis, name: str, curve: ResultCurve) -> Figure | None:
+    """A curve a technique keeps in its results (``Technique.result_curve``: the LR range test's smoothed loss
+    against the LR), one panel per workload and one line per trial, the value it marks drawn dotted."""
     ok = analysis.frame[analysis.frame["status"] == "ok"]
     panels: dict[str, list[tuple[str, dict[str, Any]]]] = {}
     for r in ok.itertuples():
-        found = (r.technique_results or {}).get("lr_finder")
-        if found and found.get("curve"):
+        found = (r.technique_results or {}).get(name)
+        if found and found.get(curve.key):
             panels.setdefault(r.workload, []).append((f"{r.technique} seed {r.seed}", found))
     if not panels:
         return None
     fig, axes = _grid(len(panels), 3.4)
     for ax, (workload, runs) in zip(axes, panels.items(), strict=False):
         for label, found in runs:
-            lrs = [p[0] for p in found["curve"]]
-            smoothed = [p[2] for p in found["curve"]]
-            line = ax.plot(lrs, smoothed, linewidth=1.2, alpha=0.8, label=_t(label))[0]
-            ax.axvline(found["chosen_lr"], color=line.get_color(), linewidth=0.8, linestyle=":")
-        ax.set_xscale("log")
-        ax.set_xlabel("learning rate (log scale)", fontsize=9)
-        ax.set_ylabel("training loss (smoothed)", fontsize=9)
+            xs = [p[curve.x] for p in found[curve.key]]
+            ys = [p[curve.y] for p in found[curve.key]]
+            line = ax.plot(xs, ys, linewidth=1.2, alpha=0.8, label=_t(label))[0]
+            if curve.mark and found.get(curve.mark) is not None:
+                ax.axvline(found[curve.mark], color=line.get_color(), linewidth=0.8, linestyle=":")
+        if curve.xlog:
+            ax.set_xscale("log")
+        ax.set_xlabel(curve.xlabel, fontsize=9)
+        ax.set_ylabel(curve.ylabel, fontsize=9)
         if len(runs) <= 6:
             ax.legend(fontsize=8, frameon=False, loc="best")
         _style(ax, _t(workload))
-    return _finish(fig, "lr_range", "LR range tests",
-                   "Smoothed training loss of each range test's exponential LR sweep on a fresh copy of the model; "
-                   "dotted: the LR the trial then trained with. A sweep ends early once the loss passes 4x its best.")
+    return _finish(fig, curve.name, curve.title, curve.caption)
 
 
 # ---- all ----------------------------------------------------------------------------------------------------
@@ -405,8 +409,10 @@ def make_figures(analysis: Analysis) -> dict[str, Figure]:
         lambda: curves_figure(analysis, colors),
         lambda: interaction_figure(analysis, colors),
         lambda: phases_figure(analysis),
-        lambda: lr_range_figure(analysis),
     ]
+    for name, tech in techniques.registry().items():  # the curves techniques keep in their results
+        if tech.result_curve is not None:
+            makers.append(lambda name=name, curve=tech.result_curve: result_curve_figure(analysis, name, curve))
     out = {}
     for make in makers:
         fig = make()

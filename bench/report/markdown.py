@@ -114,7 +114,8 @@ def _optional_sections(report: Report) -> list[str]:
                 "tables, and work cached for the whole sweep (a teacher, a pretrained checkpoint, a scorer) is "
                 "reported here instead.", ""]
         out += table(report.tuning) + [""]
-        out += _figure(figs.get("lr_range"))
+        for name in report.tuning_figures:
+            out += _figure(figs.get(name))
     if report.distributed is not None:
         out += ["## Data-parallel and sharded trials", ""]
         out += table(report.distributed) + [""]

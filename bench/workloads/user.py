@@ -39,6 +39,8 @@ from bench.plugins import (
     digest,
     is_file_source,
     load_attr,
+    load_entry_points,
+    register_technique,
     register_workload_class,
     resolve,
     search_path,
@@ -358,6 +360,21 @@ def register_model(plugin: Plugin, check_device: str = "auto") -> type[UserWorkl
     })
     register_workload_class(cls, origin.source)
     return cls
+
+
+def load_plugins(items: list[dict[str, Any]] | tuple[Plugin, ...]) -> None:
+    """In a child process: the installed plugins, then the sources the sweep was planned with (users' models and
+    techniques), so it registers them exactly as the process that planned the sweep did."""
+    load_entry_points()
+    for item in items:
+        plugin = item if isinstance(item, Plugin) else Plugin(**item)
+        use_path(plugin)
+        if plugin.kind == "technique":
+            register_technique(plugin.source)
+        elif plugin.kind == "model":
+            register_model(plugin)
+        else:
+            raise PluginError(f"unknown plugin kind {shown(plugin.kind)} (model, technique)")
 
 
 # ---- the check, in a child process --------------------------------------------------------------------------
