@@ -433,6 +433,7 @@ def _sweep_ab(args: argparse.Namespace) -> int:
     """``sweep --ab`` (bench/ab.py): run, print the comparison, exit 0 (gate with ``bench compare OUT/a OUT/b
     --fail-on``)."""
     from bench import ab
+    from bench.compare import parse_threshold
     from bench.runner import Launch, default_out_dir
 
     # The same layering as a plain sweep; when resuming, side a's resolved sweep.toml is the config.
@@ -445,7 +446,7 @@ def _sweep_ab(args: argparse.Namespace) -> int:
     try:
         launch = Launch(nnodes=cfg.nnodes, node_rank=args.node_rank, rdzv_endpoint=args.rdzv_endpoint)
         runner = ab.AbRunner(cfg, out_dir, device, other, resume=args.resume, command=command, extend=args.extend,
-                             launch=launch, threshold=ab.compare_mod.parse_threshold(args.threshold))
+                             launch=launch, threshold=parse_threshold(args.threshold))
         runner.claim()  # bad input is one line, before the banner
         err.print(f"[bold]trainbench[/] A/B sweep '{runner.cfg.name}' on {device}: this checkout (A) vs {args.ab} "
                   f"(B) -> {out_dir}")
