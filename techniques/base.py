@@ -214,6 +214,9 @@ class Technique:
     # technique run in one process, as the reference the multi-process sets are compared with
     splits_batch: ClassVar[bool] = True  # a multi-process technique's ranks each train a slice of the global
     # batch (data parallel); False: every rank trains the whole batch (tensor and pipeline parallelism)
+    tune_options: ClassVar[tuple[str, ...]] = ("",)  # the option strings ``bench tune`` offers its search, one
+    # candidate each ("" = the defaults; e.g. ("steps=2", "steps=4")); () keeps the technique out of the default
+    # candidates (it can still be named in ``tune --techniques``)
 
     @dataclass(frozen=True)
     class Options:
