@@ -614,6 +614,9 @@ class _Replay:
             return self.finish(None, "no measured set fits under the memory limit" if s.memory_limit else
                                "no measured set met the quality constraint")
         self.note(0, "current best", current.label, "after the singles")
+        if current == BASELINE:  # every addition to the baseline is a single, measured already
+            return self.finish(current, f"no single technique is decided {goal.better} than the baseline"
+                               + (" among those that fit" if s.memory_limit else ""))
         # Greedy forward selection.
         dropped_words = {goal.worse, stats.EQUIVALENT, "failed", "infeasible"}
         additions = [c for c in s.singles if c != current and c.label in outcomes
@@ -843,12 +846,13 @@ def _clean(value: Any) -> Any:
     return value
 
 
-def to_markdown(result: dict[str, Any], snippets: str = "") -> str:
+def to_markdown(result: dict[str, Any], snippets: str = "", figure: str | None = None) -> str:
     s = result["settings"]
     limit = size_text(s["memory_limit_bytes"]) if s["memory_limit_bytes"] else "none"
     lines = [f"# tune: {s['workload']}", "",
              f"Objective **{s['objective']}**, memory limit **{limit}**, quality **{s['quality']}**, cap "
-             f"{s['cap']} pairs per comparison, budget {s['budget_s'] if s['budget_s'] is not None else 'none'} s; "
+             f"{s['cap']} pairs per comparison, "
+             + (f"budget {s['budget_s']:g} s; " if s["budget_s"] is not None else "no budget; ") +
              f"{result['trials']} trials, {result['trial_time_s']:.0f} s of trial time.", ""]
     if result["recommended"]:
         lines += [f"**Recommended: `{result['recommended']}`** ({result['stop']}).", ""]
@@ -879,6 +883,8 @@ def to_markdown(result: dict[str, Any], snippets: str = "") -> str:
         lines.append(f"| `{r['set']}`{mark} | {r['kind']} | {r['speed']} | {size_text(r['peak_bytes'])} "
                      f"({r['peak_source'] or '-'}) | {r['quality']} | {'yes' if r['feasible'] else 'no'} | "
                      f"{'yes' if r['pareto'] else ''} |")
+    if figure:
+        lines += ["", f"![Speedup against peak memory of every measured set]({figure})"]
     lines += ["", "## Not tried", ""]
     if result["not_tried"]:
         lines += [f"- `{n['set']}`: {_cell(n['why'])}" for n in result["not_tried"]]
@@ -897,13 +903,13 @@ def write(out_dir: Path, result: dict[str, Any], snippets: str = "") -> dict[str
     from bench.files import write_atomic
 
     paths = {"json": out_dir / "tune.json", "md": out_dir / "tune.md"}
-    write_atomic(paths["json"], json.dumps(result, indent=2, default=str))
-    write_atomic(paths["md"], to_markdown(result, snippets))
     figure = frontier_figure(result)
     if figure is not None:
         (out_dir / "figures").mkdir(exist_ok=True)
         paths["figure"] = out_dir / "figures" / "tune-frontier.png"
         paths["figure"].write_bytes(figure)
+    write_atomic(paths["json"], json.dumps(result, indent=2, default=str))
+    write_atomic(paths["md"], to_markdown(result, snippets, "figures/tune-frontier.png" if figure else None))
     return paths
 
 
@@ -936,7 +942,8 @@ def frontier_figure(result: dict[str, Any]) -> bytes | None:
     ax.axhline(1.0, color="#555555", lw=0.6)
     ax.set_xlabel("peak memory (MiB; tensors, or RSS where the tracker is blind)")
     ax.set_ylabel("speedup vs baseline")
-    ax.set_title(f"tune {result['settings']['workload']}: filled = on the Pareto frontier", fontsize=9)
+    ax.set_title(f"tune {result['settings']['workload']}: filled = on the Pareto frontier, red = recommended",
+                 fontsize=9)
     buf = io.BytesIO()
     fig.savefig(buf, format="png", bbox_inches="tight")
     return buf.getvalue()
