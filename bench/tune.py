@@ -201,7 +201,7 @@ def candidate_singles(workload: WorkloadSpec, refuse: Refuse, restrict: Sequence
     for s in dict.fromkeys(offered):
         reason = refuse(s)
         if reason:
-            skipped.append((s.label, reason))
+            skipped.append((s.label, reason.removeprefix(f"{s.names[0]}: ")))  # the planner names the technique
         else:
             singles.append(s)
     return singles, skipped
@@ -615,12 +615,15 @@ class _Replay:
                                "no measured set met the quality constraint")
         self.note(0, "current best", current.label, "after the singles")
         if current == BASELINE:  # every addition to the baseline is a single, measured already
-            return self.finish(current, f"no single technique is decided {goal.better} than the baseline"
-                               + (" among those that fit" if s.memory_limit else ""))
-        # Greedy forward selection.
-        dropped_words = {goal.worse, stats.EQUIVALENT, "failed", "infeasible"}
+            spent = any(o.status == "budget" for o in outcomes.values())
+            return self.finish(current, "the budget is spent" if spent else
+                               f"no single technique is decided {goal.better} than the baseline")
+        # Greedy forward selection. An infeasible set stays an addition (with a technique that saves memory it may
+        # fit); with an infeasible baseline, "worse than the baseline" says nothing about helping the best that fits.
+        dropped_words = {goal.worse, stats.EQUIVALENT, "failed", "reference failed"}
+        first_dropped = dropped_words if baseline_fits else {"failed", "reference failed"}
         additions = [c for c in s.singles if c != current and c.label in outcomes
-                     and outcomes[c.label].status not in dropped_words | {"reference failed"}
+                     and outcomes[c.label].status not in first_dropped
                      and self.quality.get(c.label, (True, ""))[0]]
         for c in s.singles:
             if c.label in outcomes and c not in additions and c != current:
@@ -658,8 +661,7 @@ class _Replay:
                                    f"no addition is {goal.better} than {current.label}")
             self.note(index, "current best", chosen.label, f"{goal.better} than {current.label}")
             added = next(a for a, t, _ in combos if t == chosen)
-            additions = [a for a, t, _ in combos if a != added
-                         and results[t.label].status not in dropped_words | {"reference failed"}
+            additions = [a for a, t, _ in combos if a != added and results[t.label].status not in dropped_words
                          and self.quality.get(t.label, (True, ""))[0]]
             for a, t, _ in combos:
                 if a != added and a not in additions:

@@ -236,10 +236,14 @@ def test_a_memory_limit_below_the_baselines_peak_picks_the_fastest_set_that_fits
     truth = Truth({"bf16": 1.5, "grad_accum": 0.5, "checkpointing": 0.7},
                   peak={"grad_accum": -40 * MIB, "checkpointing": -30 * MIB})
     step, records, _ = simulate(s, truth)
-    assert step.recommended == "checkpointing"  # fits, and faster than accumulation, the other set that fits
     assert step.outcomes["bf16"].status == "infeasible"
     assert len([r for r in records if r.technique_label == "bf16"]) == 1  # infeasible after one trial
     assert any(e["what"] == "baseline infeasible" for e in step.trace)
+    first = next(e for e in step.trace if e["what"] == "current best")
+    assert first["set"] == "checkpointing"  # fits, and faster than accumulation, the other single that fits
+    # bf16 alone does not fit, but beside checkpointing it does, and is faster: greedy selection keeps it
+    assert step.recommended == "bf16+checkpointing"
+    assert step.outcomes["checkpointing+grad_accum:steps=4"].status == "slower"
 
 
 def test_an_impossible_memory_limit_ends_without_a_set_naming_the_smallest_peak():
