@@ -308,6 +308,9 @@ def _add_tune(sub: argparse._SubParsersAction) -> None:
                         "with torchrun; other sets run in one process")
     p.add_argument("--seed", type=int, help="seed of the first round (round r uses seed + r mod 3)")
     p.add_argument("--steps", type=int, help="quality runs: optimizer steps (default: the workload size's budget)")
+    p.add_argument("--seconds", type=float,
+                   help="safety cap on a quality run's training clock (default: the preset's); a run it cuts is not "
+                        "compared, so raise it (with --timeout) for workloads whose budget takes longer")
     p.add_argument("--window-steps", type=int, help="minimum steps in each trial's timed window")
     p.add_argument("--window-seconds", type=float, help="minimum seconds in each trial's timed window")
     p.add_argument("--timeout", type=float, help="seconds before a trial process is killed (recorded as timeout)")
@@ -730,8 +733,8 @@ def _tune(args: argparse.Namespace) -> int:
     config_path = args.config
     if args.resume and config_path is None and (args.out / "sweep.toml").exists():
         config_path = args.out / "sweep.toml"
-    budget = {"train_steps": args.steps, "min_steps": args.window_steps, "min_seconds": args.window_seconds,
-              "timeout_s": args.timeout}
+    budget = {"train_steps": args.steps, "max_train_seconds": args.seconds, "min_steps": args.window_steps,
+              "min_seconds": args.window_seconds, "timeout_s": args.timeout}
     overrides = {"workloads": args.workloads, "models": args.model, "blocks": args.blocks,
                  "technique_plugins": args.technique, "seed": args.seed, "device": args.device,
                  "threads": args.threads, "nproc": args.nproc,
