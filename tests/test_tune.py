@@ -48,6 +48,7 @@ class Truth:
     final: dict[str, float] = dataclasses.field(default_factory=dict)
     noise: float = 0.01
     failing: tuple[str, ...] = ()
+    ttt: dict[str, float] = dataclasses.field(default_factory=dict)  # time-to-target factors
 
     def measure(self, trial) -> object:  # a TrialRecord for the trial, as the launcher would return it
         label = trial.techniques.label
@@ -60,9 +61,12 @@ class Truth:
         peak = 100 * MIB + sum(self.peak.get(n, 0) for n in names)
         final = 0.8 + sum(self.final.get(n, 0.0) for n in names) + 0.001 * (trial.seed % 3)
         status = "failed" if any(n in self.failing for n in names) else "ok"
+        ttt = 10.0 * (1 + self.noise * (rng.random() - 0.5))
+        for n in names:
+            ttt *= self.ttt.get(n, 1.0)
         r = record(label, seed=trial.seed, repeat=trial.repeat, mode=trial.mode, sps=sps, peak=peak,
                    final=final if trial.mode != "speed" else None, status=status,
-                   reason="boom" if status != "ok" else None)
+                   reason="boom" if status != "ok" else None, target=0.5, ttt=ttt if trial.mode != "speed" else None)
         return dataclasses.replace(r, trial_id=trial.trial_id, wall_s=2.0, added_by=trial.added_by,
                                    position=trial.position, world_size=trial.world_size)
 
@@ -294,6 +298,16 @@ def test_the_memory_objective_keeps_the_set_with_less_memory():
     step, _, _ = simulate(s, truth)
     assert step.outcomes["bf16"].status == "more"
     assert step.recommended == "checkpointing+grad_accum:steps=4"
+
+
+def test_the_time_to_target_objective_runs_full_trials_and_keeps_the_set_that_gets_there_sooner():
+    s = settings("bf16", "checkpointing", "fused_adamw", objective="time-to-target", quality=tune.Quality("any"))
+    truth = Truth({}, ttt={"bf16": 0.5, "checkpointing": 1.5, "fused_adamw": 0.8})
+    step, records, _ = simulate(s, truth)
+    assert all(r.mode == "both" for r in records)  # every round trains the quality budget
+    assert len({r.seed for r in records}) > 3  # a new seed per round
+    assert step.outcomes["bf16"].status == "sooner" and step.outcomes["checkpointing"].status == "later"
+    assert step.recommended == "bf16+fused_adamw"
 
 
 def test_the_result_holds_comparisons_a_frontier_and_renders_as_markdown():
