@@ -1,4 +1,4 @@
-"""Command line: ``python -m bench {sweep,list,report,compare,profile,env,export}``. The only module that prints.
+"""Command line: ``python -m bench {sweep,list,report,compare,profile,env,export,tune}``. The only module that prints.
 
 Bad input (unknown workload or technique, bad option, malformed TOML) gets one line on stderr naming what is
 valid, and exit code 2. Results already recorded are never lost: an interrupted sweep resumes with --resume.
@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import math
 import shlex
 import signal
 import sys
@@ -27,6 +28,7 @@ from bench.plan import available_packages, resolve_device
 from bench.results import RecordError, TrialRecord
 
 EXIT_USAGE = 2
+OBJECTIVE_NAMES = ("throughput", "time-to-target", "memory")  # bench.tune.OBJECTIVES (imported lazily there)
 
 # Piped output (CI logs, files) gets a wide console instead of rich's 80-column default.
 out = Console() if sys.stdout.isatty() else Console(width=180)
@@ -266,6 +268,67 @@ def _add_export(sub: argparse._SubParsersAction) -> None:
     p.add_argument("-v", "--verbose", action="store_true", help="log what the harness (and MLflow) does")
 
 
+def _add_tune(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "tune",
+        help="search for the best technique set for one model under your limits, with its evidence",
+        description="Search the combinations of the techniques that run here for the best set for ONE workload "
+                    "(or --model): singles first, then greedy forward selection (add the technique that helps "
+                    "the current best most, keep it only when its verdict says it helps), each comparison stopped "
+                    "by the sequential design's stopping rule as soon as it is decided. Trials are sweep trials "
+                    "(one process each, results.jsonl, env.json, sweep.toml in --out; `bench report` renders it); "
+                    "the search is a function of the records, so --resume continues it. Writes tune.md and "
+                    "tune.json. Exit code 2 on bad input or when no measured set fits under --memory-limit. See "
+                    "docs/tune.md.",
+    )
+    p.add_argument("--workloads", help="the ONE workload to tune, name[:size], e.g. gpt:small (see `python -m bench "
+                                       "list`); or give --model")
+    p.add_argument("--model", action="append", metavar="[NAME=]PATH.py:FUNCTION",
+                   help="your own model instead: a function that builds it (docs/models.md), e.g. my_model.py:build")
+    p.add_argument("--blocks", metavar="ATTR.PATH", help="dotted path of a --model's nn.ModuleList of repeated blocks")
+    p.add_argument("--technique", action="append", metavar="PATH.py:CLASS",
+                   help="your own technique class (docs/plugins.md), offered to the search like the built-in ones")
+    p.add_argument("--preset", default=None, choices=list(PRESETS),
+                   help="the trials' budgets (speed window, quality run) come from this preset (default: quick)")
+    p.add_argument("--config", type=Path, help="TOML file with sweep settings (docs/commands.md); flags win")
+    p.add_argument("--objective", metavar="|".join(OBJECTIVE_NAMES),
+                   help="what the best set maximises: throughput (samples/s, default), time-to-target (the "
+                        "workload's documented target, from quality runs) or memory (the smallest peak)")
+    p.add_argument("--memory-limit", metavar="SIZE",
+                   help="a set whose peak memory (tensor peak, CUDA allocator peak, or RSS where the tracker is "
+                        "blind) exceeds this is infeasible, e.g. 512MiB, 8GiB, 2000000000 (bytes)")
+    p.add_argument("--quality", metavar="same|within=X|any",
+                   help="how much of the metric at equal samples you will give up: same (default: nothing), "
+                        "within=X (at most X of the metric), any (not checked); exact sets are always the same")
+    p.add_argument("--techniques",
+                   help="restrict the candidates to these single techniques (':k=v' sets options), e.g. "
+                        "bf16,grad_accum:steps=4,checkpointing (default: every registered technique that runs here)")
+    p.add_argument("--budget", type=float, metavar="SECONDS",
+                   help="trial wall time the whole search may spend (default: no limit); may be raised on --resume")
+    p.add_argument("--max-repeats", type=int, metavar="N",
+                   help="pairs per comparison at most: the sequential design's cap (default 8)")
+    p.add_argument("--nproc", type=int,
+                   help="processes for the data-parallel / sharding candidates (ddp, zero1-3, deepspeed), started "
+                        "with torchrun; other sets run in one process")
+    p.add_argument("--seed", type=int, help="seed of the first round (round r uses seed + r mod 3)")
+    p.add_argument("--steps", type=int, help="quality runs: optimizer steps (default: the workload size's budget)")
+    p.add_argument("--seconds", type=float,
+                   help="safety cap on a quality run's training clock (default: the preset's); a run it cuts is not "
+                        "compared, so raise it (with --timeout) for workloads whose budget takes longer")
+    p.add_argument("--window-steps", type=int, help="minimum steps in each trial's timed window")
+    p.add_argument("--window-seconds", type=float, help="minimum seconds in each trial's timed window")
+    p.add_argument("--timeout", type=float, help="seconds before a trial process is killed (recorded as timeout)")
+    p.add_argument("--threads", type=int, help="torch threads per trial process (default: torch's choice)")
+    p.add_argument("--device", choices=["auto", "cpu", "cuda"], help="device for every trial (default: auto)")
+    p.add_argument("--out", type=Path, help="output directory (default: reports/tune-<UTC time>/)")
+    p.add_argument("--resume", action="store_true",
+                   help="continue the search in --out (after Ctrl-C or kill -9): its settings are read from there")
+    p.add_argument("--dry-run", action="store_true",
+                   help="plan only: print the candidates, what is not tried and why, and the size of the exhaustive "
+                        "space (with the sweep that would measure it); runs and writes nothing")
+    p.add_argument("-v", "--verbose", action="store_true", help="log what the harness does")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m bench",
@@ -279,6 +342,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_report(sub)
     _add_profile(sub)
     _add_export(sub)
+    _add_tune(sub)
     return parser
 
 
@@ -653,7 +717,207 @@ def cmd_profile(args: argparse.Namespace) -> int:
     return 0
 
 
-COMMANDS = {"profile": cmd_profile, "sweep": cmd_sweep, "list": cmd_list, "env": cmd_env, "compare": cmd_compare, "report": cmd_report,
+# ---- tune ---------------------------------------------------------------------------------------------------
+
+
+TUNE_FILE = "tune.toml"  # the search's own settings beside sweep.toml (what --resume reads back)
+
+
+def cmd_tune(args: argparse.Namespace) -> int:
+    previous = signal.signal(signal.SIGTERM, _on_sigterm)
+    try:
+        return _tune(args)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _tune_options(args: argparse.Namespace) -> dict:
+    """The search's options: the flags given, else (on --resume) what the directory recorded, else the defaults.
+    A resume may raise --budget; any other option that differs from the recorded one is refused."""
+    import tomllib
+
+    given = {"objective": args.objective, "memory_limit": args.memory_limit, "quality": args.quality,
+             "techniques": args.techniques, "budget": args.budget}
+    stored: dict = {}
+    if args.resume:
+        path = args.out / TUNE_FILE
+        if not path.is_file():
+            raise ConfigError(f"--resume --out {args.out}: no {TUNE_FILE} there, so no search to continue (a sweep "
+                              "directory resumes with `bench sweep --resume`)")
+        try:
+            stored = tomllib.loads(path.read_text())
+        except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+            raise ConfigError(f"--resume: {path} is not valid TOML ({exc}); restore it or start a new --out") from None
+        for key, value in given.items():
+            if key != "budget" and value is not None and key in stored and str(stored[key]) != str(value):
+                raise ConfigError(f"--resume: --{key.replace('_', '-')} {value} differs from the search's "
+                                  f"{stored[key]} in {args.out}; resume without it, or start a new --out")
+            if key != "budget" and value is not None and key not in stored:
+                raise ConfigError(f"--resume: the search in {args.out} ran without --{key.replace('_', '-')}; "
+                                  "resume without it, or start a new --out")
+    merged = {**stored, **{k: v for k, v in given.items() if v is not None}}
+    return {"objective": merged.get("objective", "throughput"), "memory_limit": merged.get("memory_limit"),
+            "quality": merged.get("quality", "same"), "techniques": merged.get("techniques"),
+            "budget": merged.get("budget")}
+
+
+def _tune(args: argparse.Namespace) -> int:
+    import dataclasses
+
+    import tomli_w
+
+    from bench import tune
+    from bench.config import DEFAULT_MAX_REPEATS, parse_technique_sets
+    from bench.plan import incompatibility, world_size_for
+    from bench.runner import SweepRunner, default_out_dir
+
+    if args.resume and args.out is None:
+        raise ConfigError("--resume needs --out DIR (the tune directory to continue)")
+    opts = _tune_options(args)
+    goal = tune.objective_of(opts["objective"])
+    limit = tune.parse_size(opts["memory_limit"]) if opts["memory_limit"] is not None else None
+    quality = tune.Quality.parse(opts["quality"])
+    if opts["budget"] is not None and not (math.isfinite(opts["budget"]) and opts["budget"] > 0):
+        raise ConfigError(f"--budget must be a number of seconds > 0, got {opts['budget']}")
+    if args.max_repeats is not None and not 3 <= args.max_repeats <= 200:
+        raise ConfigError(f"--max-repeats must be between 3 (the fewest pairs that give a verdict) and 200, got "
+                          f"{args.max_repeats}")
+    config_path = args.config
+    if args.resume and config_path is None and (args.out / "sweep.toml").exists():
+        config_path = args.out / "sweep.toml"
+    budget = {"train_steps": args.steps, "max_train_seconds": args.seconds, "min_steps": args.window_steps,
+              "min_seconds": args.window_seconds, "timeout_s": args.timeout}
+    overrides = {"workloads": args.workloads, "models": args.model, "blocks": args.blocks,
+                 "technique_plugins": args.technique, "seed": args.seed, "device": args.device,
+                 "threads": args.threads, "nproc": args.nproc,
+                 "budget": {k: v for k, v in budget.items() if v is not None} or None}
+    if not args.resume and not args.workloads and not args.model and config_path is None:
+        raise ConfigError("name the workload to tune (--workloads gpt:small) or give --model PATH.py:FUNCTION")
+    cfg = build_config(args.preset or "quick", overrides, config_path)
+    if len(cfg.workloads) != 1:
+        raise ConfigError(f"tune searches for one model; got {len(cfg.workloads)} workloads "
+                          f"({', '.join(w.label for w in cfg.workloads)}): give one --workloads NAME[:SIZE] or one "
+                          "--model")
+    workload = cfg.workloads[0]
+    if goal.name == "time-to-target" and workloads.get(workload.name).size_params(workload.size).get("target") is None:
+        raise ConfigError(f"--objective time-to-target: workload {workload.label} documents no target (its "
+                          "build's result may give one: docs/models.md); use throughput or memory")
+    device = resolve_device(cfg.device)
+
+    def refuse(techs) -> str | None:  # type: ignore[no-untyped-def]
+        return incompatibility(techs, workload, device, world_size_for(techs, cfg.world_size))
+
+    restrict = parse_technique_sets(opts["techniques"]) if opts["techniques"] else None
+    singles, skipped = tune.candidate_singles(workload, refuse, restrict)
+    from techniques.base import set_kind
+
+    kinds = {s.label: set_kind(x.resolve() for x in s.specs).value for s in singles}
+    quality_runs = goal.mode == "both" or (quality.rule != "any" and any(k != "exact" for k in kinds.values()))
+    cap = args.max_repeats or (cfg.max_repeats if args.resume and cfg.max_repeats else DEFAULT_MAX_REPEATS)
+    cfg = dataclasses.replace(cfg, name="tune", techniques=tuple(singles) or (tune.BASELINE,), repeats=3,
+                              max_repeats=cap, mode="both" if quality_runs else "speed")
+    settings = tune.Settings(workload, tuple(singles), goal.name, limit, quality, cap, opts["budget"], cfg.seed,
+                             cfg.world_size, tuple(skipped))
+    if args.dry_run:
+        return _tune_dry_run(settings, refuse, kinds)
+    out_dir = args.out or default_out_dir(cfg)
+    command = "python -m bench " + shlex.join(args.argv)
+    runner = SweepRunner(cfg, out_dir, device, resume=args.resume, command=command)
+    runner.claim()  # bad input (the directory, a resume that changes settings): one line, before anything runs
+    try:
+        write_atomic(out_dir / TUNE_FILE, tomli_w.dumps({k: v for k, v in opts.items() if v is not None}))
+        limits = (f", memory limit {tune.size_text(limit)}" if limit else "") + (
+            f", budget {opts['budget']:g} s" if opts["budget"] else "")
+        err.print(f"[bold]trainbench[/] tune {workload.label} on {device} ({goal.name}{limits}, quality "
+                  f"{quality.label}): {len(singles)} candidates, {len(skipped)} not tried -> {out_dir}")
+        env = runner.prepare()
+        started = time.perf_counter()
+        while True:
+            step = tune.next_step(settings, runner.store.read(), refuse)
+            if step.done:
+                break
+            runner.launcher.prepare_references(step.pending)
+            for trial, record in runner.executor.run(runner, step.pending, env):
+                runner.store.append(record)
+                err.print(progress_text(trial.trial_id, record), markup=False, highlight=False)
+    except KeyboardInterrupt as exc:
+        records = runner.store.read()
+        tune.write(out_dir, tune.result_dict(records, tune.next_step(settings, records, refuse), settings))
+        err.print(f"[yellow]{interrupted_word(exc)}[/]: finished trials are saved in {out_dir}/results.jsonl; "
+                  f"continue with: python -m bench tune --resume --out {out_dir}")
+        return interrupted_code(exc)
+    finally:
+        runner.close()
+    wall = time.perf_counter() - started
+    records = runner.store.read()
+    snippets = tune.snippets_for(step.recommended)
+    result = tune.result_dict(records, step, settings, wall)
+    paths = tune.write(out_dir, result, snippets)
+    from bench.api import write_summary
+    from bench.report import write_report
+
+    write_summary(out_dir, records, wall, "tune")
+    report = write_report([out_dir])
+    _print_tune(result, snippets)
+    for path in (*paths.values(), *report.values()):
+        out.print(f"wrote {path}", markup=False, highlight=False)
+    if step.recommended is None:
+        peak = step.smallest_peak
+        if peak is not None:
+            print(f"error: no measured set fits under --memory-limit {tune.size_text(limit)}: the smallest peak "
+                  f"found is {tune.size_text(peak[1])} ({peak[2]}) of {peak[0]}", file=sys.stderr)
+            return tune.EXIT_INFEASIBLE
+        print(f"error: {one_line(step.stop)}", file=sys.stderr)
+        return tune.EXIT_NOTHING
+    return 0
+
+
+def _print_tune(result: dict, snippets: str) -> None:
+    from bench import tune
+
+    if result["recommended"]:
+        out.print(f"recommended: {result['recommended']} ({result['stop']})", markup=False, highlight=False)
+        for against, c in result["comparisons"].items():
+            role = "runner-up " if against == result["runner_up"] else ""
+            out.print(f"  against the {role}{against}: speed {c['speed']}; memory {c['memory']}; quality "
+                      f"{c['quality']}" + (f"; time to target {c['time_to_target']}" if "time_to_target" in c else ""),
+                      markup=False, highlight=False)
+    out.print(f"search: {result['trials']} trials, {result['trial_time_s']:.0f} s of trial time, "
+              f"{len(result['trace'])} steps in the trace (tune.md)", markup=False, highlight=False)
+    for n in result["not_tried"][:20]:
+        out.print(f"  not tried: {n['set']}: {one_line(n['why'], 160)}", markup=False, highlight=False)
+    if len(result["not_tried"]) > 20:
+        out.print(f"  ... and {len(result['not_tried']) - 20} more (tune.md)", markup=False, highlight=False)
+    if snippets:
+        out.print(f"\n{tune.SNIPPET_HEADING}:\n\n{snippets}", markup=False, highlight=False)
+
+
+def _tune_dry_run(settings, refuse, kinds) -> int:  # type: ignore[no-untyped-def]
+    from bench import tune
+
+    out.print(f"tune {settings.workload.label}: objective {settings.objective}, quality {settings.quality.label}, "
+              f"memory limit {tune.size_text(settings.memory_limit) if settings.memory_limit else 'none'}, world "
+              f"size {settings.world_size}, cap {settings.cap}", markup=False, highlight=False)
+    out.print(f"candidates ({len(settings.singles)}): " + (", ".join(f"{s.label} ({kinds[s.label]})"
+                                                                     for s in settings.singles) or "none"),
+              markup=False, highlight=False)
+    for label, why in settings.not_tried:
+        out.print(f"  not tried: {label}: {one_line(why, 200)}", markup=False, highlight=False)
+    space, cut = tune.exhaustive(settings.singles, refuse)
+    more = "more than " if cut else ""
+    out.print(f"exhaustive space: {more}{len(space)} sets the planner accepts (and the baseline); the search measures "
+              f"{len(settings.singles)} singles first, then at most one stage per technique added", markup=False,
+              highlight=False)
+    if space and not cut and len(space) <= 512:
+        out.print("the exhaustive sweep of the same candidates: python -m bench sweep --workloads "
+                  f"{settings.workload.label} --techniques {','.join(s.label for s in space)} --mode speed "
+                  f"--repeats auto --max-repeats {settings.cap}"
+                  + (f" --nproc {settings.world_size}" if settings.world_size > 1 else ""),
+                  markup=False, highlight=False, soft_wrap=True)
+    return 0
+
+
+COMMANDS = {"tune": cmd_tune, "profile": cmd_profile, "sweep": cmd_sweep, "list": cmd_list, "env": cmd_env, "compare": cmd_compare, "report": cmd_report,
             "export": cmd_export}
 
 

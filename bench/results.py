@@ -306,7 +306,8 @@ class TrialRecord:
                                "sequential sweep budgets with)", None)
     added_by: str | None = doc("None for a planned trial; 'sequential': a speed-only pair added by --repeats auto "
                                "while the configuration's speed or memory verdict was open; 'continuation': a "
-                               "time-budgeted continuation of a quality run (see continues)", None)
+                               "time-budgeted continuation of a quality run (see continues); 'tune': a trial "
+                               "of `bench tune`'s search", None)
     continues: str | None = doc("the trial_id of the trial whose quality run this one continues past its budget "
                                 "(a time-budgeted continuation, quality.continuation); such records are kept out of "
                                 "every statistic but quality at equal time", None)

@@ -296,6 +296,9 @@ class Technique:
     explains: ClassVar[Mapping[Bottleneck, str]] = types.MappingProxyType({})  # "{share}": the phase's share in %
     result_curve: ClassVar[ResultCurve | None] = None
     sent_by: ClassVar[str | None] = None  # whose traffic its communication count is ("stage 0"), if not every rank's
+    tune_options: ClassVar[tuple[str, ...]] = ("",)  # the option strings ``bench tune`` offers its search, one
+    # candidate each ("" = the defaults; e.g. ("steps=2", "steps=4")); () keeps the technique out of the default
+    # candidates (it can still be named in ``tune --techniques``)
 
     @dataclass(frozen=True)
     class Options:

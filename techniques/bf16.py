@@ -12,6 +12,18 @@ Method card
   probes, with no committed report behind it.
 - Sources: Micikevicius et al., "Mixed Precision Training", ICLR 2018; Kalamkar et al., "A Study of BFLOAT16 for
   Deep Learning Training", arXiv:1905.12322; PyTorch AMP docs.
+
+In your own training loop (plain PyTorch: ``model``, ``optimizer``, ``loss_fn``, ``batches`` and ``device``
+are your loop's; ``tests/test_snippets.py`` runs this block on a toy loop):
+
+```python
+for x, y in batches:
+    with torch.autocast(device_type=device, dtype=torch.bfloat16):  # forward and loss in bf16
+        loss = loss_fn(model(x), y)
+    optimizer.zero_grad(set_to_none=True)
+    loss.backward()  # outside autocast; parameters and optimizer stay fp32
+    optimizer.step()
+```
 """
 
 from __future__ import annotations

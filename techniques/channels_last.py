@@ -41,6 +41,22 @@ Method card
   "Convolutional Layers User's Guide" (Deep Learning Performance documentation), "Tensor Layouts In Memory: NCHW vs
   NHWC" (docs.nvidia.com/deeplearning/performance/dl-performance-convolutional); Intel Extension for PyTorch docs,
   "Channels Last".
+
+In your own training loop (plain PyTorch: ``model``, ``optimizer``, ``loss_fn``, ``batches`` and ``device``
+are your loop's; ``tests/test_snippets.py`` runs this block on a toy loop):
+
+```python
+cnn = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU(), nn.AdaptiveAvgPool2d(1),
+                    nn.Flatten(), nn.Linear(8, 4))
+cnn = cnn.to(memory_format=torch.channels_last)  # 4-D weights in NHWC strides
+cnn_optimizer = torch.optim.AdamW(cnn.parameters(), lr=1e-3)
+for _, y in batches:
+    images = torch.randn(len(y), 3, 16, 16)  # your N x C x H x W batch
+    loss = loss_fn(cnn(images.to(memory_format=torch.channels_last)), y)  # inputs NHWC too
+    cnn_optimizer.zero_grad(set_to_none=True)
+    loss.backward()
+    cnn_optimizer.step()
+```
 """
 
 from __future__ import annotations

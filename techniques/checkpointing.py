@@ -15,6 +15,31 @@ Method card
   the tensor peak (less), cnn:tiny 0.53x [0.41, 0.69] slower at 0.81x (less); mlp:tiny 0.42x [0.17, 1.04]
   inconclusive, its tensor peak 1.00x (equivalent).
 - Sources: Chen et al., "Training Deep Nets with Sublinear Memory Cost", arXiv:1604.06174; torch.utils.checkpoint docs.
+
+In your own training loop (plain PyTorch: ``model``, ``optimizer``, ``loss_fn``, ``batches`` and ``device``
+are your loop's; ``tests/test_snippets.py`` runs this block on a toy loop):
+
+```python
+from torch.utils.checkpoint import checkpoint
+
+
+class Checkpointed(nn.Module):  # keeps only the block's input; recomputes its inside during backward
+    def __init__(self, block):
+        super().__init__()
+        self.block = block
+
+    def forward(self, x):
+        return checkpoint(self.block, x, use_reentrant=False)
+
+
+for i, block in enumerate(model.blocks):  # the model's nn.ModuleList of repeated blocks
+    model.blocks[i] = Checkpointed(block)
+for x, y in batches:
+    loss = loss_fn(model(x), y)
+    optimizer.zero_grad(set_to_none=True)
+    loss.backward()
+    optimizer.step()
+```
 """
 
 from __future__ import annotations

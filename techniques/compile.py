@@ -18,6 +18,18 @@ Method card
   (and CUDA allocator peaks) only.
 - Sources: Ansel et al., "PyTorch 2: Faster Machine Learning Through Dynamic Python Bytecode Transformation and
   Graph Compilation", ASPLOS 2024; PyTorch 2.0 announcement (+21% fp32 / +51% AMP training on A100, 163 models).
+
+In your own training loop (plain PyTorch: ``model``, ``optimizer``, ``loss_fn``, ``batches`` and ``device``
+are your loop's; ``tests/test_snippets.py`` runs this block on a toy loop):
+
+```python
+compiled = torch.compile(model)  # the first steps compile (a one-off cost); later steps run generated code
+for x, y in batches:
+    loss = loss_fn(compiled(x), y)
+    optimizer.zero_grad(set_to_none=True)
+    loss.backward()
+    optimizer.step()
+```
 """
 
 from __future__ import annotations

@@ -32,6 +32,7 @@ class DeepSpeed(Technique):
     kind = Kind.EXACT
     phase = Phase.SHARDING
     slot = "sharding"
+    tune_options = ("stage=1", "stage=2", "stage=3")
     multi_process = True
     conflicts = frozenset({"grad_accum", "fp16", "compile"})
     claims = (

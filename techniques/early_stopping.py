@@ -22,6 +22,27 @@ Method card
 - Sources: Prechelt, "Early Stopping - But When?", in Neural Networks: Tricks of the Trade, 1998; PyTorch Lightning
   ``lightning.pytorch.callbacks.EarlyStopping`` (monitor, min_delta, patience, mode, stopping_threshold,
   divergence_threshold, check_finite).
+
+In your own training loop (plain PyTorch: ``model``, ``optimizer``, ``loss_fn``, ``batches`` and ``device``
+are your loop's; ``tests/test_snippets.py`` runs this block on a toy loop):
+
+```python
+import math
+
+patience, best, wait = 3, math.inf, 0  # stop after 3 evaluations without a new best (a lower validation loss)
+for step, (x, y) in enumerate(batches):
+    loss = loss_fn(model(x), y)
+    optimizer.zero_grad(set_to_none=True)
+    loss.backward()
+    optimizer.step()
+    if step % 2 == 1:  # every evaluation
+        metric = evaluate(model)
+        if not math.isfinite(metric):
+            break  # diverged
+        best, wait = (metric, 0) if metric < best else (best, wait + 1)
+        if wait >= patience:
+            break
+```
 """
 
 from __future__ import annotations

@@ -101,6 +101,7 @@ class FedAvg(Technique):
     kind = Kind.ALGORITHMIC
     phase = Phase.SHARDING
     slot = "sharding"
+    tune_options = ()  # a simulation of federated clients, not a recipe for one job: not a default candidate
     multi_process = True
     # batch_size: a round's length follows the global batch fixed before training; curriculum and loader: the
     # clients draw their own batches, so what those would feed is never trained

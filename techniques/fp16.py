@@ -10,6 +10,20 @@ Method card
   fp16 autocast should run several times slower here: an estimate from the peaks, since no committed report
   measured fp16. It runs and is measured as it is; the report shows the slowdown rather than hiding it.
 - Sources: Micikevicius et al., "Mixed Precision Training", ICLR 2018 (arXiv:1710.03740); PyTorch AMP docs.
+
+In your own training loop (plain PyTorch: ``model``, ``optimizer``, ``loss_fn``, ``batches`` and ``device``
+are your loop's; ``tests/test_snippets.py`` runs this block on a toy loop):
+
+```python
+scaler = torch.amp.GradScaler(device, enabled=device == "cuda")  # dynamic loss scaling (a no-op when disabled)
+for x, y in batches:
+    with torch.autocast(device_type=device, dtype=torch.float16):
+        loss = loss_fn(model(x), y)
+    optimizer.zero_grad(set_to_none=True)
+    scaler.scale(loss).backward()
+    scaler.step(optimizer)  # unscales, skips the step on inf/NaN gradients
+    scaler.update()
+```
 """
 
 from __future__ import annotations

@@ -48,6 +48,21 @@ Method card
   fine-tuned quality); Brock, Lim, Ritchie, Weston, "FreezeOut: Accelerate Training by Progressively Freezing
   Layers", 2017 (arXiv:1706.04983; up to 20% less wall-clock on CIFAR at about 3% accuracy cost); PyTorch
   "Finetuning Torchvision Models" tutorial (``requires_grad = False``, the optimizer given only trainable ones).
+
+In your own training loop (plain PyTorch: ``model``, ``optimizer``, ``loss_fn``, ``batches`` and ``device``
+are your loop's; ``tests/test_snippets.py`` runs this block on a toy loop):
+
+```python
+k = 1  # freeze the input layers and the first k blocks
+for module in [model.inputs, *model.blocks[:k]]:  # model.inputs: the layers before the blocks (embedding, stem)
+    module.requires_grad_(False)
+optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-3)  # trainable only
+for x, y in batches:  # backward now stops at block k
+    loss = loss_fn(model(x), y)
+    optimizer.zero_grad(set_to_none=True)
+    loss.backward()
+    optimizer.step()
+```
 """
 
 from __future__ import annotations

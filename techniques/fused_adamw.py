@@ -24,6 +24,18 @@ Method card
 - Sources: PyTorch ``torch.optim.AdamW`` docs (the ``fused`` and ``foreach`` arguments; "fused > foreach >
   for-loop" performance ordering); Loshchilov & Hutter, "Decoupled Weight Decay Regularization", ICLR 2019;
   NVIDIA Apex ``FusedAdam`` (the original fused multi-tensor Adam).
+
+In your own training loop (plain PyTorch: ``model``, ``optimizer``, ``loss_fn``, ``batches`` and ``device``
+are your loop's; ``tests/test_snippets.py`` runs this block on a toy loop):
+
+```python
+optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3, fused=True)  # one kernel for every parameter's update
+for x, y in batches:
+    loss = loss_fn(model(x), y)
+    optimizer.zero_grad(set_to_none=True)
+    loss.backward()
+    optimizer.step()
+```
 """
 
 from __future__ import annotations

@@ -11,6 +11,19 @@ Method card
   models with BatchNorm, whose statistics are computed per micro-batch; the parity check reports that mismatch.
 - Sources: PyTorch forum and docs on gradient accumulation; Goyal et al., "Accurate, Large Minibatch SGD" (2017)
   discuss BatchNorm's per-worker statistics, the same effect.
+
+In your own training loop (plain PyTorch: ``model``, ``optimizer``, ``loss_fn``, ``batches`` and ``device``
+are your loop's; ``tests/test_snippets.py`` runs this block on a toy loop):
+
+```python
+steps = 4  # micro-batches per optimizer step; the batch must split into equal parts
+for x, y in batches:
+    optimizer.zero_grad(set_to_none=True)
+    for xs, ys in zip(x.chunk(steps), y.chunk(steps), strict=True):
+        loss = loss_fn(model(xs), ys) / steps  # the mean of equal chunks' means is the batch's mean
+        loss.backward()  # gradients add up in .grad
+    optimizer.step()
+```
 """
 
 from __future__ import annotations
@@ -27,6 +40,7 @@ class GradAccum(Technique):
     kind = Kind.EXACT
     slot = "micro_batching"
     remedies = (Remedy(Bottleneck.ACTIVATIONS, say="gradient accumulation"),)
+    tune_options = ("steps=2", "steps=4")  # bench tune: halving and quartering the micro-batch
 
     @dataclass(frozen=True)
     class Options:

@@ -41,6 +41,22 @@ Method card
 - Sources: PyTorch docs, ``torch.utils.data`` ("Single- and Multi-process Data Loading", "Memory Pinning");
   PyTorch Performance Tuning Guide (Szymon Migacz), "Enable async data loading and augmentation"; PyTorch docs,
   ``torch.utils.data.DataLoader`` (``num_workers``, ``prefetch_factor``, ``persistent_workers``, ``pin_memory``).
+
+In your own training loop (plain PyTorch: ``model``, ``optimizer``, ``loss_fn``, ``batches`` and ``device``
+are your loop's; ``tests/test_snippets.py`` runs this block on a toy loop):
+
+```python
+from torch.utils.data import DataLoader
+
+loader = DataLoader(dataset, batch_size=8, shuffle=True, num_workers=2, prefetch_factor=2,
+                    persistent_workers=True, pin_memory=device == "cuda")  # batches built in 2 worker processes
+for x, y in loader:
+    x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
+    loss = loss_fn(model(x), y)
+    optimizer.zero_grad(set_to_none=True)
+    loss.backward()
+    optimizer.step()
+```
 """
 
 from __future__ import annotations

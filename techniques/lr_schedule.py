@@ -27,6 +27,31 @@ Method card
 - Sources: Loshchilov & Hutter, "SGDR: Stochastic Gradient Descent with Warm Restarts", ICLR 2017
   (arXiv:1608.03983); Goyal et al., "Accurate, Large Minibatch SGD", 2017 (arXiv:1706.02677); Smith & Topin,
   "Super-Convergence", 2017 (arXiv:1708.07120); torch.optim.lr_scheduler.OneCycleLR.
+
+In your own training loop (plain PyTorch: ``model``, ``optimizer``, ``loss_fn``, ``batches`` and ``device``
+are your loop's; ``tests/test_snippets.py`` runs this block on a toy loop):
+
+```python
+import math
+
+total, warmup = len(batches), max(1, len(batches) // 10)  # the run's planned optimizer steps
+
+
+def factor(step):  # linear warm-up to the peak LR, then a half cosine down to 0.1 x the peak
+    if step < warmup:
+        return (step + 1) / warmup
+    progress = (step - warmup) / max(1, total - warmup)
+    return 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress))
+
+
+schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
+for x, y in batches:
+    loss = loss_fn(model(x), y)
+    optimizer.zero_grad(set_to_none=True)
+    loss.backward()
+    optimizer.step()
+    schedule.step()  # once per optimizer step
+```
 """
 
 from __future__ import annotations

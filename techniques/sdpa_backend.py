@@ -46,6 +46,18 @@ Method card
 - Sources: Dao, Fu, Ermon, Rudra and Re, "FlashAttention: Fast and Memory-Efficient Exact Attention with
   IO-Awareness", NeurIPS 2022 (arXiv:2205.14135); PyTorch docs, ``torch.nn.functional.scaled_dot_product_attention``
   and ``torch.nn.attention.sdpa_kernel``.
+
+In your own training loop (plain PyTorch: ``model``, ``optimizer``, ``loss_fn``, ``batches`` and ``device``
+are your loop's; ``tests/test_snippets.py`` runs this block on a toy loop):
+
+```python
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+q = k = v = torch.randn(2, 2, 16, 8, requires_grad=True)  # (batch, heads, sequence, head dim): your attention
+with sdpa_kernel(SDPBackend.FLASH_ATTENTION):  # only this kernel (SDPBackend.MATH is the reference)
+    out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+out.sum().backward()  # the backward runs the kernel the forward chose
+```
 """
 
 from __future__ import annotations
@@ -94,6 +106,7 @@ def backend_problem(backend: str, device: str, dtype: str = "float32") -> str | 
 @register
 class SDPABackend(Technique):
     name = "sdpa_backend"
+    tune_options = ("backend=flash", "backend=math", "backend=efficient", "backend=cudnn")
     summary = "one scaled-dot-product-attention kernel (math, flash, efficient, cudnn) for every SDPA call"
     kind = Kind.NUMERIC
     phase = Phase.SURGERY

@@ -23,6 +23,19 @@ Method card
   tf32 trial is computed against the calibrated fp32 peak, measured with TF32 off, so it overstates utilisation.
 - Sources: NVIDIA, "TensorFloat-32 in the A100 GPU Accelerates AI Training, HPC up to 20x" (blogs.nvidia.com, 2020);
   NVIDIA A100 datasheet; PyTorch docs, CUDA semantics, "TensorFloat-32 (TF32) on Ampere (and later) devices".
+
+In your own training loop (plain PyTorch: ``model``, ``optimizer``, ``loss_fn``, ``batches`` and ``device``
+are your loop's; ``tests/test_snippets.py`` runs this block on a toy loop):
+
+```python
+torch.backends.cuda.matmul.allow_tf32 = True  # fp32 matmuls on tensor cores (NVIDIA Ampere and newer)
+torch.backends.cudnn.allow_tf32 = True  # cuDNN convolutions (already PyTorch's default)
+for x, y in batches:  # the loop itself is unchanged: tensors stay fp32
+    loss = loss_fn(model(x), y)
+    optimizer.zero_grad(set_to_none=True)
+    loss.backward()
+    optimizer.step()
+```
 """
 
 from __future__ import annotations
