@@ -7,7 +7,9 @@ One panel per machine x workload in each figure:
 - ``pareto``: final metric against training wall-clock, the Pareto front drawn through the sets nobody beats;
 - ``curves``: the evaluation metric over training wall-clock, every trial;
 - ``interaction``: for combined sets, the observed speedup against the product of the single ones;
-- ``phases``: where a step's time goes, one stacked bar per set (data, h2d, forward, backward, optimizer, other).
+- ``phases``: where a step's time goes, one stacked bar per set (data, h2d, forward, backward, optimizer, other);
+- ``frontier``: a workload that records a proxy reward and KL beside its metric: gold metric against KL over the run
+  (``bench.report.frontier``).
 """
 
 from __future__ import annotations
@@ -397,6 +399,7 @@ def lr_range_figure(analysis: Analysis) -> Figure | None:
 
 def make_figures(analysis: Analysis) -> dict[str, Figure]:
     """Every figure that has data, by name, in the order the report shows them."""
+    from bench.report.frontier import frontier_figure  # it draws with this module's helpers
     colors = technique_colors(analysis)
     makers: list[Callable[[], Figure | None]] = [
         lambda: speedup_figure(analysis),
@@ -406,6 +409,7 @@ def make_figures(analysis: Analysis) -> dict[str, Figure]:
         lambda: interaction_figure(analysis, colors),
         lambda: phases_figure(analysis),
         lambda: lr_range_figure(analysis),
+        lambda: frontier_figure(analysis, colors),
     ]
     out = {}
     for make in makers:

@@ -268,6 +268,16 @@ SUMMARIES: dict[str, Callable[[list[dict[str, Any]]], str]] = {
 }
 
 
+def _class_summary(name: str) -> Callable[[list[dict[str, Any]]], str] | None:
+    """The technique class's own reading (``summarize(cls, found)``), when it is registered here and has one."""
+    try:
+        import techniques
+    except ImportError:  # a report rendered without torch: the records' own text only
+        return None
+    cls = techniques.registry().get(name)
+    return getattr(cls, "summarize", None) if cls is not None else None
+
+
 def tuning_table(frame: pd.DataFrame, where: Callable[[str, str], str]) -> Table | None:
     """One row per configuration and technique that reported findings; ``where(machine, workload)`` names it."""
     ok = frame[frame["status"] == "ok"]
@@ -278,7 +288,7 @@ def tuning_table(frame: pd.DataFrame, where: Callable[[str, str], str]) -> Table
             for name, found in (results or {}).items():
                 per_name.setdefault(name, []).append(found)
         for name, found in per_name.items():
-            summary = SUMMARIES.get(name)
+            summary = SUMMARIES.get(name) or _class_summary(name)
             text = summary(found) if summary else "see technique_results in the records"
             rows.append([Cell(where(machine, workload)), Cell(technique), Cell(name), Cell(text)])
     if not rows:
