@@ -99,7 +99,7 @@ class GRPO(PreferenceMethod):
         kl = k3_kl(logp, ref)
         loss = -(adv[:, None] * logp - self.options.beta * kl).mean()
         loss.backward()
-        self.last = {"reward_last": round(float(rewards.mean()), 4), "kl_last": round(float(kl.sum(1).mean()), 4)}
+        self.last = {"reward_last": round(float(rewards.mean()), 4), "kl_last": round(float(kl.detach().sum(1).mean()), 4)}
         self.count(task, generated=seqs.shape[0], trained=seqs.shape[0])
         return loss.detach()
 

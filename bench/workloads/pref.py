@@ -216,8 +216,12 @@ class PreferenceTask:
         return completion_logprobs(model, seqs, self.prompt_len)
 
 
-# Validation target of tiny's gold reward (see the module docstring; calibrated below).
-TINY_TARGET = 0.6
+# tiny's gold-reward target: halfway from the start's gold reward (0.509) to what the oracle (grpo:reward=gold, the
+# gold reward itself as the reward) reaches at the end of the budget (0.815, seed 0), rounded down: 0.65. The baseline
+# (more supervised training) never reaches it; the calibration run (seed 0, lr 3e-4, 60 steps): dpo 0.777 at step
+# 20 then 0.322 at the end, ipo 0.727, grpo 0.758 at step 10 then 0.096, rloo 0.753 then 0.033, best_of_n (n=4)
+# 0.644 throughout.
+TINY_TARGET = 0.65
 
 
 @register
@@ -228,7 +232,7 @@ class Preference(Workload):
     has_preferences = True
     pretrained_start = True
     sizes = {
-        "tiny": {"n_layer": 2, "n_head": 2, "d_model": 64, "seq_len": 64, "batch_size": 16, "lr": 1e-3,
+        "tiny": {"n_layer": 2, "n_head": 2, "d_model": 64, "seq_len": 64, "batch_size": 16, "lr": 3e-4,
                  "corpus_mb": 0, "eval_windows": 32, "target": TINY_TARGET, "quality_steps": 60, "eval_points": 6,
                  "prompt_len": 16, "completion_len": 24, "n_train_prompts": 256, "n_eval_prompts": 64,
                  "eval_samples": 2, "sft_steps": 300, "sft_lr": 3e-3, "sft_batch": 16, "n_pairs": 640,
