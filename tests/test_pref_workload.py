@@ -144,9 +144,12 @@ def test_a_sweep_of_the_methods_runs_and_reports(tmp_path):
     assert proc.returncode == 0, proc.stderr[-2000:]
     from bench.results import ResultStore
 
-    records = ResultStore(out / "results.jsonl").read()
+    every = ResultStore(out / "results.jsonl").read()
+    records = [r for r in every if not r.continues]  # the planned trials; continuations train faster sets on
     assert {r.technique_label for r in records} == {"baseline", "dpo", "grpo", "best_of_n"}
     assert all(r.status == "ok" for r in records), [(r.technique_label, r.reason) for r in records]
+    # best_of_n trains nothing, so its equal-time continuation is skipped with that reason
+    assert all(r.status == "ok" or "trains nothing" in (r.reason or "") for r in every if r.continues)
     for r in records:
         assert set(r.quality.curve_extra) == {"proxy_reward", "kl"}
         assert len(r.quality.curve_extra["kl"]) == len(r.quality.curve) == 3
