@@ -182,6 +182,7 @@ def main(argv: list[str] | None = None) -> int:
     if keys[0] == "--plugins":
         given, keys = json.loads(keys[1]), keys[2:]
     user.load_plugins(given)  # installed plugins always; users' models and techniques when the sweep has some
+    workloads.use_artefact_dir(cache_dir)  # what workloads build once per sweep, shared with the trials
     for text in keys:
         key = ReferenceKey(**json.loads(text))
         result = compute(key, device)

@@ -192,6 +192,9 @@ class QualityResult:
     continuation: ContinuationResult | None = doc("a trial that trains on past the budget to a training clock: what "
                                                   "it trained beyond (the curve's rows past budget_samples); every "
                                                   "other field describes the budget", None)
+    curve_extra: dict[str, list[float | None]] | None = doc("the workload's other held-out metrics at each curve row "
+                                                            "(its curve_metrics, e.g. a preference workload's "
+                                                            "proxy_reward and kl), aligned with curve", None)
 
 
 @dataclass(frozen=True)

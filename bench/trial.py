@@ -171,6 +171,7 @@ class Session:
     full_batch: dict[str, Any] = field(default_factory=dict)  # "batch": the workload's first batch, before techniques
     n_params: int = 0  # the whole model's, counted before techniques shard it or cut it into stages
     trained_params: int = 0  # after the techniques' model surgery (leaner architecture, extra heads)
+    curve_extra: dict[str, list[float | None]] = field(default_factory=dict)  # the workload's curve_metrics
 
     @property
     def device(self) -> torch.device:
@@ -234,7 +235,7 @@ def configure(wl: workloads.Workload, size: str, built: workloads.BuiltWorkload,
                   blocks=built.blocks, has_batchnorm=has_batchnorm(built.model),
                   technique_names=tuple(t.name for t in techs), metric=built.metric,
                   higher_is_better=built.higher_is_better, sequence_length=built.tokens_per_sample,
-                  cache_dir=cache_dir)
+                  cache_dir=cache_dir, has_preferences=built.preference is not None, preference=built.preference)
     _plan_into(ctx, budget, built, cfg)
     cfg, probe_s = _tune(techs, cfg, ctx, Probe(functools.partial(_fresh, wl, size, seed, device), device, seed,
                                                 make_loop=plain_loop))
@@ -460,10 +461,13 @@ def quality_run(session: Session) -> QualityResult:
 
 def _eval_row(session: Session, step: int, clock: float, pending: list[torch.Tensor]) -> list[Any]:
     """One row of the eval curve (samples, steps, clock, mean training loss since the last row, metric); empties
-    ``pending``, the losses since the last row."""
+    ``pending``, the losses since the last row. The workload's ``curve_metrics`` go to ``session.curve_extra``."""
     loss = float(_mean_over_ranks(torch.stack(pending).float().mean())) if pending else None
     pending.clear()
-    return [step * session.cfg.batch_size, step, clock, loss, _evaluate(session)[session.built.metric]]
+    metrics = _evaluate(session)
+    for key in session.built.curve_metrics:
+        session.curve_extra.setdefault(key, []).append(metrics.get(key))
+    return [step * session.cfg.batch_size, step, clock, loss, metrics[session.built.metric]]
 
 
 def _continuation_evals(plan: QualityPlan, max_steps: int) -> list[int]:
@@ -560,6 +564,7 @@ def _quality_result(session: Session, plan: QualityPlan, curve: list[list[Any]],
         contention=Contention(**dataclasses.asdict(busy)),
         tokens_trained=tokens,
         continuation=continuation,
+        curve_extra={k: list(v) for k, v in session.curve_extra.items()} or None,
     )
 
 
@@ -930,6 +935,7 @@ def _stages(spec: TrialSpec, head: dict[str, Any], out: dict[str, Any], own_proc
     device = _rank_device(spec.device)
     if spec.threads:
         torch.set_num_threads(spec.threads)
+    workloads.use_artefact_dir(spec.reference_dir)  # what workloads build once per sweep (a starting policy)
     session = build(spec, budget, device)
     try:
         _measure(spec, head, out, own_process, budget, session)

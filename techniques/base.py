@@ -205,6 +205,9 @@ class Context:
     metric: str = ""  # the workload's quality metric and its direction (early stopping monitors it)
     higher_is_better: bool = True
     cache_dir: Path | None = None  # where a technique may cache what it computed once per sweep (scorers, ...)
+    has_preferences: bool = False  # the workload has the preference structure (prompts, pairs, a gold reward, a
+    # reward model) that preference methods need: known at planning from the workload class
+    preference: Any = None  # in a trial: that structure itself (``BuiltWorkload.preference``), None elsewhere
     state: dict[str, Any] = field(default_factory=dict)
 
     @property

@@ -28,6 +28,10 @@ TECHNIQUE_SETTINGS: dict[str, tuple[str, str]] = {
     "qat": ("qat", "mlp"),  # optional extra trainbench[torchao]: skipped with the reason without it
     "efficient_arch": ("efficient_arch", "gpt"),
     "mtp": ("mtp", "gpt"),
+    "dpo": ("dpo", "pref"),
+    "grpo": ("grpo", "pref"),
+    "rloo": ("rloo", "pref"),
+    "best_of_n": ("best_of_n", "pref"),
 }
 
 # Techniques whose check() refuses anything but a CUDA GPU (their own test files run them there): name -> (set,

@@ -628,12 +628,15 @@ def _ttt_points(rows: pd.DataFrame, others: pd.DataFrame) -> list[str]:
 
 
 def _headline(analysis: Analysis, names: dict[str, str]) -> list[Headline]:
+    from bench.report.frontier import frontier_points  # it reads the analysis this module renders
+
     out = []
     for (machine, workload), rows in analysis.configs.groupby(["machine", "workload"], sort=False):
         label = workload + (f" ({names[machine]})" if names[machine] else "")
         others = rows[~rows["is_reference"].astype(bool)]
         caveats = [f"{r.technique}: {c}" for r in others.itertuples() for c in r.caveats]
         parts = caveats + _speed_points(analysis, rows, others) + _quality_points(others) + _ttt_points(rows, others)
+        parts += frontier_points(analysis, machine, workload)
         problems = [r for r in rows.itertuples() if r.problems or r.skip_reason]
         if problems:
             parts.append("not all trials ran: " + ", ".join(f"{r.technique} ({r.status})" for r in problems))

@@ -8,6 +8,8 @@ One panel per machine x workload in each figure:
 - ``curves``: the evaluation metric over training wall-clock, every trial;
 - ``interaction``: for combined sets, the observed speedup against the product of the single ones;
 - ``phases``: where a step's time goes, one stacked bar per set (data, h2d, forward, backward, optimizer, other);
+- ``frontier``: a workload that records a proxy reward and KL beside its metric: gold metric against KL over the run
+  (``bench.report.frontier``);
 - one per technique that keeps a curve in its results (``Technique.result_curve``: the LR range tests).
 """
 
@@ -17,6 +19,9 @@ import io
 import math
 from collections.abc import Callable
 from typing import Any
+
+import numpy as np
+import pandas as pd
 
 # The Agg canvas is attached to each figure explicitly: no pyplot, no global backend switch, no display needed.
 from matplotlib import transforms
@@ -28,6 +33,7 @@ import techniques
 from bench.analysis import BREAKDOWN, MODEL_STATE, Analysis
 from bench.bottleneck import PHASES
 from bench.report.content import Figure
+from bench.report.frontier import KL, frontier_trials
 from techniques.base import ResultCurve
 
 DPI = 100
@@ -399,6 +405,38 @@ def result_curve_figure(analysis: Analysis, name: str, curve: ResultCurve) -> Fi
 # ---- all ----------------------------------------------------------------------------------------------------
 
 
+def frontier_figure(analysis: Analysis, colors: dict[str, str]) -> Any:
+    """Gold metric against KL to the start over each set's run (mean over seeds per evaluation point)."""
+    panels = []
+    for machine, title, rows in _panels(analysis):
+        trials = frontier_trials(analysis, machine, rows["workload"].iloc[0])
+        if len(trials):
+            panels.append((title, rows, trials))
+    if not panels:
+        return None
+    fig, axes = _grid(len(panels), 3.8)
+    for ax, (title, rows, trials) in zip(axes, panels, strict=False):
+        for label, g in trials.groupby("technique", sort=False):
+            n = min(len(c) for c in g["curve"])
+            kl = np.nanmean([[np.nan if v is None else v for v in e[KL][:n]] for e in g["curve_extra"]], axis=0)
+            gold = np.nanmean([[np.nan if p[4] is None else p[4] for p in c[:n]] for c in g["curve"]], axis=0)
+            color = colors.get(label, NEUTRAL)
+            ax.plot(kl, gold, marker="o", markersize=3, linewidth=1.2, color=color, label=_t(label))
+            ax.plot(kl[-1:], gold[-1:], marker="s", markersize=7, color=color)  # the run's end
+        target = next((t for t in rows["target"] if t is not None and not pd.isna(t)), None)
+        if target is not None:
+            ax.axhline(float(target), color="black", linewidth=0.8, linestyle="--", label="target")
+        metric = next((m for m in rows["metric"] if m), "metric")
+        ax.set_xlabel("KL(policy || start), nats per completion (estimated from samples)", fontsize=9)
+        ax.set_ylabel(f"{_t(metric)} (higher is better)", fontsize=9)
+        ax.legend(fontsize=8, frameon=False, loc="best")
+        _style(ax, title)
+    return _finish(fig, "frontier", "Gold reward against KL to the start",
+                   "Each line is one set's run, the mean over seeds at each evaluation point (the first at step 0, "
+                   "the start; a square: the run's end). Up and left is better: more gold reward for less drift "
+                   "from the starting policy. Best-of-n's KL is its closed form, log n - (n-1)/n.")
+
+
 def make_figures(analysis: Analysis) -> dict[str, Figure]:
     """Every figure that has data, by name, in the order the report shows them."""
     colors = technique_colors(analysis)
@@ -409,6 +447,7 @@ def make_figures(analysis: Analysis) -> dict[str, Figure]:
         lambda: curves_figure(analysis, colors),
         lambda: interaction_figure(analysis, colors),
         lambda: phases_figure(analysis),
+        lambda: frontier_figure(analysis, colors),
     ]
     for name, tech in techniques.registry().items():  # the curves techniques keep in their results
         if tech.result_curve is not None:

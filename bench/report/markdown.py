@@ -86,7 +86,7 @@ def _results(report: Report) -> list[str]:
         out += [escape(n) for n in section.notes]
         if section.notes:
             out.append("")
-    for name in ("memory", "pareto", "curves"):
+    for name in ("memory", "pareto", "curves", "frontier"):
         out += _figure(report.figures.get(name))
     return out
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import abc
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, ClassVar
 
 import torch
@@ -53,6 +54,11 @@ class BuiltWorkload:
     source: dict[str, Any] | None = None  # a user's model: {"file" or "module", "function", "sha256"}
     pipeline: Any = None  # a ``bench.data.Pipeline``: the training set as a map-style Dataset and the key order
     # ``batches`` follows, for techniques that load batches themselves (``loader``: a DataLoader with workers)
+    preference: Any = None  # a preference workload's structure (``bench.workloads.pref.PreferenceTask``: prompts,
+    # pairs, the starting policy, the gold reward and the proxy reward model) that preference methods train on;
+    # None on every other workload, and the methods refuse to run there
+    curve_metrics: tuple[str, ...] = ()  # keys of ``evaluate``'s result recorded beside ``metric`` at every
+    # evaluation point (``quality.curve_extra``), e.g. a preference workload's proxy reward and KL
 
 
 class Workload(abc.ABC):
@@ -63,6 +69,9 @@ class Workload(abc.ABC):
     sizes: ClassVar[dict[str, dict[str, Any]]] = {}
     has_blocks: ClassVar[bool] = True
     has_batchnorm: ClassVar[bool] = False
+    has_preferences: ClassVar[bool] = False  # builds a ``BuiltWorkload.preference`` (what preference methods need)
+    pretrained_start: ClassVar[bool] = False  # the model starts from fixed trained weights whatever the seed (the
+    # seed sets the batch order and a method's sampling only)
     default_size: ClassVar[str | None] = None  # the size a label without one gets (None: the sweep's default)
     size_required: ClassVar[bool] = False  # a label must name the size
 
@@ -90,6 +99,24 @@ class Workload(abc.ABC):
         """Build from resolved size parameters: a size's own, or a variant of them (a distillation teacher's wider
         model on the same data). A workload that can only be built by size name keeps this refusal."""
         raise WorkloadError(f"workload '{self.name}' cannot be built from changed size parameters")
+
+
+_ARTEFACT_DIR: list[Path] = []
+
+
+def use_artefact_dir(path: Path | str | None) -> None:
+    """Where workloads cache what they build once per sweep (a preference workload's starting policy, pairs and
+    reward model): the sweep's reference directory, set by the trial and reference processes. None: nowhere (each
+    process builds its own, kept in memory)."""
+    _ARTEFACT_DIR[:] = [Path(path)] if path is not None else []
+
+
+def artefact_dir() -> Path | None:
+    """The directory ``use_artefact_dir`` set, created on first use, or None."""
+    if not _ARTEFACT_DIR:
+        return None
+    _ARTEFACT_DIR[0].mkdir(parents=True, exist_ok=True)
+    return _ARTEFACT_DIR[0]
 
 
 _REGISTRY: dict[str, type[Workload]] = {}

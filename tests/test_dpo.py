@@ -1,0 +1,106 @@
+"""DPO: the loss against hand-computed values (and TRL's where installed), what large beta does, the step it trains,
+reproducibility for a seed, and the refusal elsewhere."""
+
+import math
+
+import pytest
+import torch
+
+from bench.config import Budget
+from techniques.base import Context, OptionError
+from techniques.dpo import DPO, dpo_loss
+from tests.helpers import build_loop
+
+CPU = torch.device("cpu")
+# fixed sequence log-probabilities of two pairs: (policy chosen, policy rejected, reference chosen, reference rejected)
+PC, PR = torch.tensor([-10.0, -12.0]), torch.tensor([-11.0, -11.0])
+RC, RR = torch.tensor([-10.5, -12.0]), torch.tensor([-10.5, -11.5])
+# h = (pc - rc) - (pr - rr): pair 1: 0.5 - (-0.5) = 1.0; pair 2: 0.0 - 0.5 = -0.5
+
+
+def test_the_loss_equals_the_hand_computed_value():
+    beta = 0.1
+    # -log sigmoid(z) = log(1 + exp(-z))
+    expected = (math.log(1 + math.exp(-0.1 * 1.0)) + math.log(1 + math.exp(-0.1 * -0.5))) / 2
+    assert float(dpo_loss(PC, PR, RC, RR, beta)) == pytest.approx(expected, rel=1e-6)
+    assert float(dpo_loss(PC, PR, RC, RR, 2.0)) == pytest.approx(
+        (math.log(1 + math.exp(-2.0)) + math.log(1 + math.exp(1.0))) / 2, rel=1e-6)
+    # IPO: (h - 1 / (2 beta))^2: (1 - 5)^2 and (-0.5 - 5)^2
+    assert float(dpo_loss(PC, PR, RC, RR, beta, "ipo")) == pytest.approx((16 + 30.25) / 2, rel=1e-6)
+    # at the reference (h = 0) DPO's loss is log 2 whatever beta
+    assert float(dpo_loss(RC, RR, RC, RR, 7.0)) == pytest.approx(math.log(2), rel=1e-6)
+    with pytest.raises(ValueError, match="valid: sigmoid, ipo"):
+        dpo_loss(PC, PR, RC, RR, beta, "hinge")
+
+
+def test_the_loss_equals_trls():
+    trl = pytest.importorskip("trl", reason="optional: TRL is not installed (pip install trl) to cross-check against")
+    beta = 0.1
+    trainer = object.__new__(trl.DPOTrainer)  # dpo_loss reads only these attributes, no model is needed
+    for name, value in {"beta": beta, "loss_type": "sigmoid", "label_smoothing": 0.0, "reference_free": False,
+                        "f_divergence_type": "reverse_kl", "use_weighting": False, "args": None,
+                        "accelerator": type("A", (), {"device": CPU})()}.items():
+        setattr(trainer, name, value)
+    losses = trainer.dpo_loss(PC, PR, RC, RR)[0]
+    assert float(losses.mean()) == pytest.approx(float(dpo_loss(PC, PR, RC, RR, beta)), rel=1e-6)
+
+
+def kl_after(label: str, steps: int = 8) -> float:
+    loop, batches, built = build_loop("pref", label, budget=Budget(train_steps=steps))
+    for _ in range(steps):
+        loop.step(next(batches))
+    loop.model.eval()
+    with torch.no_grad():
+        return built.evaluate(loop.model)["kl"]
+
+
+def test_at_large_beta_the_policy_stays_at_the_start():
+    """IPO's optimum is h = 1 / (2 beta): at beta -> large the pairs' log-ratios are held at 0, the policy at the
+    start; DPO's logistic loss saturates once beta * h is large, so its steps shrink to nothing."""
+    moved = kl_after("dpo:beta=0.1")
+    assert moved > 0.05
+    assert kl_after("dpo:beta=1000:loss=ipo") < moved / 10
+    assert kl_after("dpo:beta=1000") < moved / 2
+
+
+def test_a_step_trains_the_dpo_loss_from_log_2():
+    loop, batches, built = build_loop("pref", "dpo:beta=0.5", budget=Budget(train_steps=4))
+    x, y = next(batches)
+    task = built.preference
+    assert x.shape == (built.batch_size, task.seq_len)
+    n = len(y)
+    assert torch.equal(x[:n], task.chosen[y]) and torch.equal(x[n:], task.rejected[y])
+    before = [p.detach().clone() for p in loop.model.parameters()]
+    start = [p.detach().clone() for p in task.start.parameters()]
+    assert float(loop.step((x, y))) == pytest.approx(math.log(2), rel=1e-5)  # the policy is the reference
+    assert any(not torch.equal(a, b) for a, b in zip(before, loop.model.parameters(), strict=True))
+    assert all(torch.equal(a, b) for a, b in zip(start, task.start.parameters(), strict=True))  # frozen
+    tech = loop.techniques[0]
+    assert {id(t) for t in tech.held_tensors(loop.ctx)} >= {id(p) for p in task.start.parameters()}
+    found = tech.results(loop.ctx)
+    assert found["sequences_trained"] == built.batch_size and found["sequences_generated"] == 0
+    assert found["flops_per_step_est"] > 0 and 0 <= found["implicit_accuracy"] <= 1
+    assert "sigmoid loss, beta 0.5" in DPO.summarize([found])
+
+
+def test_a_run_is_reproducible_for_a_seed():
+    def run(seed: int) -> list[torch.Tensor]:
+        loop, batches, _ = build_loop("pref", "dpo", seed=seed, budget=Budget(train_steps=3))
+        for _ in range(3):
+            loop.step(next(batches))
+        return [p.detach().clone() for p in loop.model.parameters()]
+
+    a, b, c = run(0), run(0), run(1)
+    assert all(torch.equal(x, y) for x, y in zip(a, b, strict=True))
+    assert any(not torch.equal(x, y) for x, y in zip(a, c, strict=True))  # the seed changes the batch order
+
+
+def test_check_and_options():
+    assert DPO().check(Context(device=CPU, workload="pref", has_preferences=True)) is None
+    assert DPO().check(Context(device=CPU)) is None  # a device-level listing names no workload
+    reason = DPO().check(Context(device=CPU, workload="mlp"))
+    assert reason is not None and "no preference structure" in reason and "'mlp'" in reason
+    with pytest.raises(OptionError, match="beta must be"):
+        DPO.parse_options({"beta": "0"})
+    with pytest.raises(OptionError, match="sigmoid, ipo"):
+        DPO.parse_options({"loss": "hinge"})
