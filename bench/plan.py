@@ -86,6 +86,7 @@ def incompatibility(techs: TechniqueSet, workload: WorkloadSpec, device: torch.d
         world_size=world_size,
         blocks=blocks,
         has_batchnorm=has_batchnorm,
+        structure=wl.structure(workload.size),
         available_packages=available_packages(),
         technique_names=techs.names,
     )
