@@ -41,9 +41,10 @@ Method card
 - ``weight`` (w) defaults to the paper's value for the variant; ``n`` counts every predicted token, the next one
   included (heads: n heads; sequential: n - 1 modules).
 - Costs: (n - 1) extra transformer blocks of parameters (plus, sequential, a 2d x d projection and two RMSNorms
-  each), their forward and backward on T - d positions, and n - 1 more unembeddings and cross-entropies. Counted
-  on gpt:tiny (2 blocks, 103-character vocabulary; FlopCounterMode, forward + backward): heads n = 2 1.52x the
-  baseline's FLOPs per step, sequential n = 2 1.60x, heads n = 4 2.54x. The record's FLOPs per step count the
+  each), their forward and backward on all T positions (the logits are then cut to the T - d with a target), and n - 1
+  more unembeddings and cross-entropies. Counted on gpt:tiny (2 blocks, 103-character vocabulary; FlopCounterMode,
+  forward + backward): heads n = 2 1.53x the baseline's FLOPs per step, sequential n = 2 1.61x, heads n = 4 2.59x
+  (before the port, on T - d positions: 1.52x, 1.60x, 2.54x). The record's FLOPs per step count the
   added modules (``own_flops``). All n logits tensors are kept for one backward (Gloeckle et al.'s memory-efficient
   order, a forward and backward per head, is not implemented: with a character vocabulary the logits are small).
 - What the papers report, on GPUs: Gloeckle et al. (Meta, 2024): at 13B parameters on code, 4-token prediction

@@ -707,3 +707,14 @@ def test_the_examples_run_or_are_skipped_with_the_part_named(example, examples, 
     loop, _, _ = build_loop(wl.name, f"transfer:init={path}", size="small", budget=Budget(train_steps=4))
     start = torch.load(path, weights_only=True)
     assert all(torch.equal(v, start[k]) for k, v in loop.model.state_dict().items())
+
+
+def test_the_plan_gets_a_users_structure_from_the_check_process():
+    """The check that builds a user's model before the sweep (a child process) hands its structure to the plan as
+    JSON: the same description the trial's build finds."""
+    from bench.workloads.user import parse_model, register_model
+
+    wl = register_model(parse_model(f"ex_lstm_check={EXAMPLES / 'lstm_lm.py'}:build"))()
+    planned = wl.structure("small")
+    assert planned == wl.build("small", 0, CPU).structure
+    assert (planned.embedding, planned.final_norm, planned.head, planned.source) == ("embed", "norm", "head", "inferred")
