@@ -89,7 +89,7 @@ from bench import loop as train_loop  # a module reference: bench.loop imports t
 from bench import workloads
 from bench.files import save_torch_atomic
 from bench.structure import ModelStructure, describe
-from techniques._model import n_params
+from techniques._model import n_params, once
 from techniques.base import Context, Kind, Phase, Probe, Technique, TrainConfig, logits_of, register
 
 TEACHER_SEED = 20_000  # the teacher's initialisation and batch order: one teacher per key, whatever the trial seed
@@ -172,6 +172,22 @@ class Distill(Technique):
     def held_tensors(self, ctx: Context) -> Iterable[torch.Tensor]:
         teacher = getattr(self, "_teacher", None)
         return [*teacher.parameters(), *teacher.buffers()] if teacher is not None else []
+
+    @classmethod
+    def summarize(cls, found: list[dict[str, Any]]) -> str:
+        """The report's line of what the technique found (the shared ``summarize`` interface): the teacher (a size
+        of the build or a scaled copy), its metric, what training it cost per trial."""
+        first = found[0]
+        metric = (first.get("teacher_eval") or {}).get(first.get("teacher_metric") or "")
+        shape = first.get("teacher_shape") or {}
+        what = (f"size {shape['size']}" if "size" in shape else
+                f"{first.get('width')}x width, {first.get('depth')}x depth")
+        n_teacher, n_student = first.get("teacher_n_params"), first.get("student_n_params")
+        return (f"teacher {n_teacher:,} params ({what}; student {n_student:,}), " if n_teacher and n_student else
+                f"teacher ({what}), ") + (
+            f"{first.get('teacher_metric')} {metric:.3g} after " if isinstance(metric, float) else "after ") + (
+            f"{first.get('teacher_steps_trained')} steps, " + once(found, "teacher_train_s", "trained") +
+            f"; alpha {first.get('alpha')}, T {first.get('temperature')}")
 
     def results(self, ctx: Context) -> dict[str, Any] | None:
         o = self.options

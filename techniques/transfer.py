@@ -86,6 +86,7 @@ from torch import nn
 
 from bench import loop as train_loop  # a module reference: bench.loop imports this package
 from bench.files import save_torch_atomic
+from techniques._model import once
 from techniques.base import Context, Kind, Phase, Probe, Technique, TrainConfig, model_structure, register
 
 PRETRAIN_SEED = 20_000  # the pretrained model's initialisation and batch order: one checkpoint per workload size
@@ -390,3 +391,26 @@ class Transfer(Technique):
                 "init": self.options.init, "fine_tune_lr": ctx.state.get("lr"),
                 "head_reinitialised": getattr(self, "_head", None),
                 "source_overlaps_target": meta["source"]["overlaps_target"]}
+
+    @classmethod
+    def summarize(cls, found: list[dict[str, Any]]) -> str:
+        """The report's line of what the technique found (the shared ``summarize`` interface): the checkpoint a
+        user gave, or the source task's pretraining and what it cost per trial."""
+        first = found[0]
+        source = first.get("source") or {}
+        if first.get("init"):
+            return (f"started from {first['init']} (sha256 {str(source.get('sha256'))[:12]}, "
+                    f"{source.get('tensors')} tensors, loaded strictly); nothing pretrained")
+        text = (f"pretrained {first.get('pretrain_steps')} steps on {source.get('task')} (loss "
+                f"{_g(first.get('source_first_loss'))} -> {_g(first.get('source_final_loss'))}), "
+                + once(found, "pretrain_s", "trained"))
+        if first.get("head_reinitialised"):
+            text += "; classifier head re-initialised"
+        if first.get("source_overlaps_target"):
+            text += "; the source images overlap the fine-tune's training set"
+        return text
+
+
+def _g(x: float | None) -> str:
+    return "-" if x is None else str(x) if isinstance(x, int) else f"{x:.3g}"
+

@@ -718,3 +718,23 @@ def test_the_plan_gets_a_users_structure_from_the_check_process():
     planned = wl.structure("small")
     assert planned == wl.build("small", 0, CPU).structure
     assert (planned.embedding, planned.final_norm, planned.head, planned.source) == ("embed", "norm", "head", "inferred")
+
+
+def test_the_summary_lines_read_a_checkpoint_and_a_teacher_size_and_keep_the_reports_text_otherwise():
+    from bench.report import tuning
+
+    pretrained = [{"pretrain_steps": 150, "source": {"task": "stdlib", "overlaps_target": False}, "pretrain_s": 4.8,
+                   "cached": False, "source_first_loss": 4.6, "source_final_loss": 2.1, "head_reinitialised": False},
+                  {"pretrain_steps": 150, "source": {"task": "stdlib"}, "pretrain_s": 4.8, "cached": True}]
+    if hasattr(tuning, "_transfer"):  # the report's own formatter, before it moves into the class
+        assert Transfer.summarize(pretrained) == tuning._transfer(pretrained)
+    given = [{"init": "/data/start.pt", "source": {"task": "checkpoint", "sha256": "ab" * 32, "tensors": 9}}]
+    assert Transfer.summarize(given) == ("started from /data/start.pt (sha256 abababababab, 9 tensors, loaded "
+                                         "strictly); nothing pretrained")
+    scaled = [{"teacher_n_params": 4000, "student_n_params": 1000, "width": 2.0, "depth": 1, "teacher_metric": "acc",
+               "teacher_eval": {"acc": 0.8}, "teacher_steps_trained": 300, "teacher_train_s": 3.5, "cached": False,
+               "alpha": 0.5, "temperature": 2.0, "teacher_shape": {"width": 512, "depth": 3}}]
+    if hasattr(tuning, "_distill"):
+        assert Distill.summarize(scaled) == tuning._distill(scaled)
+    sized = [{**scaled[0], "teacher_shape": {"size": "big"}}]
+    assert Distill.summarize(sized).startswith("teacher 4,000 params (size big; student 1,000), acc 0.8 after 300")
