@@ -195,12 +195,13 @@ class ModelStructure:
         }
         return [p for p in parts if not have[p]]
 
-    def why_not(self, technique: str, *parts: str, hint: str = "") -> str | None:
-        """The one-line reason ``technique`` cannot run for lack of ``parts``, or None when none is missing."""
+    def lacks(self, *parts: str, hint: str = "") -> str | None:
+        """The one-line reason a technique cannot run for lack of ``parts`` ("needs the model's ..."; the plan puts
+        the technique's name before it), or None when none is missing."""
         lacking = self.missing(*parts)
         if not lacking:
             return None
-        text = f"{technique} needs the model's {', '.join(PART_NAMES[p] for p in lacking)}, which its description " \
+        text = f"needs the model's {', '.join(PART_NAMES[p] for p in lacking)}, which its description " \
                f"({self.source or 'unknown source'}) lacks"
         if self.notes:
             text += f" ({'; '.join(self.notes)})"

@@ -19,7 +19,7 @@ Method card
   cnn and cnn_aug every stage's ``widths`` and ``blocks_per_stage``; mlp ``width`` and ``depth``; Hugging Face
   GPT-2 ``n_embd`` (a multiple of ``n_head``) and ``n_layer``, Llama ``hidden_size`` (a multiple of
   ``num_attention_heads``), ``intermediate_size`` and ``num_hidden_layers``. A model with neither is skipped:
-  "distill needs a teacher: return `teacher_size` from build, or declare width/depth `scaling`". It is built from a fixed seed (``TEACHER_SEED``, 20000), trained with the harness's plain loop
+  "distill: needs a teacher: return `teacher_size` from build, or declare width/depth `scaling`". It is built from a fixed seed (``TEACHER_SEED``, 20000), trained with the harness's plain loop
   (AdamW at the size's LR and batch, the batch order of the same fixed seed) for ``teacher_steps`` x the size's
   quality budget, evaluated once on the workload's held-out set (``teacher_eval`` in the record: a distilled
   student can only be judged next to its teacher), and cached in the sweep's reference directory as
@@ -93,7 +93,7 @@ from techniques._model import n_params, once
 from techniques.base import Context, Kind, Phase, Probe, Technique, TrainConfig, logits_of, register
 
 TEACHER_SEED = 20_000  # the teacher's initialisation and batch order: one teacher per key, whatever the trial seed
-NO_TEACHER = ("distill needs a teacher: return `teacher_size` from build, or declare width/depth `scaling` in the "
+NO_TEACHER = ("needs a teacher: return `teacher_size` from build, or declare width/depth `scaling` in the "
               "`structure` it returns (docs/models.md)")
 
 
@@ -113,7 +113,7 @@ def teacher_params(structure: ModelStructure, params: dict[str, Any], width: flo
     width keys x ``width`` (whole heads where a key must stay a multiple of another), the depth keys x ``depth``;
     data, batch, LR and budget unchanged."""
     if structure.scaling is None:
-        raise ValueError(NO_TEACHER)
+        raise ValueError(f"distill: {NO_TEACHER}")
     return structure.scaling.apply(params, width, depth)
 
 

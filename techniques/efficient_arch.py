@@ -313,7 +313,7 @@ def apply_gqa(model: nn.Module, structure: ModelStructure, kv_heads: int) -> int
     projections are not modules."""
     attention = structure.attention
     if attention is None or attention.projections is None:
-        raise ValueError(structure.why_not("efficient_arch", "attention") or
+        raise ValueError(f"efficient_arch: {structure.lacks('attention')}" if structure.attention is None else
                          "efficient_arch: the attention's projections are computed inside its forward "
                          "(nn.MultiheadAttention), so its key/value heads cannot be shared")
     _valid_kv(kv_heads, attention.heads, attention.kv_heads)
@@ -431,7 +431,7 @@ class EfficientArch(Technique):
         if variant == "gqa":
             a = s.attention
             if a.projections is None:
-                return ("efficient_arch shares key/value heads by replacing the attention's key and value "
+                return ("shares key/value heads by replacing the attention's key and value "
                         "projections; this model's attention (nn.MultiheadAttention) computes them inside its forward")
             return _kv_problem(self.options.kv_heads, a.heads, a.kv_heads)
         if variant == "separable":
@@ -439,7 +439,7 @@ class EfficientArch(Technique):
                 return ("kv_heads applies to attention; the model's variant (depthwise-separable convolutions) has "
                         "no options")
             return None
-        return (f"efficient_arch needs the model's attention (its projections and heads: grouped-query attention) or "
+        return (f"needs the model's attention (its projections and heads: grouped-query attention) or "
                 f"Conv2d layers in its blocks (depthwise-separable convolutions); its description "
                 f"({s.source or 'unknown source'}) has neither: {HOW_TO_DESCRIBE}")
 
@@ -447,7 +447,7 @@ class EfficientArch(Technique):
         s = model_structure(model, ctx)
         problem = self._problem(s)
         if problem is not None:  # the model untouched
-            raise ValueError(problem if problem.startswith("efficient_arch") else f"efficient_arch: {problem}")
+            raise ValueError(f"efficient_arch: {problem}")
         example = getattr(self, "_example", None)  # one training sample, drawn by tune from a fresh copy
         self._model, self._original = model, (copy.deepcopy(model) if example is None else None)
         before = forward_flops(model, example.to(_device(model))) if example is not None else None

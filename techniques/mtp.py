@@ -243,11 +243,11 @@ def apply_mtp(model: nn.Module, variant: str = "heads", n: int = 2, seed: int = 
     """Add the MTP modules to ``model`` as ``model.mtp`` and swap its class; returns the model. ``structure`` (default:
     the model's own description or the inferred one) names its blocks, token embedding, final norm and head."""
     s = structure if structure is not None else describe(model, None)
-    reason = s.why_not("mtp", *PARTS.get(variant, ()))
+    reason = s.lacks(*PARTS.get(variant, ()))
     if reason:
-        raise ValueError(reason)
+        raise ValueError(f"mtp: {reason}")
     if s.causal is False:
-        raise ValueError("mtp needs a causal model (a decoder): its description says position i sees later tokens")
+        raise ValueError("mtp: needs a causal model (a decoder): its description says position i sees later tokens")
     if hasattr(model, "mtp"):
         raise ValueError("the model already has multi-token prediction modules (model.mtp)")
     if n < 2:
@@ -302,7 +302,7 @@ def causality_problem(model: nn.Module, vocab: int, length: int) -> str | None:
     finally:
         model.train(training)
     if not torch.allclose(out_a[:, :half], out_b[:, :half], rtol=1e-4, atol=1e-5):
-        return (f"mtp needs a causal model (a decoder): the logits of positions before {half} changed when only "
+        return (f"mtp: needs a causal model (a decoder): the logits of positions before {half} changed when only "
                 "later tokens did; declare `causal` in the structure build returns if this is wrong")
     return None
 
@@ -352,11 +352,11 @@ class MTP(Technique):
     def check(self, ctx: Context) -> str | None:
         s = ctx.structure
         if s is not None:  # None: no model named (`bench list` asks in general)
-            reason = s.why_not("mtp", *PARTS[self.options.variant])
+            reason = s.lacks(*PARTS[self.options.variant])
             if reason:
                 return reason
             if s.causal is False:
-                return "mtp needs a causal model (a decoder); the model's description says it is not"
+                return "needs a causal model (a decoder); the model's description says it is not"
             if self.options.variant == "heads" and s.n_blocks == 1:
                 return "mtp heads share a trunk of blocks[:-1]: the model needs 2 or more blocks, has 1"
         if ctx.world_size > 1:

@@ -312,7 +312,7 @@ class Prune(Technique):
         if ctx.world_size > 1:
             return "prune runs on one process (each rank would prune and cut its own replica)"
         if self.options.mode == "structured" and ctx.structure is not None:
-            return ctx.structure.why_not("prune:mode=structured", "channels", hint=(
+            return ctx.structure.lacks("channels", hint=(
                 "return `structure` from build with the MLP or the channel groups (docs/models.md); "
                 "mode=unstructured prunes any model's Linear and Conv2d weights"))
         return None
@@ -322,7 +322,7 @@ class Prune(Technique):
         if self.options.mode == "structured":
             self._groups = channel_groups(model, model_structure(model, ctx))
             if not self._groups:
-                raise ValueError(model_structure(model, ctx).why_not("prune:mode=structured", "channels"))
+                raise ValueError(f"prune:mode=structured: {model_structure(model, ctx).lacks('channels')}")
         else:
             self._targets, self._shared = prunable_weights(model)
             if not self._targets:

@@ -195,7 +195,7 @@ def test_heads_need_two_blocks_and_a_gpt():
     with pytest.raises(ValueError, match="n_layer >= 2"):
         apply_mtp(gpt_chars.GPT(one), "heads", 2)
     apply_mtp(gpt_chars.GPT(one), "sequential", 2)  # the chain starts after the last block: one is enough
-    with pytest.raises(ValueError, match="mtp needs the model's blocks, token embedding, output head"):
+    with pytest.raises(ValueError, match="mtp: needs the model's blocks, token embedding, output head"):
         apply_mtp(torch.nn.Linear(2, 2), "heads", 2)
     with pytest.raises(ValueError, match="already"):
         apply_mtp(small_mtp("heads", 2), "heads", 2)

@@ -434,7 +434,7 @@ def test_distill_trains_a_bigger_teacher_of_the_same_build(user_workload):
 
 def test_distill_is_skipped_naming_the_teacher_it_lacks():
     reason = Distill().check(ctx_for(STRUCT))
-    assert reason == ("distill needs a teacher: return `teacher_size` from build, or declare width/depth `scaling` in "
+    assert reason == ("needs a teacher: return `teacher_size` from build, or declare width/depth `scaling` in "
                       "the `structure` it returns (docs/models.md)")
 
 
@@ -620,7 +620,7 @@ def test_the_plan_asks_the_description(user_workload):
 
     try:
         spec = WorkloadSpec("structure_test_described", "tiny")
-        assert incompatibility(TechniqueSet.parse("distill"), spec, CPU, 1).startswith("distill: distill needs a "
+        assert incompatibility(TechniqueSet.parse("distill"), spec, CPU, 1).startswith("distill: needs a "
                                                                                         "teacher")
         for label in ("prune:mode=structured", "efficient_arch", "mtp", "mtp:variant=sequential"):
             assert incompatibility(TechniqueSet.parse(label), spec, CPU, 1) is None, label
