@@ -87,6 +87,7 @@ def incompatibility(techs: TechniqueSet, workload: WorkloadSpec, device: torch.d
         blocks=blocks,
         has_batchnorm=has_batchnorm,
         has_preferences=wl.has_preferences,
+        structure=wl.structure(workload.size),
         available_packages=available_packages(),
         technique_names=techs.names,
     )

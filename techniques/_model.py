@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
+from typing import Any
 
 import torch
 from torch import nn
@@ -69,3 +70,18 @@ def gpt2_init_(module: nn.Module, n_layer: int, gen: torch.Generator) -> None:
             p.zero_()
         else:
             p.fill_(1.0)
+
+
+def _secs(s: float) -> str:
+    return f"{s:.2f} s" if s < 10 else f"{s:.1f} s"
+
+
+def once(found: list[dict[str, Any]], seconds: str, what: str) -> str:
+    """How often a cached artefact (teacher, checkpoint) was trained in these trials and what it cost per trial."""
+    trained = [f.get(seconds) or 0.0 for f in found if not f.get("cached")]
+    cost = max((f.get(seconds) or 0.0 for f in found), default=0.0)
+    if not trained:
+        return f"{what} in {_secs(cost)} by an earlier trial (all {len(found)} loaded it from the sweep's cache)"
+    return (f"{what} in {_secs(cost)} ({len(trained)} of these {len(found)} trials trained it, the others loaded "
+            f"it from the sweep's cache): {_secs(sum(trained) / len(found))} per trial here, outside their "
+            "one-off costs")

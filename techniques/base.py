@@ -93,6 +93,7 @@ from typing import Any, ClassVar
 import torch
 from torch import nn
 
+from bench.structure import ModelStructure, describe
 from bench.text import shown
 
 
@@ -194,6 +195,8 @@ class Context:
     world_size: int = 1
     blocks: str | None = "blocks"  # dotted path of the model's nn.ModuleList of repeated blocks, for per-block
     # transforms (``model_blocks``); None when the model has none
+    structure: ModelStructure | None = None  # the model's parts (``bench.structure``): what model-changing techniques
+    # ask (``model_structure``); None when not known (a context made by hand)
     has_batchnorm: bool = False
     available_packages: frozenset[str] = frozenset()
     technique_names: tuple[str, ...] = ()  # every technique of the set, so modifiers can check their partners
@@ -229,6 +232,13 @@ def model_blocks(model: nn.Module, ctx: Context) -> nn.ModuleList | nn.Sequentia
     if not isinstance(blocks, nn.ModuleList | nn.Sequential):
         raise TypeError(f"the model's blocks {ctx.blocks!r} are a {type(blocks).__name__}, not an nn.ModuleList")
     return blocks
+
+
+def model_structure(model: nn.Module, ctx: Context) -> ModelStructure:
+    """The structure of ``model``: ``ctx.structure`` (the workload's, as the harness passes it), else the model's own
+    description or what can be inferred from it (``bench.structure.describe``). Techniques that change, split or
+    scale a model ask it, never a workload's name."""
+    return ctx.structure if ctx.structure is not None else describe(model, ctx.blocks)
 
 
 @dataclass

@@ -17,9 +17,10 @@ Method card
   recommends NHWC "where possible"); PyTorch's tutorial measured +8-35% for AMP training of torchvision models on a
   V100, +22% for ResNet-50. On CPUs, oneDNN computes convolutions in NHWC or blocked layouts, so NCHW tensors are
   reordered around each one; Intel's PyTorch extension turns channels_last on by default for that reason.
-- Refusals: models without convolutions gain nothing (only 4-D tensors change). ``check`` refuses the built-in
-  workloads without Conv2d (``mlp``, ``gpt``, ``hf``) at plan time; a user's model cannot be seen at plan time, so it
-  is checked when the trial transforms it: a ValueError saying it has no nn.Conv2d (the trial fails with it).
+- Refusals: models without convolutions gain nothing (only 4-D tensors change). ``check`` asks the model's
+  description (``bench.structure``: declared by the built-in workloads, derived for Hugging Face models, inferred
+  from a user's modules by the check that builds it before the sweep) and refuses one without Conv2d at plan time;
+  where that is not known the trial checks the model it transforms: a ValueError saying it has no nn.Conv2d.
 - Kind ``numeric`` (measured, not assumed): on this CPU (torch 2.13, oneDNN, 2-core AMD EPYC, AVX2) the NHWC
   convolution and BatchNorm kernels sum in another order. cnn:tiny, seed 0, 2 threads, against the baseline: the
   first forward's logits differ by up to 3.1e-6, every parameter's first gradient by 1e-7 to 6e-7 (relative
@@ -68,10 +69,6 @@ from torch import nn
 
 from techniques.base import Claim, Context, Kind, Phase, Technique, register
 
-# Built-in workloads without a Conv2d: refused at plan time. Any other workload (a user's model) is checked when
-# its model is transformed, the first moment the technique sees it.
-NOT_CONVOLUTIONAL = {"mlp": "an MLP", "gpt": "a transformer", "hf": "a Hugging Face transformer"}
-
 
 def _inputs_channels_last(module: nn.Module, args: tuple[Any, ...]) -> tuple[Any, ...]:
     return tuple(a.to(memory_format=torch.channels_last) if isinstance(a, torch.Tensor) and a.dim() == 4
@@ -101,10 +98,11 @@ class ChannelsLast(Technique):
     )
 
     def check(self, ctx: Context) -> str | None:
-        what = NOT_CONVOLUTIONAL.get(ctx.workload)
-        if what is not None:
-            return (f"workload '{ctx.workload}' is {what} without convolutions: the NHWC memory format only changes "
-                    "4-D (Conv2d) tensors, so there is nothing to measure")
+        # the model's description answers at plan time (None: not known; the model is checked when transformed)
+        if ctx.structure is not None and ctx.structure.convolutional is False:
+            return (f"workload '{ctx.workload}' is a model without convolutions (its description: "
+                    f"{ctx.structure.source or 'unknown'}): the NHWC memory format only changes 4-D (Conv2d) tensors, "
+                    "so there is nothing to measure")
         return None
 
     def transform_model(self, model: nn.Module, ctx: Context) -> nn.Module:

@@ -11,10 +11,15 @@ Method card
   (B, C) are B rows), computed in float32 whatever the autocast. The ``T^2`` factor keeps the soft targets'
   gradients the same size as T changes (at high T the gradient of ``T^2 * KL`` on a logit tends to
   ``(s_i - t_i) / C`` per row, Hinton et al. eq. 3), so ``alpha`` weighs the two terms the same at any T.
-- The teacher: the workload's own architecture scaled up (``teacher_params``): gpt: ``d_model`` x ``width``
-  (rounded to a multiple of ``n_head``; heads, context and vocabulary unchanged), ``n_layer`` x ``depth``; cnn and
-  cnn_aug: every stage's channels x ``width``, ``blocks_per_stage`` x ``depth``; mlp: ``width`` x ``width``,
-  ``depth`` x ``depth``. It is built from a fixed seed (``TEACHER_SEED``, 20000), trained with the harness's plain loop
+- The teacher, as the model's description (``bench.structure``) says, never by the workload's name: another size of
+  the same build (``teacher_size``, which a user's build may return: the teacher is ``build(size=teacher_size)``;
+  ``width`` and ``depth`` are then unused), or the same build scaled up (``scaling``: ``teacher_params``): the
+  declared width keys x ``width`` (a key that must stay a multiple of another, such as the width of whole heads,
+  rounded to it), the depth keys x ``depth``. Declared: gpt ``d_model`` (a multiple of ``n_head``) and ``n_layer``;
+  cnn and cnn_aug every stage's ``widths`` and ``blocks_per_stage``; mlp ``width`` and ``depth``; Hugging Face
+  GPT-2 ``n_embd`` (a multiple of ``n_head``) and ``n_layer``, Llama ``hidden_size`` (a multiple of
+  ``num_attention_heads``), ``intermediate_size`` and ``num_hidden_layers``. A model with neither is skipped:
+  "distill: needs a teacher: return `teacher_size` from build, or declare width/depth `scaling`". It is built from a fixed seed (``TEACHER_SEED``, 20000), trained with the harness's plain loop
   (AdamW at the size's LR and batch, the batch order of the same fixed seed) for ``teacher_steps`` x the size's
   quality budget, evaluated once on the workload's held-out set (``teacher_eval`` in the record: a distilled
   student can only be judged next to its teacher), and cached in the sweep's reference directory as
@@ -48,8 +53,8 @@ Method card
   smaller student (DistilBERT's 60%), not training-time ones.
 - Not implemented: intermediate-layer (hint) losses (FitNets, DistilBERT's cosine loss on hidden states), a
   pretrained or downloaded teacher, precomputed teacher logits, teachers of another family, more than one process
-  (each rank would train and write the teacher), and the Hugging Face and user workloads (their sizes cannot be
-  scaled here).
+  (each rank would train and write the teacher), a user's model with neither a ``teacher_size`` nor ``scaling``
+  (its build's size parameters are opaque to the harness).
 - Measured (2-core AMD EPYC, AVX2; tiny sizes, `--preset quick`, 3 seeds; reports/example-cpu-model-techniques):
   the teacher's forward every step cost samples/s on gpt (0.57x [0.45, 0.73] slower); on cnn (0.75x [0.54, 1.03])
   and mlp (0.48x [0.19, 1.24]) inconclusive; memory 1.55x, 1.74x, 1.78x (more: its weights are in the breakdown).
@@ -82,12 +87,13 @@ from torch import nn
 
 from bench import workloads
 from bench.files import save_torch_atomic
-from techniques import _reading as rd
-from techniques._model import n_params
+from bench.structure import ModelStructure, describe
+from techniques._model import n_params, once
 from techniques.base import Context, Kind, Phase, Probe, Technique, TrainConfig, logits_of, register
 
 TEACHER_SEED = 20_000  # the teacher's initialisation and batch order: one teacher per key, whatever the trial seed
-SUPPORTED = ("gpt", "cnn", "cnn_aug", "mlp")
+NO_TEACHER = ("needs a teacher: return `teacher_size` from build, or declare width/depth `scaling` in the "
+              "`structure` it returns (docs/models.md)")
 
 
 def distillation_loss(student_logits: torch.Tensor, teacher_logits: torch.Tensor, base_loss: torch.Tensor,
@@ -101,23 +107,13 @@ def distillation_loss(student_logits: torch.Tensor, teacher_logits: torch.Tensor
     return alpha * temperature**2 * kl + (1 - alpha) * base_loss
 
 
-def teacher_params(workload_name: str, params: dict[str, Any], width: float, depth: int) -> dict[str, Any]:
-    """A size's parameters scaled to the teacher's: wider by ``width``, deeper by ``depth``; data, batch, LR and
-    budget unchanged."""
-    p = dict(params)
-    if workload_name == "gpt":
-        heads = p["n_head"]
-        p["d_model"] = max(heads, round(p["d_model"] * width / heads) * heads)  # whole heads of the same count
-        p["n_layer"] = p["n_layer"] * depth
-    elif workload_name in ("cnn", "cnn_aug"):
-        p["widths"] = [int(w * width) for w in p["widths"]]
-        p["blocks_per_stage"] = p["blocks_per_stage"] * depth
-    elif workload_name == "mlp":
-        p["width"] = int(p["width"] * width)
-        p["depth"] = p["depth"] * depth
-    else:
-        raise ValueError(f"distill cannot scale workload {workload_name!r} (supported: {', '.join(SUPPORTED)})")
-    return p
+def teacher_params(structure: ModelStructure, params: dict[str, Any], width: float, depth: int) -> dict[str, Any]:
+    """A size's parameters scaled to the teacher's as the model's description says (``structure.scaling``): the
+    width keys x ``width`` (whole heads where a key must stay a multiple of another), the depth keys x ``depth``;
+    data, batch, LR and budget unchanged."""
+    if structure.scaling is None:
+        raise ValueError(f"distill: {NO_TEACHER}")
+    return structure.scaling.apply(params, width, depth)
 
 
 @register
@@ -152,9 +148,9 @@ class Distill(Technique):
                                  f"got {self.teacher_steps}")
 
     def check(self, ctx: Context) -> str | None:
-        if ctx.workload and ctx.workload not in SUPPORTED:  # no workload: a device-level listing, no refusal
-            return (f"workload '{ctx.workload}' has no size the teacher can be scaled from (supported: "
-                    f"{', '.join(SUPPORTED)})")
+        s = ctx.structure
+        if s is not None and not (s.scaling or s.teacher_size):  # None: a device-level listing, no refusal
+            return NO_TEACHER
         if ctx.world_size > 1:
             return "runs on one process: each rank would train and write the teacher"
         return None
@@ -176,6 +172,22 @@ class Distill(Technique):
         teacher = getattr(self, "_teacher", None)
         return [*teacher.parameters(), *teacher.buffers()] if teacher is not None else []
 
+    @classmethod
+    def summarize(cls, found: list[dict[str, Any]]) -> str:
+        """The report's line of what the technique found (the shared ``summarize`` interface): the teacher (a size
+        of the build or a scaled copy), its metric, what training it cost per trial."""
+        first = found[0]
+        metric = (first.get("teacher_eval") or {}).get(first.get("teacher_metric") or "")
+        shape = first.get("teacher_shape") or {}
+        what = (f"size {shape['size']}" if "size" in shape else
+                f"{first.get('width')}x width, {first.get('depth')}x depth")
+        n_teacher, n_student = first.get("teacher_n_params"), first.get("student_n_params")
+        return (f"teacher {n_teacher:,} params ({what}; student {n_student:,}), " if n_teacher and n_student else
+                f"teacher ({what}), ") + (
+            f"{first.get('teacher_metric')} {metric:.3g} after " if isinstance(metric, float) else "after ") + (
+            f"{first.get('teacher_steps_trained')} steps, " + once(found, "teacher_train_s", "trained") +
+            f"; alpha {first.get('alpha')}, T {first.get('temperature')}")
+
     def results(self, ctx: Context) -> dict[str, Any] | None:
         o = self.options
         out: dict[str, Any] = {"alpha": o.alpha, "temperature": o.temperature, "width": o.width, "depth": o.depth,
@@ -184,29 +196,26 @@ class Distill(Technique):
             out.update(self._meta)
         return out
 
-    # ---- reading ------------------------------------------------------------------------------------------
-
-    @classmethod
-    def summarize(cls, found: list[dict[str, Any]]) -> str:
-        """The teacher's size, quality and training steps, its cost amortised over the trials that shared it, alpha
-        and temperature."""
-        first = found[0]
-        metric = (first.get("teacher_eval") or {}).get(first.get("teacher_metric") or "")
-        return (f"teacher {rd.n(first.get('teacher_n_params'))} params ({first.get('width')}x width, {first.get('depth')}x "
-                f"depth; student {rd.n(first.get('student_n_params'))}), {first.get('teacher_metric')} {rd.g(metric)} after "
-                f"{first.get('teacher_steps_trained')} steps, " + rd.once(found, "teacher_train_s", "trained") +
-                f"; alpha {first.get('alpha')}, T {first.get('temperature')}")
-
 
 def load_or_train_teacher(workload_name: str, probe: Probe, ctx: Context, options: Distill.Options
                           ) -> tuple[nn.Module, dict[str, Any]]:
     """The teacher (on ``probe.device``, eval mode, frozen) and what it is: from ``ctx.cache_dir`` when it holds this
     key, else trained now (its time goes to ``probe.shared_s``) and saved there when there is a cache."""
     student = probe.fresh(TEACHER_SEED)  # the size's parameters and the student's parameter count
-    tparams = teacher_params(workload_name, student.params, options.width, options.depth)
+    s = ctx.structure or student.structure or describe(student.model, student.blocks)
     student_n = n_params(student.model)
-    del student
-    built = workloads.get(workload_name).build_from(tparams, TEACHER_SEED, probe.device)
+    wl = workloads.get(workload_name)
+    if s.teacher_size is not None:  # another size of the same build
+        tparams: dict[str, Any] = {"size": s.teacher_size}
+        shape = dict(tparams)
+        del student
+        built = wl.build(s.teacher_size, TEACHER_SEED, probe.device)
+    else:
+        tparams = teacher_params(s, student.params, options.width, options.depth)
+        scaling = s.scaling
+        shape = {k: tparams[k] for k in (*scaling.width, *scaling.depth, *(b for _, b in scaling.multiple_of))}
+        del student
+        built = wl.build_from(tparams, TEACHER_SEED, probe.device)
     if built.quality_steps <= 0:
         raise ValueError("distill sizes the teacher's training by the workload size's quality budget "
                          "(quality_steps), and this size has none")
@@ -237,7 +246,7 @@ def load_or_train_teacher(workload_name: str, probe: Probe, ctx: Context, option
                 "teacher_steps_trained": steps, "teacher_batch_size": built.batch_size, "teacher_lr": built.lr,
                 "teacher_seed": TEACHER_SEED, "teacher_metric": built.metric,
                 "teacher_eval": {k: round(float(v), 6) for k, v in evaluated.items()},
-                "teacher_shape": {k: tparams[k] for k in _SHAPE_KEYS[workload_name]}}
+                "teacher_shape": shape}
         cached = False
         if path is not None:
             state = {k: v.detach().cpu() for k, v in teacher.state_dict().items()}
@@ -246,6 +255,3 @@ def load_or_train_teacher(workload_name: str, probe: Probe, ctx: Context, option
     teacher.requires_grad_(False)
     return teacher, {**meta, "cached": cached, "student_n_params": student_n}
 
-
-_SHAPE_KEYS = {"gpt": ("n_layer", "n_head", "d_model"), "cnn": ("widths", "blocks_per_stage"),
-               "cnn_aug": ("widths", "blocks_per_stage"), "mlp": ("width", "depth")}

@@ -1,37 +1,41 @@
-"""efficient_arch: a leaner model of the same workload (grouped-query attention, depthwise-separable convs).
+"""efficient_arch: a leaner model of the same build (grouped-query attention, depthwise-separable convs).
 
 Method card
-- What, ``gpt``: grouped-query attention (GQA, Ainslie et al. 2023); multi-query attention (MQA, Shazeer 2019)
-  when ``kv_heads=1``. Every block's ``attn`` (the workload's ``CausalSelfAttention``: one fused ``qkv``
-  Linear(d, 3d) and ``proj`` Linear(d, d)) is replaced by ``GroupedQueryAttention``: ``q`` Linear(d, d),
-  ``kv`` Linear(d, 2 * g * hd) and ``proj`` Linear(d, d), with ``n_head`` query heads of dimension
-  ``hd = d / n_head`` and ``g = kv_heads`` key/value heads; query head ``i`` attends with key/value head
-  ``i // (n_head / g)``. ``F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)``
-  broadcasts the shared heads (on a torch without ``enable_gqa``, before 2.5, k and v are
-  ``repeat_interleave``d instead: the same result). Per block the attention's parameters go from ``3d^2 + 3d``
-  (qkv) to ``d^2 + d + 2d g hd + 2 g hd`` (q and kv); ``proj`` and the MLP are unchanged.
-  ``kv_heads = n_head`` is the control: plain multi-head attention with the projections unfused, the
-  baseline's parameter count and math (other initial draws).
-- What, ``cnn`` and ``cnn_aug``: depthwise-separable convolutions, MobileNet-style (Howard et al. 2017). Each
-  BasicBlock's 3x3 ``conv1`` and ``conv2`` become ``DepthwiseSeparableConv``: a depthwise 3x3 conv
-  (``groups = c_in``, the same stride and padding, no bias), BatchNorm, ReLU and a pointwise 1x1 conv to
-  ``c_out`` (no bias); the block's own ``bn1``/``bn2`` follow as before. The stem, the 1x1 shortcuts and the
+- Which variant is the model's description's answer (``bench.structure``), never its workload's name: a model whose
+  blocks' attention is described gets grouped-query attention; else one whose blocks hold plain kxk ``nn.Conv2d``
+  layers gets depthwise-separable convolutions; any other is skipped, the missing part named.
+- What, attention: grouped-query attention (GQA, Ainslie et al. 2023); multi-query attention (MQA, Shazeer 2019)
+  when ``kv_heads=1``. In every block the key and value projections are cut from ``K`` heads (the model's key/value
+  heads, ``n_head`` for multi-head attention) to ``g = kv_heads``: separate ``k``/``v`` projections (Llama's
+  ``k_proj``, ``v_proj``) become ``SharedHeads`` (a Linear(d, g hd), its heads repeated), a fused ``[q; k; v]``
+  projection (the gpt workload's ``attn.qkv``, GPT-2's transposed Conv1D ``c_attn``) becomes ``GroupedQKV`` (a
+  Linear(d, n_head hd) for q and a Linear(d, 2 g hd) for k and v). Each repeats its heads ``K / g`` times, in place
+  (output head ``i`` is kept head ``i // (K / g)``: query head ``i`` reads its group's key/value head), so the
+  attention module's own forward, its kernel, masks and rotary embeddings (which act per head, after the
+  projection: a repeated head rotates as its original would) are unchanged: the same math as GQA. Per block the
+  projections' parameters go from ``3d^2 + 3d`` (qkv, biased) to ``d^2 + d + 2d g hd + 2 g hd``; the output
+  projection and the MLP are unchanged. ``kv_heads = n_head`` is the control: the baseline's parameter count and
+  math exactly (a test checks the outputs are equal).
+- What, convolutions: depthwise-separable convolutions, MobileNet-style (Howard et al. 2017). Every plain kxk
+  ``nn.Conv2d`` under the model's blocks (one group, no bias or dilation, zero padding: the cnn workload's and
+  examples/small_resnet.py's BasicBlock ``conv1`` and ``conv2``) becomes ``DepthwiseSeparableConv``: a depthwise kxk
+  conv (``groups = c_in``, the same stride and padding, no bias), BatchNorm, ReLU and a pointwise 1x1 conv to
+  ``c_out`` (no bias); what followed the conv follows as before. A stem before the blocks, 1x1 shortcuts and the
   head are unchanged. A 3x3 conv's ``9 c_in c_out`` weights become ``9 c_in + c_out c_in`` (plus the inner
-  BatchNorm's ``2 c_in``); its FLOPs per output position ``2 * 9 c_in c_out`` become
-  ``2 * (9 c_in + c_in c_out)``.
-- Initialisation: the new layers are drawn as the workload draws its own: GPT-2's N(0, 0.02) for ``q`` and
-  ``kv``, N(0, 0.02 / sqrt(2 n_layer)) for ``proj``, zero biases; the CNN's PyTorch default for convolutions
-  (uniform in +-1/sqrt(fan_in), what ``kaiming_uniform_(a=sqrt(5))`` gives) and BatchNorm's (weight 1, bias
-  0). The draws come from a generator of their own seeded from the trial's seed (not the global RNG, which the
-  trial's later stages use), so a run is reproducible and the rest of the trial draws what it would without
-  the technique. The new layers take the replaced layer's device, dtype and (for convs) memory format.
-  ``gqa_from_mha`` converts a *trained* multi-head attention instead (Ainslie et al.'s uptraining recipe: each
-  group's key and value heads mean-pooled); the technique does not use it, since the workload's model is
-  freshly initialised when it runs.
-- ``kv_heads`` (GPT only; default 1, MQA) must divide the model's ``n_head`` (gpt:tiny 2, small 4, gpt2-124m
-  12). The plan does not know a workload's size, so a ``kv_heads`` that does not divide is refused when the
-  model is transformed: a ValueError naming the valid values (the trial fails with it). The CNN variant has no
-  options (``kv_heads`` other than 1 is refused there by ``check``, so no two labels name the same trial).
+  BatchNorm's ``2 c_in``); its FLOPs per output position ``2 * 9 c_in c_out`` become ``2 * (9 c_in + c_in c_out)``.
+- Initialisation: the kept key/value heads keep their current values (each group's first head), the query and
+  output projections are untouched: no random draw, so a run is reproducible and the trial draws what it would
+  without the technique (the model is freshly initialised when it runs, so the kept heads are drawn as the
+  model's own init draws them). The convolutions are drawn with PyTorch's default (uniform in +-1/sqrt(fan_in),
+  what ``kaiming_uniform_(a=sqrt(5))`` gives) and BatchNorm's (weight 1, bias 0), from a generator of their own
+  seeded from the trial's seed. The new layers take the replaced layer's device, dtype and (for convs) memory
+  format. ``gqa_from_mha`` converts a *trained* fused multi-head attention into ``GroupedQueryAttention``
+  (Ainslie et al.'s uptraining recipe: each group's key and value heads mean-pooled); the technique does not use
+  it.
+- ``kv_heads`` (default 1, MQA) must divide the model's key/value heads (gpt:tiny 2, small 4, gpt2-124m 12;
+  hf:tiny and hf:llama-tiny 2). Where the plan knows the head count (a described model) a ``kv_heads`` that does
+  not divide is skipped with the valid values; else refused when the model is transformed. The convolution variant
+  has no options (``kv_heads`` other than 1 is refused there by ``check``, so no two labels name the same trial).
 - Why: fewer parameters and FLOPs per step at, one hopes, nearly the same quality; the harness compares it
   with the baseline at equal wall-clock (time-to-target) and on its final metric. GQA's gain is mostly at
   inference: the KV cache a decoder keeps per token shrinks by ``n_head / kv_heads`` (``results``:
@@ -68,10 +72,17 @@ Method card
   ``groups``, so a depthwise conv's weight gradient came out ``c_in`` times over (a fix is proposed in
   pytorch/pytorch PR #183405). ``bench/measure/flops.py`` corrects the formula: on cnn:tiny (batch 32) the
   variant's forward and backward count 26.6 MFLOP (torch's own formula: 58.9), the baseline 123.0 MFLOP.
-- Not implemented: other workloads (``mlp``, ``hf``, users' models) are refused; no sliding-window or latent
-  attention, no inverted residuals (MobileNetV2), no width multiplier. Refused with ``tp`` (it shards the
-  fused ``qkv`` by head) and ``pp`` (its stages would receive the FLOP count's whole-model input).
-- Measured (2-core AMD EPYC, AVX2; tiny sizes, `--preset quick`, 3 seeds; reports/example-cpu-model-techniques):
+- Cost of the general form: the repeated key/value heads are materialised (``repeat_interleave``) before the
+  attention kernel, so attention's activations and FLOPs are multi-head attention's (what ``enable_gqa`` would save
+  in memory is not saved); the saving in training is the projections'. The FLOPs before and after are counted once,
+  on one training sample ``tune`` draws from a fresh copy of the workload (a one-off probe, outside the steps).
+- Not implemented: models without described attention or kxk convs in their blocks (an MLP; an LSTM) are refused
+  with the part named; ``nn.MultiheadAttention`` (its projections are parameters inside its forward) is refused; no
+  sliding-window or latent attention, no inverted residuals (MobileNetV2), no width multiplier. Refused with ``tp``
+  (it shards the fused ``qkv`` by head) and ``pp`` (its stages would receive the FLOP count's whole-model input).
+- Measured (2-core AMD EPYC, AVX2; tiny sizes, `--preset quick`, 3 seeds; reports/example-cpu-model-techniques;
+  before the port to the model description, with a ``GroupedQueryAttention`` module drawn afresh and SDPA's
+  ``enable_gqa``: the parameter and FLOP counts are the same now, the speed and quality not re-measured):
   gpt with multi-query attention (1 KV head for 2): 102,464 parameters (-7.5%), forward FLOPs x0.922, 0.92x
   [0.41, 2.05] samples/s and -0.024 [-0.322, +0.274] val_loss (both inconclusive), 0.95x memory (less), KV cache per
   token 1,024 -> 512 bytes. cnn depthwise-separable: 4,394 parameters (0.22x) and x0.222 FLOPs, yet 0.78x samples/s
@@ -82,8 +93,9 @@ Method card
 
 from __future__ import annotations
 
+import copy
 import math
-from collections.abc import Iterable
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -92,14 +104,11 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 
+from bench.structure import HOW_TO_DESCRIBE, Attention, ModelStructure
 from techniques import _reading as rd
-from techniques._model import gpt2_init_, n_params
-from techniques.base import Context, Kind, Phase, Technique, model_blocks, register
+from techniques._model import n_params
+from techniques.base import Context, Kind, Phase, Probe, Technique, TrainConfig, model_structure, register
 
-GPT_WORKLOADS = ("gpt",)
-CNN_WORKLOADS = ("cnn", "cnn_aug")
-IMAGE_SIZE = 28  # Fashion-MNIST's 28 x 28 images: the CNN workloads' one sample for the FLOP count
-INIT_STD = 0.02  # GPT-2's initialisation (bench/workloads/gpt_chars.py)
 KV_CACHE_BYTES = 4  # the KV cache counted in fp32, the workload's parameter dtype
 SEED_MIX = 0x9E3779B97F4A7C15  # the new layers' draws apart from the workload's (seeded with the same seed)
 
@@ -158,14 +167,6 @@ class GroupedQueryAttention(nn.Module):
         return self.proj(y.transpose(1, 2).reshape(B, T, C))
 
 
-def is_fused_attention(module: Any) -> bool:
-    """Whether ``module`` looks like the GPT workload's ``CausalSelfAttention`` (fused qkv, proj, n_head)."""
-    qkv, proj = getattr(module, "qkv", None), getattr(module, "proj", None)
-    heads = getattr(module, "n_head", None)
-    return (isinstance(qkv, nn.Linear) and isinstance(proj, nn.Linear) and isinstance(heads, int)
-            and qkv.out_features == 3 * qkv.in_features)
-
-
 def _empty_gqa(attn: nn.Module, kv_heads: int) -> GroupedQueryAttention:
     """A GQA module shaped for ``attn``'s model, on its device and dtype, its values unset (no RNG drawn)."""
     weight = attn.qkv.weight
@@ -202,25 +203,125 @@ def gqa_from_mha(attn: nn.Module, kv_heads: int) -> GroupedQueryAttention:
     return new
 
 
-def apply_gqa(blocks: Iterable[nn.Module], kv_heads: int, gen: torch.Generator) -> int:
-    """Replace every block's ``attn`` by a freshly initialised ``GroupedQueryAttention`` (GPT-2's
-    initialisation, drawn from ``gen``); returns how many were replaced. Raises ValueError (the model
-    untouched) when a block has no fused attention or ``kv_heads`` does not divide its heads."""
-    blocks = list(blocks)
-    n_layer = len(blocks)
-    for i, block in enumerate(blocks):
-        attn = getattr(block, "attn", None)
-        if not is_fused_attention(attn):
-            raise ValueError(f"efficient_arch: block {i} has no GPT attention (attn with a fused qkv "
-                             f"Linear(d, 3d), proj and n_head); got {type(attn).__name__}")
-        _empty_gqa(attn, kv_heads)  # refuses a kv_heads that does not divide n_head before anything changes
+def _kv_problem(kv_heads: int, heads: int, current: int) -> str | None:
+    if current % kv_heads == 0:
+        return None
+    valid = ", ".join(str(k) for k in range(1, current + 1) if current % k == 0)
+    what = "attention" if current == heads else "key/value"
+    return f"kv_heads={kv_heads} does not divide the model's {current} {what} heads (valid: {valid})"
+
+
+def _valid_kv(kv_heads: int, heads: int, current: int) -> None:
+    problem = _kv_problem(kv_heads, heads, current)
+    if problem:
+        raise ValueError(f"efficient_arch: {problem}")
+
+
+def _repeat_heads(t: torch.Tensor, head_dim: int, repeats: int) -> torch.Tensor:
+    """(..., g * hd) -> (..., g * repeats * hd): each head repeated ``repeats`` times in place (head i of the
+    output is head i // repeats of the input: query head i reads its group's key/value head)."""
+    if repeats == 1:
+        return t
+    return t.unflatten(-1, (-1, head_dim)).repeat_interleave(repeats, dim=-2).flatten(-2)
+
+
+class GroupedQKV(nn.Module):
+    """A fused [q; k; v] projection whose key/value heads are shared in groups: ``q`` computes the query heads,
+    ``kv`` ``kv_heads`` key and value heads, each repeated to the ``heads_out`` heads the attention's own forward
+    splits its input into. The attention module itself (rotary embeddings, masks, its kernel) is unchanged."""
+
+    def __init__(self, q: nn.Linear, kv: nn.Linear, kv_heads: int, heads_out: int, head_dim: int) -> None:
+        super().__init__()
+        self.q, self.kv = q, kv
+        self.kv_heads, self.heads_out, self.head_dim = kv_heads, heads_out, head_dim
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        k, v = self.kv(x).split(self.kv_heads * self.head_dim, dim=-1)
+        r = self.heads_out // self.kv_heads
+        return torch.cat([self.q(x), _repeat_heads(k, self.head_dim, r), _repeat_heads(v, self.head_dim, r)], dim=-1)
+
+
+class SharedHeads(nn.Module):
+    """A key or value projection to ``kv_heads`` heads, each repeated to the ``heads_out`` the attention expects."""
+
+    def __init__(self, proj: nn.Linear, kv_heads: int, heads_out: int, head_dim: int) -> None:
+        super().__init__()
+        self.proj, self.kv_heads, self.heads_out, self.head_dim = proj, kv_heads, heads_out, head_dim
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return _repeat_heads(self.proj(x), self.head_dim, self.heads_out // self.kv_heads)
+
+
+def _linear_from(weight: torch.Tensor, bias: torch.Tensor | None, transposed: bool) -> nn.Linear:
+    """An nn.Linear holding ``weight`` (out, in) and ``bias`` (copied, on their device and dtype); ``transposed``:
+    ``weight`` is stored (in, out), as GPT-2's Conv1D."""
+    w = weight.detach().t() if transposed else weight.detach()
+    with torch.device("meta"):
+        lin = nn.Linear(w.shape[1], w.shape[0], bias=bias is not None, dtype=w.dtype)
+    lin.to_empty(device=w.device)
+    with torch.no_grad():
+        lin.weight.copy_(w)
+        if bias is not None:
+            lin.bias.copy_(bias.detach())
+    return lin
+
+
+def _kept_rows(kv_heads: int, current: int, head_dim: int, offset: int = 0) -> torch.Tensor:
+    """Output rows of each group's first head (``current`` heads in ``kv_heads`` groups), from row ``offset``."""
+    step = current // kv_heads
+    return torch.cat([torch.arange(h * head_dim, (h + 1) * head_dim) for h in range(0, current, step)]) + offset
+
+
+@torch.no_grad()
+def share_kv_heads(block: nn.Module, attention: Attention, kv_heads: int) -> None:
+    """Grouped-query attention on one block, in place: its key and value projections (separate, or the k and v
+    rows of a fused qkv) cut to ``kv_heads`` heads, each group's first head kept with its current values, and
+    repeated to the heads the attention computes, so its own forward (rotary embeddings included: they act per head,
+    after the projection) is unchanged. The query and output projections are untouched."""
+    H, K, hd = attention.heads, attention.kv_heads, attention.head_dim
+    _valid_kv(kv_heads, H, K)
+    if attention.projections == "fused":
+        fused = block.get_submodule(attention.qkv)
+        w = fused.weight.t() if attention.transposed else fused.weight  # (out, in)
+        b = getattr(fused, "bias", None)
+        q_rows = torch.arange(H * hd, device=w.device)
+        kv_rows = torch.cat([_kept_rows(kv_heads, K, hd, H * hd), _kept_rows(kv_heads, K, hd, H * hd + K * hd)])
+        kv_rows = kv_rows.to(w.device)
+        q = _linear_from(w[q_rows], b[q_rows] if b is not None else None, False)
+        kv = _linear_from(w[kv_rows], b[kv_rows] if b is not None else None, False)
+        new: nn.Module = GroupedQKV(q, kv, kv_heads, K, hd)
+        new.train(fused.training)
+        _set_submodule(block, attention.qkv, new)
+        return
+    for rel in (attention.k, attention.v):
+        proj = block.get_submodule(rel)
+        w = proj.weight.t() if attention.transposed else proj.weight
+        b = getattr(proj, "bias", None)
+        rows = _kept_rows(kv_heads, K, hd).to(w.device)
+        new = SharedHeads(_linear_from(w[rows], b[rows] if b is not None else None, False), kv_heads, K, hd)
+        new.train(proj.training)
+        _set_submodule(block, rel, new)
+
+
+def _set_submodule(root: nn.Module, path: str, module: nn.Module) -> None:
+    parent, _, name = path.rpartition(".")
+    setattr(root.get_submodule(parent) if parent else root, name, module)
+
+
+def apply_gqa(model: nn.Module, structure: ModelStructure, kv_heads: int) -> int:
+    """Grouped-query attention (``share_kv_heads``) in every block the description names; returns how many. Raises
+    ValueError, the model untouched, when ``kv_heads`` does not divide the key/value heads or the attention's
+    projections are not modules."""
+    attention = structure.attention
+    if attention is None or attention.projections is None:
+        raise ValueError(f"efficient_arch: {structure.lacks('attention')}" if structure.attention is None else
+                         "efficient_arch: the attention's projections are computed inside its forward "
+                         "(nn.MultiheadAttention), so its key/value heads cannot be shared")
+    _valid_kv(kv_heads, attention.heads, attention.kv_heads)
+    blocks = model.get_submodule(structure.blocks)
     for block in blocks:
-        attn = block.attn
-        new = _empty_gqa(attn, kv_heads)
-        gpt2_init_(new, n_layer, gen)  # q, kv N(0, 0.02); proj scaled by 1/sqrt(2 n_layer); biases 0
-        new.train(attn.training)
-        block.attn = new
-    return n_layer
+        share_kv_heads(block, attention, kv_heads)
+    return len(blocks)
 
 
 class DepthwiseSeparableConv(nn.Sequential):
@@ -238,14 +339,23 @@ class DepthwiseSeparableConv(nn.Sequential):
         self.pointwise = nn.Conv2d(c_in, c_out, 1, bias=False, **factory)
 
 
-def _is_plain_conv(conv: Any) -> bool:
-    return isinstance(conv, nn.Conv2d) and conv.groups == 1 and conv.kernel_size[0] > 1
+def _convertible(conv: Any) -> bool:
+    """A plain kxk convolution that ``separable_from`` converts (one group, no bias or dilation, zero padding)."""
+    return (isinstance(conv, nn.Conv2d) and conv.groups == 1 and conv.kernel_size[0] > 1 and conv.bias is None
+            and conv.dilation == (1, 1) and conv.padding_mode == "zeros" and isinstance(conv.padding, tuple))
 
 
-def is_basic_block(module: nn.Module) -> bool:
-    """The CNN workload's ResNet ``BasicBlock``: plain kxk ``conv1``, ``conv2`` with ``bn1``, ``bn2``."""
-    return (_is_plain_conv(getattr(module, "conv1", None)) and _is_plain_conv(getattr(module, "conv2", None))
-            and hasattr(module, "bn1") and hasattr(module, "bn2"))
+def apply_depthwise_separable(blocks: nn.Module, gen: torch.Generator) -> int:
+    """Replace every plain kxk Conv2d under ``blocks`` (the model's repeated blocks: a stem before them and 1x1
+    shortcuts stay) by a depthwise-separable one; returns how many were replaced."""
+    targets = [(parent, name) for parent in blocks.modules() for name, child in parent.named_children()
+               if _convertible(child)]
+    if not targets:
+        raise ValueError("efficient_arch: the model's blocks hold no plain kxk Conv2d (one group, no bias) to make "
+                         "depthwise-separable")
+    for parent, name in targets:
+        setattr(parent, name, separable_from(getattr(parent, name), gen))
+    return len(targets)
 
 
 @torch.no_grad()
@@ -270,18 +380,6 @@ def separable_from(conv: nn.Conv2d, gen: torch.Generator) -> DepthwiseSeparableC
     return new
 
 
-def apply_depthwise_separable(model: nn.Module, gen: torch.Generator) -> int:
-    """Replace ``conv1`` and ``conv2`` of every BasicBlock under ``model``; returns how many were replaced."""
-    blocks = [m for m in model.modules() if is_basic_block(m)]
-    if not blocks:
-        raise ValueError(f"efficient_arch: {type(model).__name__} has no ResNet BasicBlock (conv1, bn1, "
-                         "conv2, bn2 with plain kxk convs) to make depthwise-separable")
-    for block in blocks:
-        block.conv1 = separable_from(block.conv1, gen)
-        block.conv2 = separable_from(block.conv2, gen)
-    return 2 * len(blocks)
-
-
 def forward_flops(model: nn.Module, example: torch.Tensor) -> tuple[int, bool]:
     """FlopCounterMode's count of one forward of ``example`` (no gradients, eval mode so BatchNorm's running
     statistics stay as they are; every module's mode and the RNG restored), and whether an attention op was
@@ -301,21 +399,11 @@ def forward_flops(model: nn.Module, example: torch.Tensor) -> tuple[int, bool]:
     return int(counter.get_total_flops()), attention
 
 
-def example_input(model: nn.Module, family: str) -> torch.Tensor:
-    """One sample as the workload trains it: a (1, seq_len) token sequence or a (1, C, 28, 28) image."""
-    device = next(model.parameters()).device
-    if family == "gpt":
-        seq_len = model.cfg.seq_len if hasattr(model, "cfg") else model.wpe.num_embeddings
-        return torch.zeros(1, seq_len, dtype=torch.long, device=device)
-    first = next(m for m in model.modules() if isinstance(m, nn.Conv2d))
-    return torch.zeros(1, first.in_channels, IMAGE_SIZE, IMAGE_SIZE, device=device, dtype=first.weight.dtype)
-
-
 @register
 class EfficientArch(Technique):
     name = "efficient_arch"
-    summary = ("a leaner model of the same workload: grouped-query attention (gpt, kv_heads) or "
-               "depthwise-separable convolutions (cnn, cnn_aug)")
+    summary = ("a leaner model of the same build: grouped-query attention (models with described attention, "
+               "kv_heads) or depthwise-separable convolutions (convolutional blocks)")
     kind = Kind.ALGORITHMIC
     phase = Phase.SURGERY
     slot = "architecture"
@@ -326,7 +414,7 @@ class EfficientArch(Technique):
 
     @dataclass(frozen=True)
     class Options:
-        kv_heads: int = 1  # gpt: key/value heads the query heads share (1: multi-query); must divide n_head
+        kv_heads: int = 1  # key/value heads the query heads share (1: multi-query); must divide the model's
 
         def __post_init__(self) -> None:
             if isinstance(self.kv_heads, bool) or not isinstance(self.kv_heads, int) or self.kv_heads < 1:
@@ -334,44 +422,99 @@ class EfficientArch(Technique):
                                  f"got {self.kv_heads!r}")
 
     def check(self, ctx: Context) -> str | None:
-        if ctx.workload and ctx.workload not in GPT_WORKLOADS + CNN_WORKLOADS:
-            return (f"efficient_arch has leaner variants of gpt (grouped-query attention), cnn and cnn_aug "
-                    f"(depthwise-separable convolutions) only; workload '{ctx.workload}' has none")
-        if ctx.workload in CNN_WORKLOADS and self.options.kv_heads != 1:
-            return (f"kv_heads applies to gpt's attention; the {ctx.workload} variant (depthwise-separable "
-                    "convolutions) has no options")
-        return None
+        s = ctx.structure
+        if s is None:  # no model named (a device-level listing): nothing to refuse yet
+            return None
+        return self._problem(s)
+
+    def _problem(self, s: ModelStructure) -> str | None:
+        variant = _variant(s)
+        if variant == "gqa":
+            a = s.attention
+            if a.projections is None:
+                return ("shares key/value heads by replacing the attention's key and value "
+                        "projections; this model's attention (nn.MultiheadAttention) computes them inside its forward")
+            return _kv_problem(self.options.kv_heads, a.heads, a.kv_heads)
+        if variant == "separable":
+            if self.options.kv_heads != 1:
+                return ("kv_heads applies to attention; the model's variant (depthwise-separable convolutions) has "
+                        "no options")
+            return None
+        return (f"needs the model's attention (its projections and heads: grouped-query attention) or "
+                f"Conv2d layers in its blocks (depthwise-separable convolutions); its description "
+                f"({s.source or 'unknown source'}) has neither: {HOW_TO_DESCRIBE}")
 
     def transform_model(self, model: nn.Module, ctx: Context) -> nn.Module:
-        family = "gpt" if ctx.workload in GPT_WORKLOADS else "cnn"
-        example = example_input(model, family)
+        s = model_structure(model, ctx)
+        problem = self._problem(s)
+        if problem is not None:  # the model untouched
+            raise ValueError(f"efficient_arch: {problem}")
+        example = getattr(self, "_example", None)  # one training sample, drawn by tune from a fresh copy
+        self._model, self._original = model, (copy.deepcopy(model) if example is None else None)
+        before = forward_flops(model, example.to(_device(model))) if example is not None else None
         before_params = n_params(model)
-        before_flops, attention_counted = forward_flops(model, example)
-        gen = init_generator(ctx.seed)
-        found: dict[str, Any] = {"variant": "grouped-query attention" if family == "gpt"
-                                 else "depthwise-separable convolutions"}
-        if family == "gpt":
-            blocks = model_blocks(model, ctx)
-            if blocks is None:
-                raise ValueError("efficient_arch: the gpt model has no blocks")
-            kv = self.options.kv_heads
-            n_layer = apply_gqa(blocks, kv, gen)
-            n_head, head_dim = blocks[0].attn.n_head, blocks[0].attn.head_dim
-            found.update(kv_heads=kv, n_head=n_head, head_dim=head_dim, n_layer=n_layer,
-                         kv_cache_bytes_per_token_before=2 * n_layer * n_head * head_dim * KV_CACHE_BYTES,
-                         kv_cache_bytes_per_token_after=2 * n_layer * kv * head_dim * KV_CACHE_BYTES,
-                         kv_cache_dtype="float32", attention_flops_counted=attention_counted)
+        found: dict[str, Any] = {}
+        if _variant(s) == "gqa":
+            a, kv = s.attention, self.options.kv_heads
+            n_layer = apply_gqa(model, s, kv)
+            found.update(variant="grouped-query attention", kv_heads=kv, n_head=a.heads, head_dim=a.head_dim,
+                         n_layer=n_layer, rotary=a.rotary, projections=a.projections,
+                         kv_cache_bytes_per_token_before=2 * n_layer * a.kv_heads * a.head_dim * KV_CACHE_BYTES,
+                         kv_cache_bytes_per_token_after=2 * n_layer * kv * a.head_dim * KV_CACHE_BYTES,
+                         kv_cache_dtype="float32")
         else:
-            found["convs_replaced"] = apply_depthwise_separable(model, gen)
+            found.update(variant="depthwise-separable convolutions",
+                         convs_replaced=apply_depthwise_separable(model.get_submodule(s.blocks),
+                                                                  init_generator(ctx.seed)))
         after_params = n_params(model)
-        after_flops, _ = forward_flops(model, example)
         found.update(n_params_before=before_params, n_params_after=after_params,
-                     params_ratio=after_params / before_params,
-                     forward_flops_per_sample_before=before_flops, forward_flops_per_sample_after=after_flops,
-                     flops_ratio=after_flops / before_flops if before_flops else None,
-                     example_shape=list(example.shape))
+                     params_ratio=after_params / before_params)
         self._found = found
+        if before is not None:
+            self._record_flops(before, forward_flops(model, example.to(_device(model)))[0], example)
         return model
+
+    def tune(self, cfg: TrainConfig, probe: Probe, ctx: Context) -> TrainConfig:
+        """Draw one training sample from a fresh copy of the workload: the example the FLOPs per sample are counted
+        on before and after the conversion (a one-off cost, outside the trial's steps)."""
+        built = probe.fresh()
+        x = next(built.batches(built.batch_size, ctx.seed))[0]
+        self._example = x[:1].clone() if torch.is_tensor(x) else None
+        return cfg
+
+    def _record_flops(self, before: tuple[int, bool], after: int, example: torch.Tensor) -> None:
+        self._found.update(forward_flops_per_sample_before=before[0], forward_flops_per_sample_after=after,
+                           flops_ratio=after / before[0] if before[0] else None, example_shape=list(example.shape))
+        if "kv_heads" in self._found:
+            self._found["attention_flops_counted"] = before[1]
+
+    def measure(self, example: torch.Tensor) -> dict[str, Any]:
+        """Count one sample's forward FLOPs before and after the conversion (``example``: one sample as the model
+        trains it) when ``tune`` drew none (the technique used without the harness): on a copy of the unconverted
+        model kept until then, freed after."""
+        original = getattr(self, "_original", None)
+        if original is None:
+            return self._found
+        example = example.to(_device(self._model))
+        before = forward_flops(original, example)
+        self._original = None
+        self._record_flops(before, forward_flops(self._model, example)[0], example)
+        return self._found
+
+    def wrap_data(self, batches: Iterator[Any], ctx: Context) -> Iterator[Any]:
+        if getattr(self, "_original", None) is None:  # counted already (tune drew the example): untouched
+            return batches
+        return self._measuring(batches)
+
+    def _measuring(self, batches: Iterator[Any]) -> Iterator[Any]:
+        for batch in batches:
+            if getattr(self, "_original", None) is not None:
+                x = batch[0] if isinstance(batch, tuple | list) and batch else None
+                if torch.is_tensor(x):
+                    self.measure(x[:1])
+                else:  # inputs the harness cannot slice to one sample: no FLOP count
+                    self._original = None
+            yield batch
 
     def results(self, ctx: Context) -> dict[str, Any] | None:
         return dict(self._found) if hasattr(self, "_found") else None
@@ -394,3 +537,16 @@ class EfficientArch(Technique):
         else:
             text = f"{first.get('convs_replaced')} 3x3 convs depthwise-separable: " + text
         return text
+
+def _device(model: nn.Module) -> torch.device:
+    return next(model.parameters()).device
+
+
+def _variant(s: ModelStructure) -> str | None:
+    """Which leaner variant the description allows: grouped-query attention where attention is described, else
+    depthwise-separable convolutions in convolutional blocks, else None."""
+    if s.attention is not None:
+        return "gqa"
+    if s.convolutional and s.blocks:
+        return "separable"
+    return None

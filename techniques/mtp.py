@@ -1,22 +1,34 @@
-"""Multi-token prediction (MTP): train the GPT to predict several future tokens at each position, evaluate it on the
-next token alone.
+"""Multi-token prediction (MTP): train a decoder to predict several future tokens at each position, evaluate it on
+the next token alone.
 
 Method card
+- Which models: any causal token model whose description (``bench.structure``) names its blocks, token embedding
+  and output head (a final norm between them is used where described): the gpt workload, Hugging Face GPT-2 and
+  Llama, a user's decoder (examples/lstm_lm.py: inferred by tracing). The parts are reached through hooks on the
+  last block, never by a model's class: the model's own forward runs once (the next-token logits), the last
+  block's inputs (positional and keyword: masks, rotary position embeddings) and its output are captured, and
+  each extra depth is a copy of the last block called with those inputs. Its weight matrices are drawn afresh
+  from N(0, the standard deviation of the copied weight) with a generator seeded by the trial's seed (vectors,
+  such as norm scales and biases, copied); the sequential variant's merge projection from N(0, 0.02). An
+  undeclared causality is checked on the model (two sequences differing only in their second half must give the
+  same logits in the first). The extra depths run on all T positions and their logits are cut to the positions
+  with a target (causal: the same values), so their FLOPs are counted on T positions, a little more than before
+  the port (T - d).
 - What, both variants: at training time the model also predicts tokens further ahead, through modules added to the
   trial's own model (``model.mtp``, in its parameters, optimizer and state dict; ``model.blocks`` and the
   initialisation of everything else unchanged). The instance's class is swapped for a generated subclass (the way
   torch's FSDP2 ``fully_shard`` swaps ``module.__class__``) whose forward, in training mode, returns a
   ``TrainOutput``: the next-token logits for the workload's loss, and the extra depths' logits for this technique's
-  ``loss`` hook. In eval mode it is the GPT's own forward (embeddings, every block, ``ln_f``, head): evaluation and
+  ``loss`` hook. In eval mode it is the model's own forward (embeddings, every block, final norm, head): evaluation and
   every other caller see the original model, and the added modules are ignored there. Sequences are t_0..t_T,
   inputs x_i = t_i and targets y_i = t_{i+1} for i = 0..T-1; "t+d" below is the token d steps after the position's
   input token (t+1: the next token, the workload's own target).
 - ``variant=heads`` (Gloeckle et al. 2024): a shared trunk (the embeddings and ``blocks[:-1]``) feeds n independent
   heads, each one transformer block followed by the shared ``ln_f`` and unembedding (the head tied to ``wte``).
   Head 1 is the model's own last block (the next token); heads 2..n are new blocks of the same configuration
-  (GPT-2 initialisation: N(0, 0.02), residual projections N(0, 0.02 / sqrt(2 n_layer)), biases 0, LayerNorms 1/0, from
-  a generator seeded by the trial's seed). Head k at position i predicts t_{i+k}, so positions i <= T-k have a
-  target: head k runs on the trunk's first T-k+1 positions (causal attention: the same values as on all T).
+  (copies of the last block, redrawn as above). Head k at position i predicts t_{i+k}, so positions i <= T-k have a
+  target: head k runs on the trunk's T positions and its logits are cut to the first T-k+1 (causal: the same
+  values).
   L = CE_1 + w * sum_{k=2..n} CE_k, each CE the mean over its valid positions; w = 1 is the paper's sum of the n
   losses. Needs n_layer >= 2.
 - ``variant=sequential`` (DeepSeek-V3, section 2.2): D = n - 1 modules in a causal chain. h^0 is the main model's
@@ -29,9 +41,10 @@ Method card
 - ``weight`` (w) defaults to the paper's value for the variant; ``n`` counts every predicted token, the next one
   included (heads: n heads; sequential: n - 1 modules).
 - Costs: (n - 1) extra transformer blocks of parameters (plus, sequential, a 2d x d projection and two RMSNorms
-  each), their forward and backward on T - d positions, and n - 1 more unembeddings and cross-entropies. Counted
-  on gpt:tiny (2 blocks, 103-character vocabulary; FlopCounterMode, forward + backward): heads n = 2 1.52x the
-  baseline's FLOPs per step, sequential n = 2 1.60x, heads n = 4 2.54x. The record's FLOPs per step count the
+  each), their forward and backward on all T positions (the logits are then cut to the T - d with a target), and n - 1
+  more unembeddings and cross-entropies. Counted on gpt:tiny (2 blocks, 103-character vocabulary; FlopCounterMode,
+  forward + backward): heads n = 2 1.53x the baseline's FLOPs per step, sequential n = 2 1.61x, heads n = 4 2.59x
+  (before the port, on T - d positions: 1.52x, 1.60x, 2.54x). The record's FLOPs per step count the
   added modules (``own_flops``). All n logits tensors are kept for one backward (Gloeckle et al.'s memory-efficient
   order, a forward and backward per head, is not implemented: with a character vocabulary the logits are small).
 - What the papers report, on GPUs: Gloeckle et al. (Meta, 2024): at 13B parameters on code, 4-token prediction
@@ -53,7 +66,9 @@ Method card
   conflict; with several processes only ddp is accepted), per-block transforms of the added blocks (checkpointing
   wraps ``model.blocks`` only).
 - Functional form: ``apply_mtp(model, variant, n, seed)`` and ``mtp_losses(aux_logits, y)``.
-- Measured (2-core AMD EPYC, AVX2; tiny sizes, `--preset quick`, 3 seeds; reports/example-cpu-model-techniques):
+- Measured (2-core AMD EPYC, AVX2; tiny sizes, `--preset quick`, 3 seeds; reports/example-cpu-model-techniques;
+  before the port to the model description, when the new blocks had GPT-2's initialisation and the extra depths
+  ran on T - d positions; not re-measured since):
   independent heads, n=2: 0.57x [0.31, 1.06] samples/s, inconclusive (1.52x the FLOPs), 1.49x memory (more),
   val_loss +0.22 [+0.02, +0.42] at equal samples, inconclusive (p = 0.040 alone, not after Holm's correction over
   the report's 10 comparisons), and 3/3 missed the target: consistent with the small-model result Gloeckle et al.
@@ -68,72 +83,131 @@ Method card
 
 from __future__ import annotations
 
+import copy
 import math
 from dataclasses import dataclass
 from typing import Any, Literal
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
-from bench.workloads.gpt_chars import GPT, Block, lm_loss
+from bench.structure import ModelStructure, describe
 from techniques import _reading as rd
-from techniques._model import gpt2_init_
-from techniques.base import Context, Kind, Phase, Technique, TrainOutput, register, registry
+from techniques.base import Context, Kind, Phase, Technique, TrainOutput, model_structure, register, registry
 
 PAPER_WEIGHT = {"heads": 1.0, "sequential": 0.3}  # Gloeckle et al. sum the n losses; DeepSeek-V3's lambda (first 10T)
 RMS_EPS = 1e-6  # DeepSeek-V3's RMSNorm epsilon
+MERGE_STD = 0.02  # the sequential modules' merge projection: GPT-2's initial scale
+PARTS = {"heads": ("blocks", "embedding", "head"), "sequential": ("blocks", "embedding", "head")}
 
 
-def _embed(gpt: GPT, idx: torch.Tensor) -> torch.Tensor:
-    """The GPT's input: token + position embeddings, dropout (as ``GPT.forward`` computes it)."""
-    pos = torch.arange(idx.shape[1], device=idx.device)
-    return gpt.drop(gpt.wte(idx) + gpt.wpe(pos))
+def _first(out: Any) -> torch.Tensor:
+    """A block's hidden states (a block returning a tuple, as some Hugging Face layers do, puts them first)."""
+    return out[0] if isinstance(out, tuple | list) else out
 
 
-class MTPHeads(nn.ModuleList):
-    """Heads 2..n of Gloeckle et al.: one transformer block each on the shared trunk (head 1 is ``blocks[-1]``)."""
+class _LastBlock:
+    """Hooks on the model's last block for one forward: its inputs (positional and keyword) and its output."""
 
-    def outputs(self, gpt: GPT, idx: torch.Tensor) -> TrainOutput:
-        *trunk, last = gpt.blocks
-        x = _embed(gpt, idx)
-        for block in trunk:
-            x = block(x)
-        logits = gpt.head(gpt.ln_f(last(x)))
+    def __init__(self, block: nn.Module) -> None:
+        self.block, self.args, self.kwargs, self.output = block, (), {}, None
+
+    def __enter__(self) -> _LastBlock:
+        def before(_m: nn.Module, args: tuple, kwargs: dict) -> None:
+            self.args, self.kwargs = args, kwargs
+
+        def after(_m: nn.Module, _args: tuple, _kwargs: dict, out: Any) -> None:
+            self.output = _first(out)
+
+        self.handles = [self.block.register_forward_pre_hook(before, with_kwargs=True),
+                        self.block.register_forward_hook(after, with_kwargs=True)]
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        for h in self.handles:
+            h.remove()
+
+    def run(self, block: nn.Module, hidden: torch.Tensor) -> torch.Tensor:
+        """``block`` on ``hidden`` with the other inputs the last block got (masks, rotary embeddings, ...)."""
+        if self.args:
+            return _first(block(hidden, *self.args[1:], **self.kwargs))
+        return _first(block(**{**self.kwargs, "hidden_states": hidden}))
+
+
+class _MTP(nn.ModuleList):
+    """The added modules and the paths of the parts they read (from the model's description)."""
+
+    def configure(self, s: ModelStructure) -> None:
+        self.blocks_path, self.embedding_path = s.blocks, s.embedding
+        self.final_norm_path, self.head_path = s.final_norm, s.head
+
+    def parts(self, model: nn.Module) -> tuple[nn.Module, nn.Module, Any, nn.Module]:
+        blocks = model.get_submodule(self.blocks_path)
+        norm = model.get_submodule(self.final_norm_path) if self.final_norm_path else nn.Identity()
+        return blocks[-1], model.get_submodule(self.embedding_path), norm, model.get_submodule(self.head_path)
+
+
+def _last_block(blocks: nn.Module) -> nn.Module:
+    """The last block itself, inside a wrapper that a later transform put around it (checkpointing, compile)."""
+    block = blocks[-1]
+    for attr in ("block", "_checkpoint_wrapped_module", "_orig_mod"):
+        inner = getattr(block, attr, None)
+        if isinstance(inner, nn.Module):
+            return inner
+    return block
+
+
+class MTPHeads(_MTP):
+    """Heads 2..n of Gloeckle et al.: one transformer block each on the shared trunk (head 1 is ``blocks[-1]``),
+    each a copy of the last block's configuration, on the trunk's output (the last block's input)."""
+
+    def outputs(self, model: nn.Module, forward: Any, idx: torch.Tensor, args: tuple, kwargs: dict) -> TrainOutput:
+        blocks = model.get_submodule(self.blocks_path)
+        _, _, norm, head = self.parts(model)
+        with _LastBlock(_last_block(blocks)) as last:
+            logits = forward(model, *args, **kwargs)
         T = idx.shape[1]
-        # head d + 1 predicts t_{i+d+1} = y[:, i+d]: positions 0..T-1-d have a target
-        aux = [gpt.head(gpt.ln_f(head(x[:, : T - d]))) for d, head in enumerate(self, 1) if d < T]
+        # head d + 1 predicts t_{i+d+1} = y[:, i+d]: positions 0..T-1-d have a target (causal: the first T-d
+        # positions computed on all T are what they would be on T-d)
+        trunk = last.args[0] if last.args else last.kwargs["hidden_states"]
+        aux = [head(norm(last.run(block, trunk)))[:, : T - d] for d, block in enumerate(self, 1) if d < T]
         return TrainOutput(logits, {"mtp_logits": aux})
 
 
 class MTPModule(nn.Module):
-    """One depth of DeepSeek-V3's MTP: h'_i = M [RMSNorm(h_i); RMSNorm(e_i)], then a transformer block."""
+    """One depth of DeepSeek-V3's MTP: h'_i = M [RMSNorm(h_i); RMSNorm(e_i)], then a block (a copy of the last)."""
 
-    def __init__(self, cfg: Any) -> None:
+    def __init__(self, d_model: int, block: nn.Module) -> None:
         super().__init__()
-        self.norm_h = nn.RMSNorm(cfg.d_model, eps=RMS_EPS)
-        self.norm_e = nn.RMSNorm(cfg.d_model, eps=RMS_EPS)
-        self.merge = nn.Linear(2 * cfg.d_model, cfg.d_model, bias=False)
-        self.block = Block(cfg)
+        self.norm_h = nn.RMSNorm(d_model, eps=RMS_EPS)
+        self.norm_e = nn.RMSNorm(d_model, eps=RMS_EPS)
+        self.merge = nn.Linear(2 * d_model, d_model, bias=False)
+        self.block = block
 
-    def forward(self, h: torch.Tensor, e: torch.Tensor) -> torch.Tensor:
-        return self.block(self.merge(torch.cat((self.norm_h(h), self.norm_e(e)), dim=-1)))
+    def merged(self, h: torch.Tensor, e: torch.Tensor) -> torch.Tensor:
+        return self.merge(torch.cat((self.norm_h(h), self.norm_e(e)), dim=-1))
 
 
-class MTPSequential(nn.ModuleList):
-    """DeepSeek-V3's D sequential MTP modules on the main model's final hidden state."""
+class MTPSequential(_MTP):
+    """DeepSeek-V3's D sequential MTP modules on the main model's final hidden state (the last block's output)."""
 
-    def outputs(self, gpt: GPT, idx: torch.Tensor) -> TrainOutput:
-        h = _embed(gpt, idx)
-        for block in gpt.blocks:
-            h = block(h)
-        logits = gpt.head(gpt.ln_f(h))
+    def outputs(self, model: nn.Module, forward: Any, idx: torch.Tensor, args: tuple, kwargs: dict) -> TrainOutput:
+        blocks = model.get_submodule(self.blocks_path)
+        _, embedding, norm, head = self.parts(model)
+        with _LastBlock(_last_block(blocks)) as last:
+            logits = forward(model, *args, **kwargs)
+        h = last.output
         T, aux = idx.shape[1], []
         for k, module in enumerate(self, 1):
             if k >= T:
                 break
-            # positions i = 0..T-1-k: h^{k-1}_i with the embedding of t_{i+k} = x[:, i+k]; predicts t_{i+k+1}
-            h = module(h[:, : T - k], gpt.wte(idx[:, k:]))
-            aux.append(gpt.head(gpt.ln_f(h)))
+            # positions i = 0..T-1-k: h^{k-1}_i with the embedding of t_{i+k} = x[:, i+k]; predicts t_{i+k+1}. The
+            # last k positions get a zero embedding and are cut from the logits (causal: they reach no earlier one).
+            e = embedding(idx[:, k:])
+            e = torch.cat([e, e.new_zeros(e.shape[0], k, e.shape[2])], dim=1)
+            h = last.run(module.block, module.merged(h, e))
+            aux.append(head(norm(h))[:, : T - k])
         return TrainOutput(logits, {"mtp_logits": aux})
 
 
@@ -144,47 +218,101 @@ def _mtp_class(cls: type[nn.Module]) -> type[nn.Module]:
     """A subclass of ``cls`` whose training-mode forward also runs ``self.mtp``; one per class, cached."""
     if cls not in _CLASSES:
 
-        def forward(self: Any, idx: torch.Tensor) -> Any:
+        def forward(self: Any, *args: Any, **kwargs: Any) -> Any:
             if self.training:
-                return self.mtp.outputs(self, idx)
-            return cls.forward(self, idx)
+                idx = args[0] if args else next(iter(kwargs.values()))
+                return self.mtp.outputs(self, cls.forward, idx, args, kwargs)
+            return cls.forward(self, *args, **kwargs)
 
         doc = f"{cls.__name__} with multi-token prediction in training (``self.mtp``); its own forward in eval mode."
         _CLASSES[cls] = type(f"MTP{cls.__name__}", (cls,), {"forward": forward, "__module__": __name__, "__doc__": doc})
     return _CLASSES[cls]
 
 
-def apply_mtp(model: nn.Module, variant: str = "heads", n: int = 2, seed: int = 0) -> nn.Module:
-    """Add the MTP modules to ``model`` (a gpt_chars.GPT) as ``model.mtp`` and swap its class; returns the model."""
-    if not isinstance(model, GPT):
-        raise TypeError(f"mtp needs the gpt workload's GPT model, got {type(model).__name__}")
+@torch.no_grad()
+def _redraw_(module: nn.Module, gen: torch.Generator) -> None:
+    """Every weight matrix of ``module`` drawn afresh from N(0, its current standard deviation) (the scale the model's
+    own initialisation gave the block it copies), from ``gen``; vectors (norm scales, biases) kept."""
+    for p in module.parameters():
+        if p.dim() >= 2:
+            std = float(p.float().std()) if p.numel() > 1 else 0.0
+            p.copy_(torch.randn(p.shape, generator=gen).to(p.dtype) * std)
+
+
+def apply_mtp(model: nn.Module, variant: str = "heads", n: int = 2, seed: int = 0,
+              structure: ModelStructure | None = None) -> nn.Module:
+    """Add the MTP modules to ``model`` as ``model.mtp`` and swap its class; returns the model. ``structure`` (default:
+    the model's own description or the inferred one) names its blocks, token embedding, final norm and head."""
+    s = structure if structure is not None else describe(model, None)
+    reason = s.lacks(*PARTS.get(variant, ()))
+    if reason:
+        raise ValueError(f"mtp: {reason}")
+    if s.causal is False:
+        raise ValueError("mtp: needs a causal model (a decoder): its description says position i sees later tokens")
     if hasattr(model, "mtp"):
         raise ValueError("the model already has multi-token prediction modules (model.mtp)")
     if n < 2:
         raise ValueError(f"n must be >= 2 (tokens predicted at each position, the next one included), got {n}")
-    cfg = model.cfg
+    blocks = model.get_submodule(s.blocks)
+    last = _last_block(blocks)
+    embedding = model.get_submodule(s.embedding)
+    d_model = embedding.weight.shape[1]
+    gen = torch.Generator().manual_seed(seed)
     if variant == "heads":
-        if cfg.n_layer < 2:
-            raise ValueError(f"mtp heads share a trunk of blocks[:-1]: the model needs n_layer >= 2, has {cfg.n_layer}")
-        factory, container = (lambda: Block(cfg)), MTPHeads
+        if len(blocks) < 2:
+            raise ValueError(f"mtp heads share a trunk of blocks[:-1]: the model needs n_layer >= 2, has {len(blocks)}")
+        mtp: _MTP = MTPHeads(copy.deepcopy(last) for _ in range(n - 1))
     elif variant == "sequential":
-        factory, container = (lambda: MTPModule(cfg)), MTPSequential
+        with torch.device("meta"):  # no draw from the global RNG: the trial's other randomness stays as it was
+            modules = [MTPModule(d_model, nn.Identity()) for _ in range(n - 1)]
+        for m in modules:
+            m.to_empty(device="cpu")
+            m.norm_h.reset_parameters()
+            m.norm_e.reset_parameters()
+            with torch.no_grad():
+                m.merge.weight.copy_(torch.randn(m.merge.weight.shape, generator=gen) * MERGE_STD)
+            m.block = copy.deepcopy(last)
+        mtp = MTPSequential(modules)
     else:
         raise ValueError(f"variant must be heads or sequential, got {variant!r}")
-    with torch.device("meta"):  # no draw from the global RNG: the trial's other randomness stays as it was
-        mtp = container(factory() for _ in range(n - 1))
-    mtp.to_empty(device="cpu")
-    gpt2_init_(mtp, cfg.n_layer, torch.Generator().manual_seed(seed))
-    ref = model.wte.weight
+    for module in mtp:
+        _redraw_(module.block if variant == "sequential" else module, gen)
+    mtp.configure(s)
+    ref = embedding.weight
     model.__class__ = _mtp_class(type(model))
     model.mtp = mtp.to(device=ref.device, dtype=ref.dtype)
+    mtp.train(model.training)
     return model
+
+
+@torch.no_grad()
+def causality_problem(model: nn.Module, vocab: int, length: int) -> str | None:
+    """Why ``model`` is not causal (a later token changed an earlier position's logits), or None: two sequences
+    that differ in their second half, through the model in eval mode (its mode and the RNG restored)."""
+    training = model.training
+    model.eval()
+    device = next(model.parameters()).device
+    gen = torch.Generator().manual_seed(0)
+    a = torch.randint(0, vocab, (1, length), generator=gen)
+    b = a.clone()
+    half = length // 2
+    b[:, half:] = torch.randint(0, vocab, (1, length - half), generator=gen)
+    try:
+        with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
+            out_a, out_b = (model(t.to(device)) for t in (a, b))
+    finally:
+        model.train(training)
+    if not torch.allclose(out_a[:, :half], out_b[:, :half], rtol=1e-4, atol=1e-5):
+        return (f"mtp: needs a causal model (a decoder): the logits of positions before {half} changed when only "
+                "later tokens did; declare `causal` in the structure build returns if this is wrong")
+    return None
 
 
 def mtp_losses(aux_logits: list[torch.Tensor], y: torch.Tensor) -> list[torch.Tensor]:
     """Cross-entropy of each extra depth d = 1, 2, ... (predicting t+d+1) against ``y[:, d:]``, the mean over its
     valid positions (the logits of depth d cover positions 0..T-1-d)."""
-    return [lm_loss(logits, y[:, d:]) for d, logits in enumerate(aux_logits, 1)]
+    return [F.cross_entropy(logits.reshape(-1, logits.shape[-1]), y[:, d:].reshape(-1))
+            for d, logits in enumerate(aux_logits, 1)]
 
 
 @register
@@ -223,8 +351,15 @@ class MTP(Technique):
         return self.weight if self.options.variant == "heads" else self.weight / (self.options.n - 1)
 
     def check(self, ctx: Context) -> str | None:
-        if ctx.workload and ctx.workload != "gpt":  # no workload: `bench list` asks in general
-            return f"multi-token prediction needs the gpt workload's GPT (got workload '{ctx.workload}')"
+        s = ctx.structure
+        if s is not None:  # None: no model named (`bench list` asks in general)
+            reason = s.lacks(*PARTS[self.options.variant])
+            if reason:
+                return reason
+            if s.causal is False:
+                return "needs a causal model (a decoder); the model's description says it is not"
+            if self.options.variant == "heads" and s.n_blocks == 1:
+                return "mtp heads share a trunk of blocks[:-1]: the model needs 2 or more blocks, has 1"
         if ctx.world_size > 1:
             known = registry()
             others = sorted(n for n in ctx.technique_names
@@ -237,7 +372,13 @@ class MTP(Technique):
 
     def transform_model(self, model: nn.Module, ctx: Context) -> nn.Module:
         o = self.options
-        model = apply_mtp(model, o.variant, o.n, ctx.seed)
+        s = model_structure(model, ctx)
+        if s.causal is None and s.embedding:  # not declared: checked on the model (a later token must not matter)
+            problem = causality_problem(model, model.get_submodule(s.embedding).weight.shape[0],
+                                        max(4, min(ctx.sequence_length or 16, 64)))
+            if problem:
+                raise ValueError(problem)
+        model = apply_mtp(model, o.variant, o.n, ctx.seed, s)
         self._extra_params = sum(p.numel() for p in model.mtp.parameters())
         return model
 
@@ -260,7 +401,7 @@ class MTP(Technique):
             "aux_scale": self.aux_scale,
             "extra_params": getattr(self, "_extra_params", None),
             "aux_loss_last": {f"t+{d + 1}": float(v) for d, v in enumerate(last, 1)},
-            "note": "only the next-token head is evaluated (eval mode runs the GPT's own forward)",
+            "note": "only the next-token head is evaluated (eval mode runs the model's own forward)",
         }
 
     # ---- reading ------------------------------------------------------------------------------------------

@@ -18,14 +18,20 @@ Method card
 - What, ``mode=structured``: at step ``start`` (one shot; training then fine-tunes the rest of the budget), the hidden
   channels with the smallest L2 norm of their incoming weights are removed, and the tensors shrink (Li et al. 2017 use
   the filter norm the same way). Per layer, ``round((1 - sparsity) * channels)`` channels are kept (at least 1).
-  gpt: each block's MLP hidden units (``mlp.fc`` rows and bias, ``mlp.proj`` input columns; score: the fc row with
-  its bias). cnn, cnn_aug: each BasicBlock's inner channels (``conv1`` output filters, ``bn1`` weight, bias and
-  running statistics, ``conv2`` input channels; score: the conv1 filter); the residual width is untouched. mlp: each
-  hidden block's units (the block's ``fc`` rows and bias, and the input columns of the next block's fc or of the
-  head; score: the fc row with its bias). Every channel's score is taken before any tensor is cut. Parameters are
-  sliced in place (the same Parameter objects, gradients dropped) and so is the optimizer's per-parameter state
-  (AdamW's ``exp_avg``, ``exp_avg_sq``; scalars such as ``step`` stay); an optimizer whose state holds a tensor of
-  another shape (a factored second moment) is refused with an error before anything is cut.
+  Which channels is the model's description's answer (``bench.structure``), never the workload's name: each block's
+  MLP hidden units (the ``up`` rows and bias, a gated MLP's ``gate`` rows too, and ``down``'s input columns; score:
+  the up and gate rows with their biases; GPT-2's transposed Conv1D cut on the other dim), and the channel groups
+  it declares or infers. The built-in declarations: gpt, the MLP's ``mlp.fc`` / ``mlp.proj``; cnn, cnn_aug, each
+  BasicBlock's inner channels (``conv1`` output filters, ``bn1`` weight, bias and running statistics, ``conv2``
+  input channels; score: the conv1 filter; the residual width is untouched); mlp, each hidden block's units (its
+  ``fc`` rows and bias, and the input columns of the next block's fc or of the head). Hugging Face GPT-2 and Llama:
+  each block's MLP (``c_fc``/``c_proj``; ``gate_proj``, ``up_proj``/``down_proj``). A user's model: what its
+  ``structure`` declares, else the groups inferred by tracing (a Linear or Conv2d whose outputs reach one Linear or
+  Conv2d only through activations, a BatchNorm or a product: an MLP, a gated MLP, conv -> BN -> ReLU -> conv); a
+  model without any is skipped with that part named. Every channel's score is taken before any tensor is cut.
+  Parameters are sliced in place (the same Parameter objects, gradients dropped) and so is the optimizer's
+  per-parameter state (AdamW's ``exp_avg``, ``exp_avg_sq``; scalars such as ``step`` stay); an optimizer whose state
+  holds a tensor of another shape (a factored second moment) is refused with an error before anything is cut.
 - The speed window runs past the plan: pruning is brought up to the step to come when a batch is drawn, so a window
   that starts past the plan trains the final sparsity (or the shrunk model) from its first step.
 - When it helps: a smaller or sparser model to deploy, at some cost in quality for the same budget. It is an
@@ -66,11 +72,11 @@ from torch import nn
 from torch.nn.modules.batchnorm import _BatchNorm
 from torch.nn.utils import prune
 
+from bench.structure import ModelStructure, resolve
 from techniques import _reading as rd
 from techniques._model import shared_weights
-from techniques.base import Context, Kind, Phase, Technique, register
+from techniques.base import Context, Kind, Phase, Technique, model_structure, register
 
-STRUCTURED_WORKLOADS = ("gpt", "cnn", "cnn_aug", "mlp")
 _MODES = ("unstructured", "structured")
 _SCOPES = ("global", "layer")
 
@@ -138,11 +144,11 @@ def _drop_mask_copies(module: nn.Module) -> None:
 
 @dataclass
 class ChannelGroup:
-    """One layer's hidden channels: the tensors whose dim-0 slices are a channel's incoming weights (its score), and
-    every (module, tensor name, dim) that holds one slice per channel."""
+    """One layer's hidden channels: the tensors (module, name, dim) whose slices on ``dim`` are a channel's incoming
+    weights (its score), and every (module, tensor name, dim) that holds one slice per channel."""
 
     name: str
-    incoming: list[tuple[nn.Module, str]]
+    incoming: list[tuple[nn.Module, str, int]]
     cuts: list[tuple[nn.Module, str, int]]
     labels: dict[int, str] = field(default_factory=dict)  # id(module) -> its name in the model, for messages
 
@@ -151,60 +157,32 @@ class ChannelGroup:
 
     @property
     def channels(self) -> int:
-        module, name = self.incoming[0]
-        return getattr(module, name).shape[0]
+        module, name, dim = self.incoming[0]
+        return getattr(module, name).shape[dim]
 
     def scores(self) -> torch.Tensor:
         """Each channel's L2 norm over its incoming weights (and bias)."""
-        parts = [getattr(m, n).detach().float().reshape(self.channels, -1) for m, n in self.incoming]
+        parts = [getattr(m, n).detach().float().movedim(d, 0).reshape(self.channels, -1) for m, n, d in self.incoming]
         return torch.linalg.vector_norm(torch.cat(parts, dim=1), dim=1)
 
 
-def _linear_units(name: str, fc: nn.Module, consumer: nn.Module) -> ChannelGroup:
-    if not (isinstance(fc, nn.Linear) and isinstance(consumer, nn.Linear)):
-        raise TypeError(f"structured pruning expected nn.Linear layers around {name}'s hidden units")
-    incoming: list[tuple[nn.Module, str]] = [(fc, "weight")]
-    cuts: list[tuple[nn.Module, str, int]] = [(fc, "weight", 0)]
-    if fc.bias is not None:
-        incoming.append((fc, "bias"))
-        cuts.append((fc, "bias", 0))
-    cuts.append((consumer, "weight", 1))
-    return ChannelGroup(name, incoming, cuts)
-
-
-def channel_groups(model: nn.Module, workload: str) -> list[ChannelGroup]:
-    """The hidden channels structured pruning removes in the built-in workloads' models (see the method card)."""
-    groups = _channel_groups(model, workload)
+def channel_groups(model: nn.Module, structure: ModelStructure) -> list[ChannelGroup]:
+    """The hidden channels structured pruning removes, as the model's description names them (``bench.structure``:
+    each block's MLP hidden units, up and gate rows with down's columns, and the declared or inferred channel groups,
+    such as a conv's filters with its BatchNorm and the next conv's input channels)."""
     labels = {id(m): name for name, m in model.named_modules()}
-    for g in groups:
-        g.labels = labels
+    groups = []
+    for found in structure.hidden_channels():
+        incoming = [(r.module, r.name, r.dim) for c in found.score if (r := resolve(model, c)) is not None]
+        cuts = [(r.module, r.name, r.dim) for c in found.cuts if (r := resolve(model, c)) is not None]
+        if not incoming:
+            raise ValueError(f"prune: the description's channel group {found.name} names no tensor the model has")
+        sizes = {getattr(m, n).shape[d] for m, n, d in cuts}
+        if len(sizes) != 1:
+            raise ValueError(f"prune: the tensors of channel group {found.name} disagree on its channel count "
+                             f"({sorted(sizes)}); the model's description does not match the model")
+        groups.append(ChannelGroup(found.name, incoming, cuts, labels))
     return groups
-
-
-def _channel_groups(model: nn.Module, workload: str) -> list[ChannelGroup]:
-    if workload == "gpt":
-        return [_linear_units(f"blocks.{i}.mlp", b.mlp.fc, b.mlp.proj) for i, b in enumerate(model.blocks)]
-    if workload == "mlp":
-        blocks = list(model.blocks)
-        consumers = [b.fc for b in blocks[1:]] + [model.head]
-        return [_linear_units(f"blocks.{i}", b.fc, nxt) for i, (b, nxt) in enumerate(zip(blocks, consumers, strict=True))]
-    if workload in ("cnn", "cnn_aug"):
-        groups = []
-        for name, m in model.named_modules():
-            conv1, bn1, conv2 = (getattr(m, a, None) for a in ("conv1", "bn1", "conv2"))
-            if not (isinstance(conv1, nn.Conv2d) and isinstance(bn1, _BatchNorm) and isinstance(conv2, nn.Conv2d)):
-                continue
-            if conv1.groups != 1 or conv2.groups != 1:
-                raise TypeError(f"structured pruning does not cut grouped convolutions ({name})")
-            cuts: list[tuple[nn.Module, str, int]] = [(conv1, "weight", 0)]
-            if conv1.bias is not None:
-                cuts.append((conv1, "bias", 0))
-            cuts += [(bn1, t, 0) for t in ("weight", "bias", "running_mean", "running_var") if getattr(bn1, t) is not None]
-            cuts.append((conv2, "weight", 1))
-            groups.append(ChannelGroup(name, [(conv1, "weight")], cuts))
-        return groups
-    raise ValueError(f"structured pruning knows the hidden channels of {', '.join(STRUCTURED_WORKLOADS)}, "
-                     f"not of workload {workload!r}")
 
 
 def kept_channels(scores: torch.Tensor, sparsity: float) -> torch.Tensor:
@@ -239,6 +217,8 @@ def _sync_sizes(module: nn.Module) -> None:
         module.out_channels, module.in_channels = module.weight.shape[0], module.weight.shape[1] * module.groups
     elif isinstance(module, _BatchNorm):
         module.num_features = module.running_mean.shape[0] if module.running_mean is not None else module.weight.shape[0]
+    elif hasattr(module, "nf") and hasattr(module, "nx") and module.weight.dim() == 2:  # GPT-2's Conv1D: (in, out)
+        module.nx, module.nf = module.weight.shape
 
 
 def shrink(groups: list[ChannelGroup], sparsity: float, optimizer: torch.optim.Optimizer | None
@@ -332,15 +312,18 @@ class Prune(Technique):
     def check(self, ctx: Context) -> str | None:
         if ctx.world_size > 1:
             return "prune runs on one process (each rank would prune and cut its own replica)"
-        if self.options.mode == "structured" and ctx.workload not in STRUCTURED_WORKLOADS:
-            return (f"prune:mode=structured knows the hidden channels of {', '.join(STRUCTURED_WORKLOADS)}, not of "
-                    f"workload '{ctx.workload}' (mode=unstructured prunes any model's Linear and Conv2d weights)")
+        if self.options.mode == "structured" and ctx.structure is not None:
+            return ctx.structure.lacks("channels", hint=(
+                "return `structure` from build with the MLP or the channel groups (docs/models.md); "
+                "mode=unstructured prunes any model's Linear and Conv2d weights"))
         return None
 
     def transform_model(self, model: nn.Module, ctx: Context) -> nn.Module:
         self._model = model
         if self.options.mode == "structured":
-            self._groups = channel_groups(model, ctx.workload)
+            self._groups = channel_groups(model, model_structure(model, ctx))
+            if not self._groups:
+                raise ValueError(f"prune:mode=structured: {model_structure(model, ctx).lacks('channels')}")
         else:
             self._targets, self._shared = prunable_weights(model)
             if not self._targets:

@@ -17,8 +17,9 @@ Method card
   MLPerf 1.1 BERT-large record (sequence 512) and 3x faster GPT-2 (sequence 1K) than Hugging Face's, with memory
   linear instead of quadratic in the sequence length. With a short sequence (gpt:tiny: 64) the attention is a small
   part of the step, so little changes.
-- Check: refuses built-in workloads that never call SDPA (``mlp``, ``cnn``); ``gpt`` and ``hf`` (transformers'
-  ``attn_implementation="sdpa"``) call it, and the kernel choice was seen taking effect in both. Refuses ``efficient``
+- Check: refuses a model whose description (``bench.structure``) says it never calls SDPA (the built-in ``mlp``,
+  ``cnn``); ``gpt`` and ``hf`` (transformers' ``attn_implementation="sdpa"``) call it (a user's model is not
+  known and is not refused), and the kernel choice was seen taking effect in both. Refuses ``efficient``
   and ``cudnn`` off CUDA, and any backend that cannot run a small causal attention (forward and backward, head dim
   32, the set's dtype: fp32, or bf16/fp16 with those techniques) on the trial's device, with torch's reason; the
   probe runs once per backend, device and dtype. A user's model that never calls SDPA runs unchanged under it.
@@ -80,8 +81,6 @@ BACKENDS = {
     "efficient": SDPBackend.EFFICIENT_ATTENTION,
     "cudnn": SDPBackend.CUDNN_ATTENTION,
 }
-# Built-in workloads whose models never call F.scaled_dot_product_attention.
-NO_ATTENTION = {"mlp": "an MLP", "cnn": "a CNN", "cnn_aug": "a CNN"}
 
 
 @functools.cache
@@ -118,10 +117,10 @@ class SDPABackend(Technique):
         backend: Literal["math", "flash", "efficient", "cudnn"] = "flash"
 
     def check(self, ctx: Context) -> str | None:
-        what = NO_ATTENTION.get(ctx.workload)
-        if what is not None:
-            return (f"workload '{ctx.workload}' is {what} without attention: it never calls "
-                    "F.scaled_dot_product_attention, so no kernel is chosen")
+        if ctx.structure is not None and ctx.structure.calls_sdpa is False:  # None: not known, not refused
+            return (f"workload '{ctx.workload}' is a model without attention (its description: "
+                    f"{ctx.structure.source or 'unknown'}): it never calls F.scaled_dot_product_attention, so no kernel "
+                    "is chosen")
         if self.options.backend in ("efficient", "cudnn") and not ctx.is_cuda:
             return (f"the {self.options.backend} SDPA kernel exists only in CUDA builds; on {ctx.device.type} "
                     "use backend=math or backend=flash")

@@ -7,7 +7,16 @@ Method card
   buffers such as BatchNorm's running statistics included, loaded strictly) and trains the workload as usual, at the
   workload's learning rate or ``lr``. The fine-tune task is always the workload itself, so the sweep's baseline is
   the comparison the method needs: the same model trained from scratch on the fine-tune task to the same target.
-- Source tasks:
+- Your own checkpoint, ``transfer:init=/abs/path.pt`` (any model: a user's, a Hugging Face config, a built-in):
+  the trial's model starts from the state dict in that file (``torch.save(model.state_dict(), path)``, or a dict
+  holding it under ``state_dict``, ``state`` or ``model``; read with ``weights_only``), loaded strictly: a
+  checkpoint whose keys or shapes differ is one error listing the missing keys, the unexpected keys and the
+  tensors of another shape (the trial fails with it, nothing loaded). Nothing is pretrained; the record holds the
+  file's path and sha256 and its load time. The baseline is the same model trained from scratch. The path must be
+  absolute (trial processes run in the harness's directory) and may not hold ``,``, ``+`` or ``:`` (the label's
+  separators).
+- Source tasks, for the models whose description declares one (``ModelStructure.source_task``; without a
+  declared task and without ``init`` the set is skipped, saying so):
   - gpt (fine-tune corpus: the pydoc topics, CPython's documentation; ``small`` adds the first 4M characters of the
     standard library's sources): 2M characters of the standard library's ``.py`` sources in the workload's own
     order (``bench.workloads.gpt_chars``: sorted paths, the same files skipped), starting after the largest stdlib
@@ -42,7 +51,7 @@ Method card
   model's parameters (extra heads, another architecture) must come after it in the set's label
   (``transfer+mtp``, not ``mtp+transfer``, which fails with that reason); ``freeze`` works in either order.
 - Not implemented: discriminative (per-layer) learning rates and slanted triangular schedules (ULMFiT), multi-process
-  runs (every rank would write the cache: refused), workloads other than gpt, cnn and cnn_aug.
+  runs (every rank would write the cache: refused), source tasks for models that declare none (give ``init``).
 - Measured (2-core AMD EPYC, AVX2; tiny sizes, `--preset quick`, 3 seeds; reports/example-cpu-model-techniques):
   gpt, pretrained 150 steps on stdlib sources once (4.8 s): val_loss -0.339 [-0.593, -0.085] at equal samples,
   inconclusive (p = 0.029 alone, not after Holm's correction over the report's 10 comparisons; the same at equal
@@ -76,15 +85,17 @@ import torch
 from torch import nn
 
 from bench.files import save_torch_atomic
-from techniques import _reading as rd
-from techniques.base import Context, Kind, Phase, Probe, Technique, TrainConfig, register
+from techniques._model import once
+from techniques.base import Context, Kind, Phase, Probe, Technique, TrainConfig, model_structure, register
 
 PRETRAIN_SEED = 20_000  # the pretrained model's initialisation and batch order: one checkpoint per workload size
 SOURCE_CHARS = 2_000_000  # gpt: characters of stdlib sources in the source task
 EXCLUDED_DIRS = ("pydoc_data",)  # stdlib files holding the pydoc topics, the gpt fine-tune corpus itself
 SOURCE_CLASSES = (0, 1, 2, 3, 4)  # cnn: the classes of the source task
-HEAD = "head"  # the classifiers' head, re-initialised for the fine-tune (a new label space)
-SUPPORTED = ("gpt", "cnn", "cnn_aug")
+# The source tasks a workload may declare (``ModelStructure.source_task``), and whether the model's head transfers:
+# a character corpus keeps the vocabulary; other classes are a new label space (the head is re-initialised).
+SOURCE_TASKS = {"stdlib_chars": True, "fashion_classes": False}
+HEAD = "head"  # the built-in classifiers' head (their descriptions name it)
 FORMAT = 1  # bump when the checkpoint's content changes meaning
 
 
@@ -192,15 +203,18 @@ def cnn_source(fresh: Any) -> tuple[tuple[torch.Tensor, torch.Tensor], dict[str,
 # ---- the checkpoint ----------------------------------------------------------------------------------------------
 
 
-def pretrained(workload: str, probe: Probe, steps: float, cache_dir: Path | None
+def pretrained(workload: str, probe: Probe, steps: float, cache_dir: Path | None, task: str = "stdlib_chars"
                ) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
     """The pretrained state dict (on the CPU) and its record, from ``cache_dir`` when it holds it; else trained
-    now on a fresh copy of the workload and cached."""
+    now on a fresh copy of the workload (``workload``, a name for the cache key) on the source ``task`` its
+    description declares (``SOURCE_TASKS``), and cached."""
     from bench.workloads.gpt_chars import window_batches
     from bench.workloads.mlp_mnist1d import shuffled_batches
 
     fresh = probe.fresh(PRETRAIN_SEED)
-    if workload == "gpt":
+    if task not in SOURCE_TASKS:
+        raise ValueError(f"transfer: no source task {task!r} (known: {', '.join(SOURCE_TASKS)})")
+    if task == "stdlib_chars":
         ids, source = gpt_source(fresh)
         seq_len = fresh.params["seq_len"]
 
@@ -236,10 +250,52 @@ def pretrained(workload: str, probe: Probe, steps: float, cache_dir: Path | None
     return state, {**meta, "cached": False}
 
 
+def load_checkpoint(path: str) -> dict[str, torch.Tensor]:
+    """The state dict in ``path`` (``torch.save`` of ``model.state_dict()``, or of a dict holding it under
+    ``state_dict``, ``state`` or ``model``), on the CPU, loaded with ``weights_only`` (no code runs)."""
+    try:
+        saved = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as exc:  # a missing, truncated or pickled-object file: one line, its reason
+        raise ValueError(f"transfer:init={path}: cannot be read as a torch checkpoint ({type(exc).__name__}: "
+                         f"{' '.join(str(exc).split())[:200]})") from None
+    for key in ("state_dict", "state", "model"):
+        if isinstance(saved, dict) and isinstance(saved.get(key), dict):
+            saved = saved[key]
+            break
+    if not (isinstance(saved, dict) and all(isinstance(k, str) and torch.is_tensor(v) for k, v in saved.items())):
+        raise ValueError(f"transfer:init={path}: holds a {type(saved).__name__}, not a state dict (name -> tensor); "
+                         "save it with torch.save(model.state_dict(), path)")
+    return saved
+
+
+def _listed(keys: list[str], limit: int = 6) -> str:
+    shown_keys = ", ".join(keys[:limit])
+    return f"{shown_keys} and {len(keys) - limit} more" if len(keys) > limit else shown_keys
+
+
+def key_mismatch(state: dict[str, torch.Tensor], model: nn.Module) -> str | None:
+    """What a strict load of ``state`` into ``model`` would find wrong, in one line (missing keys, unexpected keys,
+    tensors of another shape), or None when it matches."""
+    own = model.state_dict()
+    missing = [k for k in own if k not in state]
+    unexpected = [k for k in state if k not in own]
+    shapes = [f"{k} {tuple(state[k].shape)} for {tuple(own[k].shape)}" for k in own
+              if k in state and tuple(state[k].shape) != tuple(own[k].shape)]
+    parts = []
+    if missing:
+        parts.append(f"{len(missing)} missing key(s): {_listed(missing)}")
+    if unexpected:
+        parts.append(f"{len(unexpected)} unexpected key(s): {_listed(unexpected)}")
+    if shapes:
+        parts.append(f"{len(shapes)} of another shape: {_listed(shapes, 3)}")
+    return "; ".join(parts) or None
+
+
 @register
 class Transfer(Technique):
     name = "transfer"
-    summary = "pretrain on a disjoint source task once (cached per sweep), then fine-tune on the workload"
+    summary = ("start from pretrained weights: a checkpoint you give (init=PATH.pt), or a disjoint source task the "
+               "workload declares, pretrained once (cached per sweep); then fine-tune on the workload")
     kind = Kind.ALGORITHMIC
     phase = Phase.SURGERY
     slot = "initialisation"
@@ -248,21 +304,30 @@ class Transfer(Technique):
 
     @dataclass(frozen=True)
     class Options:
-        steps: float = 1.0  # pretraining steps as a multiple of the workload's quality budget
+        steps: float = 1.0  # pretraining steps as a multiple of the workload's quality budget (source tasks)
         lr: float | None = None  # the fine-tune's learning rate (None: the workload's)
+        init: str | None = None  # an absolute path of a checkpoint (the model's state_dict) to start from instead
 
         def __post_init__(self) -> None:
             if not (self.steps > 0 and math.isfinite(self.steps)):
                 raise ValueError(f"steps must be > 0 (a multiple of the workload's quality steps), got {self.steps}")
             if self.lr is not None and not (self.lr > 0 and math.isfinite(self.lr)):
                 raise ValueError(f"lr must be > 0 or none (the workload's), got {self.lr}")
+            if self.init is not None and not os.path.isabs(self.init):
+                raise ValueError(f"init must be an absolute path (trials run in the harness's directory), got "
+                                 f"{self.init!r}: write init={os.path.abspath(self.init)}")
 
     def check(self, ctx: Context) -> str | None:
-        if ctx.workload and ctx.workload not in SUPPORTED:
-            return (f"has source tasks for {', '.join(SUPPORTED)} only (gpt: stdlib sources; cnn, cnn_aug: "
-                    f"Fashion-MNIST classes 0-4), not {ctx.workload!r}")
         if ctx.world_size > 1:
             return "runs on one process: every rank would pretrain and write the cached checkpoint"
+        if self.options.init is not None:
+            if not os.path.isfile(self.options.init):
+                return f"init={self.options.init}: no such file (a checkpoint saved with torch.save(model.state_dict()))"
+            return None
+        s = ctx.structure
+        if s is not None and s.source_task is None:
+            return ("needs pretrained weights: give transfer:init=/abs/path.pt (a checkpoint of this model's "
+                    "state_dict, loaded strictly); the model's description declares no source task to pretrain on")
         return None
 
     def configure(self, cfg: TrainConfig) -> TrainConfig:
@@ -272,18 +337,40 @@ class Transfer(Technique):
         reason = self.check(ctx)
         if reason:
             raise ValueError(f"transfer {reason}")
-        self._state, self._meta = pretrained(ctx.workload, probe, self.options.steps, ctx.cache_dir)
+        path = self.options.init
+        if path is not None:
+            started = time.perf_counter()
+            self._state = load_checkpoint(path)
+            digest = hashlib.sha256(Path(path).read_bytes()).hexdigest()
+            self._meta = {"source": {"task": "checkpoint", "path": path, "sha256": digest, "tensors": len(self._state),
+                                     "overlaps_target": None},
+                          "load_s": round(time.perf_counter() - started, 3), "cached": None}
+            return cfg
+        s = ctx.structure or probe.fresh().structure
+        task = s.source_task if s is not None else None
+        if task is None:
+            raise ValueError("transfer: the model's description declares no source task; give init=PATH.pt")
+        self._state, self._meta = pretrained(ctx.workload, probe, self.options.steps, ctx.cache_dir, task)
         return cfg
 
     def transform_model(self, model: nn.Module, ctx: Context) -> nn.Module:
         state = getattr(self, "_state", None)
         if state is None:
             raise RuntimeError("transfer: no pretrained checkpoint (tune() builds or loads it before the model, once)")
-        self._head = ctx.workload != "gpt"
+        s = model_structure(model, ctx)
+        self._head = self.options.init is None and not SOURCE_TASKS.get(s.source_task or "", True)
+        if self.options.init is not None:
+            problem = key_mismatch(state, model)
+            if problem:
+                others = [n for n in ctx.technique_names if n != self.name]
+                order = (f" (a transform listed before transfer changes the model: list transfer first, before "
+                         f"{', '.join(others)})") if others else ""
+                raise ValueError(f"transfer:init={self.options.init} does not match the model: {problem}{order}")
         if self._head:  # a new label space: keep the trial model's own freshly initialised head
-            own = {k: v.detach().clone() for k, v in model.state_dict().items() if k.startswith(f"{HEAD}.")}
+            head = s.head
+            own = {k: v.detach().clone() for k, v in model.state_dict().items() if head and k.startswith(f"{head}.")}
             if not own:
-                raise RuntimeError(f"transfer: the model has no {HEAD!r} module to re-initialise")
+                raise RuntimeError(f"transfer: the model has no head ({head!r}) to re-initialise")
             state = {**state, **own}
         try:
             model.load_state_dict(state, strict=True)  # in place: a frozen parameter (freeze) stays frozen
@@ -299,23 +386,30 @@ class Transfer(Technique):
         meta = getattr(self, "_meta", None)
         if meta is None:
             return None
-        return {**meta, "steps": self.options.steps, "fine_tune_lr": ctx.state.get("lr"),
+        return {**meta, "steps": self.options.steps if self.options.init is None else None,
+                "init": self.options.init, "fine_tune_lr": ctx.state.get("lr"),
                 "head_reinitialised": getattr(self, "_head", None),
                 "source_overlaps_target": meta["source"]["overlaps_target"]}
 
-    # ---- reading ------------------------------------------------------------------------------------------
-
     @classmethod
     def summarize(cls, found: list[dict[str, Any]]) -> str:
-        """The pretraining steps, source task and loss, its cost amortised over the trials that shared the
-        checkpoint."""
+        """The report's line of what the technique found (the shared ``summarize`` interface): the checkpoint a
+        user gave, or the source task's pretraining and what it cost per trial."""
         first = found[0]
         source = first.get("source") or {}
+        if first.get("init"):
+            return (f"started from {first['init']} (sha256 {str(source.get('sha256'))[:12]}, "
+                    f"{source.get('tensors')} tensors, loaded strictly); nothing pretrained")
         text = (f"pretrained {first.get('pretrain_steps')} steps on {source.get('task')} (loss "
-                f"{rd.g(first.get('source_first_loss'))} -> {rd.g(first.get('source_final_loss'))}), "
-                + rd.once(found, "pretrain_s", "trained"))
+                f"{_g(first.get('source_first_loss'))} -> {_g(first.get('source_final_loss'))}), "
+                + once(found, "pretrain_s", "trained"))
         if first.get("head_reinitialised"):
             text += "; classifier head re-initialised"
         if first.get("source_overlaps_target"):
             text += "; the source images overlap the fine-tune's training set"
         return text
+
+
+def _g(x: float | None) -> str:
+    return "-" if x is None else str(x) if isinstance(x, int) else f"{x:.3g}"
+

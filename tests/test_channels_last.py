@@ -5,6 +5,7 @@ import pytest
 import torch
 from torch import nn
 
+from bench import workloads
 from bench.config import TechniqueSet, WorkloadSpec
 from bench.plan import incompatibility
 from techniques.base import Context, Kind
@@ -61,10 +62,12 @@ def test_losses_match_the_baseline_within_the_documented_tolerance():
 def test_models_without_conv2d_are_refused_with_the_reason():
     with pytest.raises(ValueError, match="no nn.Conv2d"):
         apply_channels_last(nn.Sequential(nn.Linear(4, 4)))
-    for workload in ("mlp", "gpt", "hf"):
-        reason = ChannelsLast().check(Context(device=torch.device("cpu"), workload=workload))
+    for workload in ("mlp", "gpt", "hf"):  # their descriptions say: no Conv2d
+        structure = workloads.get(workload).structure("tiny")
+        reason = ChannelsLast().check(Context(device=torch.device("cpu"), workload=workload, structure=structure))
         assert reason is not None and "without convolutions" in reason
-    assert ChannelsLast().check(Context(device=torch.device("cpu"), workload="cnn")) is None
+    structure = workloads.get("cnn").structure("tiny")
+    assert ChannelsLast().check(Context(device=torch.device("cpu"), workload="cnn", structure=structure)) is None
     assert ChannelsLast().check(Context(device=torch.device("cpu"), workload="my_user_model")) is None
 
 

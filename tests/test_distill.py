@@ -10,12 +10,14 @@ from bench import workloads
 from bench.config import Budget
 from bench.loop import TrainLoop, build_optimizer, plain_loop
 from bench.measure.flops import count_flops
+from bench.structure import ModelStructure
 from techniques._model import n_params
 from techniques.base import Context, OptionError, Probe, TrainConfig
 from techniques.distill import TEACHER_SEED, Distill, distillation_loss, teacher_params
 from tests.helpers import build_loop
 
 CPU = torch.device("cpu")
+STRUCT = {name: workloads.get(name).structure("tiny") for name in ("gpt", "cnn", "cnn_aug", "mlp")}
 
 
 def hand_kl(student: torch.Tensor, teacher: torch.Tensor, temperature: float) -> float:
@@ -91,7 +93,7 @@ def test_the_teacher_is_trained_once_and_cached(tmp_path):
     assert meta2["teacher_eval"] == meta["teacher_eval"]
     a, b = first._teacher.state_dict(), again._teacher.state_dict()
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
-    fresh = workloads.get("mlp").build_from(teacher_params("mlp", probe.fresh().params, 2.0, 1), TEACHER_SEED, CPU)
+    fresh = workloads.get("mlp").build_from(teacher_params(STRUCT["mlp"], probe.fresh().params, 2.0, 1), TEACHER_SEED, CPU)
     assert not torch.equal(fresh.model.head.weight, first._teacher.head.weight)  # it was trained
 
     for changed in ({"teacher_steps": 0.06}, {"width": 1.5}):
@@ -110,20 +112,20 @@ def test_without_a_cache_the_teacher_is_trained_and_not_saved(tmp_path, monkeypa
 
 def test_teacher_params_scale_width_and_depth():
     gpt = workloads.get("gpt").size_params("small")  # n_head 4, d_model 256, n_layer 4
-    t = teacher_params("gpt", gpt, 1.3, 2)
+    t = teacher_params(STRUCT["gpt"], gpt, 1.3, 2)
     assert (t["d_model"], t["n_layer"], t["n_head"], t["seq_len"]) == (332, 8, 4, 128)  # 332.8 -> 83 heads' worth
     assert {k: v for k, v in t.items() if k not in ("d_model", "n_layer")} == \
         {k: v for k, v in gpt.items() if k not in ("d_model", "n_layer")}
-    assert teacher_params("gpt", workloads.get("gpt").size_params("tiny"), 2.0, 1)["d_model"] == 128
-    cnn = teacher_params("cnn", workloads.get("cnn").size_params("tiny"), 2.0, 2)
+    assert teacher_params(STRUCT["gpt"], workloads.get("gpt").size_params("tiny"), 2.0, 1)["d_model"] == 128
+    cnn = teacher_params(STRUCT["cnn"], workloads.get("cnn").size_params("tiny"), 2.0, 2)
     assert (cnn["widths"], cnn["blocks_per_stage"]) == ([16, 32, 64], 2)
-    aug = teacher_params("cnn_aug", workloads.get("cnn_aug").size_params("tiny"), 1.5, 1)
+    aug = teacher_params(STRUCT["cnn_aug"], workloads.get("cnn_aug").size_params("tiny"), 1.5, 1)
     assert (aug["widths"], aug["blocks_per_stage"], aug["elastic_alpha"]) == \
         ([12, 24, 48], 1, workloads.get("cnn_aug").size_params("tiny")["elastic_alpha"])
-    mlp = teacher_params("mlp", workloads.get("mlp").size_params("tiny"), 2.0, 2)
+    mlp = teacher_params(STRUCT["mlp"], workloads.get("mlp").size_params("tiny"), 2.0, 2)
     assert (mlp["width"], mlp["depth"], mlp["batch_size"]) == (512, 6, 64)
-    with pytest.raises(ValueError, match="supported: gpt, cnn, cnn_aug, mlp"):
-        teacher_params("hf", {}, 2.0, 1)
+    with pytest.raises(ValueError, match="distill: needs a teacher: return `teacher_size` from build"):
+        teacher_params(ModelStructure(), {}, 2.0, 1)
 
 
 @pytest.mark.parametrize("name", ["mlp", "cnn", "gpt"])
@@ -132,7 +134,7 @@ def test_the_teacher_is_larger_than_the_student(name):
     if (reason := wl.check()) is not None:
         pytest.skip(reason)
     student = wl.build("tiny", 0, CPU)
-    teacher = wl.build_from(teacher_params(name, student.params, 2.0, 1), TEACHER_SEED, CPU)
+    teacher = wl.build_from(teacher_params(wl.structure("tiny"), student.params, 2.0, 1), TEACHER_SEED, CPU)
     assert n_params(teacher.model) > 2 * n_params(student.model)  # widths x2: the hidden matmuls x4
 
 
@@ -176,8 +178,9 @@ def test_check_refuses_what_it_cannot_run():
     assert tech.check(Context(device=CPU, workload="mlp")) is None
     assert tech.check(Context(device=CPU, workload="gpt")) is None
     assert tech.check(Context(device=CPU)) is None  # the CLI's device-level listing names no workload
-    reason = tech.check(Context(device=CPU, workload="hf"))
-    assert reason is not None and "'hf'" in reason and "gpt, cnn, cnn_aug, mlp" in reason and "\n" not in reason
+    reason = tech.check(Context(device=CPU, workload="lstm", structure=ModelStructure(source="inferred")))
+    assert reason is not None and "teacher_size" in reason and "scaling" in reason and "\n" not in reason
+    assert tech.check(Context(device=CPU, structure=workloads.get("hf").structure("llama-tiny"))) is None
     reason = tech.check(Context(device=CPU, workload="mlp", world_size=2))
     assert reason is not None and "one process" in reason
     with pytest.raises(ValueError, match="one process"):

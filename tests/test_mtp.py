@@ -8,6 +8,7 @@ import torch
 import torch.nn.functional as F
 
 import techniques.mtp  # noqa: F401  (registers "mtp")
+from bench import workloads
 from bench.config import ConfigError, TechniqueSpec
 from bench.workloads import gpt_chars
 from techniques.base import Context, TrainOutput
@@ -173,7 +174,9 @@ def test_heads_are_seeded_by_the_trial_seed_and_leave_the_global_rng_alone():
 def test_check_refuses_other_workloads_and_other_sharding():
     tech = MTP()
     cpu = torch.device("cpu")
-    assert "gpt" in tech.check(Context(device=cpu, workload="mlp"))
+    mlp = workloads.get("mlp").structure("tiny")  # no token embedding: not a decoder
+    assert "token embedding" in tech.check(Context(device=cpu, workload="mlp", structure=mlp))
+    assert tech.check(Context(device=cpu, structure=workloads.get("hf").structure("llama-tiny"))) is None
     assert tech.check(Context(device=cpu, workload="gpt")) is None
     assert tech.check(Context(device=cpu, workload="gpt", world_size=2, technique_names=("mtp", "ddp"))) is None
     assert "zero3" in tech.check(Context(device=cpu, workload="gpt", world_size=2, technique_names=("mtp", "zero3")))
@@ -192,7 +195,7 @@ def test_heads_need_two_blocks_and_a_gpt():
     with pytest.raises(ValueError, match="n_layer >= 2"):
         apply_mtp(gpt_chars.GPT(one), "heads", 2)
     apply_mtp(gpt_chars.GPT(one), "sequential", 2)  # the chain starts after the last block: one is enough
-    with pytest.raises(TypeError, match="GPT"):
+    with pytest.raises(ValueError, match="mtp: needs the model's blocks, token embedding, output head"):
         apply_mtp(torch.nn.Linear(2, 2), "heads", 2)
     with pytest.raises(ValueError, match="already"):
         apply_mtp(small_mtp("heads", 2), "heads", 2)

@@ -8,6 +8,7 @@ from torch import nn
 import techniques.prune  # noqa: F401  (registers "prune" before build_loop resolves the label)
 from bench import workloads
 from bench.config import Budget
+from bench.structure import ModelStructure, describe
 from bench.workloads.cnn_fashion import ResNet
 from techniques.base import Context, OptionError
 from techniques.prune import (
@@ -235,7 +236,7 @@ def test_removing_only_all_zero_channels_leaves_the_output_unchanged(workload):
     shift, so the channel outputs exactly 0): those are the lowest-norm channels, and cutting them must not change
     the model's output. A wrong slice (wrong rows, wrong dim, the state of another layer) would."""
     model = MODELS[workload]().eval()
-    groups = channel_groups(model, workload)
+    groups = channel_groups(model, describe(model, "blocks"))
     gen = torch.Generator().manual_seed(2)
     with torch.no_grad():
         for g in groups:
@@ -259,7 +260,7 @@ def test_an_optimizer_state_it_cannot_slice_is_refused_before_anything_is_cut():
     opt.state[model.blocks[1].fc.weight]["row_var"] = torch.zeros(256, 1)  # a factored second moment (Adafactor)
     shapes = [p.shape for p in model.parameters()]
     with pytest.raises(ValueError, match=r"cannot slice the optimizer's state 'row_var' of blocks.1.fc.weight \(shape \(256, 1\)"):
-        shrink(channel_groups(model, "mlp"), 0.5, opt)
+        shrink(channel_groups(model, describe(model, "blocks")), 0.5, opt)
     assert [p.shape for p in model.parameters()] == shapes
 
 
@@ -269,11 +270,12 @@ def test_an_optimizer_state_it_cannot_slice_is_refused_before_anything_is_cut():
 def test_check_reasons():
     structured = Prune(Prune.parse_options({"mode": "structured"}))
     assert "one process" in Prune().check(Context(device=CPU, workload="mlp", world_size=2))
-    reason = structured.check(Context(device=CPU, workload="hf_causal"))
-    assert "gpt, cnn, cnn_aug, mlp" in reason and "hf_causal" in reason
-    for workload in ("gpt", "cnn", "cnn_aug", "mlp"):
-        assert structured.check(Context(device=CPU, workload=workload)) is None
-    assert Prune().check(Context(device=CPU, workload="hf_causal")) is None
+    bare = Context(device=CPU, structure=ModelStructure(blocks="layers", source="inferred"))  # no MLP, no channels
+    reason = structured.check(bare)
+    assert "removable hidden channels" in reason and "mode=unstructured" in reason and "\n" not in reason
+    for workload in ("gpt", "cnn", "cnn_aug", "mlp", "hf"):  # declared, or derived from the config
+        assert structured.check(Context(device=CPU, structure=workloads.get(workload).structure("tiny"))) is None
+    assert Prune().check(bare) is None
     assert "compile" in Prune.conflicts and Prune.own_flops
 
 

@@ -5,6 +5,7 @@ import pytest
 import torch
 from torch.profiler import ProfilerActivity, profile
 
+from bench import workloads
 from bench.config import ConfigError, TechniqueSet, WorkloadSpec
 from bench.plan import incompatibility
 from techniques.base import Context, Kind
@@ -75,8 +76,9 @@ def test_check_accepts_the_cpu_kernels_on_attention_workloads(backend):
 
 
 def test_check_and_plan_refuse_workloads_without_attention():
-    for workload in ("mlp", "cnn"):
-        reason = SDPABackend().check(Context(device=CPU, workload=workload))
+    for workload in ("mlp", "cnn"):  # their descriptions say: no attention
+        structure = workloads.get(workload).structure("tiny")
+        reason = SDPABackend().check(Context(device=CPU, workload=workload, structure=structure))
         assert reason is not None and "scaled_dot_product_attention" in reason
     reason = incompatibility(TechniqueSet.parse("sdpa_backend"), WorkloadSpec("mlp"), CPU, 1)
     assert reason is not None and reason.startswith("sdpa_backend:") and "without attention" in reason

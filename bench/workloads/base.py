@@ -11,6 +11,7 @@ from typing import Any, ClassVar
 import torch
 from torch import nn
 
+from bench.structure import ModelStructure
 from bench.text import shown
 
 Batch = tuple[torch.Tensor, torch.Tensor]  # (inputs, targets), on CPU; the loop moves them to the device
@@ -59,6 +60,9 @@ class BuiltWorkload:
     # None on every other workload, and the methods refuse to run there
     curve_metrics: tuple[str, ...] = ()  # keys of ``evaluate``'s result recorded beside ``metric`` at every
     # evaluation point (``quality.curve_extra``), e.g. a preference workload's proxy reward and KL
+    structure: ModelStructure | None = None  # the model's parts, for the techniques that change, split or scale it
+    # (``bench.structure``: declared by the workload, derived from a Hugging Face config, returned by a user's build
+    # or inferred)
 
 
 class Workload(abc.ABC):
@@ -90,6 +94,15 @@ class Workload(abc.ABC):
         """(the blocks' path or None, has BatchNorm) at ``size``, known without building the model: what the plan
         checks technique sets against."""
         return ("blocks" if self.has_blocks else None), self.has_batchnorm
+
+    def structure(self, size: str) -> ModelStructure | None:
+        """The model's structure at ``size``, known without building it (what the plan checks technique sets
+        against; the built model carries the same in ``BuiltWorkload.structure``). None: not described."""
+        return self.structure_from(self.size_params(size))
+
+    def structure_from(self, params: dict[str, Any]) -> ModelStructure | None:
+        """The structure of the model built from ``params`` (a size's own, or a scaled teacher's)."""
+        return None
 
     def build(self, size: str, seed: int, device: torch.device) -> BuiltWorkload:
         """Build model, data, loss and evaluation for ``size``, seeded by ``seed``."""

@@ -39,6 +39,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from bench.data import classifier_pipeline
+from bench.structure import Channels, Cut, ModelStructure, Scaling
 from bench.workloads.base import ACCURACY_MARGIN, BuiltWorkload, Workload, WorkloadError, register
 from bench.workloads.mlp_mnist1d import classification_metrics, shuffled_batches
 
@@ -139,6 +140,27 @@ class ResNet(nn.Module):
             x = stage(x)
         return self.head(x.mean(dim=(2, 3)))
 
+    def trainbench_structure(self) -> ModelStructure:
+        return cnn_structure(len(self.blocks), len(self.blocks[0]))
+
+
+def cnn_structure(stages: int, blocks_per_stage: int) -> ModelStructure:
+    """The ResNet's parts: each BasicBlock's inner channels (``conv1`` filters, ``bn1``'s weight, bias and running
+    statistics, ``conv2``'s input channels; scored by the conv1 filter) are a group of removable channels, the
+    residual width is not; the stages are the blocks, ``head`` the classifier; a teacher scales every stage's
+    ``widths`` and ``blocks_per_stage``."""
+    channels = []
+    for i in range(stages):
+        for j in range(blocks_per_stage):
+            b = f"blocks.{i}.{j}"
+            score = (Cut(f"{b}.conv1.weight", 0), Cut(f"{b}.conv1.bias", 0))
+            bn = tuple(Cut(f"{b}.bn1.{t}", 0) for t in ("weight", "bias", "running_mean", "running_var"))
+            channels.append(Channels(b, score, (*score, *bn, Cut(f"{b}.conv2.weight", 1))))
+    return ModelStructure(blocks="blocks", n_blocks=stages, head="head", channels=tuple(channels),
+                          convolutional=True, calls_sdpa=False,
+                          scaling=Scaling(width=("widths",), depth=("blocks_per_stage",)),
+                          source_task="fashion_classes", source="declared")
+
 
 @register
 class CNNFashion(Workload):
@@ -199,4 +221,8 @@ class CNNFashion(Workload):
             params=p,
             train_data=(x_train, y_train),
             pipeline=classifier_pipeline(x_train, y_train),  # the same batches as a Dataset, for ``loader``
+            structure=self.structure_from(p),
         )
+
+    def structure_from(self, params: dict[str, Any]) -> ModelStructure:
+        return cnn_structure(len(params["widths"]), params["blocks_per_stage"])

@@ -48,6 +48,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from bench.data import window_pipeline
+from bench.structure import MLP as MLPPart
+from bench.structure import Attention, ModelStructure, Scaling
+from bench.structure import Block as BlockPart
 from bench.workloads.base import Batch, BuiltWorkload, Workload, register
 
 TRAIN_FRACTION = 0.9
@@ -137,6 +140,9 @@ class GPT(nn.Module):
             x = block(x)
         return self.head(self.ln_f(x))
 
+    def trainbench_structure(self) -> ModelStructure:
+        return gpt_structure(self.cfg.n_layer, self.cfg.n_head, self.cfg.d_model, self.cfg.tie_weights)
+
     def num_params(self, non_embedding: bool = True) -> int:
         """Parameter count; ``non_embedding`` leaves out the token and position embeddings (and an untied head)."""
         n = sum(p.numel() for p in self.parameters())
@@ -145,6 +151,20 @@ class GPT(nn.Module):
             if not self.cfg.tie_weights:
                 n -= self.head.weight.numel()
         return n
+
+
+def gpt_structure(n_layer: int, n_head: int, d_model: int, tied: bool = True) -> ModelStructure:
+    """The GPT's parts: pre-LayerNorm blocks of fused-qkv attention and a GELU MLP, token and position
+    embeddings, the final LayerNorm and the (tied) head; a teacher scales ``d_model`` (whole heads) and ``n_layer``."""
+    attention = Attention(heads=n_head, kv_heads=n_head, head_dim=d_model // n_head, module="attn", qkv="attn.qkv",
+                          out="attn.proj")
+    return ModelStructure(
+        blocks="blocks", n_blocks=n_layer,
+        block=BlockPart(attention=attention, mlp=MLPPart(up="mlp.fc", down="mlp.proj", hidden=4 * d_model),
+                        norms=("ln1", "ln2")),
+        embedding="wte", final_norm="ln_f", head="head", tied=tied, causal=True, convolutional=False,
+        calls_sdpa=True, scaling=Scaling(width=("d_model",), depth=("n_layer",), multiple_of=(("d_model", "n_head"),)),
+        source_task="stdlib_chars", source="declared")
 
 
 def _stdlib_sources(max_chars: int) -> str:
@@ -290,4 +310,7 @@ class GPTChars(Workload):
         torch.manual_seed(seed)
         model = GPT(cfg).to(device)
 
-        return lm_workload(model, train, (x_eval, y_eval), p, record)
+        return lm_workload(model, train, (x_eval, y_eval), p, record, structure=self.structure_from(p))
+
+    def structure_from(self, params: dict[str, Any]) -> ModelStructure:
+        return gpt_structure(params["n_layer"], params["n_head"], params["d_model"])

@@ -42,6 +42,9 @@ from typing import Any
 import torch
 from torch import nn
 
+from bench.structure import MLP as StructMLP
+from bench.structure import Attention, ModelStructure, Scaling
+from bench.structure import Block as StructBlock
 from bench.text import shown
 from bench.workloads.base import BuiltWorkload, Workload, WorkloadError, register
 from bench.workloads.gpt_chars import corpus_split, lm_workload
@@ -158,9 +161,12 @@ class HFCausalLM(Workload):
         return p
 
     def build(self, size: str, seed: int, device: torch.device) -> BuiltWorkload:
+        return self.build_from(self.size_params(size), seed, device)
+
+    def build_from(self, params: dict[str, Any], seed: int, device: torch.device) -> BuiltWorkload:
         import transformers  # lazily: an optional extra, and slow to import
 
-        p = self.size_params(size)
+        p = dict(params)
         cfg_name, model_name, layers, context_key = MODEL_TYPES[p["model_type"]]
         T = p["seq_len"]
         train, (x_eval, y_eval), vocab, record = corpus_split(p["corpus_mb"], T, p["eval_windows"])
@@ -176,7 +182,64 @@ class HFCausalLM(Workload):
         hf = model_cls(cfg_cls(**kwargs))
         model = LogitsOnly(hf).to(device)
 
-        return lm_workload(model, train, (x_eval, y_eval), p, record, blocks=f"hf.{layers}")
+        return lm_workload(model, train, (x_eval, y_eval), p, record, blocks=f"hf.{layers}",
+                           structure=config_structure(p["model_type"], hf.config))
+
+    def structure_from(self, params: dict[str, Any]) -> ModelStructure:
+        """The structure from the size's keys alone (the config class's defaults for unset ones: the preset's
+        keys name every part a technique asks about)."""
+        p = params
+        if p["model_type"] == "gpt2":
+            n_embd, heads = p.get("n_embd", 768), p.get("n_head", 12)
+            return hf_structure("gpt2", p.get("n_layer", 12), heads, heads, n_embd, p.get("n_inner") or 4 * n_embd,
+                                True)
+        heads = p.get("num_attention_heads", 32)
+        return hf_structure("llama", p.get("num_hidden_layers", 32), heads, p.get("num_key_value_heads") or heads,
+                            p.get("hidden_size", 4096), p.get("intermediate_size", 11008),
+                            bool(p.get("tie_word_embeddings", False)), p.get("head_dim"))
+
+
+def config_structure(model_type: str, cfg: Any) -> ModelStructure:
+    """The structure of a built model, read from its config."""
+    if model_type == "gpt2":
+        return hf_structure("gpt2", cfg.n_layer, cfg.n_head, cfg.n_head, cfg.n_embd, cfg.n_inner or 4 * cfg.n_embd,
+                            bool(getattr(cfg, "tie_word_embeddings", True)))
+    return hf_structure("llama", cfg.num_hidden_layers, cfg.num_attention_heads,
+                        cfg.num_key_value_heads or cfg.num_attention_heads, cfg.hidden_size, cfg.intermediate_size,
+                        bool(cfg.tie_word_embeddings), getattr(cfg, "head_dim", None))
+
+
+def hf_structure(model_type: str, n_layer: int, heads: int, kv_heads: int, d: int, hidden: int, tied: bool,
+                 head_dim: int | None = None) -> ModelStructure:
+    """GPT-2 (``transformers.models.gpt2``): blocks ``transformer.h``, each ``ln_1``, ``attn`` (one fused
+    ``c_attn`` Conv1D of (in, out) weights, ``c_proj``), ``ln_2``, ``mlp`` (``c_fc``, ``c_proj``); ``wte``,
+    ``ln_f`` and the tied ``lm_head``. Llama (``transformers.models.llama``): blocks ``model.layers``, each
+    ``input_layernorm`` and ``post_attention_layernorm`` (RMSNorm), ``self_attn`` (``q_proj``, ``k_proj``,
+    ``v_proj``, ``o_proj``, rotary embeddings on q and k), ``mlp`` (``gate_proj``, ``up_proj``, ``down_proj``:
+    SwiGLU); ``embed_tokens``, ``norm`` and ``lm_head``. Paths are from the harness's adapter (``hf.``)."""
+    hd = head_dim or d // heads
+    if model_type == "gpt2":
+        block = StructBlock(
+            attention=Attention(heads=heads, kv_heads=kv_heads, head_dim=hd, module="attn", qkv="attn.c_attn",
+                                out="attn.c_proj", transposed=True),
+            mlp=StructMLP(up="mlp.c_fc", down="mlp.c_proj", hidden=hidden, transposed=True), norms=("ln_1", "ln_2"))
+        return ModelStructure(blocks="hf.transformer.h", n_blocks=n_layer, block=block, embedding="hf.transformer.wte",
+                              final_norm="hf.transformer.ln_f", head="hf.lm_head", tied=tied, causal=True,
+                              convolutional=False, calls_sdpa=True,
+                              scaling=Scaling(width=("n_embd",), depth=("n_layer",),
+                                              multiple_of=(("n_embd", "n_head"),)),
+                              source="hf: GPT-2 config and module names")
+    block = StructBlock(
+        attention=Attention(heads=heads, kv_heads=kv_heads, head_dim=hd, module="self_attn", q="self_attn.q_proj",
+                            k="self_attn.k_proj", v="self_attn.v_proj", out="self_attn.o_proj", rotary=True),
+        mlp=StructMLP(up="mlp.up_proj", gate="mlp.gate_proj", down="mlp.down_proj", hidden=hidden),
+        norms=("input_layernorm", "post_attention_layernorm"))
+    return ModelStructure(blocks="hf.model.layers", n_blocks=n_layer, block=block, embedding="hf.model.embed_tokens",
+                          final_norm="hf.model.norm", head="hf.lm_head", tied=tied, causal=True, convolutional=False,
+                          calls_sdpa=True,
+                          scaling=Scaling(width=("hidden_size", "intermediate_size"), depth=("num_hidden_layers",),
+                                          multiple_of=(("hidden_size", "num_attention_heads"),)),
+                          source="hf: Llama config and module names")
 
 
 class LogitsOnly(nn.Module):

@@ -36,6 +36,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from bench.data import classifier_pipeline
+from bench.structure import Channels, Cut, ModelStructure, Scaling
 from bench.workloads.base import ACCURACY_MARGIN, Batch, BuiltWorkload, Workload, register
 
 DATASET_SEED = 0
@@ -144,6 +145,21 @@ class MLP(nn.Module):
             x = block(x)
         return self.head(x)
 
+    def trainbench_structure(self) -> ModelStructure:
+        return mlp_structure(len(self.blocks))
+
+
+def mlp_structure(depth: int) -> ModelStructure:
+    """The MLP's parts: each hidden block's units (its ``fc`` rows and bias, and the input columns of the next
+    block's ``fc`` or of the head) are a group of removable channels; a teacher scales ``width`` and ``depth``."""
+    consumers = [f"blocks.{i + 1}.fc" for i in range(depth - 1)] + ["head"]
+    channels = tuple(
+        Channels(f"blocks.{i}", (Cut(f"blocks.{i}.fc.weight", 0), Cut(f"blocks.{i}.fc.bias", 0)),
+                 (Cut(f"blocks.{i}.fc.weight", 0), Cut(f"blocks.{i}.fc.bias", 0), Cut(f"{nxt}.weight", 1)))
+        for i, nxt in enumerate(consumers))
+    return ModelStructure(blocks="blocks", n_blocks=depth, head="head", channels=channels, convolutional=False,
+                          calls_sdpa=False, scaling=Scaling(width=("width",), depth=("depth",)), source="declared")
+
 
 def shuffled_batches(x: torch.Tensor, y: torch.Tensor, batch_size: int, seed: int) -> Iterator[Batch]:
     """Endless epochs over (x, y) in an order drawn from ``seed``; the last partial batch of an epoch is dropped."""
@@ -214,4 +230,8 @@ class MLPMnist1D(Workload):
             params=p,
             train_data=(x_train, y_train),
             pipeline=classifier_pipeline(x_train, y_train),  # the same batches as a Dataset, for ``loader``
+            structure=self.structure_from(p),
         )
+
+    def structure_from(self, params: dict[str, Any]) -> ModelStructure:
+        return mlp_structure(params["depth"])

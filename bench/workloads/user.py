@@ -47,6 +47,7 @@ from bench.plugins import (
     split_source,
     use_path,
 )
+from bench.structure import ModelStructure, infer
 from bench.text import shown
 from bench.workloads.base import Batch, BuiltWorkload, Workload, forget, registry
 from bench.workloads.mlp_mnist1d import shuffled_batches
@@ -75,6 +76,8 @@ class ModelSpec:
     eval_points: int = 10  # evaluations over the quality run
     tokens_per_sample: int = 0  # sequence length for language models
     blocks: str | None = None  # dotted path of the nn.ModuleList of repeated blocks (default: found, see find_blocks)
+    structure: ModelStructure | dict[str, Any] | None = None  # the model's parts (bench.structure; default: inferred)
+    teacher_size: str | None = None  # another size of this build that distill may train as the teacher
 
 
 REQUIRED = tuple(f.name for f in dataclasses.fields(ModelSpec) if f.default is dataclasses.MISSING)
@@ -141,6 +144,10 @@ class UserWorkload(Workload):
         facts = self.size_params(size)
         return facts["blocks"], facts["has_batchnorm"]
 
+    def structure(self, size: str) -> ModelStructure | None:
+        found = self.size_params(size).get("structure")
+        return ModelStructure.from_dict(found) if found is not None else None
+
     def _accepted(self) -> set[str]:
         """The parameters ``build`` takes by name (all three when it takes ``**kwargs``)."""
         params = inspect.signature(self.function).parameters
@@ -168,6 +175,7 @@ class UserWorkload(Workload):
         blocks = check_blocks(model, spec.blocks or self.plugin.blocks, self.where) \
             if (spec.blocks or self.plugin.blocks) else find_blocks(model)
         batches, n_train = _batches_of(spec.train_data, self.where)
+        structure = _structure_of(spec, model, blocks, self.where)
         steps = spec.quality_steps if spec.quality_steps is not None else (n_train or 0) // spec.batch_size
         return BuiltWorkload(
             model=model,
@@ -192,7 +200,35 @@ class UserWorkload(Workload):
             pipeline=_pipeline_of(spec.train_data),
             blocks=blocks,
             source=self.origin.record(),
+            structure=structure,
         )
+
+
+def _structure_of(spec: ModelSpec, model: nn.Module, blocks: str | None, where: str) -> ModelStructure:
+    """The structure build returned (its blocks defaulting to the ones found), else the inferred one; with build's
+    ``teacher_size``."""
+    if spec.structure is None:
+        structure = infer(model, blocks)
+    else:
+        try:
+            structure = ModelStructure.from_dict(spec.structure)
+        except ValueError as exc:
+            raise PluginError(f"{where}: {exc} (docs/models.md, Structure)") from None
+        if structure.blocks is None and blocks:
+            structure = dataclasses.replace(structure, blocks=blocks, n_blocks=len(model.get_submodule(blocks)))
+        structure = dataclasses.replace(structure, source=structure.source or "returned by build")
+        for path in filter(None, (structure.blocks, structure.embedding, structure.final_norm, structure.head)):
+            try:
+                model.get_submodule(path)
+            except AttributeError:
+                raise PluginError(f"{where}: structure names {shown(path)}, which is not a submodule of the "
+                                  "model") from None
+        if structure.scaling is not None:
+            raise PluginError(f"{where}: structure.scaling cannot be used for a build called by size name; return "
+                              "teacher_size (another size of this build) for distill instead")
+    if spec.teacher_size is not None:
+        structure = dataclasses.replace(structure, teacher_size=spec.teacher_size)
+    return structure
 
 
 def _seed_everything(seed: int) -> None:
@@ -240,6 +276,8 @@ def validate(raw: Any, where: str) -> ModelSpec:
             "a whole number >= 0", spec.tokens_per_sample)
     _expect(spec.blocks is None or isinstance(spec.blocks, str), where, "blocks", "a dotted path such as "
             "'encoder.layers', or None", spec.blocks)
+    _expect(spec.teacher_size is None or isinstance(spec.teacher_size, str), where, "teacher_size", "a size name of "
+            "this build, or None", spec.teacher_size)
     return spec
 
 
@@ -469,6 +507,7 @@ def check(plugin: Plugin, size: str, device: torch.device) -> dict[str, Any]:
         "n_params": sum(p.numel() for p in model.parameters()), "sha256": wl.origin.sha256,
         "block_types": dict(Counter(type(b).__name__ for b in model.get_submodule(built.blocks)))
         if built.blocks else {},
+        "structure": built.structure.to_dict() if built.structure is not None else None,
     }
 
 
