@@ -43,7 +43,7 @@ def test_list_shows_workloads_and_techniques(cli):
     ("args", "message"),
     [
         (["--workloads", "resnet"], "unknown workload 'resnet' (known: "),
-        (["--techniques", "bf17"], "unknown technique 'bf17' (known: baseline, batch_size, bf16"),
+        (["--techniques", "bf17"], "unknown technique 'bf17' (known: baseline, batch_size, best_of_n, bf16"),
         (["--techniques", "grad_accum:stepz=2"], "has no option 'stepz' (valid options: steps)"),
         (["--repeats", "0"], "repeats must be >= 1"),
         (["--resume"], "--resume needs --out"),
