@@ -28,7 +28,7 @@ def test_duplicate_sets_are_dropped_and_order_kept():
 @pytest.mark.parametrize(
     ("text", "message"),
     [
-        ("nope", "unknown technique 'nope' (known: baseline, batch_size, bf16"),
+        ("nope", "unknown technique 'nope' (known: baseline, batch_size, best_of_n, bf16"),
         ("grad_accum:step=4", "has no option 'step' (valid options: steps)"),
         ("grad_accum:steps=four", "option 'steps' wants int, got 'four'"),
         ("grad_accum:steps", "write options as name:key=value"),
