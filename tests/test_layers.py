@@ -148,7 +148,8 @@ def test_the_cycle_finder_follows_function_level_imports_and_skips_type_checking
 # The flow is config -> plan -> run -> record -> analyse -> report. Two floors are kept apart by name: what a
 # technique may use of the harness (the parts a trial is built from), and the reading side, which works from
 # records alone and never reaches back into running trials.
-TECHNIQUES_MAY_USE = ("bench.text", "bench.files", "bench.measure", "bench.data", "bench.workloads")
+TECHNIQUES_MAY_USE = ("bench.text", "bench.files", "bench.measure", "bench.data", "bench.workloads",
+                     "bench.structure")  # a model's described parts, which the workloads declare
 READING = ("bench.analysis", "bench.findings", "bench.bottleneck", "bench.stats", "bench.summary", "bench.compare",
            "bench.report", "bench.docs_tables", "bench.exporters", "bench.columns", "bench.cost")
 RUNNING = ("bench.trial", "bench.runner", "bench.loop", "bench.launcher", "bench.executors", "bench.ab", "bench.cli",

@@ -20,6 +20,7 @@ from torch import nn
 import techniques  # noqa: F401  (registers every technique)
 from bench import workloads
 from bench.config import Budget, TechniqueSpec
+from bench.loop import plain_loop
 from bench.structure import Attention, Block, Cut, ModelStructure, infer
 from bench.workloads.base import Workload, register
 from techniques.base import Context, Probe, TrainConfig, TrainOutput
@@ -417,7 +418,7 @@ def test_mtp_refuses_a_model_that_is_not_causal_or_lacks_parts():
 
 def test_distill_trains_a_bigger_teacher_of_the_same_build(user_workload):
     wl = user_workload
-    probe = Probe(lambda seed=None: wl.build("small", 0 if seed is None else seed, CPU), CPU, 0)
+    probe = Probe(lambda seed=None: wl.build("small", 0 if seed is None else seed, CPU), CPU, 0, make_loop=plain_loop)
     student = probe.fresh()
     assert student.structure.teacher_size == "big" and student.structure.source == "returned by build"
     tech = Distill(Distill.Options(teacher_steps=0.2))
@@ -721,20 +722,16 @@ def test_the_plan_gets_a_users_structure_from_the_check_process():
 
 
 def test_the_summary_lines_read_a_checkpoint_and_a_teacher_size_and_keep_the_reports_text_otherwise():
-    from bench.report import tuning
-
     pretrained = [{"pretrain_steps": 150, "source": {"task": "stdlib", "overlaps_target": False}, "pretrain_s": 4.8,
                    "cached": False, "source_first_loss": 4.6, "source_final_loss": 2.1, "head_reinitialised": False},
                   {"pretrain_steps": 150, "source": {"task": "stdlib"}, "pretrain_s": 4.8, "cached": True}]
-    if hasattr(tuning, "_transfer"):  # the report's own formatter, before it moves into the class
-        assert Transfer.summarize(pretrained) == tuning._transfer(pretrained)
+    assert Transfer.summarize(pretrained).startswith("pretrained 150 steps on stdlib (loss 4.6 -> 2.1), ")
     given = [{"init": "/data/start.pt", "source": {"task": "checkpoint", "sha256": "ab" * 32, "tensors": 9}}]
     assert Transfer.summarize(given) == ("started from /data/start.pt (sha256 abababababab, 9 tensors, loaded "
                                          "strictly); nothing pretrained")
     scaled = [{"teacher_n_params": 4000, "student_n_params": 1000, "width": 2.0, "depth": 1, "teacher_metric": "acc",
                "teacher_eval": {"acc": 0.8}, "teacher_steps_trained": 300, "teacher_train_s": 3.5, "cached": False,
                "alpha": 0.5, "temperature": 2.0, "teacher_shape": {"width": 512, "depth": 3}}]
-    if hasattr(tuning, "_distill"):
-        assert Distill.summarize(scaled) == tuning._distill(scaled)
+    assert Distill.summarize(scaled).startswith("teacher 4,000 params (2.0x width, 1x depth; student 1,000), acc 0.8")
     sized = [{**scaled[0], "teacher_shape": {"size": "big"}}]
     assert Distill.summarize(sized).startswith("teacher 4,000 params (size big; student 1,000), acc 0.8 after 300")

@@ -225,7 +225,7 @@ def _structure_of(spec: ModelSpec, model: nn.Module, blocks: str | None, where: 
                                   "model") from None
         if structure.scaling is not None:
             raise PluginError(f"{where}: structure.scaling cannot be used for a build called by size name; return "
-                              "teacher_size (another size of this build) for distill instead")
+                              "teacher_size (another size of this build) for a teacher instead")
     if spec.teacher_size is not None:
         structure = dataclasses.replace(structure, teacher_size=spec.teacher_size)
     return structure
