@@ -171,7 +171,7 @@ RECORD_COLUMNS = [
     "contention_frac", "contended", "contention_retries", "flops_per_step", "achieved_flops", "compute_dtype",
     "peak_flops", "mfu",
     "mfu_datasheet",
-    "peak_bytes", "peak_rss_bytes", *(f"mem_{c}_bytes" for c in BREAKDOWN), "breakdown_skipped",
+    "peak_bytes", "peak_rss_bytes", *(f"mem_{c}_bytes" for c in BREAKDOWN), "mem_held", "breakdown_skipped",
     "metric", "higher_is_better", "target", "budget_samples", "samples_trained", "final", "train_time_s", "cut",
     "stopped_by", "curve", "curve_extra", "samples_to_target", "steps_to_target", "time_to_target_s", "time_to_target_one_off_s",
     "parity_kind", "parity_ok", "parity_loss_diff", "parity_distance_diff", "parity_loss_tol",
@@ -206,7 +206,7 @@ def _record_row(r: TrialRecord, source: str, machine: str, max_looks: int | None
         "compute_dtype": s.compute_dtype if s else None, "peak_flops": s.peak_flops if s else None,
         "mfu": s.mfu if s else None, "mfu_datasheet": s.mfu_datasheet if s else None,
         "peak_bytes": m.peak_bytes if m else None, "peak_rss_bytes": m.peak_rss_bytes if m else None,
-        **{f"mem_{c}_bytes": bd.get(c) for c in BREAKDOWN},
+        **{f"mem_{c}_bytes": bd.get(c) for c in BREAKDOWN}, "mem_held": bd.get("held") or None,
         "breakdown_skipped": m.breakdown_skipped if m else None,
         "metric": q.metric if q else wl.get("metric"),
         "higher_is_better": q.higher_is_better if q else wl.get("higher_is_better"),
@@ -570,11 +570,21 @@ def with_diagnoses(configs: pd.DataFrame, machines: Mapping[str, dict[str, Any]]
     return out
 
 
+def _median_held(column: pd.Series) -> dict[str, int] | None:
+    """Per named held part (teacher, reference policy), the median of its bytes over the trials that name it."""
+    parts: dict[str, list[int]] = {}
+    for held in column:
+        for name, nbytes in (held or {}).items():
+            parts.setdefault(name, []).append(nbytes)
+    return {name: int(_median(pd.Series(v))) for name, v in parts.items()} or None
+
+
 def _memory(ok: pd.DataFrame, ref: pd.DataFrame | None, th: Thresholds) -> dict[str, Any]:
     """Peaks, and the ratio on the tensor-level peak where both sides have it for every trial, else on peak RSS
     (the two are not comparable)."""
     row = {"peak_bytes": _median(ok["peak_bytes"]), "peak_rss_bytes": _median(ok["peak_rss_bytes"]),
            **{f"mem_{c}_bytes": _median(ok[f"mem_{c}_bytes"]) for c in BREAKDOWN},
+           "mem_held": _median_held(ok["mem_held"]),
            "breakdown_skipped": next((s for s in ok["breakdown_skipped"] if s), None)}
     source, column = None, None
     if ref is not None:

@@ -36,7 +36,7 @@ import pandas as pd
 
 import techniques
 from bench import analysis, stats
-from bench.report import content
+from bench.report import content, frontier
 from bench.report.content import fmt_bytes, fmt_num, fmt_pct, fmt_secs
 from techniques.base import Kind, Technique
 
@@ -274,6 +274,34 @@ def _ttt_rounds(a: analysis.Analysis, c: Any) -> str:
     rounds = next(((r.get("rounds_completed") or {}).get("quality_run") for r in _technique_result(a, c).values()
                    if isinstance(r, dict) and r.get("rounds_completed")), None)
     return text + (f"; {rounds} rounds" if rounds else "")
+
+
+def _spread(values: list[float]) -> str:
+    """Mean over seeds with the range: an estimate, not a verdict."""
+    if not values:
+        return "-"
+    mean = sum(values) / len(values)
+    return f"{mean:.3g} ({min(values):.3g} to {max(values):.3g})" if len(values) > 1 else f"{mean:.3g}"
+
+
+def preference(a: analysis.Analysis) -> list[str]:
+    """docs/preference.md: per method over its seeds, the gold reward at the end against the baseline (the report's
+    verdict, Holm-corrected with the report's other quality comparisons), its best during the run, the proxy and
+    the KL at the end, and the estimated compute to the gold target."""
+    rows = []
+    for c in _rows(a).itertuples():
+        got = frontier.set_outcomes(a, c.machine, c.workload).get(c.technique)
+        if got is None:
+            continue
+        cost = got["compute_to_target"]
+        to_target = "-" if cost is None else (
+            "no training" if cost == 0 else f"{frontier.fmt_flops(cost)} (median; {got['reached']}/{got['seeds']} "
+                                           "reached it)")
+        rows.append([c.technique, _quality(c, 3), _spread(got["best"]), _spread(got["proxy_end"]),
+                     _spread(got["kl_end"]), to_target])
+    return _table(["set", "gold reward at the end (vs baseline, 95% CI)", "best gold during the run",
+                   "proxy reward at the end", "KL to the start at the end (nats)",
+                   "compute to the gold target (est. FLOPs)"], rows)
 
 
 def sweep_order(a: analysis.Analysis) -> tuple[str, ...]:

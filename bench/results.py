@@ -228,8 +228,10 @@ class MemoryResult:
     peak_rss_bytes: int | None = doc("process peak RSS over the timed window (largest rank)")
     clean_rss: dict[str, Any] = doc("at_rest_bytes, peak_bytes, steps, method, malloc: RSS with glibc returning "
                                     "freed memory at once; or skipped with the reason", factory=dict)
-    breakdown: dict[str, int] | None = doc("params, grads, optimizer, activations, other, peak_bytes, "
-                                           "activation_peak_bytes at the tensor peak", None)
+    breakdown: dict[str, Any] | None = doc("params, grads, optimizer, activations, other, peak_bytes, "
+                                           "activation_peak_bytes at the tensor peak; held: the bytes of each "
+                                           "part of other a technique keeps resident (teacher, reference "
+                                           "policy, reward model)", None)
     breakdown_skipped: str | None = doc("why there is no breakdown", None)
     per_rank: list[dict[str, Any]] | None = doc("multi-process: each rank's peak_rss_bytes, clean_rss, "
                                                 "cuda_peak_bytes, model_state {params, grads, optimizer, "

@@ -831,7 +831,7 @@ def memory(session: Session, peaks: WindowPeaks, own_process: bool) -> MemoryRes
     elif budget.memory and hidden:
         fields["breakdown_skipped"] = f"the tensor tracker cannot see inside {', '.join(hidden)}"
     elif budget.memory:
-        held = [t for tech in session.techs for t in tech.held_tensors(session.ctx)]
+        held = {name: ts for tech in session.techs for name, ts in tech.held_parts(session.ctx).items()}
         tracker = TensorMemoryTracker(session.model, session.optimizer, held)
         batch = next(session.batches)  # fetched outside: a batch built in a loader's worker would not be counted
         with tracker:

@@ -33,6 +33,11 @@ def cuda_capability_problem(device: torch.device, minimum: tuple[int, int], need
     return None
 
 
+def module_tensors(model: nn.Module) -> list[torch.Tensor]:
+    """A module's parameters and buffers: what holding it costs in memory."""
+    return [*model.parameters(), *model.buffers()]
+
+
 def n_params(model: nn.Module) -> int:
     return sum(p.numel() for p in model.parameters())  # a tied parameter once
 

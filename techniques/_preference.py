@@ -16,12 +16,13 @@ step of the batch's shape, not the sampling or the reference and reward models' 
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+import math
+from collections.abc import Iterator
 from typing import Any
 
 import torch
 
-from techniques._model import n_params
+from techniques._model import module_tensors, n_params
 from techniques.base import Context, Kind, Phase, Technique
 
 PREFERENCE_MISSING = ("has no preference structure (prompts, preference pairs, a gold reward and a reward model, "
@@ -43,8 +44,8 @@ class PreferenceMethod(Technique):
     kind = Kind.ALGORITHMIC
     phase = Phase.SURGERY
     slot = "preference"
-    uses_proxy = True  # holds the reward model (for held_tensors)
-    uses_reference = True  # holds the starting policy as its reference (for held_tensors)
+    uses_proxy = True  # holds the reward model (for held_parts)
+    uses_reference = True  # holds the starting policy as its reference (for held_parts)
 
     def check(self, ctx: Context) -> str | None:
         return preference_problem(ctx)
@@ -90,12 +91,14 @@ class PreferenceMethod(Technique):
                              f"{group} completions per prompt")
         return cfg
 
-    def held_tensors(self, ctx: Context) -> Iterable[torch.Tensor]:
+    def held_parts(self, ctx: Context) -> dict[str, list[torch.Tensor]]:
+        """The frozen starting policy (the reference of the KL term) and the proxy reward model, each by name; no
+        method here has a value head (rloo's docstring says why)."""
         task = ctx.preference
         if task is None:
-            return []
-        models = ([task.start] if self.uses_reference else []) + ([task.reward_model] if self.uses_proxy else [])
-        return [t for m in models for t in (*m.parameters(), *m.buffers())]
+            return {}
+        return {**({"reference policy": module_tensors(task.start)} if self.uses_reference else {}),
+                **({"reward model": module_tensors(task.reward_model)} if self.uses_proxy else {})}
 
     # ---- counting ----------------------------------------------------------------------------------------------
 
@@ -121,6 +124,47 @@ class PreferenceMethod(Technique):
             out["reward_model_params"] = n_params(task.reward_model) if self.uses_proxy else 0
             out["rm_heldout_accuracy"] = task.meta.get("rm_heldout_accuracy")
         return out
+
+
+class GroupSampledMethod(PreferenceMethod):
+    """Base of the on-policy methods (grpo, rloo): ``k`` completions of each prompt sampled from the current policy,
+    scored by the ``reward`` option (proxy, gold or zero), one gradient step per batch of samples. The subclass owns
+    the loss (``forward_backward``) and its ``Options`` (``k``, ``beta``, ``reward``, checked by ``check_group``)."""
+
+    @property
+    def uses_proxy(self) -> bool:  # type: ignore[override]
+        return self.options.reward == "proxy"
+
+    def group_size(self) -> int:
+        return self.options.k
+
+    def step_flops(self, task: Any, batch: int) -> int:
+        """Sampling the batch, the policy's forward and backward (3 forwards), the reference's and the reward
+        model's forwards."""
+        n = getattr(self, "n_policy", 0)
+        rm = getattr(self, "n_rm", 0) if self.uses_proxy else 0
+        return gen_flops(task, n, batch) + 4 * fwd_flops(task, n, batch) + fwd_flops(task, rm, batch)
+
+    def results(self, ctx: Context) -> dict[str, Any] | None:
+        o = self.options
+        return {"k": o.k, "beta": o.beta, "reward": o.reward, **self.found(ctx), **getattr(self, "last", {})}
+
+
+def check_group(k: Any, beta: float) -> None:
+    """The group methods' option checks: ``k`` completions per prompt (an integer >= 2), ``beta`` >= 0."""
+    if not isinstance(k, int) or isinstance(k, bool) or k < 2:
+        raise ValueError(f"k must be an integer >= 2 (completions per prompt), got {k!r}")
+    if not (math.isfinite(beta) and beta >= 0):
+        raise ValueError(f"beta must be a finite number >= 0, got {beta}")
+
+
+def reward_of(task: Any, seqs: torch.Tensor, reward: str) -> torch.Tensor:
+    """The ``reward`` option's score of whole sequences: the proxy reward model, the gold reward, or zeros."""
+    if reward == "proxy":
+        return task.proxy(seqs)
+    if reward == "gold":
+        return task.gold(seqs)
+    return torch.zeros(seqs.shape[0], device=seqs.device)
 
 
 def gen_flops(task: Any, n_params_: int, sequences: int) -> int:

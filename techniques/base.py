@@ -34,7 +34,7 @@ loop (``bench/loop.py``) calls the hooks in one documented order; a technique ov
     continuation_blocker(ctx) -> str | None -> why its quality run cannot be trained on past the planned budget
                                            (a schedule planned over the budget's steps); asked when a sweep
                                            schedules a time-budgeted continuation and again after the budget
-    held_tensors(ctx) -> tensors        -> what it keeps resident beside the model and optimizer (a distillation
+    held_parts(ctx) -> {name: tensors}  -> what it keeps resident beside the model and optimizer (a distillation
                                            teacher), for the memory breakdown
 
 The context says where training stands: ``step`` (optimizer steps completed), ``total_steps`` and
@@ -471,11 +471,11 @@ class Technique:
         """
         return None
 
-    def held_tensors(self, ctx: Context) -> Iterable[torch.Tensor]:
-        """Tensors this technique keeps resident beside the model and optimizer (a distillation teacher's weights):
-        the memory breakdown counts them as "other" from the start of the tracked step, so its peak and memory
-        ratio include them."""
-        return ()
+    def held_parts(self, ctx: Context) -> dict[str, list[torch.Tensor]]:
+        """What this technique keeps resident beside the model and optimizer, by name (a distillation teacher's
+        weights, a reference policy): the memory breakdown counts them as "other" from the start of the tracked
+        step, so its peak and memory ratio include them, and records each part's bytes under ``held``."""
+        return {}
 
 
 _KIND_ORDER = (Kind.EXACT, Kind.NUMERIC, Kind.ALGORITHMIC)

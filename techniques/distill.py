@@ -77,7 +77,6 @@ import hashlib
 import json
 import math
 import time
-from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -88,7 +87,7 @@ from torch import nn
 from bench import workloads
 from bench.files import save_torch_atomic
 from bench.structure import ModelStructure, describe
-from techniques._model import n_params, once
+from techniques._model import module_tensors, n_params, once
 from techniques.base import Context, Kind, Phase, Probe, Technique, TrainConfig, logits_of, register
 
 TEACHER_SEED = 20_000  # the teacher's initialisation and batch order: one teacher per key, whatever the trial seed
@@ -168,9 +167,9 @@ class Distill(Technique):
         return distillation_loss(logits_of(out), teacher_logits, base_loss, self.options.alpha,
                                  self.options.temperature)
 
-    def held_tensors(self, ctx: Context) -> Iterable[torch.Tensor]:
+    def held_parts(self, ctx: Context) -> dict[str, list[torch.Tensor]]:
         teacher = getattr(self, "_teacher", None)
-        return [*teacher.parameters(), *teacher.buffers()] if teacher is not None else []
+        return {"teacher": module_tensors(teacher)} if teacher is not None else {}
 
     @classmethod
     def summarize(cls, found: list[dict[str, Any]]) -> str:

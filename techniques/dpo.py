@@ -23,7 +23,7 @@ Method card
   methods here). Its limit is the data: it learns only where the starting policy's samples put the pairs, so an
   optimum far from them is reached more slowly than by an on-policy method (Tajwar et al. 2024); Xu et al. 2024
   find a tuned PPO ahead of DPO on harder tasks.
-- Memory: the starting policy (the reference) is held beside the model (``held_tensors``); no reward model.
+- Memory: the starting policy (the reference) is held beside the model (``held_parts``); no reward model.
 - Cross-check: with TRL installed (``pip install trl``), the loss on fixed log-probabilities equals
   ``trl.DPOTrainer``'s (tests/test_dpo.py); without it that test skips with the reason.
 - Sources: Rafailov, Sharma, Mitchell, Ermon, Manning, Finn, "Direct Preference Optimization: Your Language Model

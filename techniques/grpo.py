@@ -23,7 +23,7 @@ Method card
 - When it helps: no value network (the group is the baseline), so it is cheaper than PPO in memory and has one
   hyper-parameter fewer to tune; on-policy, so it reaches optima where the starting policy puts little mass
   (Tajwar et al. 2024). Each step pays generation, the largest part of its time on a CPU.
-- Memory: the starting policy and (``reward=proxy``) the reward model are held beside the model (``held_tensors``).
+- Memory: the starting policy and (``reward=proxy``) the reward model are held beside the model (``held_parts``).
 - Sources: Shao et al., "DeepSeekMath: Pushing the Limits of Mathematical Reasoning in Open Language Models",
   2024 (arXiv:2402.03300); Schulman, "Approximating KL Divergence", 2020 (http://joschu.net/blog/kl-approx.html);
   Gao, Schulman, Hilton, "Scaling Laws for Reward Model Overoptimization", ICML 2023 (arXiv:2210.10760).
@@ -31,14 +31,13 @@ Method card
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import Any, Literal
 
 import torch
 from torch import nn
 
-from techniques._preference import PreferenceMethod, fwd_flops, gen_flops, values
+from techniques._preference import GroupSampledMethod, check_group, reward_of, values
 from techniques.base import Context, register
 
 
@@ -55,16 +54,8 @@ def k3_kl(logp: torch.Tensor, ref_logp: torch.Tensor) -> torch.Tensor:
     return torch.exp(d) - d - 1.0
 
 
-def reward_of(task: Any, seqs: torch.Tensor, reward: str) -> torch.Tensor:
-    if reward == "proxy":
-        return task.proxy(seqs)
-    if reward == "gold":
-        return task.gold(seqs)
-    return torch.zeros(seqs.shape[0], device=seqs.device)
-
-
 @register
-class GRPO(PreferenceMethod):
+class GRPO(GroupSampledMethod):
     name = "grpo"
     summary = "group-relative policy optimisation: k on-policy samples per prompt, KL to the start (proxy or gold)"
 
@@ -75,17 +66,7 @@ class GRPO(PreferenceMethod):
         reward: Literal["proxy", "gold", "zero"] = "proxy"  # the reward model, the oracle gold, or none (control)
 
         def __post_init__(self) -> None:
-            if not isinstance(self.k, int) or isinstance(self.k, bool) or self.k < 2:
-                raise ValueError(f"k must be an integer >= 2 (completions per prompt), got {self.k!r}")
-            if not (math.isfinite(self.beta) and self.beta >= 0):
-                raise ValueError(f"beta must be a finite number >= 0, got {self.beta}")
-
-    @property
-    def uses_proxy(self) -> bool:  # type: ignore[override]
-        return self.options.reward == "proxy"
-
-    def group_size(self) -> int:
-        return self.options.k
+            check_group(self.k, self.beta)
 
     def forward_backward(self, model: nn.Module, x: torch.Tensor, y: torch.Tensor, loss_fn: Any,
                          ctx: Context) -> torch.Tensor:
@@ -102,15 +83,6 @@ class GRPO(PreferenceMethod):
         self.last = {"reward_last": round(float(rewards.mean()), 4), "kl_last": round(float(kl.detach().sum(1).mean()), 4)}
         self.count(task, generated=seqs.shape[0], trained=seqs.shape[0])
         return loss.detach()
-
-    def step_flops(self, task: Any, batch: int) -> int:
-        n, rm = getattr(self, "n_policy", 0), getattr(self, "n_rm", 0) if self.uses_proxy else 0
-        return (gen_flops(task, n, batch) + 3 * fwd_flops(task, n, batch) + fwd_flops(task, n, batch)
-                + fwd_flops(task, rm, batch))
-
-    def results(self, ctx: Context) -> dict[str, Any] | None:
-        o = self.options
-        return {"k": o.k, "beta": o.beta, "reward": o.reward, **self.found(ctx), **getattr(self, "last", {})}
 
     @classmethod
     def summarize(cls, found: list[dict[str, Any]]) -> str:

@@ -26,16 +26,14 @@ Method card
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import Any, Literal
 
 import torch
 from torch import nn
 
-from techniques._preference import PreferenceMethod, fwd_flops, gen_flops, values
+from techniques._preference import GroupSampledMethod, check_group, reward_of, values
 from techniques.base import Context, register
-from techniques.grpo import reward_of
 
 
 def rloo_advantages(rewards: torch.Tensor, k: int) -> torch.Tensor:
@@ -46,7 +44,7 @@ def rloo_advantages(rewards: torch.Tensor, k: int) -> torch.Tensor:
 
 
 @register
-class RLOO(PreferenceMethod):
+class RLOO(GroupSampledMethod):
     name = "rloo"
     summary = "REINFORCE leave-one-out: k on-policy samples per prompt, the KL penalty in the reward, no critic"
 
@@ -57,17 +55,7 @@ class RLOO(PreferenceMethod):
         reward: Literal["proxy", "gold", "zero"] = "proxy"
 
         def __post_init__(self) -> None:
-            if not isinstance(self.k, int) or isinstance(self.k, bool) or self.k < 2:
-                raise ValueError(f"k must be an integer >= 2 (completions per prompt), got {self.k!r}")
-            if not (math.isfinite(self.beta) and self.beta >= 0):
-                raise ValueError(f"beta must be a finite number >= 0, got {self.beta}")
-
-    @property
-    def uses_proxy(self) -> bool:  # type: ignore[override]
-        return self.options.reward == "proxy"
-
-    def group_size(self) -> int:
-        return self.options.k
+            check_group(self.k, self.beta)
 
     def forward_backward(self, model: nn.Module, x: torch.Tensor, y: torch.Tensor, loss_fn: Any,
                          ctx: Context) -> torch.Tensor:
@@ -84,15 +72,6 @@ class RLOO(PreferenceMethod):
         self.last = {"reward_last": round(float(score.mean()), 4), "kl_last": round(float(kl.mean()), 4)}
         self.count(task, generated=seqs.shape[0], trained=seqs.shape[0])
         return loss.detach()
-
-    def step_flops(self, task: Any, batch: int) -> int:
-        n, rm = getattr(self, "n_policy", 0), getattr(self, "n_rm", 0) if self.uses_proxy else 0
-        return (gen_flops(task, n, batch) + 3 * fwd_flops(task, n, batch) + fwd_flops(task, n, batch)
-                + fwd_flops(task, rm, batch))
-
-    def results(self, ctx: Context) -> dict[str, Any] | None:
-        o = self.options
-        return {"k": o.k, "beta": o.beta, "reward": o.reward, **self.found(ctx), **getattr(self, "last", {})}
 
     @classmethod
     def summarize(cls, found: list[dict[str, Any]]) -> str:

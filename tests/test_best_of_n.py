@@ -43,7 +43,7 @@ def test_it_trains_nothing_and_evaluates_the_best_of_n():
     assert found["kl_formula"] == pytest.approx(math.log(4) - 0.75, abs=1e-6)
     assert found["sequences_trained"] == 0 and found["steps"] == 3
     assert found["inference_flops_per_prompt"] > 4 * found["plain_sample_flops"]  # n samples and n proxy scores
-    held = {id(t) for t in tech.held_tensors(loop.ctx)}
+    held = {id(t) for ts in tech.held_parts(loop.ctx).values() for t in ts}
     assert held >= {id(p) for p in built.preference.reward_model.parameters()}
     assert "n 4: no training" in BestOfNSampling.summarize([found])
 

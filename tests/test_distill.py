@@ -232,18 +232,21 @@ def test_a_trial_with_a_teacher_runs_and_reports_it(tmp_path):
 
 
 def test_the_memory_breakdown_counts_the_teachers_weights():
-    """The teacher is not the model: without ``held_tensors`` the tracked peak would leave its weights out."""
+    """The teacher is not the model: without ``held_parts`` the tracked peak would leave its weights out."""
     from bench.measure.memory import TensorMemoryTracker
 
     loop, batches, _ = build_loop("mlp", "distill:teacher_steps=0.02", budget=Budget(train_steps=10))
     tech = next(t for t in loop.techniques if t.name == "distill")
-    teacher_bytes = sum(t.numel() * t.element_size() for t in tech.held_tensors(loop.ctx))
+    held = tech.held_parts(loop.ctx)
+    teacher_bytes = sum(t.numel() * t.element_size() for t in held["teacher"])
     assert teacher_bytes == 4 * n_params(tech._teacher) > 0
     batch = next(batches)
     without = TensorMemoryTracker(loop.model, loop.optimizer)
     with without:
         loop.step(batch)
-    with_teacher = TensorMemoryTracker(loop.model, loop.optimizer, tech.held_tensors(loop.ctx))
+    with_teacher = TensorMemoryTracker(loop.model, loop.optimizer, held)
     with with_teacher:
         loop.step(batch)
     assert with_teacher.result().peak_bytes >= without.result().peak_bytes + teacher_bytes - 4096  # up to rounding
+    assert with_teacher.result().held == {"teacher": teacher_bytes}  # named, with its bytes
+    assert without.result().held == {}

@@ -76,7 +76,7 @@ def test_a_step_trains_the_dpo_loss_from_log_2():
     assert any(not torch.equal(a, b) for a, b in zip(before, loop.model.parameters(), strict=True))
     assert all(torch.equal(a, b) for a, b in zip(start, task.start.parameters(), strict=True))  # frozen
     tech = loop.techniques[0]
-    assert {id(t) for t in tech.held_tensors(loop.ctx)} >= {id(p) for p in task.start.parameters()}
+    assert {id(t) for ts in tech.held_parts(loop.ctx).values() for t in ts} >= {id(p) for p in task.start.parameters()}
     found = tech.results(loop.ctx)
     assert found["sequences_trained"] == built.batch_size and found["sequences_generated"] == 0
     assert found["flops_per_step_est"] > 0 and 0 <= found["implicit_accuracy"] <= 1

@@ -55,11 +55,12 @@ def test_a_step_samples_groups_and_trains():
     found = tech.results(loop.ctx)
     assert found["sequences_generated"] == found["sequences_trained"] == built.batch_size
     assert found["chars_generated"] == built.batch_size * task.completion_len
-    held = {id(t) for t in tech.held_tensors(loop.ctx)}
+    held = {id(t) for ts in tech.held_parts(loop.ctx).values() for t in ts}
     assert held >= {id(p) for p in task.start.parameters()} | {id(p) for p in task.reward_model.parameters()}
+    assert set(tech.held_parts(loop.ctx)) == {"reference policy", "reward model"}
     assert "proxy reward, k 4" in GRPO.summarize([found])
     gold = build_loop("pref", "grpo:reward=gold", budget=Budget(train_steps=4))[0].techniques[0]
-    assert not {id(t) for t in gold.held_tensors(loop.ctx)} & {id(p) for p in task.reward_model.parameters()}
+    assert not {id(t) for ts in gold.held_parts(loop.ctx).values() for t in ts} & {id(p) for p in task.reward_model.parameters()}
 
 
 def test_with_zero_reward_the_policy_stays_at_the_start():

@@ -18,8 +18,8 @@ import gc
 import logging
 import threading
 import weakref
-from collections.abc import Iterable
-from dataclasses import dataclass
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -210,8 +210,10 @@ class MemoryBreakdown:
     while grad mode is on: the forward pass, including the forward that activation checkpointing recomputes during
     backward (and the scalar seed gradient of ``loss.backward()``); ``other`` are storages created with grad mode
     off: temporaries of backward and of the optimizer step, and anything under ``torch.no_grad()``. Gradients and
-    optimizer state are re-classified as such whatever they were created as. ``activation_peak_bytes`` is the largest amount of live activations at any moment, which
-    need not coincide with the total's peak.
+    optimizer state are re-classified as such whatever they were created as. ``activation_peak_bytes`` is the largest
+    amount of live activations at any moment, which need not coincide with the total's peak. ``held`` names the parts
+    of ``other`` that techniques keep resident beside the model (a distillation teacher, a reference policy, a reward
+    model: ``Technique.held_parts``), each with its bytes.
     """
 
     peak_bytes: int
@@ -221,6 +223,7 @@ class MemoryBreakdown:
     activations: int
     other: int
     activation_peak_bytes: int
+    held: dict[str, int] = field(default_factory=dict)
 
 
 _PLAIN = (torch.Tensor, torch.nn.Parameter)
@@ -244,6 +247,15 @@ def _storages(t: torch.Tensor) -> list[torch.UntypedStorage]:
         except (RuntimeError, NotImplementedError):
             continue
     return out
+
+
+def _unique_bytes(tensors: Iterable[torch.Tensor]) -> int:
+    """Bytes of the storages behind ``tensors``, each storage once."""
+    seen: dict[int, int] = {}
+    for t in tensors:
+        for st in _storages(t):
+            seen[id(st)] = st.nbytes()
+    return sum(seen.values())
 
 
 class TensorMemoryTracker(TorchDispatchMode):
@@ -273,11 +285,12 @@ class TensorMemoryTracker(TorchDispatchMode):
     """
 
     def __init__(self, model: torch.nn.Module | None = None, optimizer: torch.optim.Optimizer | None = None,
-                 held: Iterable[torch.Tensor] = ()) -> None:
+                 held: Mapping[str, Iterable[torch.Tensor]] | None = None) -> None:
         super().__init__()
         self.model = model
         self.optimizer = optimizer
-        self.held = list(held)  # kept resident beside the model (a distillation teacher): "other" from the start
+        # kept resident beside the model (a distillation teacher, a reference policy), by name: "other" from the start
+        self.held = {name: list(ts) for name, ts in (held or {}).items()}
         self._reset_state()
 
     def _reset_state(self) -> None:
@@ -428,8 +441,9 @@ class TensorMemoryTracker(TorchDispatchMode):
                 self._hooks.append(p.register_post_accumulate_grad_hook(lambda q: self._reclassify(q.grad, "grads")))
         for t in self._optimizer_tensors():
             self._track(t, "optimizer", initial=True)
-        for t in self.held:
-            self._track(t, "other", initial=True)
+        for ts in self.held.values():
+            for t in ts:
+                self._track(t, "other", initial=True)
         if self.optimizer is not None:
             self._hooks.append(self.optimizer.register_step_post_hook(lambda *_: self._mark_state()))
         return super().__enter__()
@@ -482,7 +496,8 @@ class TensorMemoryTracker(TorchDispatchMode):
         if total != self._peak:
             # Only an in-place resize between creation and the peak could make these differ.
             log.debug("tracker peak %d differs from the replayed composition %d", self._peak, total)
-        return MemoryBreakdown(peak_bytes=self._peak, activation_peak_bytes=self._act_peak, **by_cat)
+        return MemoryBreakdown(peak_bytes=self._peak, activation_peak_bytes=self._act_peak, **by_cat,
+                               held={name: _unique_bytes(ts) for name, ts in self.held.items()})
 
     def result(self) -> MemoryBreakdown:
         """The breakdown of the last ``with`` block."""

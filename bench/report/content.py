@@ -223,7 +223,11 @@ def _breakdown(c: Any) -> Cell:
     if not any(_ok(v) for v in values):
         return Cell("-")
     scale, unit = (2**20, "MiB") if max(v for v in values if _ok(v)) >= 2**20 else (2**10, "KiB")
-    return Cell(" / ".join(f"{v / scale:.1f}" if _ok(v) else "-" for v in values) + f" {unit}")
+    text = " / ".join(f"{v / scale:.1f}" if _ok(v) else "-" for v in values) + f" {unit}"
+    held = getattr(c, "mem_held", None)
+    if held:  # what of "other" techniques keep resident, by name
+        text += "; other holds " + ", ".join(f"{name} {b / scale:.1f}" for name, b in held.items())
+    return Cell(text)
 
 
 def _one_off(c: Any) -> Cell:

@@ -147,5 +147,36 @@ def frontier_points(analysis: Analysis, machine: str, workload: str) -> list[str
     return out
 
 
+def set_outcomes(analysis: Analysis, machine: str, workload: str) -> dict[str, dict[str, Any]]:
+    """Per set (in the records' order), over its seeds: the metric at the end and at its best evaluation, the proxy
+    and the KL at the end (lists, one value per seed), and the estimated compute to the target (censored median, and
+    how many seeds reached it). Point estimates only: the verdicts are the analysis's and ``frontier_points``'."""
+    trials = frontier_trials(analysis, machine, workload)
+    out: dict[str, dict[str, Any]] = {}
+    if trials.empty:
+        return out
+    hib = bool(next((h for h in trials["higher_is_better"] if h is not None), True))
+    for label, g in trials.groupby("technique", sort=False):
+        rows = list(g.itertuples())
+        metric = [[p[4] for p in r.curve if p[4] is not None] for r in rows]
+        cost = [_compute_to_target(r) for r in rows]
+        known = [c for c in cost if c is not None]
+        out[label] = {
+            "seeds": len(rows),
+            "end": [m[-1] for m in metric if m],
+            "best": [(max(m) if hib else min(m)) for m in metric if m],
+            "proxy_end": [r.curve_extra[PROXY][-1] for r in rows if r.curve_extra[PROXY][-1] is not None],
+            "kl_end": [r.curve_extra[KL][-1] for r in rows if r.curve_extra[KL][-1] is not None],
+            "compute_to_target": stats.censored_median(known) if len(known) == len(cost) else None,
+            "reached": sum(c is not None and math.isfinite(c) for c in cost),
+        }
+    return out
+
+
+def fmt_flops(f: float) -> str:
+    """FLOPs with a unit (GFLOP, TFLOP, PFLOP); "a miss" for +inf."""
+    return _fmt_flops(f)
+
+
 def _ci(est: stats.Estimate) -> str:
     return f" [{est.lo:+.3f}, {est.hi:+.3f}]" if est.has_interval else ""
