@@ -418,6 +418,9 @@ def configurations(frame: pd.DataFrame, baseline: str = BASELINE, thresholds: Th
         row = _identity(machine, workload, technique, g, ok, is_ref)
         row.update(_speed(ok, ref_ok, th))
         row.update(_memory(ok, ref_ok, th))
+        idle = None if is_ref else _trains_nothing(row["names"])
+        if idle:
+            row.update(_step_not_its_cost(idle))
         row.update(_quality(ok, ref_ok, row["kind"], th, continuations.get((machine, workload, technique))))
         row.update(_time_to_target(ok, ref_ok, th))
         row.update(_parity(ok))
@@ -489,6 +492,25 @@ def _caveats(ok: pd.DataFrame) -> tuple[str, ...]:
     found = ((known[name].caveat([(r or {}).get(name) for r in results]) if name in known else None)
              for name in names)
     return tuple(c for c in found if c)
+
+
+def _trains_nothing(names: Sequence[str]) -> str | None:
+    """The technique of a set whose steps train nothing (``Technique.trains`` False: best-of-n), or None."""
+    if not names:
+        return None
+    import techniques
+
+    known = techniques.registry()
+    return next((n for n in names if n in known and not known[n].trains), None)
+
+
+def _step_not_its_cost(name: str) -> dict[str, Any]:
+    """A set that trains nothing has a step that costs nothing: its samples/s, MFU and memory ratio against a
+    training set would read as a speedup it does not have. Its cost is at inference (its technique's results)."""
+    why = f"{name} trains nothing: its step is not its cost, which is at inference (What the techniques found)"
+    none = stats.Verdict(stats.NONE, why)
+    return {"sps_median": None, "sps_iqr": None, "sps_rel_iqr": None, "mfu": None, "mfu_datasheet": None,
+            "noisy": False, **_estimate_cols("speedup", None, none), **_estimate_cols("mem_ratio", None, none)}
 
 
 def _uncontended(rows: pd.DataFrame | None) -> pd.DataFrame | None:

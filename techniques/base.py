@@ -295,6 +295,8 @@ class Technique:
     conflicts: ClassVar[frozenset[str]] = frozenset()  # names this technique cannot be combined with
     claims: ClassVar[tuple[Claim, ...]] = ()
     compute_dtype: ClassVar[str | None] = None  # matmul dtype it switches to: "bfloat16", "float16", "tfloat32"
+    trains: ClassVar[bool] = True  # False: its steps train nothing (best-of-n; its cost is at inference), so the
+    # report gives its step no speed, MFU or memory ratio against a set that trains
     hides_tensors: ClassVar[bool] = False  # True: the tensor tracker cannot see what it runs (compiled graphs)
     zero_stage: int | None = None  # ZeRO stage of a data-parallel/sharding technique (0 = DDP); None otherwise
     memory_note: ClassVar[str | None] = None  # how its per-rank memory departs from the ZeRO formula, if it does

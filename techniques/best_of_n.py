@@ -64,6 +64,7 @@ class BestOfN(nn.Module):
 class BestOfNSampling(PreferenceMethod):
     name = "best_of_n"
     summary = "no training: sample n completions per prompt, keep the proxy's best (KL = log n - (n-1)/n)"
+    trains = False  # its steps are empty: the report gives them no speed or memory ratio
     uses_reference = False  # no loss against the start: only the reward model is held
 
     @dataclass(frozen=True)

@@ -63,6 +63,31 @@ def test_a_small_change_is_equivalent_and_an_uncertain_one_inconclusive():
     assert configs_of(records).loc["bf16", "speedup_verdict"] == stats.INCONCLUSIVE
 
 
+def test_a_set_that_trains_nothing_gets_no_speed_mfu_or_memory_ratio():
+    """best_of_n's steps are empty (its cost is at inference): 100x the samples/s of a training set is no speedup."""
+    records = (runs("baseline", [100, 120, 90], mfu=0.2, peak=1000)
+               + runs("best_of_n", [10_000, 12_000, 9_000], mfu=20.0, peak=100, kind="algorithmic"))
+    c = configs_of(records).loc["best_of_n"]
+    assert c["speedup"] is None and c["speedup_verdict"] == stats.NONE and "trains nothing" in c["speedup_why"]
+    assert c["mem_ratio"] is None and c["mem_ratio_verdict"] == stats.NONE
+    assert c["mfu"] is None and c["sps_median"] is None
+    assert c["peak_bytes"] == 100  # its own peak is still what it is
+
+
+def test_the_breakdown_names_what_techniques_hold():
+    held = {"reference policy": 400, "reward model": 300}
+    bd = {"params": 10, "grads": 0, "optimizer": 0, "activations": 5, "other": 700, "peak_bytes": 715,
+          "activation_peak_bytes": 5}
+    records = runs("baseline", [100, 100, 100], peak=15,
+                   breakdown={**bd, "other": 0, "peak_bytes": 15}) + runs(
+        "grpo", [20, 20, 20], peak=715, breakdown={**bd, "held": held}, kind="algorithmic")
+    c = configs_of(records)
+    assert c.loc["grpo", "mem_held"] == held and c.loc["baseline", "mem_held"] is None
+    from bench.report.content import _breakdown
+
+    assert _breakdown(c.loc["grpo"]).text.endswith("other holds reference policy 0.4, reward model 0.3")
+
+
 def test_no_speed_verdict_below_three_repeats():
     records = runs("baseline", [100, 101]) + runs("bf16", [50, 51])
     bf = configs_of(records).loc["bf16"]
