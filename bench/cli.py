@@ -14,7 +14,10 @@ import shlex
 import signal
 import sys
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -761,15 +764,26 @@ def _tune_options(args: argparse.Namespace) -> dict:
             "budget": merged.get("budget")}
 
 
-def _tune(args: argparse.Namespace) -> int:
-    import dataclasses
+@dataclass
+class _TuneSetup:
+    """What ``tune``'s options resolve to before anything runs (bad input raised as ConfigError on the way)."""
 
-    import tomli_w
+    opts: dict
+    cfg: Any
+    settings: Any  # bench.tune.Settings
+    refuse: Callable[[Any], str | None]  # the planner's reason a set cannot run here, or None
+    kinds: dict[str, str]  # candidate label -> kind
+    device: str
+    limit: int | None
+
+
+def _tune_setup(args: argparse.Namespace) -> _TuneSetup:
+    import dataclasses
 
     from bench import tune
     from bench.config import DEFAULT_MAX_REPEATS, parse_technique_sets
     from bench.plan import incompatibility, world_size_for
-    from bench.runner import SweepRunner, default_out_dir
+    from techniques.base import set_kind
 
     if args.resume and args.out is None:
         raise ConfigError("--resume needs --out DIR (the tune directory to continue)")
@@ -809,8 +823,6 @@ def _tune(args: argparse.Namespace) -> int:
 
     restrict = parse_technique_sets(opts["techniques"]) if opts["techniques"] else None
     singles, skipped = tune.candidate_singles(workload, refuse, restrict)
-    from techniques.base import set_kind
-
     kinds = {s.label: set_kind(x.resolve() for x in s.specs).value for s in singles}
     quality_runs = goal.mode == "both" or (quality.rule != "any" and any(k != "exact" for k in kinds.values()))
     cap = args.max_repeats or (cfg.max_repeats if args.resume and cfg.max_repeats else DEFAULT_MAX_REPEATS)
@@ -818,18 +830,30 @@ def _tune(args: argparse.Namespace) -> int:
                               max_repeats=cap, mode="both" if quality_runs else "speed")
     settings = tune.Settings(workload, tuple(singles), goal.name, limit, quality, cap, opts["budget"], cfg.seed,
                              cfg.world_size, tuple(skipped))
+    return _TuneSetup(opts, cfg, settings, refuse, kinds, device, limit)
+
+
+def _tune(args: argparse.Namespace) -> int:
+    import tomli_w
+
+    from bench import tune
+    from bench.runner import SweepRunner, default_out_dir
+
+    t = _tune_setup(args)
+    settings, refuse, limit = t.settings, t.refuse, t.limit
     if args.dry_run:
-        return _tune_dry_run(settings, refuse, kinds)
-    out_dir = args.out or default_out_dir(cfg)
+        return _tune_dry_run(settings, refuse, t.kinds)
+    out_dir = args.out or default_out_dir(t.cfg)
     command = "python -m bench " + shlex.join(args.argv)
-    runner = SweepRunner(cfg, out_dir, device, resume=args.resume, command=command)
+    runner = SweepRunner(t.cfg, out_dir, t.device, resume=args.resume, command=command)
     runner.claim()  # bad input (the directory, a resume that changes settings): one line, before anything runs
     try:
-        write_atomic(out_dir / TUNE_FILE, tomli_w.dumps({k: v for k, v in opts.items() if v is not None}))
+        write_atomic(out_dir / TUNE_FILE, tomli_w.dumps({k: v for k, v in t.opts.items() if v is not None}))
         limits = (f", memory limit {tune.size_text(limit)}" if limit else "") + (
-            f", budget {opts['budget']:g} s" if opts["budget"] else "")
-        err.print(f"[bold]trainbench[/] tune {workload.label} on {device} ({goal.name}{limits}, quality "
-                  f"{quality.label}): {len(singles)} candidates, {len(skipped)} not tried -> {out_dir}")
+            f", budget {t.opts['budget']:g} s" if t.opts["budget"] else "")
+        err.print(f"[bold]trainbench[/] tune {settings.workload.label} on {t.device} ({settings.objective}{limits}, "
+                  f"quality {settings.quality.label}): {len(settings.singles)} candidates, "
+                  f"{len(settings.not_tried)} not tried -> {out_dir}")
         env = runner.prepare()
         started = time.perf_counter()
         while True:
@@ -848,14 +872,18 @@ def _tune(args: argparse.Namespace) -> int:
         return interrupted_code(exc)
     finally:
         runner.close()
-    wall = time.perf_counter() - started
-    records = runner.store.read()
-    snippets = tune.snippets_for(step.recommended)
-    result = tune.result_dict(records, step, settings, wall)
-    paths = tune.write(out_dir, result, snippets)
+    return _tune_finish(out_dir, runner.store.read(), step, settings, time.perf_counter() - started)
+
+
+def _tune_finish(out_dir: Path, records: list, step: Any, settings: Any, wall: float) -> int:
+    """Write tune.json/tune.md, the summary and the report; print the recommendation; the exit code."""
+    from bench import tune
     from bench.api import write_summary
     from bench.report import write_report
 
+    snippets = tune.snippets_for(step.recommended)
+    result = tune.result_dict(records, step, settings, wall)
+    paths = tune.write(out_dir, result, snippets)
     write_summary(out_dir, records, wall, "tune")
     report = write_report([out_dir])
     _print_tune(result, snippets)
@@ -864,8 +892,8 @@ def _tune(args: argparse.Namespace) -> int:
     if step.recommended is None:
         peak = step.smallest_peak
         if peak is not None:
-            print(f"error: no measured set fits under --memory-limit {tune.size_text(limit)}: the smallest peak "
-                  f"found is {tune.size_text(peak[1])} ({peak[2]}) of {peak[0]}", file=sys.stderr)
+            print(f"error: no measured set fits under --memory-limit {tune.size_text(settings.memory_limit)}: the "
+                  f"smallest peak found is {tune.size_text(peak[1])} ({peak[2]}) of {peak[0]}", file=sys.stderr)
             return tune.EXIT_INFEASIBLE
         print(f"error: {one_line(step.stop)}", file=sys.stderr)
         return tune.EXIT_NOTHING

@@ -588,8 +588,15 @@ class _Replay:
         return None
 
     def run(self) -> Step:
+        first = self.singles()
+        if isinstance(first, Step):
+            return first
+        return self.greedy(*first)
+
+    def singles(self) -> Step | tuple[TechniqueSet, dict[str, Outcome], bool]:
+        """Stage 0, the singles beside the baseline: the search's end (a Step), or where greedy selection starts
+        (the current best, the singles' outcomes, whether the baseline fits)."""
         goal, s = self.goal, self.s
-        # Stage 0: the singles beside the baseline.
         outcomes = self.stage(0, BASELINE, list(s.singles))
         base_recs = self.of(BASELINE)
         self.stages.append({"stage": 0, "reference": BASELINE.label, "candidates": [c.label for c in s.singles]})
@@ -618,8 +625,13 @@ class _Replay:
             spent = any(o.status == "budget" for o in outcomes.values())
             return self.finish(current, "the budget is spent" if spent else
                                f"no single technique is decided {goal.better} than the baseline")
-        # Greedy forward selection. An infeasible set stays an addition (with a technique that saves memory it may
-        # fit); with an infeasible baseline, "worse than the baseline" says nothing about helping the best that fits.
+        return current, outcomes, baseline_fits
+
+    def greedy(self, current: TechniqueSet, outcomes: dict[str, Outcome], baseline_fits: bool) -> Step:
+        """Greedy forward selection from ``current``. An infeasible set stays an addition (with a technique that
+        saves memory it may fit); with an infeasible baseline, "worse than the baseline" says nothing about helping
+        the best that fits."""
+        goal, s = self.goal, self.s
         dropped_words = {goal.worse, stats.EQUIVALENT, "failed", "reference failed"}
         first_dropped = dropped_words if baseline_fits else {"failed", "reference failed"}
         additions = [c for c in s.singles if c != current and c.label in outcomes

@@ -340,88 +340,109 @@ def build_artefacts(p: dict[str, Any], vocab: list[str]) -> dict[str, Any]:
     """Train the starting policy, sample and label the pairs, train the reward model (on the CPU, seeded)."""
     meta: dict[str, Any] = {}
     with torch.random.fork_rng(devices=[]):
-        started = time.perf_counter()
-        train, held_out_windows, _, record = corpus_split(p["corpus_mb"], p["seq_len"], p["eval_windows"])
-        cfg = GPTConfig(vocab_size=len(vocab), seq_len=p["seq_len"], n_layer=p["n_layer"], n_head=p["n_head"],
-                        d_model=p["d_model"])
-        torch.manual_seed(SFT_SEED)
-        policy = GPT(cfg)
-        sft = lm_workload(policy, train, held_out_windows, {**p, "batch_size": p["sft_batch"], "lr": p["sft_lr"]},
-                          record)
-        # The supervised stage is the plain loop's math (AdamW at weight decay 0, one micro-batch), written out here:
-        # a workload sits below bench.loop in the layers (tests/test_layers.py).
-        optimizer = torch.optim.AdamW(policy.parameters(), lr=p["sft_lr"], weight_decay=0.0)
-        batches = window_batches(train, p["sft_batch"], p["seq_len"], SFT_SEED)
-        policy.train()
-        for _ in range(p["sft_steps"]):
-            x, y = next(batches)
-            optimizer.zero_grad(set_to_none=True)
-            sft.loss_fn(policy(x), y).backward()
-            optimizer.step()
-        policy.eval()
-        with torch.no_grad():
-            val = sft.evaluate(policy)
-        meta["sft_train_s"] = round(time.perf_counter() - started, 3)
-        meta["sft_steps"] = p["sft_steps"]
-        meta["sft_val_loss"] = round(val["val_loss"], 6)
-
-        started = time.perf_counter()
-        train_prompts, _ = prompts_of(p)
-        n = p["n_pairs"]
-        prompts = train_prompts[torch.arange(n) % len(train_prompts)]
-        gen = torch.Generator().manual_seed(PAIR_SEED)
-        a = torch.cat([sample(policy, prompts[i : i + 256], p["completion_len"], gen) for i in range(0, n, 256)])
-        b = torch.cat([sample(policy, prompts[i : i + 256], p["completion_len"], gen) for i in range(0, n, 256)])
-        mask = torch.tensor([c in VOWELS for c in vocab])
-        ga = gold_parts(a[:, p["prompt_len"] :], mask, len(vocab))[0]
-        gb = gold_parts(b[:, p["prompt_len"] :], mask, len(vocab))[0]
-        a_wins = bt_labels(ga, gb, p["bt_scale"], gen)
-        chosen = torch.where(a_wins[:, None], a, b)
-        rejected = torch.where(a_wins[:, None], b, a)
-        g_c, g_r = torch.where(a_wins, ga, gb), torch.where(a_wins, gb, ga)
-        untied = g_c != g_r
-        meta["pairs_s"] = round(time.perf_counter() - started, 3)
-        meta["n_pairs"] = n  # the held-out pairs are other samples; their prompts recur among the training pairs'
-        meta["heldout_pairs"] = p["heldout_pairs"]
-        meta["bt_scale"] = p["bt_scale"]
-        meta["label_agreement"] = round(float((g_c > g_r)[untied].float().mean()), 4)
-        meta["start_gold_pairs"] = round(float(torch.cat([ga, gb]).mean()), 4)
-
-        started = time.perf_counter()
-        torch.manual_seed(RM_SEED)
-        rm = RewardModel(copy.deepcopy(policy), p["prompt_len"])
-        rm.train()
-        opt = torch.optim.AdamW(rm.parameters(), lr=p["rm_lr"])
-        n_train = n - p["heldout_pairs"]
-        order = torch.Generator().manual_seed(RM_SEED)
-        perm = torch.randperm(n_train, generator=order)
-        pos, B = 0, p["rm_batch"]
-        for _ in range(p["rm_steps"]):
-            if pos + B > n_train:
-                perm, pos = torch.randperm(n_train, generator=order), 0
-            idx = perm[pos : pos + B]
-            pos += B
-            scores = rm(torch.cat([chosen[idx], rejected[idx]]))
-            loss = -F.logsigmoid(scores[:B] - scores[B:]).mean()
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            opt.step()
-        rm.eval()
-        with torch.no_grad():
-            def accuracy(lo: int, hi: int) -> float:
-                s = rm(torch.cat([chosen[lo:hi], rejected[lo:hi]]))
-                return float((s[: hi - lo] > s[hi - lo :]).float().mean())
-
-            meta["rm_train_accuracy"] = round(accuracy(0, n_train), 4)
-            meta["rm_heldout_accuracy"] = round(accuracy(n_train, n), 4)
-            # the gold order's own accuracy on the held-out labels: the ceiling the label noise leaves
-            meta["gold_heldout_accuracy"] = round(float((g_c[n_train:] > g_r[n_train:]).float().mean()), 4)
-        meta["rm_train_s"] = round(time.perf_counter() - started, 3)
-        meta["rm_steps"] = p["rm_steps"]
+        policy = _supervised_stage(p, vocab, meta)
+        chosen, rejected, g_c, g_r = _labelled_pairs(p, vocab, policy, meta)
+        rm = _reward_model(p, policy, chosen, rejected, g_c, g_r, meta)
     log.info("preference artefacts built: %s", meta)
     return {"sft": {k: v.detach().clone() for k, v in policy.state_dict().items()},
             "rm": {k: v.detach().clone() for k, v in rm.state_dict().items()},
             "chosen": chosen, "rejected": rejected, "meta": meta}
+
+
+def _supervised_stage(p: dict[str, Any], vocab: list[str], meta: dict[str, Any]) -> GPT:
+    """The starting policy: the character model trained ``sft_steps`` on the corpus."""
+    started = time.perf_counter()
+    train, held_out_windows, _, record = corpus_split(p["corpus_mb"], p["seq_len"], p["eval_windows"])
+    cfg = GPTConfig(vocab_size=len(vocab), seq_len=p["seq_len"], n_layer=p["n_layer"], n_head=p["n_head"],
+                    d_model=p["d_model"])
+    torch.manual_seed(SFT_SEED)
+    policy = GPT(cfg)
+    sft = lm_workload(policy, train, held_out_windows, {**p, "batch_size": p["sft_batch"], "lr": p["sft_lr"]},
+                      record)
+    # The supervised stage is the plain loop's math (AdamW at weight decay 0, one micro-batch), written out here:
+    # a workload sits below bench.loop in the layers (tests/test_layers.py).
+    optimizer = torch.optim.AdamW(policy.parameters(), lr=p["sft_lr"], weight_decay=0.0)
+    batches = window_batches(train, p["sft_batch"], p["seq_len"], SFT_SEED)
+    policy.train()
+    for _ in range(p["sft_steps"]):
+        x, y = next(batches)
+        optimizer.zero_grad(set_to_none=True)
+        sft.loss_fn(policy(x), y).backward()
+        optimizer.step()
+    policy.eval()
+    with torch.no_grad():
+        val = sft.evaluate(policy)
+    meta["sft_train_s"] = round(time.perf_counter() - started, 3)
+    meta["sft_steps"] = p["sft_steps"]
+    meta["sft_val_loss"] = round(val["val_loss"], 6)
+    return policy
+
+
+def _labelled_pairs(p: dict[str, Any], vocab: list[str], policy: GPT, meta: dict[str, Any]
+                    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Pairs of the starting policy's completions, labelled by a Bradley-Terry draw on their gold rewards:
+    (chosen, rejected, gold of chosen, gold of rejected)."""
+    started = time.perf_counter()
+    train_prompts, _ = prompts_of(p)
+    n = p["n_pairs"]
+    prompts = train_prompts[torch.arange(n) % len(train_prompts)]
+    gen = torch.Generator().manual_seed(PAIR_SEED)
+    a = torch.cat([sample(policy, prompts[i : i + 256], p["completion_len"], gen) for i in range(0, n, 256)])
+    b = torch.cat([sample(policy, prompts[i : i + 256], p["completion_len"], gen) for i in range(0, n, 256)])
+    mask = torch.tensor([c in VOWELS for c in vocab])
+    ga = gold_parts(a[:, p["prompt_len"] :], mask, len(vocab))[0]
+    gb = gold_parts(b[:, p["prompt_len"] :], mask, len(vocab))[0]
+    a_wins = bt_labels(ga, gb, p["bt_scale"], gen)
+    chosen = torch.where(a_wins[:, None], a, b)
+    rejected = torch.where(a_wins[:, None], b, a)
+    g_c, g_r = torch.where(a_wins, ga, gb), torch.where(a_wins, gb, ga)
+    untied = g_c != g_r
+    meta["pairs_s"] = round(time.perf_counter() - started, 3)
+    meta["n_pairs"] = n  # the held-out pairs are other samples; their prompts recur among the training pairs'
+    meta["heldout_pairs"] = p["heldout_pairs"]
+    meta["bt_scale"] = p["bt_scale"]
+    meta["label_agreement"] = round(float((g_c > g_r)[untied].float().mean()), 4)
+    meta["start_gold_pairs"] = round(float(torch.cat([ga, gb]).mean()), 4)
+    return chosen, rejected, g_c, g_r
+
+
+def _reward_model(p: dict[str, Any], policy: GPT, chosen: torch.Tensor, rejected: torch.Tensor, g_c: torch.Tensor,
+                  g_r: torch.Tensor, meta: dict[str, Any]) -> RewardModel:
+    """The proxy: the policy's trunk and a scalar head, Bradley-Terry loss on the training pairs; its accuracy on
+    the held-out pairs (the last ``heldout_pairs``) beside the gold order's own."""
+    started = time.perf_counter()
+    n = p["n_pairs"]
+    torch.manual_seed(RM_SEED)
+    rm = RewardModel(copy.deepcopy(policy), p["prompt_len"])
+    rm.train()
+    opt = torch.optim.AdamW(rm.parameters(), lr=p["rm_lr"])
+    n_train = n - p["heldout_pairs"]
+    order = torch.Generator().manual_seed(RM_SEED)
+    perm = torch.randperm(n_train, generator=order)
+    pos, B = 0, p["rm_batch"]
+    for _ in range(p["rm_steps"]):
+        if pos + B > n_train:
+            perm, pos = torch.randperm(n_train, generator=order), 0
+        idx = perm[pos : pos + B]
+        pos += B
+        scores = rm(torch.cat([chosen[idx], rejected[idx]]))
+        loss = -F.logsigmoid(scores[:B] - scores[B:]).mean()
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+    rm.eval()
+    with torch.no_grad():
+        def accuracy(lo: int, hi: int) -> float:
+            s = rm(torch.cat([chosen[lo:hi], rejected[lo:hi]]))
+            return float((s[: hi - lo] > s[hi - lo :]).float().mean())
+
+        meta["rm_train_accuracy"] = round(accuracy(0, n_train), 4)
+        meta["rm_heldout_accuracy"] = round(accuracy(n_train, n), 4)
+        # the gold order's own accuracy on the held-out labels: the ceiling the label noise leaves
+        meta["gold_heldout_accuracy"] = round(float((g_c[n_train:] > g_r[n_train:]).float().mean()), 4)
+    meta["rm_train_s"] = round(time.perf_counter() - started, 3)
+    meta["rm_steps"] = p["rm_steps"]
+    return rm
 
 
 def best_of_n_kl(n: int) -> float:
