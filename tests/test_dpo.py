@@ -45,22 +45,32 @@ def test_the_loss_equals_trls():
     assert float(losses.mean()) == pytest.approx(float(dpo_loss(PC, PR, RC, RR, beta)), rel=1e-6)
 
 
-def kl_after(label: str, steps: int = 8) -> float:
+def after(label: str, steps: int = 8) -> tuple[float, float]:
+    """Train ``steps`` steps; return the sampled KL to the start and the mean log-ratio h over all training pairs."""
     loop, batches, built = build_loop("pref", label, budget=Budget(train_steps=steps))
     for _ in range(steps):
         loop.step(next(batches))
     loop.model.eval()
+    task = built.preference
     with torch.no_grad():
-        return built.evaluate(loop.model)["kl"]
+        x, n = torch.cat([task.chosen, task.rejected]), len(task.chosen)
+        delta = task.logprobs(loop.model, x).sum(dim=1) - task.logprobs(task.start, x).sum(dim=1)
+        return built.evaluate(loop.model)["kl"], float((delta[:n] - delta[n:]).mean())
 
 
-def test_at_large_beta_the_policy_stays_at_the_start():
-    """IPO's optimum is h = 1 / (2 beta): at beta -> large the pairs' log-ratios are held at 0, the policy at the
-    start; DPO's logistic loss saturates once beta * h is large, so its steps shrink to nothing."""
-    moved = kl_after("dpo:beta=0.1")
-    assert moved > 0.05
-    assert kl_after("dpo:beta=1000:loss=ipo") < moved / 10
-    assert kl_after("dpo:beta=1000") < moved / 2
+def test_at_large_beta_the_pairs_stay_at_the_start():
+    """IPO's optimum is h = 1 / (2 beta): at beta -> large the pairs' log-ratios are held at 0, where the start has
+    them. The loss acts on h, so h is what is checked: AdamW normalises the gradient, so every step still moves the
+    weights by about the learning rate whatever beta (the sampled KL still shrinks, by a machine-dependent factor:
+    0.09x on the AVX-512 VM, 0.11x on CI's, hence the loose bound). DPO's logistic loss saturates once beta * h is
+    large, so at beta 1000 it pushes h less far than at 0.1."""
+    kl_dpo, h_dpo = after("dpo:beta=0.1")
+    assert h_dpo > 0.5 and kl_dpo > 0.05  # measured: h 1.46, KL 1.40
+    kl_ipo, h_ipo = after("dpo:beta=1000:loss=ipo")
+    assert abs(h_ipo) < h_dpo / 20  # measured: -0.010, 140x below DPO's
+    assert kl_ipo < kl_dpo / 4  # measured: 0.12 here, 0.15 on CI
+    _, h_saturated = after("dpo:beta=1000")
+    assert h_saturated < 0.8 * h_dpo  # measured: 0.66
 
 
 def test_a_step_trains_the_dpo_loss_from_log_2():
