@@ -136,6 +136,11 @@ def diagnose(share: dict[str, float], names: Sequence[str] = (), device: str = "
         return explained(Bottleneck.OVERHEAD, pct["other"]) or \
             f"overhead-bound: {pct['other']}% of the step is outside the labelled phases; {fix}"
     compute = pct.get("forward", 0) + pct.get("backward", 0)
+    # never "try bf16" on the bf16 set's own line: the remedies it already holds are not offered again
+    offered = [(t, r) for t, r in remedies(Bottleneck.COMPUTE, device) if t not in held]
+    lower_held = any(r.if_dtype_faster for t in held for r in t.remedies if r.bottleneck == Bottleneck.COMPUTE)
+    fix = _again(Bottleneck.COMPUTE, held) or (
+        _try([(t, r) for t, r in offered if not r.if_dtype_faster]) if lower_held else
+        _compute_fix(offered, peaks) if offered else None) or "look at the trace's top operators"
     return explained(Bottleneck.COMPUTE, compute) or \
-        f"compute-bound: {compute}% of the step is forward and backward; " \
-        f"{_compute_fix(remedies(Bottleneck.COMPUTE, device), peaks)}"
+        f"compute-bound: {compute}% of the step is forward and backward; {fix}"

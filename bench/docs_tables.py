@@ -404,6 +404,8 @@ TABLES: dict[str, Spec] = {
     "parallelism-mlp": Spec("docs/parallelism.md", "reports/example-cpu-parallelism/mlp", parallelism),
     "distributed-mlp-large": Spec("docs/distributed.md", "reports/example-cpu-2rank", distributed("mlp:large")),
     "distributed-gpt-tiny": Spec("docs/distributed.md", "reports/example-cpu-2rank", distributed("gpt:tiny")),
+    "preference": Spec("docs/preference.md", "reports/example-cpu-preference", preference),
+    "readme-bf16-claim": Spec("README.md", "reports/example-cpu-bf16", claims_check),
     "readme-techniques": Spec("README.md", None, technique_table),
     "commands-findings": Spec("docs/commands.md", None, findings_table),
 }

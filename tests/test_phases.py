@@ -183,6 +183,9 @@ _INPUT, _COMPUTE = "input-bound: 60% of the step waits for data; ", "compute-bou
      _COMPUTE + "try bf16 (its calibrated peak beats fp32's here) or compile"),
     (({"forward": 0.4, "backward": 0.5}, (), "cpu", SLOW_BF16),
      _COMPUTE + "try compile (fuses small ops); not bf16: its calibrated peak is below fp32's on this machine"),
+    (({"forward": 0.4, "backward": 0.5}, ("bf16",), "cpu", FAST_BF16), _COMPUTE + "try compile (fuses small ops)"),
+    (({"forward": 0.4, "backward": 0.5}, ("bf16", "compile"), "cpu", FAST_BF16),
+     _COMPUTE + "look at the trace's top operators"),
     (({"forward": 0.4, "backward": 0.5}, ("pp",)),
      "pipeline: 90% of the step is the pipeline schedule (stage compute, point-to-point sends and the bubble: see pp's "
      "measured bubble); more micro-batches shrink the bubble (pp:microbatches)"),
