@@ -33,16 +33,47 @@ def test_the_loss_equals_the_hand_computed_value():
         dpo_loss(PC, PR, RC, RR, beta, "hinge")
 
 
+def _trl_loss(trl, beta: float) -> float:
+    """TRL's DPO loss on the fixed log-probabilities. TRL < 1 has ``DPOTrainer.dpo_loss`` on sequence log-probs;
+    TRL 1.x computes it inside ``_compute_loss`` from a forward pass, so that is driven with a stand-in model whose
+    one completion token carries the sequence log-prob, the reference log-probs given as precomputed (its
+    ``precompute_ref_logps`` path): the loss arithmetic is TRL's own, only the forward is not."""
+    import collections
+    import types
+
+    trainer = object.__new__(trl.DPOTrainer)  # the loss reads only these attributes, no real model is needed
+    identity = type("A", (), {"device": CPU, "gather": staticmethod(lambda t: t),
+                              "gather_for_metrics": staticmethod(lambda t: t)})()
+    common = {"beta": beta, "label_smoothing": 0.0, "f_divergence_type": "reverse_kl", "use_weighting": False,
+              "accelerator": identity}
+    if hasattr(trl.DPOTrainer, "dpo_loss"):
+        for name, value in {**common, "loss_type": "sigmoid", "reference_free": False, "args": None}.items():
+            setattr(trainer, name, value)
+        return float(trainer.dpo_loss(PC, PR, RC, RR)[0].mean())
+    logps = torch.cat([PC, PR])[:, None]  # (2N, 1): one completion token per sequence
+
+    class StandIn(torch.nn.Module):
+        def forward(self, **kwargs):
+            zeros = torch.zeros_like(logps)
+            return types.SimpleNamespace(log_probs=logps, entropy=zeros, mean_logits=zeros,
+                                         is_top1=zeros.bool())
+
+    model = StandIn()
+    for name, value in {**common, "model": model, "aux_loss_enabled": False, "ld_alpha": None,
+                        "precompute_ref_logps": True, "loss_types": ["sigmoid"], "loss_weights": [1.0],
+                        "_metrics": collections.defaultdict(lambda: collections.defaultdict(list)),
+                        "_total_train_tokens": 0, "_tp_size": 1}.items():
+        setattr(trainer, name, value)
+    n = len(PC)
+    inputs = {"input_ids": torch.zeros(2 * n, 2, dtype=torch.long), "attention_mask": torch.ones(2 * n, 2),
+              "completion_mask": torch.tensor([[0, 1]] * (2 * n)), "ref_chosen_logps": RC, "ref_rejected_logps": RR}
+    return float(trainer._compute_loss(model, inputs, return_outputs=False))
+
+
 def test_the_loss_equals_trls():
     trl = pytest.importorskip("trl", reason="optional: TRL is not installed (pip install trl) to cross-check against")
-    beta = 0.1
-    trainer = object.__new__(trl.DPOTrainer)  # dpo_loss reads only these attributes, no model is needed
-    for name, value in {"beta": beta, "loss_type": "sigmoid", "label_smoothing": 0.0, "reference_free": False,
-                        "f_divergence_type": "reverse_kl", "use_weighting": False, "args": None,
-                        "accelerator": type("A", (), {"device": CPU})()}.items():
-        setattr(trainer, name, value)
-    losses = trainer.dpo_loss(PC, PR, RC, RR)[0]
-    assert float(losses.mean()) == pytest.approx(float(dpo_loss(PC, PR, RC, RR, beta)), rel=1e-6)
+    for beta in (0.1, 2.0):
+        assert _trl_loss(trl, beta) == pytest.approx(float(dpo_loss(PC, PR, RC, RR, beta)), rel=1e-6)
 
 
 def after(label: str, steps: int = 8) -> tuple[float, float]:
