@@ -21,6 +21,7 @@
 from __future__ import annotations
 
 import copy
+import dataclasses
 import importlib.util
 import json
 import subprocess
@@ -130,8 +131,6 @@ LLAMA = ModelStructure.from_dict(decoders.STRUCTURE)
 
 
 def _with(s: ModelStructure, **attention) -> ModelStructure:
-    import dataclasses
-
     block = dataclasses.replace(s.block, attention=dataclasses.replace(s.attention, **attention))
     return dataclasses.replace(s, block=block)
 
@@ -141,7 +140,9 @@ def test_the_description_says_what_tp_cannot_split():
     assert description_problem(gpt, 2) is None and description_problem(LLAMA, 2) is None
     assert description_problem(gpt, 4) == "tp:degree=4 needs the model's attention heads divisible by it; the model has 2"
     assert "key/value heads divisible by it; the model has 2" in description_problem(LLAMA, 4)
-    assert "MLP hidden units divisible by it; the model has 48" in description_problem(LLAMA, 5)
+    odd = dataclasses.replace(LLAMA, block=dataclasses.replace(LLAMA.block, mlp=dataclasses.replace(LLAMA.mlp,
+                                                                                                    hidden=49)))
+    assert description_problem(odd, 2) == "tp:degree=2 needs the model's MLP hidden units divisible by it; the model has 49"
     reasons = {
         "packed": description_problem(_with(LLAMA, packed=True), 2),
         "transposed": description_problem(_with(gpt, transposed=True), 2),
