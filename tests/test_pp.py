@@ -168,15 +168,17 @@ def test_bubble_formula_and_stage_split():
 
 
 def test_planning_reasons():
-    def reason(world=2, workload="gpt", names=("pp",), **options):
-        ctx = Context(device=CPU, workload=workload, world_size=world, technique_names=names,
-                      structure=workloads.get(workload).structure("tiny"))
+    def reason(world=2, workload="gpt", names=("pp",), blocks=None, **options):
+        structure = workloads.get(workload).structure("tiny")
+        if blocks:
+            structure = dataclasses.replace(structure, n_blocks=blocks)
+        ctx = Context(device=CPU, workload=workload, world_size=world, technique_names=names, structure=structure)
         return PP(PP.Options(**options)).check(ctx)
 
     assert reason() is None and reason(schedule="gpipe", microbatches=1) is None
     assert "needs several processes" in reason(world=1)
     assert reason(workload="mlp").startswith("needs the model's token embedding")
-    assert "1f1b needs at least as many micro-batches as stages" in reason(world=4, microbatches=2)
+    assert "1f1b needs at least as many micro-batches as stages" in reason(world=4, microbatches=2, blocks=4)
     assert "bf16 changes them (forward_context)" in reason(names=("pp", "bf16"))
     with pytest.raises(ValueError, match="does not split into 3 equal micro-batches"):
         PP(PP.Options(microbatches=3)).configure(TrainConfig(batch_size=16))
