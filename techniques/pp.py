@@ -94,7 +94,7 @@ from techniques.base import get as get_technique
 _LOOP_HOOKS = ("micro_batch_context", "forward_context", "loss", "backward")  # what forward_backward replaces
 PROBE_SHAPE = (2, 8)  # token ids the decomposition is checked on (batch, at most this many positions)
 TOLERANCE = {torch.float32: 1e-4, torch.float64: 1e-8}  # max |stages - model| / max |model|; 2e-2 for 16-bit
-HIDDEN_ALONE = "pp runs the blocks on the hidden state alone"
+HIDDEN_ALONE = "runs the blocks on the hidden state alone"  # the plan puts "pp: " before a reason
 
 
 def bubble_formula(stages: int, microbatches: int) -> float:
@@ -214,10 +214,10 @@ def check_decomposition(model: nn.Module, s: ModelStructure, x: torch.Tensor) ->
                 try:
                     h = _hidden(block(h))
                 except Exception as exc:
-                    raise ValueError(f"{HIDDEN_ALONE}; this model's blocks need more inputs (called with the hidden "
+                    raise ValueError(f"pp: {HIDDEN_ALONE}; this model's blocks need more inputs (called with the hidden "
                                      f"state alone, {type(block).__name__} raised {_said(exc)})") from None
                 if not isinstance(h, torch.Tensor) or tuple(h.shape[2:]) != hidden:
-                    raise ValueError(f"{HIDDEN_ALONE}; this model's {type(block).__name__} does not return one of the "
+                    raise ValueError(f"pp: {HIDDEN_ALONE}; this model's {type(block).__name__} does not return one of the "
                                      f"shape it takes ({hidden})")
             got = _outputs(whole.head(h if whole.final_norm is None else whole.final_norm(h)))
     finally:

@@ -195,7 +195,7 @@ def test_the_description_says_what_pp_cannot_split():
     assert description_problem(dataclasses.replace(LLAMA, head=None), 2).startswith("needs the model's output head")
     assert description_problem(ModelStructure(), 2).startswith("needs the model's blocks, token embedding, output head")
     needs = dataclasses.replace(LLAMA, block_inputs=("position_embeddings",))
-    assert description_problem(needs, 2) == ("pp runs the blocks on the hidden state alone; this model's blocks need "
+    assert description_problem(needs, 2) == ("runs the blocks on the hidden state alone; this model's blocks need "
                                              "more inputs (position_embeddings), which its forward computes and "
                                              "passes in")
 
@@ -223,12 +223,12 @@ def test_the_decomposition_is_checked_on_the_model():
     s = outside.structure
     with pytest.raises(ValueError) as err:
         check_decomposition(outside.model, s, probe_input(outside.model, s, 12, CPU))
-    assert str(err.value).startswith("pp runs the blocks on the hidden state alone; this model's blocks need more "
+    assert str(err.value).startswith("pp: runs the blocks on the hidden state alone; this model's blocks need more "
                                      "inputs (called with the hidden state alone, TablesLayer raised TypeError: ")
     assert "\n" not in str(err.value)
     # transform_model refuses before it splits anything (no process group needed)
     ctx = Context(device=CPU, rank=0, world_size=2, structure=s, blocks=outside.blocks, sequence_length=12)
-    with pytest.raises(ValueError, match="^pp runs the blocks on the hidden state alone"):
+    with pytest.raises(ValueError, match="^pp: runs the blocks on the hidden state alone"):
         PP().transform_model(outside.model, ctx)
     assert len(outside.model.layers) == 2
 
