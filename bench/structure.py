@@ -2,7 +2,8 @@
 
 Techniques never ask which workload a model belongs to; they ask this description for the part they need (the
 attention's projections and heads, the MLP's up/gate/down projections, hidden channels that can be removed together,
-the embedding, the final norm and the head, how to make a wider or deeper teacher) and, where it lacks the part, are
+the embedding and what the model computes between it and the first block, the final norm and the head, what the
+blocks take besides the hidden state, how to make a wider or deeper teacher) and, where it lacks the part, are
 skipped with that part named. Four sources fill it, in this order of authority:
 
 - a built-in workload declares its own (``bench/workloads/*.py``: ``Workload.structure(size)``, the same
@@ -144,6 +145,12 @@ class ModelStructure:
     final_norm: str | None = None  # the norm between the last block and the head
     head: str | None = None  # the output layer
     tied: bool = False  # the head's weight is the embedding's
+    position_embedding: str | None = None  # a learned position embedding (nn.Embedding of positions 0..T-1) whose
+    # output the model adds to the token embedding's before the first block
+    pre_blocks: tuple[str, ...] = ()  # modules the model applies in order to that sum before the first block
+    # (dropout, a norm); with the two above, what the model computes before its blocks
+    block_inputs: tuple[str, ...] = ()  # what each block takes beyond the hidden state, computed once by the
+    # model's forward and passed in (rotary cos/sin, a mask); (): the hidden state alone, or not known
     causal: bool | None = None  # position i never sees positions > i (a decoder); None: not known
     channels: tuple[Channels, ...] = ()  # hidden channels removable together, beyond the blocks' MLPs
     convolutional: bool | None = None  # holds nn.Conv2d layers; None: not known

@@ -322,7 +322,7 @@ class MTP(Technique):
     kind = Kind.ALGORITHMIC
     phase = Phase.SURGERY
     slot = "output_heads"
-    conflicts = frozenset({"tp", "pp"})  # they shard or cut the GPT's blocks, which the heads read
+    conflicts = frozenset({"tp", "pp"})  # they shard or cut the model's blocks, which the heads read
     own_flops = True
 
     @dataclass(frozen=True)

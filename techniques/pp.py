@@ -1,20 +1,30 @@
-"""Pipeline parallelism: the GPT's blocks split into consecutive stages, one per rank, run by torch's pipeline engine.
+"""Pipeline parallelism: a model's blocks split into consecutive stages, one per rank, run by torch's pipeline engine.
 
 Method card
 - What: rank ``s`` of ``p`` keeps only stage ``s`` of the model: an even share of the blocks (the first stages take
-  one more when ``n_layer`` does not divide), the token and position embeddings on stage 0, the final LayerNorm and
-  the head on the last stage. Every rank sees the same global batch; the schedule cuts it into ``microbatches``
+  one more when their number does not divide), what runs before the first block on stage 0, the final norm and the
+  head on the last stage. Every rank sees the same global batch; the schedule cuts it into ``microbatches``
   equal micro-batches (``m``), stage 0 feeds their inputs, activations travel forward and their gradients backward
   between neighbouring stages point to point, and the last stage computes the loss of each micro-batch against the
   targets. ``torch.distributed.pipelining`` does all of it (``PipelineStage`` with static shapes,
   ``ScheduleGPipe``: all forwards then all backwards, or ``Schedule1F1B``: after a warm-up one forward, one
   backward, so at most ``p`` micro-batches' activations are alive on a stage instead of ``m``). Gradients are the
   mean over micro-batches, so the math is one process's at the same global batch (parity checks it).
-- Tied head: the GPT's head shares ``wte.weight``. With the two ends on different ranks the tensor cannot be
-  shared, so this does what Megatron-LM does for tied embeddings: the last stage keeps its own copy (the same
-  initial values), and after each step's backward the two gradients are all-reduced (summed) between the first and
-  the last stage, so both copies take the same optimizer step and stay equal. That all-reduce, and broadcasting
-  the step's loss from the last stage (every rank returns the same loss), are the only collectives of our own.
+- Which models: the split is the model's description's (``bench.structure``), never its workload's name. Stage 0 runs
+  the token ``embedding``, adds the ``position_embedding`` of positions 0..T-1 where one is described, then the
+  ``pre_blocks`` modules in order (the built-in GPT and Hugging Face GPT-2 declare ``wpe`` and a dropout); every stage
+  calls each of its blocks with the hidden state alone (a block returning a tuple gives its first item); the last
+  stage applies the ``final_norm`` and the ``head``. Before anything is split, the stages are run one after the other
+  in one process on a probe (2 sequences of at most 8 token ids from the embedding's vocabulary) and must give
+  ``model(x)`` within 1e-4 of its largest value (fp32): a forward that does more than the description says (a scale, a
+  mask, rotary tables it passes to its blocks) is refused with one line rather than trained wrongly. The shapes of the
+  hidden state and the output the stages send are the probe's.
+- Tied head: a head that shares the embedding's weight (the built-in GPT's). With the two ends on different ranks the
+  tensor cannot be shared, so this does what Megatron-LM does for tied embeddings: the last stage keeps its own copy
+  (the same initial values), and after each step's backward the two gradients are all-reduced (summed) between the
+  first and the last stage, so both copies take the same optimizer step and stay equal. That all-reduce, and
+  broadcasting the step's loss from the last stage (every rank returns the same loss), are the only collectives of our
+  own.
 - Memory: the surgery is done in place on the workload's model: a rank's unowned blocks, embeddings or head are
   dropped, so ``session.built.model`` does not keep them alive; per-rank parameters, gradients and AdamW state are
   one stage's (plus the tied copy on the last stage), and activations of in-flight micro-batches come on top.
@@ -30,15 +40,17 @@ Method card
   parallelism needs (only activations at stage edges travel). More micro-batches shrink the bubble but each
   micro-batch gets smaller (less efficient kernels). On one CPU host with gloo the ranks split the same cores and
   every boundary is a socket copy: expect it to be slower than one process there.
-- Caveats: the GPT workload's structure only (``wte``, ``wpe``, ``drop``, ``blocks``, ``ln_f``, ``head``); other
-  models are refused. ``n_layer`` must be at least the number of ranks (found when the model is built: the plan
-  does not know a workload's size), the batch must split into ``microbatches``, and 1F1B needs ``microbatches >=
-  ranks``. Not combined with techniques that change the per-micro-batch forward or backward (autocast
-  ``bf16``/``fp16``, loss or backward owners, ``grad_accum``: pp has its own micro-batches) nor with ``compile``
-  (it would compile the whole model before the split), data-parallel sharding (a 2-D mesh is not implemented),
-  ``tp``, ``local_sgd``, ``fedavg``. Dropout > 0 would draw other random numbers than one process (the GPT's
-  default is 0). Parity's parameter distance counts each stage's parameters once over the ranks (they are marked
-  ``held_by_one_rank``; the tied copy is counted on stage 0).
+- Caveats: refused (from the description, before the sweep) for a model without described blocks, token embedding or
+  head, whose blocks take more than the hidden state (``block_inputs``: Hugging Face Llama's decoder layers take the
+  rotary cos/sin its model computes once), or with fewer blocks than ranks; at build, when the probe's stages differ
+  from the model's forward (a user's model whose blocks need a mask or position inputs it did not describe). Token
+  models only (stage 0 takes token ids; the probe draws them). The batch must split into ``microbatches``, and 1F1B
+  needs ``microbatches >= ranks``. Not combined with techniques that change the per-micro-batch forward or backward
+  (autocast ``bf16``/``fp16``, loss or backward owners, ``grad_accum``: pp has its own micro-batches) nor with
+  ``compile`` (it would compile the whole model before the split), data-parallel sharding (a 2-D mesh is not
+  implemented), ``tp``, ``local_sgd``, ``fedavg``. Dropout > 0 would draw other random numbers than one process (the
+  built-in workloads' default is 0). Parity's parameter distance counts each stage's parameters once over the ranks
+  (they are marked ``held_by_one_rank``; the tied copy is counted on stage 0).
 - Measured (2 gloo ranks, 2-core AMD EPYC, gpt:tiny, m = 4, 3 seeds; docs/parallelism.md): gpipe 0.53x
   [0.42, 0.67] slower and 1f1b 0.55x (no verdict: one window contended, 2 pairs left) of one process's samples/s,
   exact (parity ok), 948 KiB of model state per rank; the measured bubble 0.40-0.49 (stage 0) and 0.31-0.42
@@ -64,14 +76,25 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from bench.structure import ModelStructure
 from techniques import _reading as rd
 from techniques._distributed import CommCounter, local_bytes, needs_world
-from techniques.base import Bottleneck, Context, Kind, Phase, Technique, TrainConfig, register
+from techniques.base import (
+    Bottleneck,
+    Context,
+    Kind,
+    Phase,
+    Technique,
+    TrainConfig,
+    model_structure,
+    register,
+)
 from techniques.base import get as get_technique
 
-SUPPORTED_WORKLOADS = frozenset({"gpt"})  # models with the GPT's structure (bench/workloads/gpt_chars.py)
-GPT_PARTS = ("wte", "wpe", "drop", "blocks", "ln_f", "head")
 _LOOP_HOOKS = ("micro_batch_context", "forward_context", "loss", "backward")  # what forward_backward replaces
+PROBE_SHAPE = (2, 8)  # token ids the decomposition is checked on (batch, at most this many positions)
+TOLERANCE = {torch.float32: 1e-4, torch.float64: 1e-8}  # max |stages - model| / max |model|; 2e-2 for 16-bit
+HIDDEN_ALONE = "runs the blocks on the hidden state alone"  # the plan puts "pp: " before a reason
 
 
 def bubble_formula(stages: int, microbatches: int) -> float:
@@ -92,25 +115,17 @@ def stage_layers(n_layer: int, stages: int) -> list[range]:
     return out
 
 
-def structure_problem(model: nn.Module) -> str | None:
-    """Why ``model`` is not split here (not the GPT's structure), or None."""
-    missing = [name for name in GPT_PARTS if not isinstance(getattr(model, name, None), nn.Module)]
-    if missing:
-        return (f"pp splits a GPT (bench/workloads/gpt_chars.py: {', '.join(GPT_PARTS)}); "
-                f"{type(model).__name__} has no {', '.join(missing)}")
-    if not isinstance(model.blocks, nn.ModuleList):
-        return f"pp needs the GPT's blocks as an nn.ModuleList, got {type(model.blocks).__name__}"
-    return None
-
-
-def pipeline_problem(model: nn.Module, stages: int) -> str | None:
-    """Why ``model`` cannot be split into ``stages`` pipeline stages, or None."""
-    reason = structure_problem(model)
-    if reason:
-        return reason
-    n_layer = len(model.blocks)
-    if n_layer < stages:
-        return f"the model has {n_layer} blocks, fewer than the {stages} pipeline stages: run with --nproc {n_layer}"
+def description_problem(s: ModelStructure, stages: int) -> str | None:
+    """Why a model so described cannot be cut into ``stages`` pipeline stages, or None (the plan's reason: the
+    technique's name is put before it)."""
+    lacking = s.lacks("blocks", "embedding", "head")
+    if lacking:
+        return lacking
+    if s.block_inputs:
+        return (f"{HIDDEN_ALONE}; this model's blocks need more inputs ({', '.join(s.block_inputs)}), which its "
+                "forward computes and passes in")
+    if s.n_blocks and s.n_blocks < stages:
+        return f"the model has {s.n_blocks} blocks, fewer than the {stages} pipeline stages: run with --nproc {s.n_blocks}"
     return None
 
 
@@ -122,49 +137,138 @@ def batch_problem(batch_size: int, microbatches: int) -> str | None:
     return None
 
 
-class Stage(nn.Module):
-    """One pipeline stage of a GPT: its share of the blocks, with the embeddings on the first stage and the final
-    LayerNorm and head on the last. The submodules are the GPT's own (the same objects, nothing copied)."""
+def _hidden(out: Any) -> torch.Tensor:
+    """A block's hidden state: its output, or the first item of the tuple some blocks return."""
+    return out[0] if isinstance(out, tuple | list) else out
 
-    def __init__(self, gpt: nn.Module, layers: range, first: bool, last: bool) -> None:
+
+class Stage(nn.Module):
+    """One pipeline stage, cut from the model as its description says: stage 0 embeds the token ids (the token
+    embedding, plus the position embedding of positions 0..T-1, then the ``pre_blocks`` modules), every stage runs
+    its share of the blocks on the hidden state alone, the last one the final norm and the head. The submodules are
+    the model's own (the same objects, nothing copied)."""
+
+    def __init__(self, model: nn.Module, s: ModelStructure, layers: range, first: bool, last: bool) -> None:
         super().__init__()
         self.first, self.last = first, last
-        self.d_model, self.vocab_size = gpt.wte.embedding_dim, gpt.wte.num_embeddings
-        if first:
-            self.wte, self.wpe, self.drop = gpt.wte, gpt.wpe, gpt.drop
-        self.blocks = nn.ModuleList(gpt.blocks[i] for i in layers)
-        if last:
-            self.ln_f, self.head = gpt.ln_f, gpt.head
+        self.embedding = model.get_submodule(s.embedding) if first else None
+        self.positions = model.get_submodule(s.position_embedding) if first and s.position_embedding else None
+        self.pre = nn.ModuleList(model.get_submodule(p) for p in s.pre_blocks) if first else nn.ModuleList()
+        blocks = model.get_submodule(s.blocks)
+        self.blocks = nn.ModuleList(blocks[i] for i in layers)
+        self.final_norm = model.get_submodule(s.final_norm) if last and s.final_norm else None
+        self.head = model.get_submodule(s.head) if last else None
+        self.hidden_shape: tuple[int, ...] = ()  # a hidden state's and the output's shape past (batch, positions),
+        self.output_shape: tuple[int, ...] = ()  # found on the probe (``check_decomposition``)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.first:  # token ids (B, T) -> embeddings, as GPT.forward
-            pos = torch.arange(x.shape[1], device=x.device)
-            x = self.drop(self.wte(x) + self.wpe(pos))
+        if self.first:  # token ids (B, T) -> the hidden state the first block takes
+            x = self.embedding(x) if self.positions is None else \
+                self.embedding(x) + self.positions(torch.arange(x.shape[1], device=x.device))
+            for module in self.pre:
+                x = module(x)
         for block in self.blocks:
-            x = block(x)
+            x = _hidden(block(x))
         if self.last:
-            x = self.head(self.ln_f(x))
+            x = self.head(x if self.final_norm is None else self.final_norm(x))
         return x
 
 
-def split_in_place(gpt: nn.Module, rank: int, stages: int) -> tuple[Stage, bool]:
-    """Cut ``gpt`` down to stage ``rank`` of ``stages``, in place: the parts this rank does not own are dropped from
-    the GPT itself, so nothing keeps them alive. Returns the stage and whether the head was tied to ``wte``."""
-    layers = stage_layers(len(gpt.blocks), stages)[rank]
+def _outputs(value: Any) -> torch.Tensor:
+    """The model's output tensor (a tensor, the first of a tuple, or an object's ``logits``)."""
+    if isinstance(value, tuple | list):
+        value = value[0]
+    value = getattr(value, "logits", value)
+    if not isinstance(value, torch.Tensor):
+        raise ValueError(f"pp needs a model whose output is a tensor (its logits); this one returns "
+                         f"{type(value).__name__}")
+    return value
+
+
+def probe_input(model: nn.Module, s: ModelStructure, sequence_length: int, device: torch.device) -> torch.Tensor:
+    """Token ids drawn from the described embedding's vocabulary with a fixed generator (the same on every rank)."""
+    vocab = model.get_submodule(s.embedding).num_embeddings
+    T = min(sequence_length or PROBE_SHAPE[1], PROBE_SHAPE[1])
+    return torch.randint(0, vocab, (PROBE_SHAPE[0], T), generator=torch.Generator().manual_seed(0)).to(device)
+
+
+def check_decomposition(model: nn.Module, s: ModelStructure, x: torch.Tensor) -> tuple[tuple[int, ...],
+                                                                                        tuple[int, ...]]:
+    """Run the stages the description defines one after the other, in one process, on ``x`` and require the
+    result to equal ``model(x)`` (eval mode, no gradients): the split is the model only where its forward does
+    nothing the description does not say. Returns the hidden state's and the output's shape past (batch,
+    positions); raises ValueError with one line naming what differs."""
+    whole = Stage(model, s, range(len(model.get_submodule(s.blocks))), first=True, last=True)
+    modes = [(m, m.training) for m in model.modules()]
+    model.eval()
+    try:
+        with torch.no_grad():
+            expected = _outputs(model(x))
+            try:
+                h = Stage(model, s, range(0), first=True, last=False)(x)
+            except Exception as exc:
+                raise ValueError(f"pp: the model's embedding as described fails on a probe of token ids "
+                                 f"({_said(exc)})") from None
+            hidden = tuple(h.shape[2:])
+            for block in whole.blocks:
+                try:
+                    h = _hidden(block(h))
+                except Exception as exc:
+                    raise ValueError(f"pp: {HIDDEN_ALONE}; this model's blocks need more inputs (called with the hidden "
+                                     f"state alone, {type(block).__name__} raised {_said(exc)})") from None
+                if not isinstance(h, torch.Tensor) or tuple(h.shape[2:]) != hidden:
+                    raise ValueError(f"pp: {HIDDEN_ALONE}; this model's {type(block).__name__} does not return one of the "
+                                     f"shape it takes ({hidden})")
+            got = _outputs(whole.head(h if whole.final_norm is None else whole.final_norm(h)))
+    finally:
+        for m, training in modes:
+            m.training = training
+    if got.shape != expected.shape:
+        raise ValueError(f"pp: the stages in sequence give an output of shape {tuple(got.shape)}, the model "
+                         f"{tuple(expected.shape)}: its description's embedding, blocks, final norm and head are not "
+                         "all its forward does")
+    diff = float((got.double() - expected.double()).abs().max()) / max(float(expected.abs().max()), 1e-30)
+    tol = TOLERANCE.get(expected.dtype, 2e-2)
+    if diff > tol:
+        raise ValueError(f"pp: the stages in sequence (embedding{', position embedding' if s.position_embedding else ''}"
+                         f"{', ' + ', '.join(s.pre_blocks) if s.pre_blocks else ''}, blocks on the hidden state alone, "
+                         f"{'final norm, ' if s.final_norm else ''}head) differ from the model's forward on a probe "
+                         f"(largest difference {diff:.1e} of its largest value; tolerance {tol:g}): its forward does "
+                         "more than its description says (a step before the first block, or inputs its blocks take)")
+    return hidden, tuple(expected.shape[2:])
+
+
+def _said(exc: Exception) -> str:
+    return f"{type(exc).__name__}: {' '.join(str(exc).split())[:120]}"
+
+
+def _set(model: nn.Module, path: str, module: nn.Module | None) -> None:
+    parent, _, name = path.rpartition(".")
+    setattr(model.get_submodule(parent) if parent else model, name, module)
+
+
+def split_in_place(model: nn.Module, s: ModelStructure, rank: int, stages: int) -> tuple[Stage, bool]:
+    """Cut ``model`` down to stage ``rank`` of ``stages``, in place: the parts this rank does not own are dropped from
+    the model itself, so nothing keeps them alive. Returns the stage and whether the head was tied to the
+    embedding."""
+    layers = stage_layers(len(model.get_submodule(s.blocks)), stages)[rank]
     first, last = rank == 0, rank == stages - 1
-    tied = gpt.head.weight is gpt.wte.weight
+    head = model.get_submodule(s.head)
+    tied = head.weight is model.get_submodule(s.embedding).weight
     if last and not first and tied:  # Megatron's tied embedding: the last stage trains a copy, gradients summed
-        gpt.head.weight = nn.Parameter(gpt.wte.weight.detach())  # the same storage until wte is dropped below
-    stage = Stage(gpt, layers, first, last)
-    gpt.blocks = nn.ModuleList(gpt.blocks[i] for i in layers)
+        head.weight = nn.Parameter(head.weight.detach())  # the same storage until the embedding is dropped below
+    stage = Stage(model, s, layers, first, last)
+    _set(model, s.blocks, nn.ModuleList(stage.blocks))
     if not first:
-        gpt.wte = gpt.wpe = gpt.drop = None
+        for path in filter(None, (s.embedding, s.position_embedding, *s.pre_blocks)):
+            _set(model, path, None)
     if not last:
-        gpt.ln_f = gpt.head = None
+        for path in filter(None, (s.final_norm, s.head)):
+            _set(model, path, None)
     gc.collect()
     copy = stage.head.weight if last and not first and tied else None
     for p in stage.parameters():
-        if p is not copy:  # the tied copy is stage 0's wte again: counted there once
+        if p is not copy:  # the tied copy is stage 0's embedding again: counted there once
             p.held_by_one_rank = True  # parity's parameter distance sums it over the ranks (bench/reference.py)
     return stage, tied
 
@@ -178,11 +282,11 @@ class PipelineForward(nn.Module):
         self.stage, self.rank, self.stages = stage, rank, stages
 
     def forward(self, idx: torch.Tensor) -> torch.Tensor:
-        shape = tuple(idx.shape)
+        shape = tuple(idx.shape[:2])
         if self.stage.first:
             h = self.stage(idx)
         else:
-            h = torch.empty((*shape, self.stage.d_model), device=idx.device)
+            h = torch.empty((*shape, *self.stage.hidden_shape), device=idx.device)
             dist.recv(h, src=self.rank - 1)
             h = self.stage(h)
         h = h.float().contiguous()
@@ -190,7 +294,7 @@ class PipelineForward(nn.Module):
             logits = h
         else:
             dist.send(h, dst=self.rank + 1)
-            logits = torch.empty((*shape, self.stage.vocab_size), device=idx.device)
+            logits = torch.empty((*shape, *self.stage.output_shape), device=idx.device)
         dist.broadcast(logits, src=self.stages - 1)
         return logits
 
@@ -208,7 +312,7 @@ class _Step:
 @register
 class PP(Technique):
     name = "pp"
-    summary = "pipeline parallelism: GPT blocks split into stages (torch.distributed.pipelining, GPipe or 1F1B)"
+    summary = "pipeline parallelism: a model's blocks split into stages (torch.distributed.pipelining, GPipe or 1F1B)"
     kind = Kind.EXACT
     phase = Phase.SHARDING
     slot = "pipeline"
@@ -245,9 +349,10 @@ class PP(Technique):
         reason = needs_world(ctx, self.name)
         if reason:
             return reason
-        if ctx.workload and ctx.workload not in SUPPORTED_WORKLOADS:
-            return (f"pp splits the GPT workload's model ({', '.join(GPT_PARTS)}); workload '{ctx.workload}' has "
-                    "another structure")
+        if ctx.structure is not None:  # None: no model named (a device-level listing), nothing to refuse yet
+            reason = description_problem(ctx.structure, ctx.world_size)
+            if reason:
+                return reason
         m, p = self.options.microbatches, ctx.world_size
         if self.options.schedule == "1f1b" and m < p:
             return f"1f1b needs at least as many micro-batches as stages: microbatches={m} < {p} ranks"
@@ -274,10 +379,17 @@ class PP(Technique):
 
     def transform_model(self, model: nn.Module, ctx: Context) -> nn.Module:
         self.rank, self.world, self._ctx = ctx.rank, ctx.world_size, ctx
-        reason = pipeline_problem(model, self.world)
+        s = model_structure(model, ctx)
+        reason = description_problem(s, self.world)
         if reason:
-            raise ValueError(f"pp: {reason}")
-        self.stage, self.tied = split_in_place(model, self.rank, self.world)
+            raise ValueError(reason if reason.startswith("pp") else f"pp: {reason}")
+        n_blocks = len(model.get_submodule(s.blocks))
+        if n_blocks < self.world:
+            raise ValueError(f"pp: the model has {n_blocks} blocks, fewer than the {self.world} pipeline stages: run "
+                             f"with --nproc {n_blocks}")
+        hidden, output = check_decomposition(model, s, probe_input(model, s, ctx.sequence_length, ctx.device))
+        self.stage, self.tied = split_in_place(model, s, self.rank, self.world)
+        self.stage.hidden_shape, self.stage.output_shape = hidden, output
         if self.tied and self.world > 2:  # every rank takes part in creating a group, members or not
             self._tied_group = dist.new_group([0, self.world - 1])
         return self.stage
@@ -314,7 +426,7 @@ class PP(Technique):
         step.wall_s = time.perf_counter() - started
         self.steps.append(step)
         if self.tied and (stage.first or stage.last):
-            weight = stage.wte.weight if stage.first else stage.head.weight
+            weight = stage.embedding.weight if stage.first else stage.head.weight
             self.comm.add(weight.grad, ctx)
             dist.all_reduce(weight.grad, group=self._tied_group)
         loss = torch.stack(losses).mean().detach() if stage.last else torch.zeros((), device=ctx.device)
@@ -335,9 +447,9 @@ class PP(Technique):
         b, t = x.shape[0] // m, x.shape[1]
         dtype = next(stage.parameters()).dtype
         meta = torch.device("meta")
-        act = torch.empty((b, t, stage.d_model), dtype=dtype, device=meta, requires_grad=True)
+        act = torch.empty((b, t, *stage.hidden_shape), dtype=dtype, device=meta, requires_grad=True)
         inputs = torch.empty((b, t), dtype=x.dtype, device=meta) if stage.first else act
-        outputs = (torch.empty((b, t, stage.vocab_size), dtype=dtype, device=meta, requires_grad=True)
+        outputs = (torch.empty((b, t, *stage.output_shape), dtype=dtype, device=meta, requires_grad=True)
                    if stage.last else act)
         pipe = PipelineStage(stage, self.rank, self.world, device, input_args=inputs, output_args=outputs)
         self._time(pipe)
@@ -399,7 +511,7 @@ class PP(Technique):
         stage = self.stage
         tied = 0
         if self.tied and stage is not None and (stage.first or stage.last):
-            w = stage.wte.weight if stage.first else stage.head.weight
+            w = stage.embedding.weight if stage.first else stage.head.weight
             tied = w.numel() * w.element_size()
         params = local_bytes(stage.parameters()) if stage is not None else 0
         sent = self.steps[-1].sent_bytes if self.steps else None
@@ -423,7 +535,7 @@ class PP(Technique):
             "stages": p,
             "microbatches": m,
             "layers_per_stage": [r["layers"] for r in ranks],
-            "tied_head": ("copy on the last stage, gradient all-reduced with stage 0's wte" if self.tied
+            "tied_head": ("copy on the last stage, gradient all-reduced with stage 0's embedding" if self.tied
                           else "untied"),
             "bubble": {
                 "formula": bubble_formula(p, m),

@@ -1,34 +1,49 @@
-"""Tensor parallelism (Megatron-LM style) of the GPT blocks through ``torch.distributed.tensor.parallel``.
+"""Tensor parallelism (Megatron-LM style) of a model's blocks through ``torch.distributed.tensor.parallel``.
 
 Method card
 - What: every block's attention and MLP are split across the ranks of a tensor-parallel group, the way Megatron-LM
-  does it: the first projection of each pair is sharded by output column (``ColwiseParallel``: attention's fused
-  ``qkv``, the MLP's ``fc``), the second by input row (``RowwiseParallel``: both ``proj``), so each rank holds
-  ``1/degree`` of those weights and computes ``n_head/degree`` whole heads and ``1/degree`` of the MLP's hidden
-  units. Per block pair one all-reduce of the activations in forward (the row-parallel output) and one of the input
-  gradient in backward (the column-parallel input): 4 all-reduces of ``B x T x d_model`` per transformer block and
-  step. Embeddings, layer norms and the tied head stay replicated; every rank trains the same full batch, so the
-  math is the single process's (parity checks it). torch's own engine does the sharding and the collectives
-  (``parallelize_module`` on a ``DeviceMesh``); nothing here communicates by itself.
-- The fused ``qkv`` weight is ``[q; k; v]``: a column shard of it would give rank 0 all of q and half of k, not whole
-  heads. The surgery reorders its rows head-major, ``[q_0 k_0 v_0 | q_1 k_1 v_1 | ...]`` (Megatron's own fused
-  layout), so any contiguous shard holds whole heads with their q, k and v; the attention's forward reads q, k, v
-  per head from that layout. The same math exactly, for any degree (a unit test compares outputs in one process),
-  and one backward all-reduce for q, k and v together (three separate Linears would cost three).
+  does it: the first projections of each pair are sharded by output column (``ColwiseParallel``: attention's q, k
+  and v, or its fused qkv; the MLP's up and gate), the second by input row (``RowwiseParallel``: attention's output
+  projection, the MLP's down), so each rank holds ``1/degree`` of those weights and computes ``heads/degree`` whole
+  heads (``kv_heads/degree`` key/value heads) and ``1/degree`` of the MLP's hidden units. Per row-parallel layer one
+  all-reduce of the activations in forward, per column-parallel layer one of its input gradient in backward (a
+  block of fused qkv and a plain MLP: 4 all-reduces of ``B x T x d_model`` per step; separate q, k, v and a gated
+  MLP: 7). Embeddings, norms and the head stay replicated; every rank trains the same full batch, so the math is
+  the single process's (parity checks it). torch's own engine does the sharding and the collectives
+  (``parallelize_module`` on a ``DeviceMesh``); nothing here communicates by itself but one check.
+- Which models: the model's description (``bench.structure``) is asked, never its workload's name: blocks whose
+  attention has its projections as ``nn.Linear`` modules (separate q, k, v or one fused qkv, and an output) and an
+  MLP (up, down, optionally gate). Separate q, k, v keep the model's own attention forward, which then sees this
+  rank's heads only: it must read the head count from the projection's width (``view(B, T, -1, head_dim)``,
+  Llama's way), not from an attribute. A fused qkv weight is ``[q; k; v]``: a column shard of it would give rank 0
+  all of q and half of k, not whole heads, so its rows are reordered head-major, ``[q_0 k_0 v_0 | q_1 k_1 v_1 |
+  ...]`` (Megatron's fused layout), and the attention replaced by causal SDPA over that layout
+  (``HeadMajorAttention``): only for causal attention without rotary embeddings and with as many key/value heads as
+  heads, where that is the same math (a unit test compares outputs in one process; one backward all-reduce for q,
+  k and v together).
+- The guard: an attention forward may hard-code its head count, and the description cannot show it. So before
+  sharding the model's output on a small probe (2 sequences of at most 16 token ids from the described embedding's
+  vocabulary, or 2 training samples ``tune`` draws when there is no token embedding) is kept, after sharding every
+  rank computes it again, and the largest difference (all-reduced: every rank decides alike) must stay within
+  1e-4 of the output's largest value in fp32: else ValueError, one line saying what differed and the likely cause.
+  ``results.probe`` records the difference found.
 - When it helps: a model whose layers are too wide for one device's memory or whose matmuls are big enough to split
   (GPUs in one NVLink node: the all-reduces sit on the critical path). Per-rank parameter bytes shrink for the
   sharded projections only. On a CPU host with gloo and a tiny model it is pure overhead: the same full batch is
   computed on every rank and the all-reduces are exposed.
-- Caveats: the GPT workload only (blocks holding its ``CausalSelfAttention`` and ``MLP``): other models, look-alikes
-  with other attention math included, are refused. ``n_head`` must divide by the degree (found when the model is built: the plan does not know a
-  workload's size). Degree = world size: a smaller degree leaves data-parallel replicas, which need FSDP on the
-  other axis of a 2-D mesh (torchtitan's FSDP + TP); that is not implemented (``apply_fsdp`` shards over the whole
-  world), so ``tp`` with ``zero2``/``zero3`` and a degree below the world size are refused with the reason. Not
-  combined with compile (it runs before sharding in phase order; torchtitan compiles after TP), fp16 (the loss
-  scaler would judge each rank's gradient shards alone and might skip a step on one rank only) nor with dropout
-  (dropout of sharded heads draws other random numbers than one process). No sequence parallelism (it needs
-  reduce-scatter, which gloo lacks). ``results`` records the bytes this rank passes to collectives per training
-  step, counted from the tensor shapes the sharded layers see (not a formula), and the per-rank parameter bytes.
+- Caveats: refused (from the description, before the sweep) for a model without described blocks, attention or
+  MLP, for nn.MultiheadAttention (its projections live inside its forward), for GPT-2's transposed Conv1D
+  projections (torch's parallel styles shard nn.Linear and nn.Embedding only), for a fused qkv with rotary
+  embeddings, grouped key/value heads or non-causal attention, and when heads, key/value heads or the MLP's hidden
+  units do not divide by the degree; at build, for dropout (dropout of sharded heads draws other random numbers than
+  one process) and for an attention whose sharded output differs (the guard). Degree = world size: a smaller degree
+  leaves data-parallel replicas, which need FSDP on the other axis of a 2-D mesh (torchtitan's FSDP + TP); that is
+  not implemented (``apply_fsdp`` shards over the whole world), so ``tp`` with ``zero2``/``zero3`` and a degree
+  below the world size are refused with the reason. Not combined with compile (it runs before sharding in phase
+  order; torchtitan compiles after TP) nor fp16 (the loss scaler would judge each rank's gradient shards alone and
+  might skip a step on one rank only). No sequence parallelism (it needs reduce-scatter, which gloo lacks).
+  ``results`` records the bytes this rank passes to collectives per training step, counted from the tensor shapes
+  the sharded layers see (not a formula), and the per-rank parameter bytes.
 - Measured (2 gloo ranks x 1 thread against 1 process x 2 threads, 2-core AMD EPYC, gpt:tiny, 3 seeds;
   docs/parallelism.md): 0.29x [0.16, 0.52] of the baseline's samples/s (slower), exact (parity ok, curves match),
   model state per rank 956 KiB against DDP's 1.7 MiB, 131 kB all-reduced per sample per rank (4.7x DDP's gradient
@@ -42,21 +57,27 @@ Method card
 from __future__ import annotations
 
 import collections
+import math
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
 import torch
+import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
+from bench.structure import ModelStructure
 from techniques import _reading as rd
 from techniques._distributed import CommCounter, local_bytes, needs_world
-from techniques.base import Context, Kind, Phase, Technique, model_blocks, register
+from techniques.base import Context, Kind, Phase, Probe, Technique, TrainConfig, model_structure, register
 
-SUPPORTED_WORKLOADS = frozenset({"gpt"})  # models with GPT's block structure (bench/workloads/gpt_chars.py)
 FSDP_PARTNERS = ("zero2", "zero3")
 _WRAPPERS = ("block", "_checkpoint_wrapped_module", "_orig_mod")  # checkpointing's / compile's wrapped module
+PROBE_SHAPE = (2, 16)  # token ids of the probe the sharded model is checked on (batch, at most this many positions)
+TOLERANCE = {torch.float32: 1e-4, torch.float64: 1e-8}  # max |sharded - whole| / max |whole|; 2e-2 for 16-bit
+_HEADS_HINT = ("its attention's forward likely assumes the full head count (tp needs it to read the heads from the "
+               "projections' width, e.g. view(B, T, -1, head_dim) and reshape(B, T, -1))")
 
 
 def head_major_rows(n_head: int, head_dim: int) -> torch.Tensor:
@@ -71,68 +92,182 @@ def head_major_rows(n_head: int, head_dim: int) -> torch.Tensor:
 
 class HeadMajorAttention(nn.Module):
     """Causal self-attention whose fused ``qkv`` projection is head-major, so a contiguous column shard of it holds
-    whole heads. Computes what ``gpt_chars.CausalSelfAttention`` computes; under tensor parallelism ``qkv`` returns
-    this rank's heads only, and the head count is read from its width."""
+    whole heads: ``out(SDPA(q, k, v, is_causal=True))`` with every head's q, k, v read from ``qkv``'s output. Under
+    tensor parallelism ``qkv`` returns this rank's heads only, and the head count is read from its width. The two
+    projections keep the names they had in the replaced attention (``qkv_name``, ``out_name``)."""
 
-    def __init__(self, qkv: nn.Linear, proj: nn.Linear, n_head: int, dropout: float = 0.0) -> None:
+    def __init__(self, qkv: nn.Linear, out: nn.Linear, head_dim: int, dropout: float = 0.0,
+                 qkv_name: str = "qkv", out_name: str = "proj") -> None:
         super().__init__()
-        self.qkv, self.proj = qkv, proj
-        self.n_head = n_head  # heads this module computes (n_head / degree once sharded)
-        self.head_dim = proj.out_features // n_head
+        self.qkv_name, self.out_name = qkv_name, out_name
+        self.add_module(qkv_name, qkv)
+        self.add_module(out_name, out)
+        self.head_dim = head_dim
         self.dropout = dropout
 
     @classmethod
-    def from_fused(cls, attn: nn.Module) -> HeadMajorAttention:
-        """The same attention with ``attn.qkv``'s rows reordered head-major (same Linear, same Parameters)."""
-        n_head, d = attn.n_head, attn.proj.out_features
-        order = head_major_rows(n_head, d // n_head).to(attn.qkv.weight.device)
+    def from_fused(cls, qkv: nn.Linear, out: nn.Linear, heads: int, head_dim: int, dropout: float = 0.0,
+                   qkv_name: str = "qkv", out_name: str = "proj") -> HeadMajorAttention:
+        """The attention of ``qkv`` (rows ``[q; k; v]``, reordered head-major in place: same Linear, same
+        Parameters) and ``out``."""
+        order = head_major_rows(heads, head_dim).to(qkv.weight.device)
         with torch.no_grad():
-            attn.qkv.weight.copy_(attn.qkv.weight[order])
-            if attn.qkv.bias is not None:
-                attn.qkv.bias.copy_(attn.qkv.bias[order])
-        return cls(attn.qkv, attn.proj, n_head, getattr(attn, "dropout", 0.0))
+            qkv.weight.copy_(qkv.weight[order])
+            if qkv.bias is not None:
+                qkv.bias.copy_(qkv.bias[order])
+        return cls(qkv, out, head_dim, dropout, qkv_name, out_name)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         B, T, _ = x.shape
-        qkv = self.qkv(x).view(B, T, -1, 3, self.head_dim)  # -1: this rank's heads
+        qkv = getattr(self, self.qkv_name)(x).view(B, T, -1, 3, self.head_dim)  # -1: this rank's heads
         q, k, v = (qkv[:, :, :, i].transpose(1, 2) for i in range(3))
         y = F.scaled_dot_product_attention(q, k, v, dropout_p=self.dropout if self.training else 0.0, is_causal=True)
-        return self.proj(y.transpose(1, 2).reshape(B, T, -1))
+        return getattr(self, self.out_name)(y.transpose(1, 2).reshape(B, T, -1))
 
 
-def _unwrap(block: nn.Module) -> nn.Module:
-    """The block itself inside checkpointing's or compile's wrapper."""
-    while not hasattr(block, "attn"):
-        inner = next((getattr(block, a) for a in _WRAPPERS if isinstance(getattr(block, a, None), nn.Module)), None)
-        if inner is None:
-            return block
-        block = inner
-    return block
+def _home(block: nn.Module, path: str) -> nn.Module:
+    """The module inside ``block`` (looking through checkpointing's or compile's wrappers) where ``path`` resolves."""
+    node = block
+    while True:
+        try:
+            node.get_submodule(path)
+            return node
+        except AttributeError:
+            inner = next((getattr(node, a) for a in _WRAPPERS if isinstance(getattr(node, a, None), nn.Module)), None)
+            if inner is None:
+                raise ValueError(f"tp: the model's description names {path!r} in each block, but its block "
+                                 f"{type(block).__name__} has no such module") from None
+            node = inner
 
 
-def structure_problem(model: nn.Module, ctx: Context, degree: int) -> str | None:
-    """Why ``model`` cannot be tensor-parallelised ``degree`` ways, or None. Its blocks must hold the GPT workload's
-    own attention and MLP (``bench/workloads/gpt_chars.py``): the surgery rewrites that attention's forward, so a
-    look-alike with other math (rotary embeddings, a gated MLP) is refused rather than silently changed."""
-    from bench.workloads.gpt_chars import MLP, CausalSelfAttention
+def _part(block: nn.Module, path: str) -> nn.Module:
+    return _home(block, path).get_submodule(path)
 
-    blocks = model_blocks(model, ctx) if ctx.has_blocks else None
-    if blocks is None or len(blocks) == 0:
-        return "tp needs a model with blocks (GPT's: attn.qkv, attn.proj, mlp.fc, mlp.proj); this one has none"
-    for i, wrapped in enumerate(blocks):
-        block = _unwrap(wrapped)
-        attn, mlp = getattr(block, "attn", None), getattr(block, "mlp", None)
-        if not isinstance(attn, CausalSelfAttention) or not isinstance(mlp, MLP):
-            return (f"tp shards the GPT workload's blocks (attn: CausalSelfAttention with a fused qkv, mlp: MLP); "
-                    f"block {i} has attn {type(attn).__name__}, mlp {type(mlp).__name__}")
-        if attn.n_head % degree:
-            return f"tp:degree={degree} needs n_head divisible by it; the model has n_head={attn.n_head}"
-        if mlp.fc.out_features % degree:
-            return f"tp:degree={degree} needs the MLP's hidden width divisible by it ({mlp.fc.out_features})"
-    if any(isinstance(m, nn.Dropout) and m.p > 0 for m in model.modules()) or any(
-            getattr(_unwrap(b).attn, "dropout", 0.0) for b in blocks):
+
+def description_problem(s: ModelStructure, degree: int) -> str | None:
+    """Why a model so described cannot be tensor-parallelised ``degree`` ways, or None (the plan's reason: the
+    technique's name is put before it). What the description cannot show (dropout, an attention forward that
+    hard-codes its head count) is found on the model itself (``model_problem``, the probe in ``transform_model``)."""
+    lacking = s.lacks("blocks", "attention", "mlp")
+    if lacking:
+        return lacking
+    a, mlp = s.attention, s.mlp
+    assert a is not None and mlp is not None
+    if a.packed:
+        return ("shards the attention's projections as modules; this model's attention (nn.MultiheadAttention) "
+                "computes them inside its forward")
+    for part, transposed in (("attention", a.transposed), ("MLP", mlp.transposed)):
+        if transposed:
+            return (f"shards nn.Linear projections (weights stored (out, in)); this model's {part} stores them "
+                    "(in, out) (GPT-2's Conv1D), which torch's ColwiseParallel and RowwiseParallel do not shard")
+    if a.projections is None or not a.out:
+        return ("needs the attention's q, k, v (or fused qkv) and output projections as modules; the model's "
+                "description names " + (f"no {'output projection' if a.projections else 'q, k, v or qkv'}"))
+    if a.projections == "fused":
+        if a.kv_heads != a.heads:
+            return (f"splits a fused qkv projection by whole heads only with as many key/value heads as query heads "
+                    f"({a.kv_heads} and {a.heads} here): describe separate q, k, v projections")
+        if a.rotary:
+            return ("replaces an attention with a fused qkv projection by causal SDPA over its head-major rows, "
+                    "which would drop this model's rotary embeddings: describe separate q, k, v projections (the "
+                    "model's own forward then runs on each rank's heads)")
+        if s.causal is False:
+            return ("replaces an attention with a fused qkv projection by causal SDPA; this model is not causal: "
+                    "describe separate q, k, v projections")
+        inside = a.module and all(p.startswith(f"{a.module}.") and "." not in p[len(a.module) + 1:]
+                                  for p in (a.qkv, a.out))
+        if not inside:
+            return ("replaces an attention with a fused qkv projection as a whole: the description must name the "
+                    "attention module and its qkv and output projections as its direct children")
+    for what, n in (("attention heads", a.heads), ("key/value heads", a.kv_heads), ("MLP hidden units", mlp.hidden)):
+        if n and n % degree:
+            return f"tp:degree={degree} needs the model's {what} divisible by it; the model has {n}"
+    return None
+
+
+def model_problem(model: nn.Module, s: ModelStructure, degree: int) -> str | None:
+    """What the description cannot show and the built model does: projections that are not nn.Linear, widths that do
+    not divide, dropout (sharded heads would draw other random numbers than one process). None: none of these."""
+    a, mlp = s.attention, s.mlp
+    assert a is not None and mlp is not None
+    blocks = model.get_submodule(s.blocks)
+    for i, block in enumerate(blocks):
+        for rel in _colwise(s) + _rowwise(s):
+            m = _part(block, rel)
+            if type(m) is not nn.Linear:
+                return (f"tp shards nn.Linear projections; the model's block {i} has {rel} as a {type(m).__name__}")
+        for rel in _colwise(s):
+            if _part(block, rel).out_features % degree:
+                return (f"tp:degree={degree} needs every column-parallel projection's width divisible by it; block "
+                        f"{i}'s {rel} has {_part(block, rel).out_features}")
+        attention = _part(block, a.module) if a.module else None
+        for attr in ("dropout", "attention_dropout", "attn_dropout"):
+            p = getattr(attention, attr, 0.0)
+            if isinstance(p, float | int) and not isinstance(p, bool) and p > 0:
+                return "tp with dropout is not exact (sharded heads draw other random numbers than one process)"
+    if any(isinstance(m, nn.Dropout) and m.p > 0 for m in model.modules()):
         return "tp with dropout is not exact (sharded heads draw other random numbers than one process)"
     return None
+
+
+def _dropout_of(attention: nn.Module) -> float:
+    p = getattr(attention, "dropout", 0.0)
+    return float(p) if isinstance(p, float | int) and not isinstance(p, bool) else 0.0
+
+
+def _colwise(s: ModelStructure) -> list[str]:
+    """The block's projections sharded by output column: attention's q, k, v (or fused qkv), the MLP's gate and up."""
+    a, mlp = s.attention, s.mlp
+    assert a is not None and mlp is not None
+    attention = [a.qkv] if a.projections == "fused" else [a.q, a.k, a.v]
+    return [p for p in (*attention, mlp.gate, mlp.up) if p]
+
+
+def _rowwise(s: ModelStructure) -> list[str]:
+    """The block's projections sharded by input row: attention's output and the MLP's down projection."""
+    a, mlp = s.attention, s.mlp
+    assert a is not None and mlp is not None and a.out
+    return [a.out, mlp.down]
+
+
+def _tensors(value: Any) -> list[torch.Tensor]:
+    """The tensors of a model's output (a tensor, a tuple or list of them, a dict, an object with ``logits``),
+    DTensors gathered whole."""
+    if isinstance(value, torch.Tensor):
+        return [value.full_tensor() if hasattr(value, "full_tensor") else value]
+    if isinstance(value, tuple | list):
+        return [t for v in value for t in _tensors(v)]
+    if isinstance(value, dict):
+        return [t for v in value.values() for t in _tensors(v)]
+    logits = getattr(value, "logits", None)
+    return _tensors(logits) if logits is not None else []
+
+
+def probe_outputs(model: nn.Module, x: torch.Tensor) -> list[torch.Tensor]:
+    """The model's output tensors on ``x`` in eval mode without gradients (every module's mode restored)."""
+    modes = [(m, m.training) for m in model.modules()]
+    model.eval()
+    try:
+        with torch.no_grad():
+            return [t.detach().clone() for t in _tensors(model(x))]
+    finally:
+        for m, training in modes:
+            m.training = training
+
+
+def difference(whole: list[torch.Tensor], sharded: list[torch.Tensor]) -> float:
+    """The largest absolute difference of the outputs, relative to the whole model's largest value; inf when the
+    outputs do not even have the same shapes."""
+    if len(whole) != len(sharded) or any(a.shape != b.shape for a, b in zip(whole, sharded, strict=True)):
+        return math.inf
+    worst = 0.0
+    for a, b in zip(whole, sharded, strict=True):
+        if a.is_floating_point():
+            scale = float(a.abs().max()) if a.numel() else 0.0
+            worst = max(worst, float((a.double() - b.double()).abs().max()) / max(scale, 1e-30) if a.numel() else 0.0)
+        elif not torch.equal(a, b):
+            return math.inf
+    return worst
 
 
 @register
@@ -160,6 +295,8 @@ class TensorParallel(Technique):
         self._calls: collections.Counter[int] = collections.Counter()
         self.comm = CommCounter()
         self._info: dict[str, Any] = {}
+        self.example: torch.Tensor | None = None  # the probe input, when tune drew one (no token embedding)
+        self._probe_diff: float | None = None
 
     def degree(self, ctx: Context) -> int:
         return self.options.degree or ctx.world_size
@@ -188,49 +325,114 @@ class TensorParallel(Technique):
             return "tp with fp16 is refused: the loss scaler checks each rank's local gradient shards only"
         if "compile" in ctx.technique_names:
             return "tp with compile is not supported: compile runs before sharding here, torchtitan compiles after TP"
-        if ctx.workload not in SUPPORTED_WORKLOADS:
-            return (f"tp shards GPT-style blocks (attn.qkv, attn.proj, mlp.fc, mlp.proj); workload {ctx.workload!r} "
-                    "has no such structure (supported: gpt)")
-        return None
+        if ctx.structure is None:  # no model named (a device-level listing): nothing to refuse yet
+            return None
+        return description_problem(ctx.structure, degree)
+
+    def tune(self, cfg: TrainConfig, probe: Probe, ctx: Context) -> TrainConfig:
+        """A model without a described token embedding gets its probe input from the data: two training samples
+        of a fresh copy of the workload (a one-off cost, outside the steps). Token models need no copy."""
+        s = ctx.structure
+        if s is not None and not s.embedding and description_problem(s, self.degree(ctx)) is None:
+            built = probe.fresh()
+            x = next(built.batches(built.batch_size, ctx.seed))[0]
+            self.example = x[: PROBE_SHAPE[0]].clone() if torch.is_tensor(x) else None
+        return cfg
 
     def transform_model(self, model: nn.Module, ctx: Context) -> nn.Module:
         from torch.distributed.device_mesh import init_device_mesh
         from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 
         degree = self.degree(ctx)
-        problem = structure_problem(model, ctx, degree)
+        s = model_structure(model, ctx)
+        problem = description_problem(s, degree)
+        if problem:
+            raise ValueError(problem if problem.startswith("tp") else f"tp: {problem}")
+        problem = model_problem(model, s, degree)
         if problem:
             raise ValueError(problem)
+        a = s.attention
+        assert a is not None
+        x = self._probe_input(model, s, ctx)
+        whole = probe_outputs(model, x)
         mesh = init_device_mesh(ctx.device.type, (degree,), mesh_dim_names=("tp",))
-        blocks = model_blocks(model, ctx)
-        assert blocks is not None
-        n_head = 0
-        for wrapped in blocks:
-            block = _unwrap(wrapped)
-            n_head = block.attn.n_head
-            block.attn = HeadMajorAttention.from_fused(block.attn)
-            # Column-parallel qkv / fc take the replicated activation and return this rank's columns (whole heads,
-            # a slice of the MLP's hidden units) as plain local tensors; row-parallel proj takes them and
-            # all-reduces its output, which is replicated again. Why everything else stays consistent: after each
-            # row-parallel all-reduce the residual stream is bit-identical on every rank, so layer norms, the tied
-            # head, the loss and the gradients reaching them are identical; in backward the column-parallel layers'
-            # input gradient (a partial sum per rank) is all-reduced by torch's ColwiseParallel, so the gradient
-            # entering each layer norm and the embeddings is identical too. Replicated parameters therefore get the
-            # same gradients on every rank without a collective of their own, and AdamW keeps them equal.
-            parallelize_module(block, mesh, {
-                "attn.qkv": ColwiseParallel(), "attn.proj": RowwiseParallel(),
-                "mlp.fc": ColwiseParallel(), "mlp.proj": RowwiseParallel(),
-            })
-            block.attn.n_head = n_head // degree
-            self._count(block.attn.proj, ctx, output=True)
-            self._count(block.mlp.proj, ctx, output=True)
-            self._count(block.attn.qkv, ctx, output=False)
-            self._count(block.mlp.fc, ctx, output=False)
-        self._info = {"degree": degree, "n_head": n_head, "local_heads": n_head // degree, "blocks": len(blocks),
+        blocks = model.get_submodule(s.blocks)
+        for block in blocks:
+            if a.projections == "fused":  # whole heads in every contiguous shard: the head-major layout
+                assert a.module and a.qkv and a.out
+                home = _home(block, a.module)
+                old = home.get_submodule(a.module)
+                qkv_name, out_name = a.qkv.rsplit(".", 1)[-1], a.out.rsplit(".", 1)[-1]
+                new = HeadMajorAttention.from_fused(getattr(old, qkv_name), getattr(old, out_name), a.heads,
+                                                    a.head_dim, _dropout_of(old), qkv_name, out_name)
+                new.train(old.training)
+                parent, _, name = a.module.rpartition(".")
+                setattr(home.get_submodule(parent) if parent else home, name, new)
+            # Column-parallel projections take the replicated activation and return this rank's columns (whole
+            # heads, a slice of the MLP's hidden units) as plain local tensors; the row-parallel ones take them and
+            # all-reduce their output, which is replicated again. Why everything else stays consistent: after each
+            # row-parallel all-reduce the residual stream is bit-identical on every rank, so norms, the head, the
+            # loss and the gradients reaching them are identical; in backward the column-parallel layers' input
+            # gradient (a partial sum per rank) is all-reduced by torch's ColwiseParallel, so the gradient entering
+            # each norm and the embeddings is identical too. Replicated parameters therefore get the same gradients
+            # on every rank without a collective of their own, and AdamW keeps them equal.
+            for rel in _colwise(s):
+                parallelize_module(_part(block, rel), mesh, ColwiseParallel())
+            for rel in _rowwise(s):
+                parallelize_module(_part(block, rel), mesh, RowwiseParallel())
+        self._guard(model, x, whole, mesh, ctx)
+        for block in blocks:  # counted after the probe: its forward is no training communication anyway
+            for rel in _rowwise(s):
+                self._count(_part(block, rel), ctx, output=True)
+            for rel in _colwise(s):
+                self._count(_part(block, rel), ctx, output=False)
+        self._info = {"degree": degree, "n_head": a.heads, "local_heads": a.heads // degree,
+                      "kv_heads": a.kv_heads, "projections": a.projections, "blocks": len(blocks),
                       "param_bytes_per_rank": local_bytes(model.parameters()),
-                      "sharded": ["attn.qkv (colwise)", "attn.proj (rowwise)", "mlp.fc (colwise)",
-                                  "mlp.proj (rowwise)"]}
+                      "sharded": [f"{rel} (colwise)" for rel in _colwise(s)] + [f"{rel} (rowwise)"
+                                                                                  for rel in _rowwise(s)],
+                      "probe": {"shape": list(x.shape), "max_rel_diff": self._probe_diff}}
         return model
+
+    def _probe_input(self, model: nn.Module, s: ModelStructure, ctx: Context) -> torch.Tensor:
+        """A small input the model is checked on before and after sharding: ``tune``'s samples, else token ids
+        drawn from the described embedding's vocabulary (a fixed generator: the same on every rank)."""
+        example = getattr(self, "example", None)
+        if example is not None:
+            return example.to(ctx.device)
+        if not s.embedding:
+            raise ValueError("tp checks the sharded model's output against the whole model's on a probe input, made "
+                             "from the token embedding or tune's samples; this model has no embedding described and "
+                             "no samples were drawn")
+        vocab = model.get_submodule(s.embedding).num_embeddings
+        T = min(ctx.sequence_length or PROBE_SHAPE[1], PROBE_SHAPE[1])
+        ids = torch.randint(0, vocab, (PROBE_SHAPE[0], T), generator=torch.Generator().manual_seed(0))
+        return ids.to(ctx.device)
+
+    def _guard(self, model: nn.Module, x: torch.Tensor, whole: list[torch.Tensor], mesh: Any, ctx: Context) -> None:
+        """Raise ValueError, on every rank alike, unless the sharded model computes what the whole one computed on
+        ``x``. An attention forward that hard-codes its head count either fails on a rank's share of the heads or,
+        worse, silently computes other heads (``view(B, T, n_head, -1)`` halves head_dim): this catches both."""
+        failure = ""
+        try:
+            diff = difference(whole, probe_outputs(model, x))
+        except Exception as exc:  # every rank fails alike: the same code on the same shapes
+            diff, failure = math.inf, f"{type(exc).__name__}: {' '.join(str(exc).split())[:160]}"
+        worst = torch.tensor([diff], dtype=torch.float64, device=ctx.device)
+        dist.all_reduce(worst, op=dist.ReduceOp.MAX, group=mesh.get_group())
+        self._probe_diff = float(worst)
+        dtype = whole[0].dtype if whole else torch.float32
+        tol = TOLERANCE.get(dtype, 2e-2)
+        if self._probe_diff <= tol:
+            return
+        if failure:
+            raise ValueError(f"tp: the sharded model fails on a probe input ({failure}): {_HEADS_HINT}")
+        if math.isinf(self._probe_diff):
+            raise ValueError(f"tp: the sharded model's output differs in shape from the whole model's on a probe "
+                             f"input (or another rank's forward failed): {_HEADS_HINT}")
+        raise ValueError(f"tp: the sharded model's output differs from the whole model's on a probe input (largest "
+                         f"difference {self._probe_diff:.1e} of its largest value; tolerance {tol:g}): {_HEADS_HINT}, "
+                         "or computes math that column/row sharding does not keep")
 
     def _count(self, module: nn.Module, ctx: Context, output: bool) -> None:
         """Count the bytes of the all-reduce ``module`` makes torch run in a training step, from the tensors it

@@ -1,10 +1,12 @@
-"""Run under torchrun by tests/test_pp.py: train gpt:tiny with ``pp`` through the real loop, save what to compare.
+"""Run under torchrun by tests/test_pp.py: train a model with ``pp`` through the real loop, save what to compare.
 
-    torchrun --standalone --nproc-per-node 2 tests/pp_worker.py SCHEDULE OUT_DIR
+    torchrun --standalone --nproc-per-node 2 tests/pp_worker.py SCHEDULE OUT_DIR [MODEL]
+
+MODEL: ``gpt`` (gpt:tiny, the default) or the name of a build in tests/decoders.py (a user's model).
 
 Each rank writes ``rank{r}.json`` (per-step losses, forward/backward counts from hooks on its stage module, the
 order its stage ran the micro-batches, parameter bytes, whether the layers it does not own were freed, the held-out
-loss through ``eval_model``) and ``params_rank{r}.pt`` (its parameters under the GPT's names); rank 0 also writes
+loss through ``eval_model``) and ``params_rank{r}.pt`` (its parameters under the model's own names; the tied head's copy as ``TIED``); rank 0 also writes
 ``results.json`` (the technique's ``results``).
 """
 
@@ -25,25 +27,41 @@ from bench.trial import end_rank
 from techniques import get
 from techniques.base import Context
 from techniques.pp import stage_layers
+from tests import decoders
 
 STEPS = 8
 BATCH = 16
 MICROBATCHES = 4
 
 
+TIED = "tied head copy"
+
+
 def main() -> None:
     schedule, out = sys.argv[1], Path(sys.argv[2])
+    model_name = sys.argv[3] if len(sys.argv) > 3 else "gpt"
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
-    built = workloads.get("gpt").build("tiny", 0, torch.device("cpu"))
-    gpt = built.model
-    layers = stage_layers(len(gpt.blocks), world)[rank]
-    dropped = [weakref.ref(b) for i, b in enumerate(gpt.blocks) if i not in layers]
-    dropped += [weakref.ref(m) for m in ((gpt.wte, gpt.wpe) if rank else (gpt.ln_f,))]
+    if model_name == "gpt":
+        built, wl_name = workloads.get("gpt").build("tiny", 0, torch.device("cpu")), "gpt"
+    else:
+        wl = decoders.workload(model_name)
+        built, wl_name = wl.build("default", 0, torch.device("cpu")), wl.name
+    whole = built.model
+    s = built.structure or whole.trainbench_structure()
+    blocks = whole.get_submodule(s.blocks)
+    layers = stage_layers(len(blocks), world)[rank]
+    dropped = [weakref.ref(b) for i, b in enumerate(blocks) if i not in layers]
+    ends = (s.embedding, s.position_embedding) if rank else (s.final_norm,)
+    dropped += [weakref.ref(whole.get_submodule(path)) for path in ends if path]
+    names = {id(p): key for key, p in whole.named_parameters()}  # the stage holds the model's own Parameters
+    del blocks
 
     tech = get("pp")(get("pp").Options(schedule=schedule, microbatches=MICROBATCHES))
-    ctx = Context(device=torch.device("cpu"), workload="gpt", rank=rank, world_size=world, technique_names=("pp",))
-    model = tech.transform_model(gpt, ctx)
+    ctx = Context(device=torch.device("cpu"), workload=wl_name, rank=rank, world_size=world, technique_names=("pp",),
+                  structure=built.structure, blocks=built.blocks, sequence_length=built.tokens_per_sample)
+    assert tech.check(ctx) is None, tech.check(ctx)
+    model = tech.transform_model(whole, ctx)
     gc.collect()
     opt = build_optimizer(model, [tech], ctx, built.lr)
     loop = TrainLoop(model, opt, built.loss_fn, [tech], ctx)
@@ -73,18 +91,13 @@ def main() -> None:
         val_loss = built.evaluate(module)["val_loss"]
     module.train()
 
-    names = {}
-    for key, p in model.named_parameters():
-        parts = key.split(".")
-        if parts[0] == "blocks":
-            parts[1] = str(layers[int(parts[1])])
-        names[".".join(parts)] = p.detach().clone()
-    torch.save(names, out / f"params_rank{rank}.pt")
+    params = {names.get(id(p), TIED): p.detach().clone() for p in model.parameters()}
+    torch.save(params, out / f"params_rank{rank}.pt")
     mine = {
         "losses": losses,
         "counts": per_step,
         "trace": tech.last_trace,
-        "gpt_param_bytes": sum(p.numel() * p.element_size() for p in gpt.parameters()),
+        "gpt_param_bytes": sum(p.numel() * p.element_size() for p in whole.parameters()),
         "param_bytes": tech.communication()["param_bytes"],
         "freed": all(ref() is None for ref in dropped),
         "val_loss": val_loss,

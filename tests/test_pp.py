@@ -5,13 +5,21 @@
 - each step runs every micro-batch exactly once forward and once backward (hooks on the stage module), in the
   schedule's order (GPipe: all forwards first; 1F1B: one forward, one backward after the warm-up);
 - a rank's parameter bytes are its stage's, computed from the model here, and the layers it does not own are freed;
-- the bubble formula, the planning reasons (one process, another model, too few layers, an uneven batch), and the
-  loop's ``forward_backward`` hook contract in one process;
+- a Llama-style decoder the built-in workloads do not contain (tests/decoders.py: rotary embeddings computed inside
+  its blocks, RMSNorm, gated MLP, tied head) is split from its description and trains as in one process;
+- the decomposition is checked before anything is split: blocks that need more than the hidden state (the rotary
+  tables a model computes once and passes in) or a forward that does more than its description says are refused
+  with one line; the description alone refuses a model without blocks, embedding or head, with too few blocks, or
+  whose blocks declare more inputs (Hugging Face Llama);
+- the bubble formula, the planning reasons (one process, an uneven batch), and the loop's ``forward_backward`` hook
+  contract in one process;
 - (slow) one trial through the real runner: status ok, parity passes.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import importlib.util
 import json
 import subprocess
 import sys
@@ -22,12 +30,21 @@ from torch import nn
 
 from bench import workloads
 from bench.loop import TrainLoop, build_optimizer
+from bench.structure import ModelStructure
 from techniques import get
 from techniques.base import Context, Technique, TrainConfig
-from techniques.pp import PP, bubble_formula, pipeline_problem, stage_layers
+from techniques.pp import (
+    PP,
+    bubble_formula,
+    check_decomposition,
+    description_problem,
+    probe_input,
+    stage_layers,
+)
+from tests import decoders
 from tests.conftest import REPO, TINY_BUDGET
 from tests.helpers import whole_batch_trial
-from tests.pp_worker import BATCH, MICROBATCHES, STEPS
+from tests.pp_worker import BATCH, MICROBATCHES, STEPS, TIED
 
 CPU = torch.device("cpu")
 
@@ -50,17 +67,20 @@ def one_process():
     return losses, params, val_loss
 
 
-@pytest.fixture(scope="module", params=["gpipe", "1f1b"])
-def two_ranks(request, tmp_path_factory):
-    out = tmp_path_factory.mktemp(f"pp-{request.param}")
+def run_workers(schedule: str, out, model: str = "gpt"):
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-           str(REPO / "tests" / "pp_worker.py"), request.param, str(out)]
+           str(REPO / "tests" / "pp_worker.py"), schedule, str(out), model]
     proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=240,
                           env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin", "OMP_NUM_THREADS": "1"})
     assert proc.returncode == 0, proc.stderr[-3000:]
     ranks = [json.loads((out / f"rank{r}.json").read_text()) for r in (0, 1)]
     params = [torch.load(out / f"params_rank{r}.pt") for r in (0, 1)]
-    return request.param, ranks, params, json.loads((out / "results.json").read_text())
+    return schedule, ranks, params, json.loads((out / "results.json").read_text())
+
+
+@pytest.fixture(scope="module", params=["gpipe", "1f1b"])
+def two_ranks(request, tmp_path_factory):
+    return run_workers(request.param, tmp_path_factory.mktemp(f"pp-{request.param}"))
 
 
 @pytest.mark.distributed
@@ -71,10 +91,10 @@ def test_pp_trains_like_one_process(two_ranks, one_process):
         assert rank["losses"] == pytest.approx(losses, rel=1e-4)
         assert rank["val_loss"] == pytest.approx(val_loss, rel=1e-4)  # evaluation through eval_model
     first, last = params
-    assert set(first) | set(last) == set(expected) | {"head.weight"} and not set(first) & set(last)
+    assert set(first) | set(last) == set(expected) | {TIED} and not set(first) & set(last)
     for key, value in {**first, **last}.items():
-        assert torch.allclose(value, expected["wte.weight" if key == "head.weight" else key], atol=1e-4), key
-    assert torch.equal(first["wte.weight"], last["head.weight"]), "the tied copies drifted apart"
+        assert torch.allclose(value, expected["wte.weight" if key == TIED else key], atol=1e-4), key
+    assert torch.equal(first["wte.weight"], last[TIED]), "the tied copies drifted apart"
 
 
 @pytest.mark.distributed
@@ -112,6 +132,33 @@ def test_each_rank_holds_only_its_stage(two_ranks):
     assert len(bubble["measured_per_stage"]) == 2 and all(0 <= b < 1 for b in bubble["measured_per_stage"])
 
 
+@pytest.mark.distributed
+def test_a_llama_style_decoder_is_split_from_its_description(tmp_path):
+    built = decoders.workload().build("default", 0, CPU)
+    ctx = Context(device=CPU)
+    loop = TrainLoop(built.model, build_optimizer(built.model, [], ctx, built.lr), built.loss_fn, [], ctx)
+    batches = built.batches(BATCH, 0)
+    losses = [float(loop.step(next(batches))) for _ in range(STEPS)]
+    built.model.eval()
+    with torch.no_grad():
+        val_loss = built.evaluate(built.model)["val_loss"]
+    expected = {k: v.detach().clone() for k, v in built.model.named_parameters()}
+
+    _, ranks, (first, last), results = run_workers("1f1b", tmp_path, "build")
+    for rank in ranks:
+        assert rank["losses"] == pytest.approx(losses, rel=1e-4)
+        assert rank["val_loss"] == pytest.approx(val_loss, rel=1e-4)
+        assert rank["freed"]
+    assert set(first) | set(last) == set(expected) | {TIED} and not set(first) & set(last)
+    assert {k.split(".")[0] for k in first} == {"embed", "layers"} and {k.split(".")[0] for k in last} == {
+        "layers", "norm", TIED}
+    for key, value in {**first, **last}.items():
+        assert torch.allclose(value, expected["embed.weight" if key == TIED else key], atol=1e-4), key
+    assert torch.equal(first["embed.weight"], last[TIED])
+    sent = MICROBATCHES * (BATCH // MICROBATCHES) * decoders.T * decoders.D * 4
+    assert results["per_stage"]["sent_bytes_per_step_per_stage"] == [sent, sent]
+
+
 def test_bubble_formula_and_stage_split():
     assert bubble_formula(2, 4) == pytest.approx(0.2)
     assert bubble_formula(4, 8) == pytest.approx(3 / 11)
@@ -121,21 +168,69 @@ def test_bubble_formula_and_stage_split():
 
 
 def test_planning_reasons():
-    def reason(world=2, workload="gpt", names=("pp",), **options):
-        ctx = Context(device=CPU, workload=workload, world_size=world, technique_names=names)
+    def reason(world=2, workload="gpt", names=("pp",), blocks=None, **options):
+        structure = workloads.get(workload).structure("tiny")
+        if blocks:
+            structure = dataclasses.replace(structure, n_blocks=blocks)
+        ctx = Context(device=CPU, workload=workload, world_size=world, technique_names=names, structure=structure)
         return PP(PP.Options(**options)).check(ctx)
 
     assert reason() is None and reason(schedule="gpipe", microbatches=1) is None
     assert "needs several processes" in reason(world=1)
-    assert "another structure" in reason(workload="mlp")
-    assert "1f1b needs at least as many micro-batches as stages" in reason(world=4, microbatches=2)
+    assert reason(workload="mlp").startswith("needs the model's token embedding")
+    assert "1f1b needs at least as many micro-batches as stages" in reason(world=4, microbatches=2, blocks=4)
     assert "bf16 changes them (forward_context)" in reason(names=("pp", "bf16"))
     with pytest.raises(ValueError, match="does not split into 3 equal micro-batches"):
         PP(PP.Options(microbatches=3)).configure(TrainConfig(batch_size=16))
-    gpt = workloads.get("gpt").build("tiny", 0, CPU).model
-    assert "2 blocks, fewer than the 4 pipeline stages" in pipeline_problem(gpt, 4)
-    assert pipeline_problem(gpt, 2) is None
-    assert "has no wte, wpe" in pipeline_problem(nn.Sequential(nn.Linear(2, 2)), 2)
+
+
+LLAMA = ModelStructure.from_dict(decoders.STRUCTURE)
+
+
+def test_the_description_says_what_pp_cannot_split():
+    gpt = workloads.get("gpt").structure("tiny")  # 2 blocks
+    assert description_problem(gpt, 2) is None and description_problem(LLAMA, 2) is None
+    assert description_problem(gpt, 4) == ("the model has 2 blocks, fewer than the 4 pipeline stages: run with "
+                                           "--nproc 2")
+    assert description_problem(dataclasses.replace(LLAMA, head=None), 2).startswith("needs the model's output head")
+    assert description_problem(ModelStructure(), 2).startswith("needs the model's blocks, token embedding, output head")
+    needs = dataclasses.replace(LLAMA, block_inputs=("position_embeddings",))
+    assert description_problem(needs, 2) == ("runs the blocks on the hidden state alone; this model's blocks need "
+                                             "more inputs (position_embeddings), which its forward computes and "
+                                             "passes in")
+
+
+@pytest.mark.skipif(importlib.util.find_spec("transformers") is None, reason="transformers is not installed")
+def test_hugging_face_llama_is_refused_from_its_description_and_gpt2_decomposes():
+    hf = workloads.get("hf")
+    assert "blocks need more inputs (position_embeddings)" in description_problem(hf.structure("llama-tiny"), 2)
+    built = hf.build("tiny", 0, CPU)  # GPT-2: wte + wpe, dropout, blocks on the hidden state alone, ln_f, lm_head
+    s = built.structure
+    assert description_problem(s, 2) is None
+    hidden, output = check_decomposition(built.model, s, probe_input(built.model, s, 64, CPU))
+    assert hidden == (64,) and output == (built.model.hf.config.vocab_size,)
+
+
+def test_the_decomposition_is_checked_on_the_model():
+    gpt = workloads.get("gpt").build("tiny", 0, CPU)
+    s = gpt.model.trainbench_structure()
+    assert check_decomposition(gpt.model, s, probe_input(gpt.model, s, 64, CPU)) == ((64,), (gpt.params["vocab_size"],))
+    without = dataclasses.replace(s, position_embedding=None)  # the description forgets what GPT.forward adds
+    with pytest.raises(ValueError, match=r"^pp: the stages in sequence \(embedding, drop, blocks on the hidden state "
+                                         r"alone, final norm, head\) differ from the model's forward on a probe"):
+        check_decomposition(gpt.model, without, probe_input(gpt.model, without, 64, CPU))
+    outside = decoders.workload("build_outside").build("default", 0, CPU)  # the rotary tables passed in
+    s = outside.structure
+    with pytest.raises(ValueError) as err:
+        check_decomposition(outside.model, s, probe_input(outside.model, s, 12, CPU))
+    assert str(err.value).startswith("pp: runs the blocks on the hidden state alone; this model's blocks need more "
+                                     "inputs (called with the hidden state alone, TablesLayer raised TypeError: ")
+    assert "\n" not in str(err.value)
+    # transform_model refuses before it splits anything (no process group needed)
+    ctx = Context(device=CPU, rank=0, world_size=2, structure=s, blocks=outside.blocks, sequence_length=12)
+    with pytest.raises(ValueError, match="^pp: runs the blocks on the hidden state alone"):
+        PP().transform_model(outside.model, ctx)
+    assert len(outside.model.layers) == 2
 
 
 def test_the_plan_skips_what_pp_cannot_run():
@@ -149,7 +244,7 @@ def test_the_plan_skips_what_pp_cannot_run():
     assert "does not split into 3 equal micro-batches" in reasons[("gpt", "pp:microbatches=3")]
     assert "cannot be combined with ddp" in reasons[("gpt", "pp+ddp")]
     assert "grad_accum" in reasons[("gpt", "pp+grad_accum:steps=2")]
-    assert "another structure" in reasons[("mlp", "pp")]
+    assert "needs the model's token embedding" in reasons[("mlp", "pp")]
 
 
 class _Owner(Technique):

@@ -7,14 +7,22 @@
 - per-rank parameter bytes are the sharded projections / 2 plus everything else, computed from the model's shapes;
 - the recorded communication equals the bytes of the all-reduces torch actually dispatched in a training step,
   also with checkpointing's recompute and bf16 autocast;
-- check() refuses one process, other workloads, compile, zero3 on too few ranks, a degree that leaves replicas,
-  and (at build) a model without GPT's blocks or with heads that do not divide;
+- check() refuses one process, compile, zero3 on too few ranks, a degree that leaves replicas, and, from the model's
+  description, a model without attention or MLP, nn.MultiheadAttention, GPT-2's transposed Conv1D, a fused qkv tp
+  cannot split into whole heads of the same math, heads that do not divide; at build, dropout;
+- a Llama-style decoder the built-in workloads do not contain (tests/decoders.py: separate q/k/v with rotary
+  embeddings inside the attention, grouped key/value heads, a gated MLP, RMSNorm) trains under tp on 2 ranks as in
+  one process (losses and parameters), keeping its own attention forward;
+- the same decoder with an attention that hard-codes its head count is refused by the probe guard, one line, on
+  every rank: silently other math (view(B, T, n_heads, -1)) and an outright failure (view(B, T, n_heads, hd));
 - a real trial through the runner finishes with status ok and parity.
 """
 
 from __future__ import annotations
 
 import copy
+import dataclasses
+import importlib.util
 import json
 import subprocess
 import sys
@@ -24,9 +32,11 @@ import torch
 
 from bench import workloads
 from bench.loop import plain_loop
+from bench.structure import ModelStructure
 from techniques import get
 from techniques.base import Context
-from techniques.tp import HeadMajorAttention, head_major_rows, structure_problem
+from techniques.tp import HeadMajorAttention, description_problem, head_major_rows, model_problem
+from tests import decoders
 from tests.conftest import REPO
 from tests.helpers import whole_batch_trial
 from tests.tp_worker import BATCH, STEPS
@@ -54,7 +64,7 @@ def test_head_major_surgery_is_the_same_math():
     original = built.model
     surgered = copy.deepcopy(original)
     for block in surgered.blocks:
-        block.attn = HeadMajorAttention.from_fused(block.attn)
+        block.attn = HeadMajorAttention.from_fused(block.attn.qkv, block.attn.proj, 2, 32)
     x, y = next(built.batches(BATCH, 0))
     out_a, out_b = original(x), surgered(x)
     assert torch.equal(out_a, out_b)
@@ -83,15 +93,17 @@ def test_head_major_rows_give_each_shard_whole_heads():
 
 
 def ctx_for(workload: str = "gpt", world: int = 2, names: tuple[str, ...] = ("tp",)) -> Context:
-    return Context(device=CPU, workload=workload, world_size=world, technique_names=names)
+    structure = workloads.get(workload).structure("tiny")
+    return Context(device=CPU, workload=workload, world_size=world, technique_names=names, structure=structure)
 
 
 def test_check_reasons():
     tp = get("tp")()
     assert tp.check(ctx_for()) is None
     assert "needs several processes" in tp.check(ctx_for(world=1))
-    assert "workload 'mlp' has no such structure" in tp.check(ctx_for("mlp"))
-    assert "workload 'cnn' has no such structure" in tp.check(ctx_for("cnn"))
+    assert tp.check(Context(device=CPU, world_size=2, technique_names=("tp",))) is None  # no model named yet
+    assert tp.check(ctx_for("mlp")).startswith("needs the model's attention (its projections and heads)")
+    assert "needs the model's attention" in tp.check(ctx_for("cnn"))
     assert "tp with compile is not supported" in tp.check(ctx_for(names=("tp", "compile")))
     assert "loss scaler checks each rank's local gradient shards" in tp.check(ctx_for(names=("tp", "fp16")))
     reason = tp.check(ctx_for(names=("tp", "zero3")))
@@ -112,23 +124,58 @@ def test_plan_refuses_tp_with_ddp_and_says_why_zero3_needs_more_ranks():
     assert reasons[("gpt", "tp")] is None
     assert "cannot be combined with ddp" in reasons[("gpt", "tp+ddp")]
     assert "at least 4 ranks" in reasons[("gpt", "tp+zero3")]
-    assert "has no such structure" in reasons[("mlp", "tp")]
+    assert "needs the model's attention" in reasons[("mlp", "tp")]
 
 
-def test_structure_problems_are_found_when_the_model_is_built():
-    gpt = gpt_tiny().model  # n_head 2
-    ctx = Context(device=CPU, world_size=4)
-    assert structure_problem(gpt, ctx, 2) is None
-    assert "n_head divisible by it; the model has n_head=2" in structure_problem(gpt, ctx, 4)
-    mlp = workloads.get("mlp").build("tiny", 0, CPU).model
-    reason = structure_problem(mlp, Context(device=CPU, blocks=None), 2)
-    assert "needs a model with blocks" in reason
-    blocks = torch.nn.Module()
-    blocks.blocks = torch.nn.ModuleList([torch.nn.Linear(4, 4)])
-    assert "block 0 has attn NoneType, mlp NoneType" in structure_problem(blocks, Context(device=CPU), 2)
-    dropout = workloads.get("gpt").build("tiny", 0, CPU).model
-    dropout.drop.p = 0.1
-    assert "dropout is not exact" in structure_problem(dropout, ctx, 2)
+LLAMA = ModelStructure.from_dict(decoders.STRUCTURE)
+
+
+def _with(s: ModelStructure, **attention) -> ModelStructure:
+    block = dataclasses.replace(s.block, attention=dataclasses.replace(s.attention, **attention))
+    return dataclasses.replace(s, block=block)
+
+
+def test_the_description_says_what_tp_cannot_split():
+    gpt = workloads.get("gpt").structure("tiny")  # fused qkv, 2 heads
+    assert description_problem(gpt, 2) is None and description_problem(LLAMA, 2) is None
+    assert description_problem(gpt, 4) == "tp:degree=4 needs the model's attention heads divisible by it; the model has 2"
+    assert "key/value heads divisible by it; the model has 2" in description_problem(LLAMA, 4)
+    odd = dataclasses.replace(LLAMA, block=dataclasses.replace(LLAMA.block, mlp=dataclasses.replace(LLAMA.mlp,
+                                                                                                    hidden=49)))
+    assert description_problem(odd, 2) == "tp:degree=2 needs the model's MLP hidden units divisible by it; the model has 49"
+    reasons = {
+        "packed": description_problem(_with(LLAMA, packed=True), 2),
+        "transposed": description_problem(_with(gpt, transposed=True), 2),
+        "rotary": description_problem(_with(gpt, rotary=True), 2),
+        "grouped": description_problem(_with(gpt, kv_heads=1), 2),
+        "no out": description_problem(_with(LLAMA, out=None), 2),
+        "no mlp": description_problem(workloads.get("mlp").structure("tiny"), 2),
+    }
+    assert "(nn.MultiheadAttention) computes them inside its forward" in reasons["packed"]
+    assert "stores them (in, out) (GPT-2's Conv1D)" in reasons["transposed"]
+    assert "would drop this model's rotary embeddings: describe separate q, k, v" in reasons["rotary"]
+    assert "as many key/value heads as query heads (1 and 2 here)" in reasons["grouped"]
+    assert reasons["no out"].endswith("names no output projection")
+    assert reasons["no mlp"].startswith("needs the model's attention (its projections and heads)")
+    assert all("\n" not in r for r in reasons.values())
+
+
+@pytest.mark.skipif(importlib.util.find_spec("transformers") is None, reason="transformers is not installed")
+def test_hugging_face_gpt2_is_refused_naming_its_conv1d_and_llama_is_not():
+    hf = workloads.get("hf")
+    assert "stores them (in, out) (GPT-2's Conv1D)" in description_problem(hf.structure("tiny"), 2)
+    assert description_problem(hf.structure("llama-tiny"), 2) is None
+
+
+def test_what_only_the_built_model_shows():
+    gpt = gpt_tiny().model
+    s = gpt.trainbench_structure()
+    assert model_problem(gpt, s, 2) is None
+    gpt.drop.p = 0.1
+    assert "dropout is not exact" in model_problem(gpt, s, 2)
+    gpt = gpt_tiny().model
+    gpt.blocks[1].mlp.fc = torch.nn.Sequential(gpt.blocks[1].mlp.fc)
+    assert model_problem(gpt, s, 2) == "tp shards nn.Linear projections; the model's block 1 has mlp.fc as a Sequential"
 
 
 # ---- two ranks ----------------------------------------------------------------------------------------------------
@@ -229,6 +276,58 @@ def test_communication_follows_what_runs(label, tmp_path):
             assert len(seen) == 5 * p["n_layer"]
         else:
             assert sum(seen) == p["n_layer"] * (2 * activation // 2 + 2 * activation)
+
+
+# ---- a model the built-in workloads do not contain ---------------------------------------------------------------
+
+
+def _relative_moves(got: dict, expected: dict, initial: dict) -> dict[str, float]:
+    """Per tensor: how far tp's training ended from one process's, relative to how far one process moved it."""
+    out = {}
+    for key, want in expected.items():
+        moved = (want - initial[key]).norm()
+        assert moved > 0, f"training moved nothing: {key}"
+        out[key] = float((got[key] - want).norm() / moved)
+    return out
+
+
+@distributed
+def test_a_llama_style_decoder_trains_under_tp_as_in_one_process(tmp_path):
+    built = decoders.workload().build("default", 0, CPU)
+    initial = {k: v.detach().clone() for k, v in built.model.named_parameters()}
+    loop = plain_loop(built, built.lr, CPU)
+    batches = built.batches(BATCH, 0)
+    ref_losses = [float(loop.step(next(batches))) for _ in range(STEPS)]
+    ref_params = {k: v.detach().clone() for k, v in built.model.named_parameters()}
+
+    torchrun("tp", str(tmp_path), str(STEPS), "build")
+    ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
+    params = torch.load(tmp_path / "params.pt")
+    assert ranks[0]["losses"] == ranks[1]["losses"]
+    torch.testing.assert_close(torch.tensor(ranks[0]["losses"]), torch.tensor(ref_losses), rtol=1e-4, atol=0)
+    assert params.keys() == ref_params.keys()
+    assert max(_relative_moves(params, ref_params, initial).values()) < 1e-3
+    found = ranks[0]["results"]
+    assert (found["n_head"], found["local_heads"], found["kv_heads"], found["projections"]) == (4, 2, 2, "separate")
+    assert found["probe"]["max_rel_diff"] < 1e-5
+    # the model's own attention ran on a rank's heads: q, k, v, gate, up column-parallel, o and down row-parallel,
+    # so 2 all-reduces forward and 5 backward per layer, each of a (B, T, d_model) fp32 activation
+    seen = [b for name, b in ranks[0]["collectives"] if name.startswith("all_reduce")]
+    assert seen == [BATCH * decoders.T * decoders.D * 4] * (7 * decoders.LAYERS)
+    assert found["bytes_per_step"] == sum(seen)
+
+
+@distributed
+def test_an_attention_that_hard_codes_its_head_count_is_refused_by_the_guard(tmp_path):
+    torchrun("refuse", str(tmp_path), "0", "build_silent,build_fails")
+    refused = [json.loads((tmp_path / f"refused{r}.json").read_text()) for r in (0, 1)]
+    assert refused[0] == refused[1]  # every rank decides alike
+    silent, fails = refused[0]["build_silent"], refused[0]["build_fails"]
+    assert silent.startswith("tp: the sharded model's output differs from the whole model's on a probe input "
+                             "(largest difference ")
+    assert fails.startswith("tp: the sharded model fails on a probe input (RuntimeError: ")
+    for reason in (silent, fails):
+        assert "its attention's forward likely assumes the full head count" in reason and "\n" not in reason
 
 
 @pytest.mark.slow

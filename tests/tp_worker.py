@@ -1,6 +1,11 @@
-"""Run under torchrun by tests/test_tp.py: train gpt:tiny with tensor parallelism, save what to compare.
+"""Run under torchrun by tests/test_tp.py: train a model with tensor parallelism, save what to compare.
 
-    torchrun --standalone --nproc-per-node 2 tests/tp_worker.py TECHNIQUES OUT_DIR [STEPS]
+    torchrun --standalone --nproc-per-node 2 tests/tp_worker.py TECHNIQUES OUT_DIR [STEPS [MODEL]]
+    torchrun --standalone --nproc-per-node 2 tests/tp_worker.py refuse OUT_DIR 0 BUILD[,BUILD...]
+
+MODEL: ``gpt`` (gpt:tiny, the default) or the name of a build in tests/decoders.py (a user's model). ``refuse``:
+apply ``tp`` to each named build of tests/decoders.py and write, on every rank R, ``refused{R}.json``: the ValueError
+each raised (None when it did not).
 
 Saves (rank 0) ``params.pt``: the full parameters after training (DTensors gathered with ``full_tensor``, the
 head-major ``qkv`` put back in the model's ``[q; k; v]`` order, so names and values compare with one process), and
@@ -25,6 +30,7 @@ from techniques import get
 from techniques._distributed import local_bytes
 from techniques.base import Context
 from techniques.tp import head_major_rows
+from tests import decoders
 
 STEPS = 10
 BATCH = 16
@@ -44,15 +50,48 @@ class Collectives(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
+def load(model: str):
+    """(the built workload, its name) of MODEL."""
+    if model == "gpt":
+        return workloads.get("gpt").build("tiny", 0, torch.device("cpu")), "gpt"
+    wl = decoders.workload(model)
+    return wl.build("default", 0, torch.device("cpu")), wl.name
+
+
+def context(built, name: str, names: list[str], rank: int, world: int) -> Context:
+    return Context(device=torch.device("cpu"), workload=name, rank=rank, world_size=world,
+                   technique_names=tuple(names), structure=built.structure, blocks=built.blocks,
+                   sequence_length=built.tokens_per_sample)
+
+
+def refuse(builds: list[str], out: Path, rank: int, world: int) -> None:
+    found = {}
+    for fn in builds:
+        built, name = load(fn)
+        tech = get("tp")()
+        ctx = context(built, name, ["tp"], rank, world)
+        assert tech.check(ctx) is None, tech.check(ctx)  # the description does not show it: the guard must
+        try:
+            tech.transform_model(built.model, ctx)
+            found[fn] = None
+        except ValueError as exc:
+            found[fn] = str(exc)
+    (out / f"refused{rank}.json").write_text(json.dumps(found))
+
+
 def main() -> None:
     names, out = sys.argv[1].split("+"), Path(sys.argv[2])
     steps = int(sys.argv[3]) if len(sys.argv) > 3 else STEPS
+    model_name = sys.argv[4] if len(sys.argv) > 4 else "gpt"
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
-    built = workloads.get("gpt").build("tiny", 0, torch.device("cpu"))
+    if names == ["refuse"]:
+        refuse(model_name.split(","), out, rank, world)
+        end_rank(0)
+        return
+    built, wl_name = load(model_name)
     techs = sorted((get(n)() for n in names), key=lambda t: t.phase)
-    ctx = Context(device=torch.device("cpu"), workload="gpt", rank=rank, world_size=world,
-                  technique_names=tuple(names))
+    ctx = context(built, wl_name, names, rank, world)
     for tech in techs:
         assert tech.check(ctx) is None, tech.check(ctx)
     model = built.model
@@ -77,7 +116,7 @@ def main() -> None:
     full = {}
     for key, p in model.named_parameters():
         tensor = (p.full_tensor() if hasattr(p, "full_tensor") else p.detach()).clone()
-        if key.endswith("attn.qkv.weight") or key.endswith("attn.qkv.bias"):
+        if model_name == "gpt" and (key.endswith("attn.qkv.weight") or key.endswith("attn.qkv.bias")):
             n_head, d = built.params["n_head"], built.params["d_model"]
             restored = torch.empty_like(tensor)
             restored[head_major_rows(n_head, d // n_head)] = tensor

@@ -155,14 +155,15 @@ class GPT(nn.Module):
 
 def gpt_structure(n_layer: int, n_head: int, d_model: int, tied: bool = True) -> ModelStructure:
     """The GPT's parts: pre-LayerNorm blocks of fused-qkv attention and a GELU MLP, token and position
-    embeddings, the final LayerNorm and the (tied) head; a teacher scales ``d_model`` (whole heads) and ``n_layer``."""
+    embeddings (summed, then dropout: ``GPT.forward`` before its blocks), the final LayerNorm and the (tied) head; a teacher scales ``d_model`` (whole heads) and ``n_layer``."""
     attention = Attention(heads=n_head, kv_heads=n_head, head_dim=d_model // n_head, module="attn", qkv="attn.qkv",
                           out="attn.proj")
     return ModelStructure(
         blocks="blocks", n_blocks=n_layer,
         block=BlockPart(attention=attention, mlp=MLPPart(up="mlp.fc", down="mlp.proj", hidden=4 * d_model),
                         norms=("ln1", "ln2")),
-        embedding="wte", final_norm="ln_f", head="head", tied=tied, causal=True, convolutional=False,
+        embedding="wte", position_embedding="wpe", pre_blocks=("drop",), final_norm="ln_f", head="head", tied=tied,
+        causal=True, convolutional=False,
         calls_sdpa=True, scaling=Scaling(width=("d_model",), depth=("n_layer",), multiple_of=(("d_model", "n_head"),)),
         source_task="stdlib_chars", source="declared")
 

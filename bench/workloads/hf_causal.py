@@ -216,7 +216,10 @@ def hf_structure(model_type: str, n_layer: int, heads: int, kv_heads: int, d: in
     ``ln_f`` and the tied ``lm_head``. Llama (``transformers.models.llama``): blocks ``model.layers``, each
     ``input_layernorm`` and ``post_attention_layernorm`` (RMSNorm), ``self_attn`` (``q_proj``, ``k_proj``,
     ``v_proj``, ``o_proj``, rotary embeddings on q and k), ``mlp`` (``gate_proj``, ``up_proj``, ``down_proj``:
-    SwiGLU); ``embed_tokens``, ``norm`` and ``lm_head``. Paths are from the harness's adapter (``hf.``)."""
+    SwiGLU); ``embed_tokens``, ``norm`` and ``lm_head``. Paths are from the harness's adapter (``hf.``). GPT-2
+    adds the learned position embedding ``wpe`` and applies dropout ``drop`` before its blocks, which take the hidden
+    state alone (causal without a mask); Llama's decoder layers take the rotary ``position_embeddings`` (cos, sin)
+    that ``LlamaModel.forward`` computes once (``rotary_emb``) and passes in."""
     hd = head_dim or d // heads
     if model_type == "gpt2":
         block = StructBlock(
@@ -224,6 +227,7 @@ def hf_structure(model_type: str, n_layer: int, heads: int, kv_heads: int, d: in
                                 out="attn.c_proj", transposed=True),
             mlp=StructMLP(up="mlp.c_fc", down="mlp.c_proj", hidden=hidden, transposed=True), norms=("ln_1", "ln_2"))
         return ModelStructure(blocks="hf.transformer.h", n_blocks=n_layer, block=block, embedding="hf.transformer.wte",
+                              position_embedding="hf.transformer.wpe", pre_blocks=("hf.transformer.drop",),
                               final_norm="hf.transformer.ln_f", head="hf.lm_head", tied=tied, causal=True,
                               convolutional=False, calls_sdpa=True,
                               scaling=Scaling(width=("n_embd",), depth=("n_layer",),
@@ -236,6 +240,7 @@ def hf_structure(model_type: str, n_layer: int, heads: int, kv_heads: int, d: in
         norms=("input_layernorm", "post_attention_layernorm"))
     return ModelStructure(blocks="hf.model.layers", n_blocks=n_layer, block=block, embedding="hf.model.embed_tokens",
                           final_norm="hf.model.norm", head="hf.lm_head", tied=tied, causal=True, convolutional=False,
+                          block_inputs=("position_embeddings",),
                           calls_sdpa=True,
                           scaling=Scaling(width=("hidden_size", "intermediate_size"), depth=("num_hidden_layers",),
                                           multiple_of=(("hidden_size", "num_attention_heads"),)),

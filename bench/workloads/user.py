@@ -217,7 +217,8 @@ def _structure_of(spec: ModelSpec, model: nn.Module, blocks: str | None, where: 
         if structure.blocks is None and blocks:
             structure = dataclasses.replace(structure, blocks=blocks, n_blocks=len(model.get_submodule(blocks)))
         structure = dataclasses.replace(structure, source=structure.source or "returned by build")
-        for path in filter(None, (structure.blocks, structure.embedding, structure.final_norm, structure.head)):
+        for path in filter(None, (structure.blocks, structure.embedding, structure.position_embedding,
+                                  *structure.pre_blocks, structure.final_norm, structure.head)):
             try:
                 model.get_submodule(path)
             except AttributeError:
