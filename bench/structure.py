@@ -210,8 +210,10 @@ class ModelStructure:
             return None
         text = f"needs the model's {', '.join(PART_NAMES[p] for p in lacking)}, which its description " \
                f"({self.source or 'unknown source'}) lacks"
-        if self.notes:
-            text += f" ({'; '.join(self.notes)})"
+        # only the notes about a lacking part: a CNN's "no token embedding" is not explained by its attention
+        relevant = [n for n in self.notes if any(word in n for p in lacking for word in NOTE_WORDS.get(p, (p,)))]
+        if relevant:
+            text += f" ({'; '.join(relevant)})"
         return f"{text}: {hint or HOW_TO_DESCRIBE}"
 
     # ---- JSON ------------------------------------------------------------------------------------------------
@@ -231,6 +233,10 @@ PART_NAMES = {
     "final_norm": "final norm", "channels": "removable hidden channels (an MLP or a conv channel group)",
     "teacher": "teacher (a teacher_size, or width/depth scaling)",
 }
+# the words by which inference's notes name each part (bench.structure.infer writes them)
+NOTE_WORDS = {"blocks": ("block",), "attention": ("attention",), "mlp": ("MLP", "channel"),
+              "embedding": ("embedding",), "head": ("head",), "final_norm": ("final norm",),
+              "channels": ("channel",), "teacher": ()}
 HOW_TO_DESCRIBE = "return `structure` from build (docs/models.md)"
 
 

@@ -736,3 +736,12 @@ def test_the_summary_lines_read_a_checkpoint_and_a_teacher_size_and_keep_the_rep
     assert Distill.summarize(scaled).startswith("teacher 4,000 params (2.0x width, 1x depth; student 1,000), acc 0.8")
     sized = [{**scaled[0], "teacher_shape": {"size": "big"}}]
     assert Distill.summarize(sized).startswith("teacher 4,000 params (size big; student 1,000), acc 0.8 after 300")
+
+
+def test_a_reason_quotes_only_the_notes_about_the_parts_it_lacks():
+    s = ModelStructure(source="inferred", notes=("attention other than nn.MultiheadAttention is not inferred",
+                                                 "block 0 (X) could not be traced (E): no channel groups inside it"))
+    embedding = s.lacks("embedding")
+    assert embedding is not None and "attention" not in embedding and "traced" not in embedding
+    assert "attention other than" in (s.lacks("attention") or "")
+    assert "could not be traced" in (s.lacks("channels") or "")
