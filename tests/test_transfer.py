@@ -2,9 +2,8 @@
 own head), and the source tasks are disjoint from what the workload trains on. Importing techniques.transfer and
 techniques.freeze registers them."""
 
-from types import SimpleNamespace
-
 from pydoc_data.topics import topics
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
