@@ -157,7 +157,8 @@ class ModelStructure:
     calls_sdpa: bool | None = None  # calls F.scaled_dot_product_attention; None: not known
     scaling: Scaling | None = None  # how to scale it for a distillation teacher
     teacher_size: str | None = None  # or: another size of the same build to use as the teacher
-    source_task: str | None = None  # a pretraining source task the workload provides (transfer)
+    source_task: str | None = None  # a pretraining source task the workload provides (transfer; built by
+    # ``BuiltWorkload.source_task``)
     source: str = ""  # where the description came from ("declared", "hf", "build", "inferred")
     notes: tuple[str, ...] = ()  # what inference could not find, and why
 

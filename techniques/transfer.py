@@ -16,22 +16,21 @@ Method card
   absolute (trial processes run in the harness's directory) and may not hold ``,``, ``+`` or ``:`` (the label's
   separators).
 - Source tasks, for the models whose description declares one (``ModelStructure.source_task``; without a
-  declared task and without ``init`` the set is skipped, saying so):
+  declared task and without ``init`` the set is skipped, saying so): the built workload provides the task itself
+  (``BuiltWorkload.source_task``, a ``SourceTask``: its batches, a record of what it is, and whether the model's head
+  carries over), since only the workload knows which of its data the trials do not train on. Each workload's
+  docstring describes its task; the built-in ones:
   - gpt (fine-tune corpus: the pydoc topics, CPython's documentation; ``small`` adds the first 4M characters of the
-    standard library's sources): 2M characters of the standard library's ``.py`` sources in the workload's own
-    order (``bench.workloads.gpt_chars``: sorted paths, the same files skipped), starting after the largest stdlib
-    prefix that any gpt size trains on and that still leaves 2M characters here (CPython 3.11.7's stdlib has about
-    12.1M characters: ``tiny`` uses none, ``small`` 4M, ``gpt2-124m`` asks for 16M and so takes all of it; the source
-    starts at 4M, and ``gpt2-124m`` is refused with the numbers: no disjoint text is left for it). Files under
-    ``pydoc_data/`` are skipped: they hold the topics text, the fine-tune corpus itself. The text is encoded in the
-    workload's character vocabulary (characters outside it are dropped and counted) and cut into the workload's
-    ``seq_len`` windows. Same model, same vocabulary: every weight transfers, the tied head included.
-  - cnn and cnn_aug (Fashion-MNIST): the images of classes 0-4 among the training images the workload does not train
-    on (index >= ``n_train``; ``tiny`` trains on the first 6000), normalised as the workload's, without cnn_aug's
-    augmentation. ``small`` trains on all 60000, so its source is the classes 0-4 of its own training set and the
-    record says ``source_overlaps_target: true``. The classifier head is not transferred (a new label space): the
-    fine-tune keeps the trial model's own head, nn.Linear's default initialisation drawn under the trial's seed,
-    the very head the baseline starts from, so the trunk is the only difference.
+    standard library's sources): 2M characters of the standard library's ``.py`` sources past the largest prefix of
+    them that any gpt size trains on, the topics' own files skipped, in the workload's character vocabulary and
+    ``seq_len`` windows (``gpt2-124m`` is refused: no disjoint text is left for it). Same model, same vocabulary:
+    every weight transfers, the tied head included.
+  - cnn and cnn_aug (Fashion-MNIST): the images of classes 0-4 among the training images the size does not train
+    on, normalised as the workload's, without cnn_aug's augmentation. ``small`` trains on all 60000, so its source
+    is the classes 0-4 of its own training set and the record says ``source_overlaps_target: true``. The
+    classifier head is not transferred (a new label space): the fine-tune keeps the trial model's own head,
+    nn.Linear's default initialisation drawn under the trial's seed, the very head the baseline starts from, so
+    the trunk is the only difference.
 - Why it helps: features learned on a related task (character statistics of Python code; edges and shapes of
   clothes) give the fine-tune a head start, so it reaches the workload's target in fewer steps (Yosinski et al.
   2014; ULMFiT, Howard & Ruder 2018). Kornblith et al. 2019 found that better source models transfer better
@@ -72,15 +71,11 @@ import hashlib
 import json
 import math
 import os
-import sys
-import sysconfig
 import time
 from dataclasses import dataclass, replace
-from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 from torch import nn
 
@@ -89,142 +84,36 @@ from techniques._model import once
 from techniques.base import Context, Kind, Phase, Probe, Technique, TrainConfig, model_structure, register
 
 PRETRAIN_SEED = 20_000  # the pretrained model's initialisation and batch order: one checkpoint per workload size
-SOURCE_CHARS = 2_000_000  # gpt: characters of stdlib sources in the source task
-EXCLUDED_DIRS = ("pydoc_data",)  # stdlib files holding the pydoc topics, the gpt fine-tune corpus itself
-SOURCE_CLASSES = (0, 1, 2, 3, 4)  # cnn: the classes of the source task
-# The source tasks a workload may declare (``ModelStructure.source_task``), and whether the model's head transfers:
-# a character corpus keeps the vocabulary; other classes are a new label space (the head is re-initialised).
-SOURCE_TASKS = {"stdlib_chars": True, "fashion_classes": False}
-HEAD = "head"  # the built-in classifiers' head (their descriptions name it)
 FORMAT = 1  # bump when the checkpoint's content changes meaning
-
-
-# ---- the gpt source: standard-library sources after every size's corpus ---------------------------------------
-
-
-@lru_cache(maxsize=1)
-def stdlib_files() -> tuple[tuple[str, str], ...]:
-    """(path relative to the stdlib, text) of the standard library's .py files in the order and with the skips of
-    ``bench.workloads.gpt_chars._stdlib_sources``: concatenated, they are the stream its corpora take prefixes of."""
-    from bench.workloads.gpt_chars import _SKIP_DIRS
-
-    root = sysconfig.get_paths()["stdlib"]
-    paths = []
-    for dirpath, dirnames, filenames in os.walk(root):
-        dirnames[:] = [d for d in dirnames if d not in _SKIP_DIRS]
-        paths += [os.path.join(dirpath, f) for f in filenames if f.endswith(".py")]
-    return tuple((os.path.relpath(p, root), Path(p).read_text(encoding="utf-8", errors="replace"))
-                 for p in sorted(paths))
-
-
-def corpus_ends() -> dict[str, int]:
-    """Characters of the stdlib stream each gpt size's corpus takes (its ``corpus_mb`` cap, as the workload reads it)."""
-    from bench.workloads.gpt_chars import GPTChars
-
-    return {size: int(p["corpus_mb"] * 1e6) for size, p in GPTChars.sizes.items()}
-
-
-def gpt_source_offset(own_end: int, available: int) -> int:
-    """Where the source starts in the stdlib stream: after the largest corpus of any size that leaves
-    ``SOURCE_CHARS`` behind it. Refused when the trial's own corpus (``own_end`` characters) reaches past it."""
-    offset = max((e for e in corpus_ends().values() if e + SOURCE_CHARS <= available), default=0)
-    if own_end > offset:
-        raise ValueError(f"transfer: this size's corpus takes the first {own_end:,} characters of the standard "
-                         f"library's sources and this Python's stdlib has {available:,}: no {SOURCE_CHARS:,} "
-                         "characters disjoint from it are left for a source task")
-    return offset
-
-
-def gpt_source_text(offset: int, n_chars: int = SOURCE_CHARS) -> tuple[str, list[str]]:
-    """``n_chars`` characters of the stdlib stream from position ``offset`` on, files under ``EXCLUDED_DIRS``
-    skipped (positions still count them), and the files they come from."""
-    parts, files, pos, taken = [], [], 0, 0
-    for rel, text in stdlib_files():
-        start, pos = pos, pos + len(text)
-        if pos <= offset or rel.split(os.sep)[0] in EXCLUDED_DIRS:
-            continue
-        piece = text[max(offset - start, 0):][: n_chars - taken]
-        parts.append(piece)
-        files.append(rel)
-        taken += len(piece)
-        if taken >= n_chars:
-            return "".join(parts), files
-    raise ValueError(f"transfer: the standard library's sources end {n_chars - taken:,} characters short of a "
-                     f"{n_chars:,}-character source task from position {offset:,}")
-
-
-def encode(text: str, vocab: list[str]) -> tuple[torch.Tensor, int]:
-    """Token ids of ``text`` in the sorted character vocabulary ``vocab`` (characters outside it dropped), and how
-    many were dropped."""
-    codes = np.frombuffer(text.encode("utf-32-le"), dtype=np.uint32)
-    known = np.array([ord(c) for c in vocab], dtype=np.uint32)
-    idx = np.searchsorted(known, codes)
-    inside = idx < len(known)
-    inside[inside] = known[idx[inside]] == codes[inside]
-    return torch.from_numpy(idx[inside].astype(np.int64)), int((~inside).sum())
-
-
-def gpt_source(fresh: Any) -> tuple[torch.Tensor, dict[str, Any]]:
-    """The gpt source task's token ids and its description."""
-    from bench.workloads.gpt_chars import load_corpus
-
-    p = fresh.params
-    available = sum(len(t) for _, t in stdlib_files())
-    offset = gpt_source_offset(int(p["corpus_mb"] * 1e6), available)
-    text, files = gpt_source_text(offset)
-    _, vocab, _ = load_corpus(p["corpus_mb"])
-    ids, dropped = encode(text, vocab)
-    return ids, {"task": "standard-library .py sources", "python_version": sys.version.split()[0],
-                 "offset_chars": offset, "chars": len(text), "first_file": files[0], "last_file": files[-1],
-                 "skipped": [f"{d}/" for d in EXCLUDED_DIRS], "tokens": len(ids), "dropped_out_of_vocab": dropped,
-                 "sha256": hashlib.sha256(text.encode("utf-8")).hexdigest(), "overlaps_target": False}
-
-
-# ---- the cnn source: classes 0-4 of the training images the workload does not train on ------------------------
-
-
-def cnn_source(fresh: Any) -> tuple[tuple[torch.Tensor, torch.Tensor], dict[str, Any]]:
-    """The cnn source task's (images, labels), normalised as the workload's, and its description."""
-    from bench.workloads.cnn_fashion import data_dir, load_fashion_mnist
-
-    arrays, _ = load_fashion_mnist(data_dir())
-    n_train, total = fresh.params["n_train"], len(arrays["train_x"])
-    first = n_train if n_train < total else 0  # a size training on every image leaves none unused: overlap
-    labels = arrays["train_y"][first:]
-    keep = np.flatnonzero(np.isin(labels, SOURCE_CLASSES)) + first
-    mean, std = fresh.dataset["normalize_mean"], fresh.dataset["normalize_std"]
-    x = ((torch.from_numpy(arrays["train_x"][keep]).float() / 255 - mean) / std).unsqueeze(1)
-    y = torch.from_numpy(arrays["train_y"][keep].astype(np.int64))
-    return (x, y), {"task": f"fashion-mnist training images of classes {SOURCE_CLASSES[0]}-{SOURCE_CLASSES[-1]}",
-                    "index_from": first, "images": len(keep), "first_index": int(keep[0]),
-                    "overlaps_target": first == 0}
 
 
 # ---- the checkpoint ----------------------------------------------------------------------------------------------
 
 
-def pretrained(workload: str, probe: Probe, steps: float, cache_dir: Path | None, task: str = "stdlib_chars"
-               ) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
-    """The pretrained state dict (on the CPU) and its record, from ``cache_dir`` when it holds it; else trained
-    now on a fresh copy of the workload (``workload``, a name for the cache key) on the source ``task`` its
-    description declares (``SOURCE_TASKS``), and cached."""
-    from bench.workloads.gpt_chars import window_batches
-    from bench.workloads.mlp_mnist1d import shuffled_batches
+def source_task(fresh: Any) -> Any:
+    """The source task (a ``SourceTask``: batches, what it is, whether the head carries over) that the built workload
+    ``fresh`` provides; refused when it provides none. The workload picks the data: only it knows what the trials
+    train on, and so what is disjoint from it."""
+    make = fresh.source_task
+    if make is None:
+        s = fresh.structure
+        declared = f"declares the source task {s.source_task!r}" if s is not None and s.source_task else "declares none"
+        raise ValueError(f"transfer: the workload provides no source task to pretrain on (the model's description "
+                         f"{declared}); give init=PATH.pt")
+    try:
+        return make()
+    except ValueError as exc:  # no disjoint data for this size: the workload says why, the technique says who asked
+        raise ValueError(f"transfer: {exc}") from None
 
+
+def pretrained(workload: str, probe: Probe, steps: float, cache_dir: Path | None
+               ) -> tuple[dict[str, torch.Tensor], dict[str, Any], bool]:
+    """The pretrained state dict (on the CPU), its record and whether the head is new (another label space), from
+    ``cache_dir`` when it holds it; else trained now on a fresh copy of the workload (``workload``, a name for the
+    cache key) on the source task the workload provides (``source_task``), and cached."""
     fresh = probe.fresh(PRETRAIN_SEED)
-    if task not in SOURCE_TASKS:
-        raise ValueError(f"transfer: no source task {task!r} (known: {', '.join(SOURCE_TASKS)})")
-    if task == "stdlib_chars":
-        ids, source = gpt_source(fresh)
-        seq_len = fresh.params["seq_len"]
-
-        def batches() -> Any:
-            return window_batches(ids, fresh.batch_size, seq_len, PRETRAIN_SEED)
-    else:
-        (x, y), source = cnn_source(fresh)
-
-        def batches() -> Any:
-            return shuffled_batches(x, y, fresh.batch_size, PRETRAIN_SEED)
+    task = source_task(fresh)
+    source = task.info
     n_steps = max(1, math.ceil(steps * fresh.quality_steps))
     config = {"format": FORMAT, "workload": workload, "params": fresh.params, "source": source, "steps": n_steps,
               "batch": fresh.batch_size, "lr": fresh.lr, "seed": PRETRAIN_SEED,
@@ -233,10 +122,10 @@ def pretrained(workload: str, probe: Probe, steps: float, cache_dir: Path | None
     path = cache_dir / f"pretrain-{key}.pt" if cache_dir else None
     if path is not None and path.exists():
         saved = torch.load(path, weights_only=True)
-        return saved["state"], {**json.loads(saved["meta"]), "cached": True}
+        return saved["state"], {**json.loads(saved["meta"]), "cached": True}, task.new_head
     started = time.perf_counter()
     loop = probe.loop(fresh, fresh.lr)
-    source_batches = batches()
+    source_batches = task.batches(fresh.batch_size, PRETRAIN_SEED)
     losses = [loop.step(next(source_batches)) for _ in range(n_steps)]
     last = torch.stack(losses[-10:]).float().mean().item()
     state = {k: v.detach().to("cpu", copy=True) for k, v in fresh.model.state_dict().items()}
@@ -247,7 +136,7 @@ def pretrained(workload: str, probe: Probe, steps: float, cache_dir: Path | None
             "source_first_loss": round(float(losses[0]), 4), "source_final_loss": round(last, 4)}
     if path is not None:
         save_torch_atomic(path, {"state": state, "meta": json.dumps(meta)})
-    return state, {**meta, "cached": False}
+    return state, {**meta, "cached": False}, task.new_head
 
 
 def load_checkpoint(path: str) -> dict[str, torch.Tensor]:
@@ -346,11 +235,7 @@ class Transfer(Technique):
                                      "overlaps_target": None},
                           "load_s": round(time.perf_counter() - started, 3), "cached": None}
             return cfg
-        s = ctx.structure or probe.fresh().structure
-        task = s.source_task if s is not None else None
-        if task is None:
-            raise ValueError("transfer: the model's description declares no source task; give init=PATH.pt")
-        self._state, self._meta = pretrained(ctx.workload, probe, self.options.steps, ctx.cache_dir, task)
+        self._state, self._meta, self._new_head = pretrained(ctx.workload, probe, self.options.steps, ctx.cache_dir)
         return cfg
 
     def transform_model(self, model: nn.Module, ctx: Context) -> nn.Module:
@@ -358,7 +243,7 @@ class Transfer(Technique):
         if state is None:
             raise RuntimeError("transfer: no pretrained checkpoint (tune() builds or loads it before the model, once)")
         s = model_structure(model, ctx)
-        self._head = self.options.init is None and not SOURCE_TASKS.get(s.source_task or "", True)
+        self._head = self.options.init is None and getattr(self, "_new_head", False)
         if self.options.init is not None:
             problem = key_mismatch(state, model)
             if problem:

@@ -650,9 +650,8 @@ def test_ported_techniques_name_no_built_in_workload(module):
     names = "|".join(BUILT_IN)
     assert not re.findall(rf"""["']({names})["']""", code)
     assert "ctx.workload ==" not in code and "ctx.workload !=" not in code and "ctx.workload not in" not in code
-    if module != "transfer":  # transfer's built-in source tasks read those workloads' data (their own declaration)
-        assert not re.findall(r"bench\.workloads\.(gpt_chars|cnn_fashion|cnn_aug|mlp_mnist1d|hf_causal)", code)
-        assert not re.findall(r"isinstance\([^)]*\b(GPT|ResNet|MLP)\b", code)
+    assert not re.findall(r"bench\.workloads\.(gpt_chars|cnn_fashion|cnn_aug|mlp_mnist1d|hf_causal)", code)
+    assert not re.findall(r"isinstance\([^)]*\b(GPT|ResNet|MLP)\b", code)
 
 
 def test_the_rotary_helper_is_a_rotation():

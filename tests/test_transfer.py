@@ -3,6 +3,7 @@ own head), and the source tasks are disjoint from what the workload trains on. I
 techniques.freeze registers them."""
 
 from pydoc_data.topics import topics
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -11,29 +12,27 @@ import torch
 from bench import workloads
 from bench.config import Budget
 from bench.loop import plain_loop
+from bench.structure import ModelStructure
 from bench.trial import TrialSpec, run
-from bench.workloads.cnn_fashion import data_dir, load_fashion_mnist
-from bench.workloads.gpt_chars import _stdlib_sources, load_corpus
-from techniques.base import Context, OptionError, Probe, TrainConfig
-from techniques.freeze import Freeze
-from techniques.transfer import (
-    HEAD,
-    PRETRAIN_SEED,
+from bench.workloads.cnn_fashion import SOURCE_CLASSES, data_dir, fashion_source_task, load_fashion_mnist
+from bench.workloads.gpt_chars import (
     SOURCE_CHARS,
-    SOURCE_CLASSES,
-    Transfer,
-    cnn_source,
+    _stdlib_sources,
     corpus_ends,
     encode,
-    gpt_source,
-    gpt_source_offset,
-    gpt_source_text,
+    load_corpus,
+    source_offset,
+    source_text,
     stdlib_files,
 )
+from techniques.base import Context, OptionError, Probe, TrainConfig
+from techniques.freeze import Freeze
+from techniques.transfer import PRETRAIN_SEED, Transfer, source_task
 from tests.conftest import TINY_BUDGET
 from tests.helpers import build_loop
 
 CPU = torch.device("cpu")
+HEAD = "head"  # the built-in classifiers' head (their descriptions name it)
 
 
 def probe_of(workload: str, size: str = "tiny") -> Probe:
@@ -49,16 +48,17 @@ def tuned(workload: str, steps: float, cache_dir, probe: Probe | None = None) ->
 
 
 @pytest.fixture(scope="module")
-def cnn_checkpoint(tmp_path_factory) -> tuple[dict, dict]:
-    """cnn:tiny pretrained for 3 steps (0.02 of its 150), shared by the tests that load it: (state, meta)."""
+def cnn_checkpoint(tmp_path_factory) -> tuple[dict, dict, bool]:
+    """cnn:tiny pretrained for 3 steps (0.02 of its 150), shared by the tests that load it: (state, meta, whether
+    the head is new)."""
     tech = tuned("cnn", 0.02, tmp_path_factory.mktemp("pretrain"))
-    return tech._state, tech._meta
+    return tech._state, tech._meta, tech._new_head
 
 
-def with_checkpoint(checkpoint: tuple[dict, dict]) -> Transfer:
+def with_checkpoint(checkpoint: tuple[dict, dict, bool]) -> Transfer:
     """A Transfer as tune() leaves it (it lets the checkpoint go once loaded into a model)."""
     tech = Transfer(Transfer.parse_options({"steps": "0.02"}))
-    tech._state, tech._meta = dict(checkpoint[0]), dict(checkpoint[1])
+    tech._state, tech._meta, tech._new_head = dict(checkpoint[0]), dict(checkpoint[1]), checkpoint[2]
     return tech
 
 
@@ -138,7 +138,9 @@ def test_freeze_and_transfer_give_the_same_model_in_either_order(cnn_checkpoint)
 def test_the_gpt_source_follows_every_fitting_size_corpus_and_skips_the_topics():
     stream_length = sum(len(t) for _, t in stdlib_files())
     probe = probe_of("gpt")
-    ids, source = gpt_source(probe.fresh())
+    task = probe.fresh().source_task()
+    ids, source = task.data, task.info
+    assert task.name == "stdlib_chars" and task.new_head is False
     offset = source["offset_chars"]
     # the workload's corpora take prefixes of this very stream: the source starts after each one that fits
     assert "".join(t for _, t in stdlib_files())[: offset + SOURCE_CHARS] == _stdlib_sources(offset + SOURCE_CHARS)
@@ -146,10 +148,10 @@ def test_the_gpt_source_follows_every_fitting_size_corpus_and_skips_the_topics()
         if end <= offset:
             continue
         with pytest.raises(ValueError, match="no 2,000,000 characters disjoint"):  # gpt2-124m on a small stdlib
-            gpt_source_offset(end, stream_length)
+            source_offset(end, stream_length)
         assert end + SOURCE_CHARS > stream_length, size
     assert corpus_ends()["tiny"] == 0 and offset >= corpus_ends()["small"] == 4_000_000
-    text, files = gpt_source_text(offset)
+    text, files = source_text(offset)
     assert len(text) == source["chars"] == SOURCE_CHARS and not any(f.startswith("pydoc_data") for f in files)
     # encoded in the workload's own vocabulary, characters outside it dropped
     _, vocab, _ = load_corpus(0)
@@ -164,7 +166,7 @@ def test_files_of_the_topics_are_skipped_wherever_the_window_falls():
         if rel.startswith("pydoc_data") and text:
             break
         pos += len(text)
-    window, files = gpt_source_text(pos - 100, 200_000)  # starts 100 characters before topics.py
+    window, files = source_text(pos - 100, 200_000)  # starts 100 characters before topics.py
     assert not any(f.startswith("pydoc_data") for f in files) and len(window) == 200_000
     assert topics["assert"][:200] not in window
 
@@ -178,14 +180,16 @@ def test_gpt_source_offset_rule():
     ends = sorted(set(corpus_ends().values()))
     for available in (SOURCE_CHARS, 10_000_000, 50_000_000):
         expected = max(e for e in ends if e + SOURCE_CHARS <= available)
-        assert gpt_source_offset(0, available) == expected
+        assert source_offset(0, available) == expected
     with pytest.raises(ValueError, match="takes the first 4,000,000 characters"):
-        gpt_source_offset(4_000_000, 5_000_000)
+        source_offset(4_000_000, 5_000_000)
 
 
 def test_cnn_tiny_source_is_classes_0_to_4_of_the_unused_training_images():
     fresh = probe_of("cnn").fresh(PRETRAIN_SEED)
-    (x, y), source = cnn_source(fresh)
+    task = fresh.source_task()
+    (x, y), source = task.data, task.info
+    assert task.name == "fashion_classes" and task.new_head is True
     arrays, _ = load_fashion_mnist(data_dir())
     labels = arrays["train_y"]
     expected = np.flatnonzero(np.isin(labels, SOURCE_CLASSES) & (np.arange(len(labels)) >= 6000))
@@ -197,17 +201,26 @@ def test_cnn_tiny_source_is_classes_0_to_4_of_the_unused_training_images():
 
 
 def test_cnn_small_source_overlaps_its_own_training_set():
-    class Small:  # cnn:small's parameters on the tiny build's data record: no 60000-image build needed
-        def __init__(self, built):
-            self.params = {**built.params, "n_train": 60_000}
-            self.dataset = built.dataset
-
-    built = probe_of("cnn").fresh()
-    (x, y), source = cnn_source(Small(built))
+    built = probe_of("cnn").fresh()  # cnn:small's n_train on the tiny build's data: no 60000-image build needed
+    arrays, _ = load_fashion_mnist(data_dir())
+    task = fashion_source_task(arrays, 60_000, built.dataset["normalize_mean"], built.dataset["normalize_std"])
+    (x, y), source = task.data, task.info
     assert source["index_from"] == 0 and source["overlaps_target"] is True
     tiny_x, tiny_y = built.train_data  # the first 6000: the small size trains on these too
     first = np.flatnonzero(np.isin(tiny_y.numpy(), SOURCE_CLASSES))
     assert torch.equal(x[: len(first)], tiny_x[first]) and torch.equal(y[: len(first)], tiny_y[first])
+
+
+def test_a_source_task_the_workload_cannot_give_is_one_line_naming_the_way_out():
+    declared = SimpleNamespace(source_task=None, structure=ModelStructure(source_task="stdlib_chars"))
+    with pytest.raises(ValueError, match=r"^transfer: the workload provides no source task .*'stdlib_chars'.*init="):
+        source_task(declared)  # declared by the description, but the build provides none (a user's model)
+
+    def refused():
+        raise ValueError("no 2,000,000 characters disjoint from it are left for a source task")
+
+    with pytest.raises(ValueError, match="^transfer: no 2,000,000 characters disjoint"):  # the workload's reason
+        source_task(SimpleNamespace(source_task=refused, structure=None))
 
 
 def test_check_options_and_lr():

@@ -70,6 +70,30 @@ def test_declared_fields(name):
 
 
 @pytest.mark.parametrize("name", NAMES)
+def test_a_declared_source_task_is_the_one_the_build_provides(name):
+    """The description declares a source task (what the plan checks) exactly when the build provides one (what
+    transfer learning pretrains on), under the same name; its batches are seeded as the workload's are."""
+    wl, built = workloads.get(name), build(name)
+    planned = wl.structure("tiny")
+    declared = built.structure.source_task if built.structure is not None else None
+    assert (planned.source_task if planned is not None else None) == declared
+    if built.source_task is None:
+        assert declared is None
+        return
+    task = built.source_task()
+    assert task.name == declared and task.info["task"] and isinstance(task.info["overlaps_target"], bool)
+    a, b = next(task.batches(5, 7)), next(task.batches(5, 7))
+    assert len(a[0]) == len(a[1]) == 5 and torch.equal(a[0], b[0]) and torch.equal(a[1], b[1])
+    assert not torch.equal(a[0], next(task.batches(5, 8))[0])
+
+
+def test_cnn_aug_pretrains_on_the_unaugmented_source_task_of_cnn():
+    plain, augmented = build("cnn").source_task(), build("cnn_aug").source_task()
+    assert plain.info == augmented.info and plain.new_head and augmented.new_head
+    assert all(torch.equal(a, b) for a, b in zip(plain.data, augmented.data, strict=True))
+
+
+@pytest.mark.parametrize("name", NAMES)
 def test_training_lowers_the_loss_and_evaluate_reports_the_metric(name):
     if workloads.get(name).pretrained_start:
         pytest.skip("starts from trained weights: its learning signal is the preference methods' (their test files)")

@@ -4,6 +4,7 @@ cnn_aug (cnn with a CPU-heavy per-sample augmentation), hf (Hugging Face causal 
 from bench.workloads import cnn_aug, cnn_fashion, gpt_chars, hf_causal, mlp_mnist1d, pref  # noqa: F401  (registers them)
 from bench.workloads.base import (
     BuiltWorkload,
+    SourceTask,
     Workload,
     WorkloadError,
     artefact_dir,
@@ -13,5 +14,5 @@ from bench.workloads.base import (
     use_artefact_dir,
 )
 
-__all__ = ["BuiltWorkload", "Workload", "WorkloadError", "artefact_dir", "get", "register", "registry",
+__all__ = ["BuiltWorkload", "SourceTask", "Workload", "WorkloadError", "artefact_dir", "get", "register", "registry",
            "use_artefact_dir"]

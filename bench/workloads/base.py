@@ -17,6 +17,21 @@ from bench.text import shown
 Batch = tuple[torch.Tensor, torch.Tensor]  # (inputs, targets), on CPU; the loop moves them to the device
 
 
+@dataclass(frozen=True)
+class SourceTask:
+    """A task to pretrain the workload's own model on before it trains on the workload (transfer learning): data
+    disjoint from the workload's where the workload can spare it (``info["overlaps_target"]`` says when not). The
+    workload that declares one in its model's description (``ModelStructure.source_task``) builds it
+    (``BuiltWorkload.source_task``): only the workload knows which of its data the trials do not train on."""
+
+    name: str  # what the model's description declares (``ModelStructure.source_task``)
+    data: Any  # the source data itself (token ids, or (inputs, labels)), for checks
+    batches: Callable[[int, int], Iterator[Batch]]  # (batch_size, seed) -> endless iterator of source batches
+    info: dict[str, Any]  # what it is, for the record: "task" (words), its size, "overlaps_target", ...; the
+    # pretrained checkpoint's cache key hashes it, so it names everything the data depends on
+    new_head: bool  # another label space than the workload's: the model's head does not carry over
+
+
 class WorkloadError(RuntimeError):
     """A workload cannot be built here (missing data, unknown size). The message says how to fix it."""
 
@@ -63,6 +78,8 @@ class BuiltWorkload:
     structure: ModelStructure | None = None  # the model's parts, for the techniques that change, split or scale it
     # (``bench.structure``: declared by the workload, derived from a Hugging Face config, returned by a user's build
     # or inferred)
+    source_task: Callable[[], SourceTask] | None = None  # builds the pretraining task the model's description
+    # declares (``SourceTask``), on demand: reading its data costs seconds; None when the workload provides none
 
 
 class Workload(abc.ABC):

@@ -9,6 +9,12 @@ The model is a ResNet (He et al. 2016, "Deep Residual Learning for Image Recogni
 to three stages of basic blocks with BatchNorm; the stages are ``model.blocks``. ``tiny`` trains on the first
 6,000 training images and reports accuracy on the first 1,000 test images; ``small`` uses the full sets.
 
+Source task (``fashion_classes``, ``BuiltWorkload.source_task``: what transfer learning pretrains on): the images of
+classes 0-4 (``SOURCE_CLASSES``) among the training images the size does not train on (index >= ``n_train``;
+``tiny`` trains on the first 6000), normalised as the size's, never augmented (``cnn_aug`` keeps this task). ``small``
+trains on all 60000, so its source is the classes 0-4 of its own training set and the task's record says
+``overlaps_target: true``. The classes are a new label space: the head does not carry over.
+
 Quality budgets and validation targets (``quality_steps`` at ``batch_size``; see docs/methodology.md): each target is
 the less demanding of the median over seeds of the baseline's accuracy at the evaluation nearest 70% of the budget
 and the worst seed's best evaluation, from ``scripts/calibrate_targets.py`` on the project's 2-core CPU machine.
@@ -40,7 +46,7 @@ from torch import nn
 
 from bench.data import classifier_pipeline
 from bench.structure import Channels, Cut, ModelStructure, Scaling
-from bench.workloads.base import ACCURACY_MARGIN, BuiltWorkload, Workload, WorkloadError, register
+from bench.workloads.base import ACCURACY_MARGIN, BuiltWorkload, SourceTask, Workload, WorkloadError, register
 from bench.workloads.mlp_mnist1d import classification_metrics, shuffled_batches
 
 DEFAULT_DIR = "/usr/share/datasets/fashion-mnist"
@@ -51,6 +57,8 @@ FILES = {
     "test_x": "t10k-images-idx3-ubyte.gz",
     "test_y": "t10k-labels-idx1-ubyte.gz",
 }
+SOURCE_TASK = "fashion_classes"  # the source task the model's description declares (``ModelStructure.source_task``)
+SOURCE_CLASSES = (0, 1, 2, 3, 4)  # the classes of the source task
 
 
 def data_dir() -> Path:
@@ -95,6 +103,21 @@ def load_fashion_mnist(directory: Path) -> tuple[dict[str, np.ndarray], dict[str
     std = math.sqrt(int(np.square(train, dtype=np.uint16).sum(dtype=np.int64)) / n - mean**2)
     mean, std = mean / 255, std / 255
     return arrays, {"sha256": sha.hexdigest(), "mean": mean, "std": std}
+
+
+def fashion_source_task(arrays: dict[str, np.ndarray], n_train: int, mean: float, std: float) -> SourceTask:
+    """The source task of a size training on the first ``n_train`` of the training images ``arrays`` (as
+    ``load_fashion_mnist`` reads them), normalised by ``mean`` and ``std`` (module docstring)."""
+    total = len(arrays["train_x"])
+    first = n_train if n_train < total else 0  # a size training on every image leaves none unused: overlap
+    labels = arrays["train_y"][first:]
+    keep = np.flatnonzero(np.isin(labels, SOURCE_CLASSES)) + first
+    x = ((torch.from_numpy(arrays["train_x"][keep]).float() / 255 - mean) / std).unsqueeze(1)
+    y = torch.from_numpy(arrays["train_y"][keep].astype(np.int64))
+    info = {"task": f"fashion-mnist training images of classes {SOURCE_CLASSES[0]}-{SOURCE_CLASSES[-1]}",
+            "index_from": first, "images": len(keep), "first_index": int(keep[0]), "overlaps_target": first == 0}
+    return SourceTask(SOURCE_TASK, (x, y), lambda batch_size, seed: shuffled_batches(x, y, batch_size, seed), info,
+                      new_head=True)
 
 
 class BasicBlock(nn.Module):
@@ -159,7 +182,7 @@ def cnn_structure(stages: int, blocks_per_stage: int) -> ModelStructure:
     return ModelStructure(blocks="blocks", n_blocks=stages, head="head", channels=tuple(channels),
                           convolutional=True, calls_sdpa=False,
                           scaling=Scaling(width=("widths",), depth=("blocks_per_stage",)),
-                          source_task="fashion_classes", source="declared")
+                          source_task=SOURCE_TASK, source="declared")
 
 
 @register
@@ -222,6 +245,7 @@ class CNNFashion(Workload):
             train_data=(x_train, y_train),
             pipeline=classifier_pipeline(x_train, y_train),  # the same batches as a Dataset, for ``loader``
             structure=self.structure_from(p),
+            source_task=lambda: fashion_source_task(arrays, p["n_train"], mean, std),
         )
 
     def structure_from(self, params: dict[str, Any]) -> ModelStructure:

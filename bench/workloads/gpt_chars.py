@@ -12,6 +12,15 @@ append the standard library's own ``.py`` sources (sorted paths under ``sysconfi
 ``site-packages`` and test suites), capped at ``corpus_mb`` million characters. The vocabulary is the sorted set of
 the corpus's characters; the first 90% is for training, the last 10% is held out.
 
+Source task (``stdlib_chars``, ``BuiltWorkload.source_task``: what transfer learning pretrains on): ``SOURCE_CHARS``
+(2M) characters of the standard library's ``.py`` sources in the corpora's own order (sorted paths, the same files
+skipped), starting after the largest stdlib prefix that any size trains on and that still leaves 2M characters here
+(CPython 3.11.7's stdlib has about 12.1M characters: ``tiny`` uses none, ``small`` 4M, ``gpt2-124m`` asks for 16M
+and so takes all of it; the source starts at 4M, and ``gpt2-124m`` is refused with the numbers: no disjoint text is
+left for it). Files under ``pydoc_data/`` are skipped: they hold the topics text, the corpus every size trains on.
+The text is encoded in the size's character vocabulary (characters outside it are dropped and counted) and cut into
+the size's ``seq_len`` windows. Same model, same vocabulary: every weight carries over, the tied head included.
+
 ``gpt2-124m`` is GPT-2-124M-class in shape (12 layers, 12 heads, d_model 768, context 1024: about 85M parameters
 outside the embeddings) but not in vocabulary: GPT-2 uses 50257 BPE tokens, this model a few hundred characters.
 It is meant for a GPU.
@@ -51,10 +60,13 @@ from bench.data import window_pipeline
 from bench.structure import MLP as MLPPart
 from bench.structure import Attention, ModelStructure, Scaling
 from bench.structure import Block as BlockPart
-from bench.workloads.base import Batch, BuiltWorkload, Workload, register
+from bench.workloads.base import Batch, BuiltWorkload, SourceTask, Workload, register
 
 TRAIN_FRACTION = 0.9
 _SKIP_DIRS = {"site-packages", "dist-packages", "__pycache__", "test", "tests", "idle_test"}
+SOURCE_TASK = "stdlib_chars"  # the source task the model's description declares (``ModelStructure.source_task``)
+SOURCE_CHARS = 2_000_000  # characters of stdlib sources in the source task
+EXCLUDED_DIRS = ("pydoc_data",)  # stdlib files holding the pydoc topics, the corpus itself: never in the source
 
 
 @dataclass(frozen=True)
@@ -165,18 +177,24 @@ def gpt_structure(n_layer: int, n_head: int, d_model: int, tied: bool = True) ->
         embedding="wte", position_embedding="wpe", pre_blocks=("drop",), final_norm="ln_f", head="head", tied=tied,
         causal=True, convolutional=False,
         calls_sdpa=True, scaling=Scaling(width=("d_model",), depth=("n_layer",), multiple_of=(("d_model", "n_head"),)),
-        source_task="stdlib_chars", source="declared")
+        source_task=SOURCE_TASK, source="declared")
 
 
-def _stdlib_sources(max_chars: int) -> str:
-    """The standard library's .py files in sorted path order, concatenated, up to ``max_chars`` characters."""
+def _stdlib_paths() -> list[str]:
+    """The standard library's .py files (without ``_SKIP_DIRS``) in sorted path order: concatenated, they are the
+    stream the corpora take prefixes of and the source task a later stretch of."""
     root = sysconfig.get_paths()["stdlib"]
     paths = []
     for dirpath, dirnames, filenames in os.walk(root):
         dirnames[:] = [d for d in dirnames if d not in _SKIP_DIRS]
         paths += [os.path.join(dirpath, f) for f in filenames if f.endswith(".py")]
+    return sorted(paths)
+
+
+def _stdlib_sources(max_chars: int) -> str:
+    """The standard library's .py files in sorted path order, concatenated, up to ``max_chars`` characters."""
     parts, total = [], 0
-    for path in sorted(paths):
+    for path in _stdlib_paths():
         if total >= max_chars:
             break
         text = Path(path).read_text(encoding="utf-8", errors="replace")
@@ -223,6 +241,78 @@ def corpus_split(corpus_mb: float, seq_len: int, eval_windows: int
     starts = torch.linspace(0, len(held_out) - seq_len - 1, eval_windows).long()
     windows = held_out[starts[:, None] + torch.arange(seq_len + 1)]
     return train, (windows[:, :-1], windows[:, 1:]), vocab, record
+
+
+# ---- the source task: standard-library sources after every size's corpus -----------------------------------------
+
+
+@lru_cache(maxsize=1)
+def stdlib_files() -> tuple[tuple[str, str], ...]:
+    """(path relative to the stdlib, text) of the stream ``_stdlib_sources`` takes prefixes of, whole."""
+    root = sysconfig.get_paths()["stdlib"]
+    return tuple((os.path.relpath(p, root), Path(p).read_text(encoding="utf-8", errors="replace"))
+                 for p in _stdlib_paths())
+
+
+def corpus_ends() -> dict[str, int]:
+    """Characters of the stdlib stream each size's corpus takes (its ``corpus_mb`` cap, as ``load_corpus`` reads it)."""
+    return {size: int(p["corpus_mb"] * 1e6) for size, p in GPTChars.sizes.items()}
+
+
+def source_offset(own_end: int, available: int) -> int:
+    """Where the source starts in the stdlib stream: after the largest corpus of any size that leaves
+    ``SOURCE_CHARS`` behind it. Refused when the size's own corpus (``own_end`` characters) reaches past it."""
+    offset = max((e for e in corpus_ends().values() if e + SOURCE_CHARS <= available), default=0)
+    if own_end > offset:
+        raise ValueError(f"this size's corpus takes the first {own_end:,} characters of the standard library's "
+                         f"sources and this Python's stdlib has {available:,}: no {SOURCE_CHARS:,} characters "
+                         "disjoint from it are left for a source task")
+    return offset
+
+
+def source_text(offset: int, n_chars: int = SOURCE_CHARS) -> tuple[str, list[str]]:
+    """``n_chars`` characters of the stdlib stream from position ``offset`` on, files under ``EXCLUDED_DIRS``
+    skipped (positions still count them), and the files they come from."""
+    parts, files, pos, taken = [], [], 0, 0
+    for rel, text in stdlib_files():
+        start, pos = pos, pos + len(text)
+        if pos <= offset or rel.split(os.sep)[0] in EXCLUDED_DIRS:
+            continue
+        piece = text[max(offset - start, 0):][: n_chars - taken]
+        parts.append(piece)
+        files.append(rel)
+        taken += len(piece)
+        if taken >= n_chars:
+            return "".join(parts), files
+    raise ValueError(f"the standard library's sources end {n_chars - taken:,} characters short of a "
+                     f"{n_chars:,}-character source task from position {offset:,}")
+
+
+def encode(text: str, vocab: list[str]) -> tuple[torch.Tensor, int]:
+    """Token ids of ``text`` in the sorted character vocabulary ``vocab`` (characters outside it dropped), and how
+    many were dropped."""
+    codes = np.frombuffer(text.encode("utf-32-le"), dtype=np.uint32)
+    known = np.array([ord(c) for c in vocab], dtype=np.uint32)
+    idx = np.searchsorted(known, codes)
+    inside = idx < len(known)
+    inside[inside] = known[idx[inside]] == codes[inside]
+    return torch.from_numpy(idx[inside].astype(np.int64)), int((~inside).sum())
+
+
+def stdlib_source_task(p: dict[str, Any], vocab: list[str]) -> SourceTask:
+    """The source task of the size whose parameters are ``p`` and whose vocabulary is ``vocab`` (module docstring):
+    its token ids, cut into random ``seq_len`` windows as the corpus is."""
+    available = sum(len(t) for _, t in stdlib_files())
+    offset = source_offset(int(p["corpus_mb"] * 1e6), available)
+    text, files = source_text(offset)
+    ids, dropped = encode(text, vocab)
+    T = p["seq_len"]
+    info = {"task": "standard-library .py sources", "python_version": sys.version.split()[0],
+            "offset_chars": offset, "chars": len(text), "first_file": files[0], "last_file": files[-1],
+            "skipped": [f"{d}/" for d in EXCLUDED_DIRS], "tokens": len(ids), "dropped_out_of_vocab": dropped,
+            "sha256": hashlib.sha256(text.encode("utf-8")).hexdigest(), "overlaps_target": False}
+    return SourceTask(SOURCE_TASK, ids, lambda batch_size, seed: window_batches(ids, batch_size, T, seed), info,
+                      new_head=False)
 
 
 # The equivalence margin of val_loss at equal samples: 0.02 nats per character (a 2% change of perplexity), about a
@@ -311,7 +401,8 @@ class GPTChars(Workload):
         torch.manual_seed(seed)
         model = GPT(cfg).to(device)
 
-        return lm_workload(model, train, (x_eval, y_eval), p, record, structure=self.structure_from(p))
+        return lm_workload(model, train, (x_eval, y_eval), p, record, structure=self.structure_from(p),
+                           source_task=lambda: stdlib_source_task(p, vocab))
 
     def structure_from(self, params: dict[str, Any]) -> ModelStructure:
         return gpt_structure(params["n_layer"], params["n_head"], params["d_model"])
