@@ -174,7 +174,7 @@ RECORD_COLUMNS = [
     "peak_bytes", "peak_rss_bytes", *(f"mem_{c}_bytes" for c in BREAKDOWN), "mem_held", "breakdown_skipped",
     "metric", "higher_is_better", "target", "budget_samples", "samples_trained", "final", "train_time_s", "cut",
     "stopped_by", "curve", "curve_extra", "samples_to_target", "steps_to_target", "time_to_target_s", "time_to_target_one_off_s",
-    "parity_kind", "parity_ok", "parity_loss_diff", "parity_distance_diff", "parity_loss_tol",
+    "parity_kind", "parity_ok", "parity_loss_diff", "parity_start_diff", "parity_distance_diff", "parity_loss_tol",
     "parity_distance_tol", "parity_note", "energy_j", "technique_results",
     "phase_step_s", *(f"phase_{p}_share" for p in PHASES),
     *DISTRIBUTED_COLUMNS,
@@ -220,7 +220,8 @@ def _record_row(r: TrialRecord, source: str, machine: str, max_looks: int | None
         "time_to_target_s": q.time_to_target_s if q else None,
         "time_to_target_one_off_s": q.time_to_target_with_one_off_s if q else None,
         "parity_kind": p.kind if p else None, "parity_ok": p.ok if p else None,
-        "parity_loss_diff": p.loss_rel_diff if p else None, "parity_distance_diff": p.distance_rel_diff if p else None,
+        "parity_loss_diff": p.loss_rel_diff if p else None, "parity_start_diff": _start_diff(p),
+        "parity_distance_diff": p.distance_rel_diff if p else None,
         "parity_loss_tol": p.loss_tolerance if p else None, "parity_distance_tol": p.distance_tolerance if p else None,
         "parity_note": p.note if p else None,
         "energy_j": r.energy.joules if r.energy else None,
@@ -832,13 +833,24 @@ def _median_interval(values: list[Any]) -> dict[str, Any]:
     return dict(zip(("ttt_lo", "ttt_hi", "ttt_coverage"), found, strict=True))
 
 
+def _start_diff(p: Any) -> float | None:
+    """The relative difference of the first loss, computed before any update: a difference there is a different
+    starting model or first batch, not arithmetic."""
+    if not p or not p.losses or not p.reference_losses:
+        return None
+    a, b = p.losses[0], p.reference_losses[0]
+    return abs(a - b) / max(abs(b), 1e-12)
+
+
 def _parity(ok: pd.DataFrame) -> dict[str, Any]:
     oks = [o for o in ok["parity_ok"] if o is not None]
     loss, distance = _values(ok["parity_loss_diff"]), _values(ok["parity_distance_diff"])
+    start = _values(ok["parity_start_diff"])
     return {
         "parity_kind": next((k for k in ok["parity_kind"] if k), None),
         "parity_ok": all(oks) if oks else None,
         "parity_loss_diff": max(loss) if loss else None,
+        "parity_start_diff": max(start) if start else None,
         "parity_distance_diff": max(distance) if distance else None,
         "parity_loss_tol": next((t for t in ok["parity_loss_tol"] if t is not None), None),
         "parity_distance_tol": next((t for t in ok["parity_distance_tol"] if t is not None), None),

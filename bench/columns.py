@@ -40,8 +40,8 @@ COLUMN_DTYPES: dict[str, str] = {
                  "state_grads_bytes state_optimizer_bytes zero_stage max_looks"),
     **_each(FLOAT, "first_step_s one_off_s probe_s samples_per_s tokens_per_s step_time_s step_time_iqr_s "
                    "data_wait_frac contention_frac achieved_flops peak_flops mfu mfu_datasheet target final "
-                   "train_time_s time_to_target_s time_to_target_one_off_s parity_loss_diff parity_distance_diff "
-                   "parity_loss_tol parity_distance_tol energy_j phase_step_s phase_data_share phase_h2d_share "
+                   "train_time_s time_to_target_s time_to_target_one_off_s parity_loss_diff parity_start_diff "
+                   "parity_distance_diff parity_loss_tol parity_distance_tol energy_j phase_step_s phase_data_share phase_h2d_share "
                    "phase_forward_share phase_backward_share phase_optimizer_share phase_other_share "
                    "samples_per_s_per_device zero_formula_bytes wall_s margin"),
 }

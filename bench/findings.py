@@ -149,8 +149,34 @@ class Finding:
     text: str
 
 
+def _starts_apart(c: Any) -> bool:
+    """Its first loss, computed before any update, already differs from the reference's beyond tolerance."""
+    start = getattr(c, "parity_start_diff", None)  # absent from frames built before it was recorded
+    return start is not None and c.parity_loss_tol is not None and start > c.parity_loss_tol
+
+
+def _reference_parity_finding(c: Any) -> tuple[str, str] | None:
+    """The reference set failing its own parity: the workload does not reproduce for a seed, so every "exact" and
+    equal-samples comparison on it compares different starts."""
+    if c.parity_ok is not False:
+        return None
+    head = (f"{c.technique} on {c.workload} does not reproduce its own eager fp32 reference (same seed, a fresh "
+            f"process): losses differ by {c.parity_loss_diff:.2g}")
+    if _starts_apart(c):
+        why = (f"already at the first loss, before any update ({c.parity_start_diff:.2g}): build does not give the "
+               "same model or first batch for a seed in a fresh process (something in it draws from the global RNG "
+               "only in some processes, such as a probe cached per process, or its data order is not seeded)")
+    else:
+        why = ("after equal first losses: its training steps are not deterministic across processes "
+               "(nondeterministic kernels, thread-count-dependent reductions)")
+    return ("parity", f"{head}, {why}; its quality comparisons compare different runs until that is fixed")
+
+
 def _reference_findings(c: Any) -> list[tuple[str, str]]:
     out = []
+    parity = _reference_parity_finding(c)
+    if parity:
+        out.append(parity)
     input_bound = c.data_wait_frac is not None and c.data_wait_frac > DATA_WAIT_HIGH  # its own finding says why
     if c.mfu is not None and c.mfu < LOW_MFU and not input_bound:
         out.append(("overhead", f"{c.workload} reaches {c.mfu:.1%} MFU at {c.technique}: per-op overhead dominates "
@@ -236,6 +262,8 @@ def _technique_findings(c: Any, ref: Any) -> list[tuple[str, str]]:
         head = (f"{c.technique} on {c.workload}: its first steps differ from the fp32 reference (losses by "
                 f"{c.parity_loss_diff:.2g}, parameter distance by {c.parity_distance_diff:.2g}; tolerances for "
                 f"{c.parity_kind} sets {c.parity_loss_tol:.0e} and {c.parity_distance_tol:.0e})")
+        if _starts_apart(c):
+            head += f", already at the first loss before any update ({c.parity_start_diff:.2g})"
         if c.parity_note:
             out.append(("parity", f"{head}; {c.parity_note}"))
         else:

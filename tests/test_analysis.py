@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 
@@ -434,3 +435,21 @@ def test_holm_turns_a_chance_better_among_many_null_quality_comparisons_into_inc
     assert c["delta_verdict"] == stats.INCONCLUSIVE and c["delta_holm_dropped"]
     assert "not after Holm's correction over the 30 comparisons" in c["delta_why"]
     assert many.loc["baseline", "delta_family"] == 30
+
+
+def test_a_baseline_that_does_not_reproduce_its_reference_is_a_finding_that_says_where_it_parts():
+    """The reference set failing its own parity makes every equal-samples comparison on the workload suspect; a
+    first loss (before any update) that differs points at the build (an RNG draw in some processes only, as a
+    per-process cached probe makes), equal first losses at the training steps."""
+    apart = dataclasses.replace(parity(loss=0.06, distance=0.02), losses=[2.1] + [2.0] * 7)
+    records = [record(seed=i, sps=100, final=0.8, parity_result=apart if i else parity()) for i in range(3)]
+    configs = configs_of(records).reset_index(drop=True)
+    assert configs.loc[0, "parity_start_diff"] == pytest.approx(0.05)
+    text = {f.topic: f.text for f in findings.diagnose(configs)}["parity"]
+    assert text.startswith("baseline on mlp:tiny does not reproduce its own eager fp32 reference (same seed, a fresh "
+                           "process): losses differ by 0.06, already at the first loss, before any update (0.05)")
+    later = [record(seed=i, sps=100, final=0.8, parity_result=parity(loss=0.06, distance=0.02)) for i in range(3)]
+    text = {f.topic: f.text for f in findings.diagnose(configs_of(later).reset_index(drop=True))}["parity"]
+    assert "after equal first losses: its training steps are not deterministic" in text
+    clean = [record(seed=i, sps=100, final=0.8, parity_result=parity()) for i in range(3)]
+    assert "parity" not in {f.topic for f in findings.diagnose(configs_of(clean).reset_index(drop=True))}
