@@ -85,8 +85,12 @@ def _cpu_bf16_lstm_works() -> bool:
     """Whether nn.LSTM runs under CPU bf16 autocast. Autocast sends it to oneDNN's bf16 LSTM, which fails ("could
     not create a primitive descriptor") on CPUs without AVX512 (the 2-core AMD EPYC machine): there the LSTM runs in
     fp32 and only the embedding, LayerNorms and head see bf16."""
+    # fork_rng: the probe LSTM's initialisation must not draw from the global RNG. It runs once per process (the
+    # cache), inside the first block's __init__, so the draw would give the first build in a process other weights
+    # than every later one: trainbench's parity check caught it (the baseline's first loss differed from its
+    # reference's, computed in a process that had built another seed first).
     try:
-        with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        with torch.random.fork_rng(devices=[]), torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
             nn.LSTM(8, 8, batch_first=True)(torch.zeros(1, 2, 8))
         return True
     except RuntimeError:
