@@ -53,9 +53,8 @@ def _bytes(params) -> int:
     return sum(p.numel() * p.element_size() for p in params)
 
 
-@pytest.fixture(scope="module")
-def one_process():
-    built = workloads.get("gpt").build("tiny", 0, CPU)
+def _train_in_one_process(built) -> tuple[list[float], dict[str, torch.Tensor], float]:
+    """Losses of STEPS plain steps, the parameters after them and the val_loss: what the stages must reproduce."""
     ctx = Context(device=CPU)
     loop = TrainLoop(built.model, build_optimizer(built.model, [], ctx, built.lr), built.loss_fn, [], ctx)
     batches = built.batches(BATCH, 0)
@@ -63,8 +62,12 @@ def one_process():
     built.model.eval()
     with torch.no_grad():
         val_loss = built.evaluate(built.model)["val_loss"]
-    params = {k: v.detach().clone() for k, v in built.model.named_parameters()}
-    return losses, params, val_loss
+    return losses, {k: v.detach().clone() for k, v in built.model.named_parameters()}, val_loss
+
+
+@pytest.fixture(scope="module")
+def one_process():
+    return _train_in_one_process(workloads.get("gpt").build("tiny", 0, CPU))
 
 
 def run_workers(schedule: str, out, model: str = "gpt"):
@@ -134,16 +137,7 @@ def test_each_rank_holds_only_its_stage(two_ranks):
 
 @pytest.mark.distributed
 def test_a_llama_style_decoder_is_split_from_its_description(tmp_path):
-    built = decoders.workload().build("default", 0, CPU)
-    ctx = Context(device=CPU)
-    loop = TrainLoop(built.model, build_optimizer(built.model, [], ctx, built.lr), built.loss_fn, [], ctx)
-    batches = built.batches(BATCH, 0)
-    losses = [float(loop.step(next(batches))) for _ in range(STEPS)]
-    built.model.eval()
-    with torch.no_grad():
-        val_loss = built.evaluate(built.model)["val_loss"]
-    expected = {k: v.detach().clone() for k, v in built.model.named_parameters()}
-
+    losses, expected, val_loss = _train_in_one_process(decoders.workload().build("default", 0, CPU))
     _, ranks, (first, last), results = run_workers("1f1b", tmp_path, "build")
     for rank in ranks:
         assert rank["losses"] == pytest.approx(losses, rel=1e-4)
