@@ -151,8 +151,8 @@ class Finding:
 
 def _starts_apart(c: Any) -> bool:
     """Its first loss, computed before any update, already differs from the reference's beyond tolerance."""
-    start = getattr(c, "parity_start_diff", None)  # absent from frames built before it was recorded
-    return start is not None and c.parity_loss_tol is not None and start > c.parity_loss_tol
+    return c.parity_start_diff is not None and c.parity_loss_tol is not None and \
+        c.parity_start_diff > c.parity_loss_tol
 
 
 def _reference_parity_finding(c: Any) -> tuple[str, str] | None:
