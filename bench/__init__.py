@@ -19,8 +19,8 @@ _LAZY = {
     "load": ("bench.api", "load"),
     "configurations": ("bench.api", "configurations"),
     "export": ("bench.api", "export"),
-    "ConfigError": ("bench.errors", "ConfigError"),
-    "ModelSpec": ("bench.workloads.user", "ModelSpec"),
+    "ConfigError": ("bench.core.errors", "ConfigError"),
+    "ModelSpec": ("bench.plan.user_models", "ModelSpec"),
 }
 
 __all__ = ["__version__", *_LAZY]

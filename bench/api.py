@@ -20,11 +20,12 @@ from typing import TYPE_CHECKING, Any
 
 import pandas as pd
 
-from bench import analysis, columns
-from bench.errors import ConfigError
+from bench.analyze import analysis
+from bench.core.errors import ConfigError
+from bench.records import columns, reader
 
 if TYPE_CHECKING:
-    from bench.exporters import Exported
+    from bench.report.exporters import Exported
 
 log = logging.getLogger(__name__)
 
@@ -56,13 +57,13 @@ def sweep(
     ``repeats``, ``seed``, ``mode``, ``threads``, ``nproc``, ``nnodes``, ``shard`` (``"0/2"``: this machine's part
     of a sweep split over several, docs/clusters.md), and the budget's ``steps``,
     ``eval_points``, ``seconds``, ``window_steps``, ``window_seconds``, ``timeout``, ``memory`` (bool).
-    ``on_trial`` is called with a ``bench.runner.Progress`` after each trial. The report is written into ``out``
+    ``on_trial`` is called with a ``bench.run.runner.Progress`` after each trial. The report is written into ``out``
     (default: reports/<preset>-<UTC time>/), whose path is in the frame's ``attrs["out"]``.
     """
-    from bench.config import build_config
-    from bench.plan import resolve_device
+    from bench.plan.config import build_config
+    from bench.plan.planner import resolve_device
     from bench.report import write_report
-    from bench.runner import SweepRunner, default_out_dir
+    from bench.run.runner import SweepRunner, default_out_dir
 
     budget = {BUDGET_ARGS[k]: options.pop(k) for k in list(options) if k in BUDGET_ARGS}
     known = {"repeats", "seed", "mode", "threads", "nproc", "nnodes", "shard"}
@@ -104,8 +105,8 @@ def write_summary(out_dir: Path, records: list, wall_s: float, name: str, price_
                   ) -> list:
     """summary.md beside the records (with cost amounts when a price is known); returns the summary rows (the CLI
     prints them)."""
-    from bench import summary as summary_mod
-    from bench.files import write_atomic
+    from bench.analyze import summary as summary_mod
+    from bench.core.files import write_atomic
 
     rows = summary_mod.summarize(records, max_looks=summary_mod.design_of(Path(out_dir)))
     md = summary_mod.to_markdown(rows, title=f"Sweep '{name}' summary", price_per_hour=price_per_hour)
@@ -116,13 +117,13 @@ def write_summary(out_dir: Path, records: list, wall_s: float, name: str, price_
 
 def load(*dirs: str | Path) -> pd.DataFrame:
     """The trials of one or more sweep directories: one row per trial, the columns of
-    ``bench.analysis.RECORD_COLUMNS`` in the dtypes of ``bench.columns.COLUMN_DTYPES`` (both documented in
+    ``bench.analyze.analysis.RECORD_COLUMNS`` in the dtypes of ``bench.records.columns.COLUMN_DTYPES`` (both documented in
     docs/api.md: float64 with NaN, nullable Int64 and boolean, categoricals, UTC datetimes; nested values stay
     objects), read from each ``results.jsonl`` (and the machine from ``env.json``). Raises
-    ``bench.analysis.InputError`` when a directory holds no sweep."""
+    ``bench.records.reader.InputError`` when a directory holds no sweep."""
     if not dirs:
         raise ConfigError("bench.load() needs at least one sweep directory")
-    return columns.typed(analysis.records_frame(analysis.load([Path(d) for d in dirs])))
+    return columns.typed(analysis.records_frame(reader.load([Path(d) for d in dirs])))
 
 
 def configurations(frame: pd.DataFrame, baseline: str = analysis.BASELINE) -> pd.DataFrame:
@@ -134,10 +135,10 @@ def configurations(frame: pd.DataFrame, baseline: str = analysis.BASELINE) -> pd
 
 def export(*dirs: str | Path, to: str, out: str | Path | None = None) -> Exported:
     """Write the trials of sweep directories to ``to`` (``parquet``, ``csv``, ``mlflow`` or ``tensorboard``) at
-    ``out`` (default: inside the one directory given); returns a ``bench.exporters.Exported`` saying where and how
-    many. A target whose package is missing raises ``bench.exporters.MissingExtra`` (a ``ConfigError``) naming the
+    ``out`` (default: inside the one directory given); returns a ``bench.report.exporters.Exported`` saying where and how
+    many. A target whose package is missing raises ``bench.report.exporters.MissingExtra`` (a ``ConfigError``) naming the
     extra to install. See docs/api.md."""
-    from bench.exporters import export as export_dirs
+    from bench.report.exporters import export as export_dirs
 
     return export_dirs([Path(d) for d in dirs], to, out)
 

@@ -23,15 +23,16 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from bench import cost, workloads
-from bench import summary as summary_mod
-from bench.config import PRESETS, ConfigError, SweepConfig, build_config
-from bench.files import write_atomic
-from bench.plan import available_packages, resolve_device
-from bench.results import RecordError, TrialRecord
+from bench import workloads
+from bench.analyze import cost
+from bench.analyze import summary as summary_mod
+from bench.core.files import REPO_DIR, write_atomic
+from bench.plan.config import PRESETS, ConfigError, SweepConfig, build_config
+from bench.plan.planner import available_packages, resolve_device
+from bench.records.results import RecordError, TrialRecord
 
 EXIT_USAGE = 2
-OBJECTIVE_NAMES = ("throughput", "time-to-target", "memory")  # bench.tune.OBJECTIVES (imported lazily there)
+OBJECTIVE_NAMES = ("throughput", "time-to-target", "memory")  # bench.run.tune.OBJECTIVES (imported lazily there)
 
 # Piped output (CI logs, files) gets a wide console instead of rich's 80-column default.
 out = Console() if sys.stdout.isatty() else Console(width=180)
@@ -246,7 +247,7 @@ def _add_profile(sub: argparse._SubParsersAction) -> None:
 
 
 def _add_export(sub: argparse._SubParsersAction) -> None:
-    from bench.exporters import DEFAULT_OUT, TARGETS
+    from bench.report.exporters import DEFAULT_OUT, TARGETS
 
     p = sub.add_parser(
         "export",
@@ -436,10 +437,10 @@ def _sweep(args: argparse.Namespace) -> int:
     if args.threshold != "5%" and not args.ab:
         raise ConfigError("--threshold sets the A/B comparison's threshold (sweep --ab); a sweep's report takes its "
                           "own: python -m bench report DIR --threshold ...")
-    if args.ab:  # A/B: both sides interleaved, then compared (bench/ab.py)
+    if args.ab:  # A/B: both sides interleaved, then compared (bench/run/ab.py)
         return _sweep_ab(args)
-    from bench import executors
-    from bench.runner import Launch, SweepRunner, default_out_dir
+    from bench.run import executors
+    from bench.run.runner import Launch, SweepRunner, default_out_dir
 
     cfg = sweep_config_from_args(args, args.out)
     executor = executors.from_args(args.executor, args.out, args.resume, args.slurm_partition,
@@ -497,11 +498,11 @@ def _sweep(args: argparse.Namespace) -> int:
 
 
 def _sweep_ab(args: argparse.Namespace) -> int:
-    """``sweep --ab`` (bench/ab.py): run, print the comparison, exit 0 (gate with ``bench compare OUT/a OUT/b
+    """``sweep --ab`` (bench/run/ab.py): run, print the comparison, exit 0 (gate with ``bench compare OUT/a OUT/b
     --fail-on``)."""
-    from bench import ab
-    from bench.compare import parse_threshold
-    from bench.runner import Launch, default_out_dir
+    from bench.analyze.compare import parse_threshold
+    from bench.run import ab
+    from bench.run.runner import Launch, default_out_dir
 
     # The same layering as a plain sweep; when resuming, side a's resolved sweep.toml is the config.
     cfg = sweep_config_from_args(args, args.out / "a" if args.out is not None else None)
@@ -567,7 +568,7 @@ def _print_summary(rows: list[summary_mod.SummaryRow], price: cost.Price | None 
 
 def cmd_list(args: argparse.Namespace) -> int:
     import techniques
-    from bench import plugins
+    from bench.plan import plugins
     from techniques.base import Context
 
     plugins.load_entry_points()
@@ -602,9 +603,9 @@ def _size_text(size: str, params: dict) -> str:
 
 
 def cmd_env(args: argparse.Namespace) -> int:
-    from bench import env as envmod
+    from bench.measure import env as envmod
 
-    info = envmod.fingerprint(Path(__file__).resolve().parent.parent)
+    info = envmod.fingerprint(REPO_DIR)
     if args.peaks:
         info["peak_flops"] = envmod.calibrate_peaks(resolve_device(args.device))
     out.print_json(json.dumps(info, default=str))
@@ -612,8 +613,8 @@ def cmd_env(args: argparse.Namespace) -> int:
 
 
 def cmd_compare(args: argparse.Namespace) -> int:
-    from bench import compare as compare_mod
-    from bench.report.inputs import blocking_file
+    from bench.analyze import compare as compare_mod
+    from bench.records.reader import blocking_file
 
     threshold = compare_mod.parse_threshold(args.threshold)
     fail_on = compare_mod.parse_fail_on(args.fail_on)
@@ -639,8 +640,8 @@ def cmd_compare(args: argparse.Namespace) -> int:
 
 
 def cmd_report(args: argparse.Namespace) -> int:
-    from bench.analysis import Thresholds
-    from bench.compare import parse_threshold
+    from bench.analyze.analysis import Thresholds
+    from bench.analyze.compare import parse_threshold
     from bench.report import InputError, parse_formats, write_report
 
     price = cost.resolve(args.price_per_hour, args.instance)  # an unknown instance: one line, exit 2 (main)
@@ -657,8 +658,8 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 
 def cmd_export(args: argparse.Namespace) -> int:
-    from bench.analysis import InputError
-    from bench.exporters import export
+    from bench.records.reader import InputError
+    from bench.report.exporters import export
 
     if args.to == "mlflow" and not args.verbose:  # MLflow and its migrations log each step at INFO
         try:
@@ -679,7 +680,7 @@ def cmd_export(args: argparse.Namespace) -> int:
 
 
 def cmd_profile(args: argparse.Namespace) -> int:
-    from bench import profile as profile_mod
+    from bench.run import profile as profile_mod
 
     for name in ("steps", "phase_steps"):
         if getattr(args, name) < 1:
@@ -770,7 +771,7 @@ class _TuneSetup:
 
     opts: dict
     cfg: Any
-    settings: Any  # bench.tune.Settings
+    settings: Any  # bench.run.tune.Settings
     refuse: Callable[[Any], str | None]  # the planner's reason a set cannot run here, or None
     kinds: dict[str, str]  # candidate label -> kind
     device: str
@@ -780,9 +781,9 @@ class _TuneSetup:
 def _tune_setup(args: argparse.Namespace) -> _TuneSetup:
     import dataclasses
 
-    from bench import tune
-    from bench.config import DEFAULT_MAX_REPEATS, parse_technique_sets
-    from bench.plan import incompatibility, world_size_for
+    from bench.plan.config import DEFAULT_MAX_REPEATS, parse_technique_sets
+    from bench.plan.planner import incompatibility, world_size_for
+    from bench.run import tune
     from techniques.base import set_kind
 
     if args.resume and args.out is None:
@@ -836,8 +837,8 @@ def _tune_setup(args: argparse.Namespace) -> _TuneSetup:
 def _tune(args: argparse.Namespace) -> int:
     import tomli_w
 
-    from bench import tune
-    from bench.runner import SweepRunner, default_out_dir
+    from bench.run import tune
+    from bench.run.runner import SweepRunner, default_out_dir
 
     t = _tune_setup(args)
     settings, refuse, limit = t.settings, t.refuse, t.limit
@@ -877,9 +878,9 @@ def _tune(args: argparse.Namespace) -> int:
 
 def _tune_finish(out_dir: Path, records: list, step: Any, settings: Any, wall: float) -> int:
     """Write tune.json/tune.md, the summary and the report; print the recommendation; the exit code."""
-    from bench import tune
     from bench.api import write_summary
     from bench.report import write_report
+    from bench.run import tune
 
     snippets = tune.snippets_for(step.recommended)
     result = tune.result_dict(records, step, settings, wall)
@@ -901,7 +902,7 @@ def _tune_finish(out_dir: Path, records: list, step: Any, settings: Any, wall: f
 
 
 def _print_tune(result: dict, snippets: str) -> None:
-    from bench import tune
+    from bench.run import tune
 
     if result["recommended"]:
         out.print(f"recommended: {result['recommended']} ({result['stop']})", markup=False, highlight=False)
@@ -921,7 +922,7 @@ def _print_tune(result: dict, snippets: str) -> None:
 
 
 def _tune_dry_run(settings, refuse, kinds) -> int:  # type: ignore[no-untyped-def]
-    from bench import tune
+    from bench.run import tune
 
     out.print(f"tune {settings.workload.label}: objective {settings.objective}, quality {settings.quality.label}, "
               f"memory limit {tune.size_text(settings.memory_limit) if settings.memory_limit else 'none'}, world "

@@ -34,30 +34,13 @@ import torch.distributed as dist
 from torch import nn
 
 from bench import workloads
-from bench.files import write_atomic
+from bench.core.files import REPO_DIR, write_atomic
 from bench.loop import plain_loop
 from bench.measure.flops import count_flops
+from bench.plan.planner import ReferenceKey
 
 log = logging.getLogger(__name__)
 
-REPO_DIR = Path(__file__).resolve().parent.parent
-
-
-@dataclass(frozen=True)
-class ReferenceKey:
-    """What a reference depends on: the workload size, the seed (initial weights, batch order), the global batch
-    and the number of steps."""
-
-    workload: str
-    size: str
-    seed: int
-    batch_size: int
-    steps: int
-
-    @property
-    def name(self) -> str:
-        safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in f"{self.workload}-{self.size}")
-        return f"{safe}-seed{self.seed}-b{self.batch_size}-k{self.steps}"
 
 
 @dataclass(frozen=True)
@@ -175,7 +158,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     logging.basicConfig(level=os.environ.get("TRAINBENCH_LOG", "WARNING"), stream=sys.stderr,
                         format="%(levelname)s %(name)s: %(message)s")
-    from bench.workloads import user
+    from bench.plan import user_models as user
 
     cache_dir, device, keys = Path(argv[0]), torch.device(argv[1]), argv[2:]
     given = []

@@ -10,12 +10,12 @@ clean and a crash takes down one trial, not the sweep. Two questions, two measur
    workload size's sample budget, evaluated at the same sample counts as every other set (evaluation untimed). The
    first step is timed on its own: what it costs beyond a steady step (compilation) is a one-off cost, kept out of
    the training clock and reported apart. A wall-clock cap is only a safety net: a run it cuts is marked as such.
-   With ``train_until_s`` (a continuation, ``bench.continuation``) the run then trains on past the budget, at the
+   With ``train_until_s`` (a continuation, ``bench.run.continuation``) the run then trains on past the budget, at the
    same evaluation cadence, until its training clock reaches that time (the equal-time comparison);
 4. ``speed_window`` (modes speed, both): how fast a step is. Warm-up, then a timed window with a device sync only
    at its edges; FLOPs and MFU on the window's own clock;
 5. ``parity``: the first optimizer steps of whichever stage ran first against the reference: losses and the
-   parameter-distance trajectory, with per-kind tolerances (``bench.results.PARITY_TOLERANCES``);
+   parameter-distance trajectory, with per-kind tolerances (``bench.records.results.PARITY_TOLERANCES``);
 6. ``memory``: the window's peaks, then a clean RSS pass (malloc set to return freed memory; it slows steps and
    stays set, so it comes last), then one step under the tensor tracker.
 
@@ -50,15 +50,15 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from bench import plugins, workloads
 from bench import reference as reference_mod
-from bench.bottleneck import diagnose
-from bench.config import Budget, TechniqueSet, TechniqueSpec
-from bench.env import datasheet_peak
-from bench.files import write_atomic
+from bench import workloads
+from bench.analyze.bottleneck import diagnose
+from bench.core.files import write_atomic
+from bench.core.structure import describe
 from bench.loop import TrainLoop, build_optimizer, overrides, plain_loop, single_owner
 from bench.measure import energy as energy_mod
 from bench.measure.energy import EnergyMeter
+from bench.measure.env import datasheet_peak
 from bench.measure.flops import count_flops
 from bench.measure.memory import (
     PeakRss,
@@ -70,8 +70,10 @@ from bench.measure.memory import (
 )
 from bench.measure.phases import PhaseClock, summarize_phases
 from bench.measure.timing import ContentionResult, CpuContention, StepTimer, WindowResult, summarize
-from bench.reference import ReferenceKey, ReferenceResult, Trajectory
-from bench.results import (
+from bench.plan import plugins, user_models
+from bench.plan.config import Budget, TechniqueSet, TechniqueSpec
+from bench.plan.planner import ReferenceKey
+from bench.records.results import (
     PARITY_TOLERANCES,
     BuildInfo,
     Contention,
@@ -87,8 +89,7 @@ from bench.results import (
     memory_exhausted,
     sanitize,
 )
-from bench.structure import describe
-from bench.workloads import user as user_models
+from bench.reference import ReferenceResult, Trajectory
 from techniques._distributed import model_state_bytes, zero_formula_bytes
 from techniques.base import (
     Context,

@@ -67,7 +67,7 @@ def gate(other: str, out: Path, sweep_args: list[str]) -> tuple[int, float]:
 def verdicts(out: Path, threshold: float) -> tuple[list[str], str]:
     """The change verdicts of the comparison of OUT/b against OUT/a ("where: verdict"), and a one-line summary."""
     sys.path.insert(0, str(REPO))
-    from bench import compare
+    from bench.analyze import compare
 
     comp = compare.compare_dirs(out / "a", out / "b", threshold)
     found = [f"{row.key.label} {q.quantity}: {q.verdict}" for row in comp.rows for q in row.quantities
@@ -88,7 +88,7 @@ def verdicts(out: Path, threshold: float) -> tuple[list[str], str]:
 def called_slower(out: Path, threshold: float) -> bool:
     """Whether the comparison calls B slower: overall, or (one configuration, so no overall) in that one."""
     sys.path.insert(0, str(REPO))
-    from bench import compare
+    from bench.analyze import compare
 
     comp = compare.compare_dirs(out / "a", out / "b", threshold)
     overall = [o for o in comp.overall if o.quantity == "throughput"]

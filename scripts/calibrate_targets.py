@@ -24,7 +24,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.config import ConfigError, parse_workloads  # noqa: E402
+from bench.plan.config import ConfigError, parse_workloads  # noqa: E402
 from bench.trial import TrialSpec, run  # noqa: E402
 
 

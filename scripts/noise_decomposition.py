@@ -27,7 +27,7 @@ from pathlib import Path
 
 import numpy as np
 
-from bench.results import ResultStore, TrialRecord
+from bench.records.results import ResultStore, TrialRecord
 
 
 def _start(r: TrialRecord) -> float:

@@ -1,7 +1,7 @@
 """Re-render every committed example report (report.md, report.html, figures, summary.md) from its results.jsonl,
 after a change to the analysis or the report; no trial is run. Then refresh the docs tables quoted from them.
 
-    .venv/bin/python scripts/rerender_examples.py && .venv/bin/python -m bench.docs_tables
+    .venv/bin/python scripts/rerender_examples.py && .venv/bin/python -m bench.report.docs_tables
 """
 
 from __future__ import annotations
@@ -11,9 +11,9 @@ import sys
 import tomllib
 from pathlib import Path
 
-from bench import cost
-from bench import summary as summary_mod
-from bench.results import ResultStore
+from bench.analyze import cost
+from bench.analyze import summary as summary_mod
+from bench.records.results import ResultStore
 
 REPORTS = Path(__file__).resolve().parent.parent / "reports"
 

@@ -3,8 +3,8 @@
     .venv/bin/python scripts/simulate_stopping_rule.py [--sims 2000] [--cap 20]
 
 Each row: 2,000 simulated configurations with log-normal per-trial noise (the CV given, on both sides of a pair) and
-a true ratio; pairs are added from 3 until the verdict is decided or the cap is reached (``bench.sequential.simulate``,
-the verdict rule of ``bench.stats`` on the design's repeated interval). Beside it, the same data read by a fixed-n
+a true ratio; pairs are added from 3 until the verdict is decided or the cap is reached (``bench.analyze.sequential.simulate``,
+the verdict rule of ``bench.analyze.stats`` on the design's repeated interval). Beside it, the same data read by a fixed-n
 t interval at every look ("stopping once significant"), the rule the design replaces.
 """
 
@@ -16,7 +16,7 @@ import math
 import numpy as np
 from scipy import stats as sps
 
-from bench import sequential
+from bench.analyze import sequential
 
 SCENARIOS = [(1.0, 0.02), (1.0, 0.10), (1.0, 0.30), (1.10, 0.02), (1.10, 0.05), (1.10, 0.10), (1.20, 0.10),
              (0.50, 0.30), (0.97, 0.02)]

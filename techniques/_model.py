@@ -18,7 +18,7 @@ TORCHAO_MISSING = "needs torchao (pip install 'trainbench[torchao]')"
 
 def torchao_missing(ctx: Context) -> str | None:
     """The reason a torchao technique cannot run when the package is absent (``ctx.available_packages`` is filled
-    with ``importlib.util.find_spec`` by ``bench.plan.available_packages``), else None."""
+    with ``importlib.util.find_spec`` by ``bench.plan.planner.available_packages``), else None."""
     return None if "torchao" in ctx.available_packages else TORCHAO_MISSING
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import statistics
 from typing import Any
 
-from bench.text import fmt_bytes, fmt_secs
+from bench.core.text import fmt_bytes, fmt_secs
 
 __all__ = ["LISTED", "fmt_bytes", "fmt_secs", "g", "mib", "n", "once", "small_bytes", "values"]
 

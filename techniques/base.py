@@ -93,8 +93,8 @@ from typing import Any, ClassVar
 import torch
 from torch import nn
 
-from bench.structure import ModelStructure, describe
-from bench.text import shown
+from bench.core.structure import ModelStructure, describe
+from bench.core.text import shown
 
 
 class Kind(enum.StrEnum):
@@ -127,7 +127,7 @@ class Claim:
 
 
 class Bottleneck(enum.StrEnum):
-    """What a training step is bound by, as ``bench.bottleneck`` reads it off the step's phase shares (and the
+    """What a training step is bound by, as ``bench.analyze.bottleneck`` reads it off the step's phase shares (and the
     memory categories the findings read off the tensor peak)."""
 
     INPUT = "input"  # the step waits for data
@@ -195,7 +195,7 @@ class Context:
     world_size: int = 1
     blocks: str | None = "blocks"  # dotted path of the model's nn.ModuleList of repeated blocks, for per-block
     # transforms (``model_blocks``); None when the model has none
-    structure: ModelStructure | None = None  # the model's parts (``bench.structure``): what model-changing techniques
+    structure: ModelStructure | None = None  # the model's parts (``bench.core.structure``): what model-changing techniques
     # ask (``model_structure``); None when not known (a context made by hand)
     has_batchnorm: bool = False
     available_packages: frozenset[str] = frozenset()
@@ -236,9 +236,22 @@ def model_blocks(model: nn.Module, ctx: Context) -> nn.ModuleList | nn.Sequentia
 
 def model_structure(model: nn.Module, ctx: Context) -> ModelStructure:
     """The structure of ``model``: ``ctx.structure`` (the workload's, as the harness passes it), else the model's own
-    description or what can be inferred from it (``bench.structure.describe``). Techniques that change, split or
+    description or what can be inferred from it (``bench.core.structure.describe``). Techniques that change, split or
     scale a model ask it, never a workload's name."""
     return ctx.structure if ctx.structure is not None else describe(model, ctx.blocks)
+
+
+class ProbeLoop(typing.Protocol):
+    """What ``Probe.loop`` returns (``bench.loop.TrainLoop`` in a trial): the parts a probing technique touches.
+    Techniques sit below the loop and never import it; this is the interface they may rely on."""
+
+    model: nn.Module
+    optimizer: torch.optim.Optimizer
+    device: torch.device
+
+    def step(self, batch: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+        """Train one optimizer step on ``batch`` and return its loss."""
+        ...
 
 
 @dataclass
@@ -259,7 +272,7 @@ class Probe:
     make_loop: Callable[..., Any] | None = None  # the harness's plain loop (``bench.loop.plain_loop``), filled in by
     # the trial: techniques sit below the loop and never import it
 
-    def loop(self, built: Any, lr: float, micro_batches: int = 1) -> Any:
+    def loop(self, built: Any, lr: float, micro_batches: int = 1) -> ProbeLoop:
         """A training loop with no techniques and the default optimizer on ``built`` (a workload ``fresh()``
         returned), on the probe's device: ``loop.step(batch)`` trains one optimizer step and returns its loss."""
         if self.make_loop is None:
@@ -408,7 +421,7 @@ class Technique:
         return None
 
     def batches(self, pipeline: Any, batch_size: int, seed: int, ctx: Context) -> Iterator[Any] | None:
-        """Load the global batches of ``batch_size`` from ``pipeline`` (a ``bench.data.Pipeline``: the workload's
+        """Load the global batches of ``batch_size`` from ``pipeline`` (a ``bench.core.data.Pipeline``: the workload's
         training set as a Dataset, and the key order the workload's own batches follow) instead of the workload's
         in-memory path; None keeps the workload's own. At most one technique of a set owns it."""
         return None

@@ -49,16 +49,13 @@ import re
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal
 
 import torch
 
 from bench.measure.memory import TensorMemoryTracker
 from techniques import _reading as rd
-from techniques.base import Context, Kind, Probe, Technique, TrainConfig, register
-
-if TYPE_CHECKING:
-    from bench.loop import TrainLoop
+from techniques.base import Context, Kind, Probe, ProbeLoop, Technique, TrainConfig, register
 
 log = logging.getLogger(__name__)
 
@@ -223,14 +220,14 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def _forget_failed_step(loop: TrainLoop) -> None:
+def _forget_failed_step(loop: ProbeLoop) -> None:
     """After an out-of-memory error: drop the half-done step's gradients and hand the cached blocks back."""
     loop.optimizer.zero_grad(set_to_none=True)
     gc.collect()
     torch.cuda.empty_cache()
 
 
-def step_peak_bytes(loop: TrainLoop, batch: tuple[torch.Tensor, torch.Tensor], baseline_bytes: int = 0) -> int:
+def step_peak_bytes(loop: ProbeLoop, batch: tuple[torch.Tensor, torch.Tensor], baseline_bytes: int = 0) -> int:
     """Peak bytes of one training step: the CUDA allocator's peak less ``baseline_bytes``, or on CPU the tensor
     tracker's peak (params, grads, optimizer state and activations; RSS would add torch and cached pages)."""
     if loop.device.type == "cuda":
@@ -245,7 +242,7 @@ def step_peak_bytes(loop: TrainLoop, batch: tuple[torch.Tensor, torch.Tensor], b
     return tracker.result().peak_bytes
 
 
-def memory_measure(built: Any, loop: TrainLoop, seed: int, baseline_bytes: int = 0) -> Callable[[int], int | None]:
+def memory_measure(built: Any, loop: ProbeLoop, seed: int, baseline_bytes: int = 0) -> Callable[[int], int | None]:
     """``largest_fitting``'s measurement: the peak bytes of a step of ``loop`` at a batch; None when CUDA runs out
     of memory. One unmeasured step runs first, because AdamW allocates its state lazily at the first step.
 
@@ -269,7 +266,7 @@ def memory_measure(built: Any, loop: TrainLoop, seed: int, baseline_bytes: int =
     return measure
 
 
-def rate_measure(built: Any, loop: TrainLoop, seed: int, steps: int) -> Callable[[int], float | None]:
+def rate_measure(built: Any, loop: ProbeLoop, seed: int, steps: int) -> Callable[[int], float | None]:
     """``fastest_batch``'s measurement: samples/s over ``steps`` steps at a batch, after one warm-up step (the first
     step at a new shape pays for allocation); None when CUDA runs out of memory."""
 

@@ -18,7 +18,7 @@ Method card
   V100, +22% for ResNet-50. On CPUs, oneDNN computes convolutions in NHWC or blocked layouts, so NCHW tensors are
   reordered around each one; Intel's PyTorch extension turns channels_last on by default for that reason.
 - Refusals: models without convolutions gain nothing (only 4-D tensors change). ``check`` asks the model's
-  description (``bench.structure``: declared by the built-in workloads, derived for Hugging Face models, inferred
+  description (``bench.core.structure``: declared by the built-in workloads, derived for Hugging Face models, inferred
   from a user's modules by the check that builds it before the sweep) and refuses one without Conv2d at plan time;
   where that is not known the trial checks the model it transforms: a ValueError saying it has no nn.Conv2d.
 - Kind ``numeric`` (measured, not assumed): on this CPU (torch 2.13, oneDNN, 2-core AMD EPYC, AVX2) the NHWC

@@ -47,7 +47,7 @@ from typing import Any, Literal
 import torch
 import torch.nn.functional as F
 
-from bench.files import save_torch_atomic
+from bench.core.files import save_torch_atomic
 from techniques import _reading as rd
 from techniques.base import Context, Kind, Probe, Technique, TrainConfig, register
 

@@ -11,7 +11,7 @@ Method card
   (B, C) are B rows), computed in float32 whatever the autocast. The ``T^2`` factor keeps the soft targets'
   gradients the same size as T changes (at high T the gradient of ``T^2 * KL`` on a logit tends to
   ``(s_i - t_i) / C`` per row, Hinton et al. eq. 3), so ``alpha`` weighs the two terms the same at any T.
-- The teacher, as the model's description (``bench.structure``) says, never by the workload's name: another size of
+- The teacher, as the model's description (``bench.core.structure``) says, never by the workload's name: another size of
   the same build (``teacher_size``, which a user's build may return: the teacher is ``build(size=teacher_size)``;
   ``width`` and ``depth`` are then unused), or the same build scaled up (``scaling``: ``teacher_params``): the
   declared width keys x ``width`` (a key that must stay a multiple of another, such as the width of whole heads,
@@ -85,8 +85,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from bench import workloads
-from bench.files import save_torch_atomic
-from bench.structure import ModelStructure, describe
+from bench.core.files import save_torch_atomic
+from bench.core.structure import ModelStructure, describe
 from techniques._model import module_tensors, n_params, once
 from techniques.base import Context, Kind, Phase, Probe, Technique, TrainConfig, logits_of, register
 

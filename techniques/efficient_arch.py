@@ -1,7 +1,7 @@
 """efficient_arch: a leaner model of the same build (grouped-query attention, depthwise-separable convs).
 
 Method card
-- Which variant is the model's description's answer (``bench.structure``), never its workload's name: a model whose
+- Which variant is the model's description's answer (``bench.core.structure``), never its workload's name: a model whose
   blocks' attention is described gets grouped-query attention; else one whose blocks hold plain kxk ``nn.Conv2d``
   layers gets depthwise-separable convolutions; any other is skipped, the missing part named.
 - What, attention: grouped-query attention (GQA, Ainslie et al. 2023); multi-query attention (MQA, Shazeer 2019)
@@ -104,7 +104,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 
-from bench.structure import HOW_TO_DESCRIBE, Attention, ModelStructure
+from bench.core.structure import HOW_TO_DESCRIBE, Attention, ModelStructure
 from techniques import _reading as rd
 from techniques._model import n_params
 from techniques.base import Context, Kind, Phase, Probe, Technique, TrainConfig, model_structure, register

@@ -1,7 +1,7 @@
 """Loader: build the training batches in DataLoader worker processes, ahead of the step that needs them.
 
 Method card
-- What: the workload's training set as a map-style Dataset (``BuiltWorkload.pipeline``, a ``bench.data.Pipeline``)
+- What: the workload's training set as a map-style Dataset (``BuiltWorkload.pipeline``, a ``bench.core.data.Pipeline``)
   behind a ``torch.utils.data.DataLoader`` with ``workers`` processes, each keeping ``prefetch_factor`` batches in
   flight, so loading and augmenting batch k+1.. overlaps the forward and backward of batch k. ``pin_memory``
   (default: on for CUDA only) copies each batch into page-locked memory in a thread, so the host-to-device copy can
@@ -108,7 +108,7 @@ class Loader(Technique):
     def batches(self, pipeline: Any, batch_size: int, seed: int, ctx: Context) -> Iterator[Any]:
         if pipeline is None:
             raise ValueError(f"workload {ctx.workload or '(unnamed)'} has no Dataset pipeline; loader needs "
-                             "BuiltWorkload.pipeline (a bench.data.Pipeline: the training set as a map-style "
+                             "BuiltWorkload.pipeline (a bench.core.data.Pipeline: the training set as a map-style "
                              "Dataset and its key order) to load batches in worker processes")
         reason = self.check(ctx)
         if reason:

@@ -2,7 +2,7 @@
 the next token alone.
 
 Method card
-- Which models: any causal token model whose description (``bench.structure``) names its blocks, token embedding
+- Which models: any causal token model whose description (``bench.core.structure``) names its blocks, token embedding
   and output head (a final norm between them is used where described): the gpt workload, Hugging Face GPT-2 and
   Llama, a user's decoder (examples/lstm_lm.py: inferred by tracing). The parts are reached through hooks on the
   last block, never by a model's class: the model's own forward runs once (the next-token logits), the last
@@ -92,7 +92,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from bench.structure import ModelStructure, describe
+from bench.core.structure import ModelStructure, describe
 from techniques import _reading as rd
 from techniques.base import Context, Kind, Phase, Technique, TrainOutput, model_structure, register, registry
 

@@ -10,7 +10,7 @@ Method card
   ``ScheduleGPipe``: all forwards then all backwards, or ``Schedule1F1B``: after a warm-up one forward, one
   backward, so at most ``p`` micro-batches' activations are alive on a stage instead of ``m``). Gradients are the
   mean over micro-batches, so the math is one process's at the same global batch (parity checks it).
-- Which models: the split is the model's description's (``bench.structure``), never its workload's name. Stage 0 runs
+- Which models: the split is the model's description's (``bench.core.structure``), never its workload's name. Stage 0 runs
   the token ``embedding``, adds the ``position_embedding`` of positions 0..T-1 where one is described, then the
   ``pre_blocks`` modules in order (the built-in GPT and Hugging Face GPT-2 declare ``wpe`` and a dropout); every stage
   calls each of its blocks with the hidden state alone (a block returning a tuple gives its first item); the last
@@ -76,7 +76,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from bench.structure import ModelStructure
+from bench.core.structure import ModelStructure
 from techniques import _reading as rd
 from techniques._distributed import CommCounter, local_bytes, needs_world
 from techniques.base import (

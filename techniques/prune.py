@@ -18,7 +18,7 @@ Method card
 - What, ``mode=structured``: at step ``start`` (one shot; training then fine-tunes the rest of the budget), the hidden
   channels with the smallest L2 norm of their incoming weights are removed, and the tensors shrink (Li et al. 2017 use
   the filter norm the same way). Per layer, ``round((1 - sparsity) * channels)`` channels are kept (at least 1).
-  Which channels is the model's description's answer (``bench.structure``), never the workload's name: each block's
+  Which channels is the model's description's answer (``bench.core.structure``), never the workload's name: each block's
   MLP hidden units (the ``up`` rows and bias, a gated MLP's ``gate`` rows too, and ``down``'s input columns; score:
   the up and gate rows with their biases; GPT-2's transposed Conv1D cut on the other dim), and the channel groups
   it declares or infers. The built-in declarations: gpt, the MLP's ``mlp.fc`` / ``mlp.proj``; cnn, cnn_aug, each
@@ -72,7 +72,7 @@ from torch import nn
 from torch.nn.modules.batchnorm import _BatchNorm
 from torch.nn.utils import prune
 
-from bench.structure import ModelStructure, resolve
+from bench.core.structure import ModelStructure, resolve
 from techniques import _reading as rd
 from techniques._model import shared_weights
 from techniques.base import Context, Kind, Phase, Technique, model_structure, register
@@ -167,7 +167,7 @@ class ChannelGroup:
 
 
 def channel_groups(model: nn.Module, structure: ModelStructure) -> list[ChannelGroup]:
-    """The hidden channels structured pruning removes, as the model's description names them (``bench.structure``:
+    """The hidden channels structured pruning removes, as the model's description names them (``bench.core.structure``:
     each block's MLP hidden units, up and gate rows with down's columns, and the declared or inferred channel groups,
     such as a conv's filters with its BatchNorm and the next conv's input channels)."""
     labels = {id(m): name for name, m in model.named_modules()}

@@ -17,7 +17,7 @@ Method card
   MLPerf 1.1 BERT-large record (sequence 512) and 3x faster GPT-2 (sequence 1K) than Hugging Face's, with memory
   linear instead of quadratic in the sequence length. With a short sequence (gpt:tiny: 64) the attention is a small
   part of the step, so little changes.
-- Check: refuses a model whose description (``bench.structure``) says it never calls SDPA (the built-in ``mlp``,
+- Check: refuses a model whose description (``bench.core.structure``) says it never calls SDPA (the built-in ``mlp``,
   ``cnn``); ``gpt`` and ``hf`` (transformers' ``attn_implementation="sdpa"``) call it (a user's model is not
   known and is not refused), and the kernel choice was seen taking effect in both. Refuses ``efficient``
   and ``cudnn`` off CUDA, and any backend that cannot run a small causal attention (forward and backward, head dim

@@ -11,7 +11,7 @@ Method card
   MLP: 7). Embeddings, norms and the head stay replicated; every rank trains the same full batch, so the math is
   the single process's (parity checks it). torch's own engine does the sharding and the collectives
   (``parallelize_module`` on a ``DeviceMesh``); nothing here communicates by itself but one check.
-- Which models: the model's description (``bench.structure``) is asked, never its workload's name: blocks whose
+- Which models: the model's description (``bench.core.structure``) is asked, never its workload's name: blocks whose
   attention has its projections as ``nn.Linear`` modules (separate q, k, v or one fused qkv, and an output) and an
   MLP (up, down, optionally gate). Separate q, k, v keep the model's own attention forward, which then sees this
   rank's heads only: it must read the head count from the projection's width (``view(B, T, -1, head_dim)``,
@@ -67,7 +67,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
-from bench.structure import ModelStructure
+from bench.core.structure import ModelStructure
 from techniques import _reading as rd
 from techniques._distributed import CommCounter, local_bytes, needs_world
 from techniques.base import Context, Kind, Phase, Probe, Technique, TrainConfig, model_structure, register

@@ -79,7 +79,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from bench.files import save_torch_atomic
+from bench.core.files import save_torch_atomic
 from techniques._model import once
 from techniques.base import Context, Kind, Phase, Probe, Technique, TrainConfig, model_structure, register
 

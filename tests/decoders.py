@@ -168,6 +168,6 @@ def workload(fn: str = "build"):
     """``fn`` of this file as a registered user workload (what ``--model tests/decoders.py:fn`` makes)."""
     from pathlib import Path
 
-    from bench.workloads.user import parse_model, register_model
+    from bench.plan.user_models import parse_model, register_model
 
     return register_model(parse_model(f"decoder_{fn}={Path(__file__).resolve()}:{fn}"))()

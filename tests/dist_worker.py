@@ -21,8 +21,8 @@ import torch.distributed as dist
 from torch import nn
 
 from bench import workloads
-from bench.config import TechniqueSet
 from bench.loop import TrainLoop, build_optimizer
+from bench.plan.config import TechniqueSet
 from bench.trial import end_rank
 from techniques._distributed import model_state_bytes
 from techniques.base import Context, Probe, TrainConfig

@@ -5,8 +5,8 @@ from __future__ import annotations
 import torch
 
 from bench import workloads
-from bench.config import Budget, TechniqueSet
 from bench.loop import TrainLoop, build_optimizer
+from bench.plan.config import Budget, TechniqueSet
 from bench.trial import configure
 
 
@@ -33,8 +33,8 @@ def whole_batch_trial(tmp_path, label: str):
     """One 2-rank trial of ``label`` (tp, pp: every rank trains the whole batch) on gpt:tiny through the real runner,
     checked against its baseline: ok, exact parity, and the whole model's parameter count and FLOPs per step (not
     one rank's share, not the world size times them). Returns the record."""
-    from bench.config import build_config
-    from bench.runner import SweepRunner
+    from bench.plan.config import build_config
+    from bench.run.runner import SweepRunner
     from tests.conftest import TINY_BUDGET
 
     cfg = build_config("smoke", {"workloads": "gpt", "techniques": label, "repeats": 1, "nproc": 2,

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from bench.results import (
+from bench.records.results import (
     BuildInfo,
     Contention,
     MemoryResult,

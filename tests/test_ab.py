@@ -9,11 +9,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from bench import ab
 from bench.cli import main
-from bench.config import ConfigError, build_config
-from bench.plan import plan
-from bench.results import ResultStore
+from bench.plan.config import ConfigError, build_config
+from bench.plan.planner import plan
+from bench.records.results import ResultStore
+from bench.run import ab
 from tests.conftest import REPO, TINY_BUDGET
 
 
@@ -110,7 +110,7 @@ def test_cli_ab_bad_input_exits_2(tmp_path, capsys):
 
 
 def test_both_sides_keep_the_multi_node_launch_settings(tmp_path):
-    from bench.launcher import Launch
+    from bench.run.launcher import Launch
 
     launch = Launch(nnodes=2, node_rank=1, rdzv_endpoint="10.0.0.1:29500")
     cfg = build_config("smoke", {"workloads": "mlp", "techniques": "ddp", "repeats": 1, "nproc": 1, "nnodes": 2})
@@ -123,7 +123,7 @@ def test_both_sides_keep_the_multi_node_launch_settings(tmp_path):
 
 
 def test_other_nodes_neither_claim_nor_compare_the_shared_directory(tmp_path):
-    from bench.launcher import Launch
+    from bench.run.launcher import Launch
 
     out = tmp_path / "x"
     out.mkdir()

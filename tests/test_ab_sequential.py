@@ -1,4 +1,4 @@
-"""`sweep --ab --repeats auto` (bench.ab's sequential phase) from hand-made records: which configurations get
+"""`sweep --ab --repeats auto` (bench.run.ab's sequential phase) from hand-made records: which configurations get
 speed-only trials, on which side first, within which budget, and what a resume completes."""
 
 import dataclasses
@@ -6,9 +6,9 @@ import dataclasses
 import pytest
 import torch
 
-from bench import ab, adaptive
-from bench.config import build_config
-from bench.plan import plan
+from bench.plan.config import build_config
+from bench.plan.planner import plan
+from bench.run import ab, adaptive
 from tests.conftest import REPO, TINY_BUDGET
 from tests.records import record
 
@@ -120,7 +120,7 @@ class _Launcher:
 
 def _phase(tmp_path, monkeypatch, cfg, planned, calls):
     """An A/B runner whose sides hold ``planned``, its trial processes stood in for by ``_Launcher``."""
-    from bench.runner import SweepRunner
+    from bench.run.runner import SweepRunner
 
     launchers = {side: _Launcher(side, calls) for side in ab.SIDES}
     monkeypatch.setattr(SweepRunner, "launcher", property(lambda self: launchers[self.out_dir.name]))

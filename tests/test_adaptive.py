@@ -1,10 +1,10 @@
-"""The sequential phase of ``--repeats auto`` (bench.adaptive): which configurations are open, which go first,
+"""The sequential phase of ``--repeats auto`` (bench.run.adaptive): which configurations are open, which go first,
 and the speed-only pairs a round adds, from hand-made records."""
 
 import dataclasses
 
-from bench import adaptive
-from bench.config import build_config
+from bench.plan.config import build_config
+from bench.run import adaptive
 from tests.records import record
 
 
@@ -71,7 +71,7 @@ def test_the_closest_to_a_decision_goes_first_and_a_hopeless_one_last():
 
 
 def test_speed_only_pairs_count_in_the_speed_verdict_but_not_in_quality():
-    from bench import analysis
+    from bench.analyze import analysis
 
     records = _planned({"grad_accum:steps=4": [1.10, 1.12, 1.08]})
     extra = [dataclasses.replace(record(label, seed=r % 3, repeat=r, sps=100.0 * (1.10 if label != "baseline" else 1),

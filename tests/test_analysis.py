@@ -1,4 +1,4 @@
-"""bench.analysis on small hand-made schema-2 records, with exact expected values."""
+"""bench.analyze.analysis on small hand-made schema-2 records, with exact expected values."""
 
 from __future__ import annotations
 
@@ -9,9 +9,10 @@ import math
 import pytest
 from scipy import stats as sps
 
-from bench import analysis, findings, stats
-from bench.analysis import InputError, Source, Sweep
-from bench.results import ResultStore, TrialRecord
+from bench.analyze import analysis, findings, stats
+from bench.records import reader
+from bench.records.reader import InputError, Source, Sweep
+from bench.records.results import ResultStore, TrialRecord
 from techniques.base import Claim
 from tests.records import curve_of, parity, record
 
@@ -261,7 +262,7 @@ def test_another_reference_set_can_be_chosen():
 
 def _sweep(*parts: tuple[str, dict, list[TrialRecord]]) -> Sweep:
     sources = [Source(path=__import__("pathlib").Path(name), records=recs, env=env,
-                      machine=analysis.machine_label(env, "cpu")) for name, env, recs in parts]
+                      machine=reader.machine_label(env, "cpu")) for name, env, recs in parts]
     return Sweep(sources, {s.machine: s.env for s in sources})
 
 
@@ -274,7 +275,7 @@ def test_machines_are_kept_apart():
     assert result.machines == ["cpu, Xeon (2 cores), host a, torch 2.13.0", "cpu, EPYC (4 cores), host b, torch 2.13.0"]
     speedups = [s for s in result.configs["speedup"] if s is not None]
     assert speedups == [pytest.approx(2.0), pytest.approx(0.75)]  # never 200 / 400
-    assert analysis.machine_label({}, "cuda") == "cuda, unknown machine (no env.json)"
+    assert reader.machine_label({}, "cuda") == "cuda, unknown machine (no env.json)"
 
 
 def test_load_reads_records_env_and_settings(tmp_path):
@@ -282,11 +283,11 @@ def test_load_reads_records_env_and_settings(tmp_path):
     store.append(record())
     (tmp_path / "env.json").write_text(json.dumps({"hostname": "h", "cpu_model": "C", "torch": "2"}))
     (tmp_path / "sweep.toml").write_text("repeats = 3\n[budget]\nmin_steps = 5\n")
-    sweep = analysis.load([tmp_path])
+    sweep = reader.load([tmp_path])
     assert len(sweep.records) == 1 and sweep.sources[0].settings == {"repeats": 3, "budget": {"min_steps": 5}}
     assert list(sweep.machines) == ["cpu, C, host h, torch 2"]
     with pytest.raises(InputError, match="has no results.jsonl"):
-        analysis.load([tmp_path / "missing"])
+        reader.load([tmp_path / "missing"])
     with pytest.raises(InputError, match=r"reference technique set 'nope' is not in these records \(sets here: "
                                          r"baseline\)"):
         analysis.analyze(sweep, baseline="nope")

@@ -7,7 +7,7 @@ import re
 import pytest
 
 import bench
-from bench.analysis import RECORD_COLUMNS
+from bench.analyze.analysis import RECORD_COLUMNS
 from tests.conftest import REPO
 
 FIXTURE = REPO / "tests" / "fixtures" / "report"
@@ -27,7 +27,7 @@ def test_load_reads_a_sweep_directory():
 
 
 def test_load_without_a_sweep_says_what_to_give(tmp_path):
-    from bench.analysis import InputError
+    from bench.records.reader import InputError
 
     with pytest.raises(InputError, match="has no results.jsonl"):
         bench.load(tmp_path)

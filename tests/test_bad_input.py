@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 
 from bench.cli import main
-from bench.config import build_config
-from bench.sweepdir import SweepLock, settings_hash
+from bench.plan.config import build_config
+from bench.run.sweepdir import SweepLock, settings_hash
 from tests.records import record
 
 

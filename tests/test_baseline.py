@@ -2,7 +2,7 @@
 
 import torch
 
-from bench.config import TechniqueSet
+from bench.plan.config import TechniqueSet
 from tests.helpers import build_loop
 
 

@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from bench.config import Budget
+from bench.plan.config import Budget
 from techniques.base import Context, OptionError
 from techniques.best_of_n import BestOfNSampling, best_of_n_kl
 from tests.helpers import build_loop

@@ -6,8 +6,8 @@ import torch
 from torch import nn
 
 from bench import workloads
-from bench.config import TechniqueSet, WorkloadSpec
-from bench.plan import incompatibility
+from bench.plan.config import TechniqueSet, WorkloadSpec
+from bench.plan.planner import incompatibility
 from techniques.base import Context, Kind
 from techniques.channels_last import ChannelsLast, apply_channels_last
 from tests.helpers import build_loop

@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from bench.results import ResultStore
+from bench.records.results import ResultStore
 
 
 @pytest.mark.slow

@@ -1,4 +1,4 @@
-"""``bench.load`` gives typed columns (bench/columns.py): the dtypes docs/api.md documents, the records' values in
+"""``bench.load`` gives typed columns (bench/records/columns.py): the dtypes docs/api.md documents, the records' values in
 them, missing values as NaN / <NA> / NaT, and ``bench.configurations`` still the report's numbers."""
 
 from __future__ import annotations
@@ -10,9 +10,10 @@ import pandas as pd
 import pytest
 
 import bench
-from bench import analysis, columns
-from bench.analysis import RECORD_COLUMNS
-from bench.results import STATUSES, ResultStore, TrialRecord
+from bench.analyze import analysis
+from bench.analyze.analysis import RECORD_COLUMNS
+from bench.records import columns, reader
+from bench.records.results import STATUSES, ResultStore, TrialRecord
 from tests.conftest import REPO
 
 EXAMPLE = REPO / "reports" / "example-cpu"
@@ -90,7 +91,7 @@ def test_missing_values_are_nan_na_and_nat():
 
 @pytest.mark.parametrize("sweep", SWEEPS, ids=lambda p: p.name)
 def test_untyped_gives_back_the_analysis_frame(sweep):
-    raw = analysis.records_frame(analysis.load([sweep]))
+    raw = analysis.records_frame(reader.load([sweep]))
     back = columns.untyped(bench.load(sweep))
     for col in raw.columns:
         assert list(back[col]) == list(raw[col]), col
@@ -98,7 +99,7 @@ def test_untyped_gives_back_the_analysis_frame(sweep):
 
 
 def test_configurations_of_the_typed_frame_are_the_reports():
-    raw = analysis.records_frame(analysis.load([EXAMPLE]))
+    raw = analysis.records_frame(reader.load([EXAMPLE]))
     frame = bench.load(EXAMPLE)
     pd.testing.assert_frame_equal(bench.configurations(frame), analysis.configurations(raw))
     gpt = frame[frame.workload == "gpt:tiny"]  # a filter keeps the other workloads' categories

@@ -17,10 +17,10 @@ import numpy as np
 import pytest
 from scipy import stats as sps
 
-from bench import compare, stats
+from bench.analyze import compare, stats
 from bench.cli import main
-from bench.config import ConfigError
-from bench.results import TrialRecord
+from bench.plan.config import ConfigError
+from bench.records.results import TrialRecord
 from tests.records import record as make_record
 
 FIX = Path(__file__).resolve().parent / "fixtures" / "compare"

@@ -47,7 +47,7 @@ def test_report_says_when_nothing_was_compiled():
 def test_a_set_that_compiled_nothing_is_flagged_in_the_analysis():
     import pandas as pd
 
-    from bench.analysis import _caveats
+    from bench.analyze.analysis import _caveats
 
     eager = pd.DataFrame({"technique_results": [{"compile": {"graphs": 0, "graph_breaks": 0}}] * 3})
     assert "ran eager" in _caveats(eager)[0]

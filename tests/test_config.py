@@ -2,7 +2,7 @@ from pathlib import Path
 
 import pytest
 
-from bench.config import (
+from bench.plan.config import (
     PRESETS,
     Budget,
     ConfigError,

@@ -1,4 +1,4 @@
-"""Energy and cost: ``bench.cost``'s arithmetic against hand-computed values, the instance table, the price settings
+"""Energy and cost: ``bench.analyze.cost``'s arithmetic against hand-computed values, the instance table, the price settings
 (CLI, TOML, sweep.toml), the report's Energy and Cost sections, the summary's cost line, and how a multi-process
 trial's energy is combined from its ranks."""
 
@@ -10,13 +10,13 @@ from pathlib import Path
 
 import pytest
 
-from bench import cost, summary
+from bench.analyze import cost, summary
 from bench.cli import main
-from bench.config import build_config
-from bench.errors import ConfigError
+from bench.core.errors import ConfigError
+from bench.plan.config import build_config
+from bench.records.results import EnergyResult, ResultStore
 from bench.report import build, html, markdown
-from bench.results import EnergyResult, ResultStore
-from bench.sweepdir import settings_hash
+from bench.run.sweepdir import settings_hash
 from bench.trial import combine_energy
 from tests.records import record
 

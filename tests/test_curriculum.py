@@ -5,8 +5,8 @@ import collections
 import pytest
 import torch
 
-from bench.config import Budget
 from bench.loop import plain_loop
+from bench.plan.config import Budget
 from bench.trial import TrialSpec, run
 from techniques.base import Context, Probe
 from techniques.curriculum import Curriculum, difficulty_scores, length_schedule, paced_fraction, pool_order
@@ -96,9 +96,9 @@ def test_speed_is_timed_past_the_warm_up_in_every_mode():
 
 def test_flops_follow_the_shapes_trained_each_counted_once():
     from bench import workloads
-    from bench.config import Budget as TrialBudget
     from bench.loop import plain_loop
     from bench.measure.flops import count_flops
+    from bench.plan.config import Budget as TrialBudget
     from bench.trial import build, window_flops
 
     spec = TrialSpec(sweep_id="t", trial_id="t", workload="gpt", size="tiny", techniques=["curriculum"], seed=0,

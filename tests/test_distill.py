@@ -7,10 +7,10 @@ import torch
 
 import techniques.distill  # noqa: F401  (registers it)
 from bench import workloads
-from bench.config import Budget
+from bench.core.structure import ModelStructure
 from bench.loop import TrainLoop, build_optimizer, plain_loop
 from bench.measure.flops import count_flops
-from bench.structure import ModelStructure
+from bench.plan.config import Budget
 from techniques._model import n_params
 from techniques.base import Context, OptionError, Probe, TrainConfig
 from techniques.distill import TEACHER_SEED, Distill, distillation_loss, teacher_params

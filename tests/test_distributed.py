@@ -20,9 +20,9 @@ import pytest
 import torch
 
 from bench import workloads
-from bench.config import build_config
 from bench.loop import TrainLoop, build_optimizer
-from bench.runner import SweepRunner
+from bench.plan.config import build_config
+from bench.run.runner import SweepRunner
 from techniques._distributed import zero_formula_bytes
 from techniques.base import Context
 from tests.conftest import REPO, TINY_BUDGET
@@ -133,7 +133,7 @@ def test_a_hanging_rank_times_out_and_leaves_no_process(tmp_path, monkeypatch):
 
 def test_world_size_one_skips_with_the_fix():
     cfg = build_config("smoke", {"workloads": "mlp", "techniques": "ddp,zero3+offload,offload", "repeats": 1})
-    from bench.plan import plan
+    from bench.plan.planner import plan
 
     reasons = {t.techniques.label: t.skip_reason for t in plan(cfg, torch.device("cpu"))}
     assert "needs several processes: run the sweep with --nproc 2" in reasons["ddp"]
@@ -141,7 +141,7 @@ def test_world_size_one_skips_with_the_fix():
 
 
 def test_fsdp_with_compile_needs_blocks():
-    from bench.plan import plan
+    from bench.plan.planner import plan
 
     cfg = build_config("smoke", {"workloads": "gpt", "techniques": "zero3+compile,ddp+compile", "repeats": 1,
                                  "nproc": 2})
@@ -154,7 +154,7 @@ def test_fsdp_with_compile_needs_blocks():
 
 
 def test_ddp_bucket_view_option_reaches_ddp(one_rank_group):
-    from bench.config import TechniqueSpec
+    from bench.plan.config import TechniqueSpec
 
     ctx = Context(device=torch.device("cpu"), world_size=1)
     for label, expected in (("ddp", False), ("ddp:bucket_view=true", True)):
@@ -166,7 +166,7 @@ def test_ddp_bucket_view_option_reaches_ddp(one_rank_group):
 def test_grad_accum_under_ddp_all_reduces_once_per_step(label, one_rank_group):
     from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
 
-    from bench.config import TechniqueSpec
+    from bench.plan.config import TechniqueSpec
 
     ctx = Context(device=torch.device("cpu"), world_size=1)
     techs = [TechniqueSpec.parse(label).resolve()]

@@ -1,11 +1,12 @@
-"""The docs tables that quote measured numbers are generated from the committed reports (bench.docs_tables)."""
+"""The docs tables that quote measured numbers are generated from the committed reports (bench.report.docs_tables)."""
 
 import re
 import shutil
 
 import pytest
 
-from bench import docs_tables, stats
+from bench.analyze import stats
+from bench.report import docs_tables
 
 # A ratio ("0.53x [0.41, 0.69]") or a difference ("+0.0133 [-0.0322, +0.0589]") with its interval.
 COMPARISON = re.compile(r"(?:\d+\.\d+x|[+-]\d+\.\d+) \[[^\]]+\]")
@@ -20,7 +21,7 @@ def bodies():
 
 def test_the_docs_tables_are_generated_from_the_committed_reports(bodies):
     found, _ = docs_tables.problems(bodies)
-    assert found == [], "\n".join(found) + "\nrun: python -m bench.docs_tables"
+    assert found == [], "\n".join(found) + "\nrun: python -m bench.report.docs_tables"
 
 
 def test_every_quoted_comparison_carries_its_verdict_word(bodies):
@@ -43,7 +44,7 @@ def test_a_stale_missing_or_misnamed_block_is_caught_and_a_stale_one_rewritten(b
                                  "freeze:blocks=1 | 1,220 (1.47x faster)"))
     found, rewritten = docs_tables.problems(bodies, tmp_path)
     assert found == ["docs/model-techniques.md is out of date (blocks model-techniques-gpt): run python -m "
-                     "bench.docs_tables"]
+                     "bench.report.docs_tables"]
     assert rewritten["docs/model-techniques.md"] == text
 
     readme = tmp_path / "README.md"

@@ -6,7 +6,7 @@ import math
 import pytest
 import torch
 
-from bench.config import Budget
+from bench.plan.config import Budget
 from techniques.base import Context, OptionError
 from techniques.dpo import DPO, dpo_loss
 from tests.helpers import build_loop

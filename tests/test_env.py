@@ -8,7 +8,13 @@ import time
 import pytest
 import torch
 
-from bench.env import DATASHEET_PEAK_FLOPS, calibrate_peaks, datasheet_peak, fingerprint, measure_peak_flops
+from bench.measure.env import (
+    DATASHEET_PEAK_FLOPS,
+    calibrate_peaks,
+    datasheet_peak,
+    fingerprint,
+    measure_peak_flops,
+)
 
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 

@@ -9,11 +9,13 @@ import textwrap
 
 import pytest
 
-from bench import analysis, cli
-from bench.config import build_config
-from bench.continuation import continuation_id, continuation_trials
+from bench import cli
+from bench.analyze import analysis
+from bench.plan.config import build_config
+from bench.records import reader
+from bench.records.results import ContinuationResult, TrialRecord
 from bench.report.content import quality_cell
-from bench.results import ContinuationResult, TrialRecord
+from bench.run.continuation import continuation_id, continuation_trials
 from bench.trial import TrialSpec, run
 from tests.conftest import TINY_BUDGET
 from tests.records import record
@@ -152,7 +154,7 @@ def test_continuations_are_kept_out_of_the_report_frame(tmp_path):
     out = tmp_path / "sweep"
     out.mkdir()
     (out / "results.jsonl").write_text("".join(r.to_json() + "\n" for r in base + fast + conts))
-    result = analysis.analyze(analysis.load([out]))
+    result = analysis.analyze(reader.load([out]))
     assert len(result.frame) == 6 and len(result.continuations) == 3
     assert result.configs.set_index("technique").loc["bf16", "delta_at_time"] == pytest.approx(0.1)
     again = TrialRecord.from_dict(json.loads(conts[0].to_json()))  # the new fields read back
@@ -281,7 +283,7 @@ def test_a_set_twice_as_fast_reaches_a_better_metric_at_equal_time(tmp_path, cap
         info = cont["quality"]["continuation"]
         assert info["reached"] and info["samples_beyond_budget"] > 0, info
         assert cont["quality"]["curve"][-1][-1] < original["quality"]["final"]  # trained on: a lower loss
-    row = analysis.analyze(analysis.load([out])).configs.set_index("technique").loc["quick"]
+    row = analysis.analyze(reader.load([out])).configs.set_index("technique").loc["quick"]
     assert row["n_total"] == 3 and row["equal_time_continued"] == 3
     assert row["delta"] == pytest.approx(0.0, abs=1e-3)  # the same math at equal samples
     assert row["delta_at_time"] < 0 and row["delta_at_time_verdict"] == "better"
@@ -297,7 +299,7 @@ def test_a_set_twice_as_fast_reaches_a_better_metric_at_equal_time(tmp_path, cap
 def test_each_blocker_says_why_and_the_rest_continue():
     import torch
 
-    from bench.config import TechniqueSpec
+    from bench.plan.config import TechniqueSpec
     from techniques.base import Context
 
     ctx = Context(device=torch.device("cpu"))

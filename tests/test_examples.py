@@ -24,7 +24,7 @@ def _load(name: str):
 
 
 def _weights(module, seed: int) -> list[torch.Tensor]:
-    torch.manual_seed(seed)  # what bench.workloads.user does before build
+    torch.manual_seed(seed)  # what bench.plan.user_models does before build
     return [p.detach().clone() for p in module.build(size="small", seed=seed)["model"].parameters()]
 
 

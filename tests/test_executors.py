@@ -21,10 +21,10 @@ import time
 import pytest
 import torch
 
-from bench import executors
-from bench.config import ConfigError, build_config
-from bench.results import ResultStore
-from bench.runner import SweepRunner
+from bench.plan.config import ConfigError, build_config
+from bench.records.results import ResultStore
+from bench.run import executors
+from bench.run.runner import SweepRunner
 from tests.conftest import REPO, TINY_BUDGET
 
 submitit = pytest.importorskip("submitit", reason="submitit (the 'slurm' extra) is not installed")
@@ -181,7 +181,7 @@ def test_ab_and_batch_executors_do_not_mix(tmp_path):
 
 def _finished_job(tmp_path, record_hash: str | None, monkeypatch):
     """A trial whose job (a pid that no longer runs) ended while no submitter watched; its record if given."""
-    from bench.plan import plan
+    from bench.plan.planner import plan
 
     monkeypatch.setattr(executors, "RECORD_GRACE_S", 0.1)
     out = tmp_path / "sweep"

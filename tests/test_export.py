@@ -12,9 +12,9 @@ import pandas as pd
 import pytest
 
 import bench
-from bench import columns
 from bench.cli import main
-from bench.results import ResultStore
+from bench.records import columns
+from bench.records.results import ResultStore
 from tests.conftest import REPO
 
 EXAMPLE = REPO / "reports" / "example-cpu"
@@ -35,7 +35,7 @@ def _tree(root: Path) -> dict[str, str]:
 
 def test_parquet_reads_back_with_the_frames_dtypes(tmp_path):
     pytest.importorskip("pyarrow", reason="the parquet extra (pyarrow) is not installed")
-    from bench.exporters import read_parquet
+    from bench.report.exporters import read_parquet
 
     done = bench.export(EXAMPLE, to="parquet", out=tmp_path / "t.parquet")
     assert (done.trials, done.where) == (45, str(tmp_path / "t.parquet"))
@@ -188,8 +188,8 @@ def test_tensorboard_curves_read_back_with_event_accumulator(tmp_path):
     pytest.importorskip("tensorboard", reason="the tensorboard extra is not installed")
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-    from bench.exporters.to_tensorboard import run_dir
-    from bench.exporters.trials import TrialView
+    from bench.report.exporters.to_tensorboard import run_dir
+    from bench.report.exporters.trials import TrialView
 
     done = bench.export(EXAMPLE, to="tensorboard", out=tmp_path)
     assert (done.trials, done.created) == (45, 45)

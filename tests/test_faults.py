@@ -15,11 +15,11 @@ import psutil
 import pytest
 import torch
 
-from bench.config import build_config
-from bench.plan import plan
-from bench.results import ResultStore
-from bench.runner import SweepRunner
-from bench.sweepdir import TEMP_PREFIX
+from bench.plan.config import build_config
+from bench.plan.planner import plan
+from bench.records.results import ResultStore
+from bench.run.runner import SweepRunner
+from bench.run.sweepdir import TEMP_PREFIX
 from tests.conftest import REPO
 from tests.records import record
 

@@ -17,8 +17,8 @@ import pytest
 import torch
 
 from bench import workloads
-from bench.config import ConfigError, TechniqueSpec
 from bench.loop import TrainLoop, build_optimizer
+from bench.plan.config import ConfigError, TechniqueSpec
 from techniques.base import Context, Probe, TrainConfig
 from techniques.fedavg import FedAvg, label_skew, participants, partition
 from tests.test_distributed import torchrun

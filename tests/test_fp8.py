@@ -9,12 +9,12 @@ import pytest
 import torch
 from torch import nn
 
-import bench.plan
+import bench.plan.planner
 import techniques.fp8  # noqa: F401  (registers "fp8")
 from bench import workloads
-from bench.config import Budget, ConfigError, TechniqueSet, TechniqueSpec, WorkloadSpec
 from bench.loop import TrainLoop, build_optimizer
-from bench.plan import incompatibility
+from bench.plan.config import Budget, ConfigError, TechniqueSet, TechniqueSpec, WorkloadSpec
+from bench.plan.planner import incompatibility
 from bench.trial import configure
 from techniques._model import TORCHAO_MISSING
 from techniques.base import Context
@@ -36,7 +36,7 @@ def test_check_on_cpu_names_the_gpu_it_needs():
 
 def test_torchao_missing_comes_first(monkeypatch):
     assert FP8().check(Context(device=CPU)) == TORCHAO_MISSING
-    monkeypatch.setattr(bench.plan, "available_packages", lambda: frozenset())  # as if it were not installed
+    monkeypatch.setattr(bench.plan.planner, "available_packages", lambda: frozenset())  # as if it were not installed
     assert incompatibility(TechniqueSet.parse("fp8"), WorkloadSpec("gpt"), CPU, 1) == f"fp8: {TORCHAO_MISSING}"
 
 

@@ -4,7 +4,7 @@ reproducibility for a seed, and the refusal elsewhere."""
 import pytest
 import torch
 
-from bench.config import Budget
+from bench.plan.config import Budget
 from techniques.base import Context, OptionError
 from techniques.grpo import GRPO, group_advantages, k3_kl
 from tests.helpers import build_loop

@@ -1,11 +1,19 @@
-"""The layout's two promises, checked statically: no import cycle among bench/ and techniques/, and the harness's
-reading side never names a technique (each technique carries its own reading: techniques/base.py)."""
+"""The layout's promises, checked statically (docs/architecture.md draws them):
+
+- every module of bench/ has a layer, named by its folder, and imports only the layers below it (report/ sits beside
+  run/ and reads records and analyses, never plan, trial or run);
+- no import cycle among bench/ and techniques/, ``if TYPE_CHECKING:`` imports included (a type-only arrow is still
+  an arrow the wrong way);
+- the harness's reading side never names a technique (each technique carries its own reading: techniques/base.py).
+"""
 
 from __future__ import annotations
 
 import ast
 import re
 from pathlib import Path
+
+import pytest
 
 import techniques
 
@@ -28,23 +36,12 @@ def _modules(root: Path) -> dict[str, Path]:
     return out
 
 
-def _type_checking_only(node: ast.AST) -> bool:
-    test = getattr(node, "test", None)
-    return isinstance(node, ast.If) and (
-        (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING")
-        or (isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"))
-
-
 def _imports(name: str, path: Path, known: dict[str, Path]) -> dict[str, int]:
-    """The project modules ``name`` imports, at module level or inside functions (an import run later still
-    closes a cycle), with the line of the first; imports under ``if TYPE_CHECKING:`` never run and are left out.
-    Importing ``a.b.c`` also runs the packages ``a`` and ``a.b`` (their __init__), except the importer's own
-    ancestors, which are always initialised before it."""
+    """The project modules ``name`` imports, at module level, inside functions (an import run later still closes a
+    cycle) or under ``if TYPE_CHECKING:`` (an arrow the type checker follows is an arrow of the design), with the
+    line of the first. Importing ``a.b.c`` also runs the packages ``a`` and ``a.b`` (their __init__), except the
+    importer's own ancestors, which are always initialised before it."""
     tree = ast.parse(path.read_text(), str(path))
-    skipped: set[int] = set()
-    for node in ast.walk(tree):
-        if _type_checking_only(node):
-            skipped.update(id(n) for n in ast.walk(node))
     is_package = path.name == "__init__.py"
     found: dict[str, int] = {}
 
@@ -56,8 +53,6 @@ def _imports(name: str, path: Path, known: dict[str, Path]) -> dict[str, int]:
                 found.setdefault(dotted, line)
 
     for node in ast.walk(tree):
-        if id(node) in skipped:
-            continue
         if isinstance(node, ast.Import):
             for alias in node.names:
                 add(alias.name, node.lineno)
@@ -133,46 +128,99 @@ def test_no_import_cycle_among_the_harness_and_the_techniques():
     assert cycles == [], "import cycles:\n" + "\n".join(" -> ".join(c) for c in cycles)
 
 
-def test_the_cycle_finder_follows_function_level_imports_and_skips_type_checking_ones(tmp_path):
-    files = {"bench/__init__.py": "", "bench/a.py": "import bench.b\n", "bench/b.py": "def f():\n    from bench import a\n",
-             "techniques/__init__.py": "", "techniques/x.py": "from typing import TYPE_CHECKING\n\nif TYPE_CHECKING:\n"
-             "    from techniques import y\n", "techniques/y.py": "import techniques.x\n"}
+def _plant(root: Path, files: dict[str, str]) -> None:
     for file, text in files.items():
-        (tmp_path / file).parent.mkdir(exist_ok=True)
-        (tmp_path / file).write_text(text)
-    assert import_cycles(tmp_path) == [["bench.a (line 1)", "bench.b (line 2)", "bench.a"]]
+        (root / file).parent.mkdir(parents=True, exist_ok=True)
+        (root / file).write_text(text)
 
 
-# ---- floors -------------------------------------------------------------------------------------------------
-
-# The flow is config -> plan -> run -> record -> analyse -> report. Two floors are kept apart by name: what a
-# technique may use of the harness (the parts a trial is built from), and the reading side, which works from
-# records alone and never reaches back into running trials.
-TECHNIQUES_MAY_USE = ("bench.text", "bench.files", "bench.measure", "bench.data", "bench.workloads",
-                     "bench.structure")  # a model's described parts, which the workloads declare
-READING = ("bench.analysis", "bench.findings", "bench.bottleneck", "bench.stats", "bench.summary", "bench.compare",
-           "bench.report", "bench.docs_tables", "bench.exporters", "bench.columns", "bench.cost")
-RUNNING = ("bench.trial", "bench.runner", "bench.loop", "bench.launcher", "bench.executors", "bench.ab", "bench.cli",
-           "bench.reference", "bench.nodes", "bench.slurmjobs", "bench.guard", "bench.profile")
+def test_the_cycle_finder_follows_function_level_and_type_checking_imports(tmp_path):
+    _plant(tmp_path, {"bench/__init__.py": "", "bench/a.py": "import bench.b\n",
+                      "bench/b.py": "def f():\n    from bench import a\n",
+                      "techniques/__init__.py": "", "techniques/x.py": "from typing import TYPE_CHECKING\n\n"
+                      "if TYPE_CHECKING:\n    from techniques import y\n", "techniques/y.py": "import techniques.x\n"})
+    assert import_cycles(tmp_path) == [["bench.a (line 1)", "bench.b (line 2)", "bench.a"],
+                                       ["techniques.x (line 4)", "techniques.y (line 1)", "techniques.x"]]
 
 
-def _under(module: str, prefixes: tuple[str, ...]) -> bool:
-    return any(module == p or module.startswith(p + ".") for p in prefixes)
+# ---- layers -------------------------------------------------------------------------------------------------
+
+# Each layer may import the layers before it in this order, and nothing above it. The trial layer is the four
+# modules the child process and `sweep --ab` launch by name, so they stay at bench/'s top; the entry points parse and
+# dispatch. report/ is not in the order: it sits beside run/ and may import only what REPORT_MAY_USE names.
+TRIAL = ("bench.trial", "bench.loop", "bench.reference", "bench.guard")
+ENTRY = ("bench", "bench.__main__", "bench.api", "bench.cli")
+ORDER = ("bench.core", "bench.measure", "bench.workloads", "techniques", "bench.records", "bench.analyze",
+         "bench.plan", "trial", "bench.run", "entry")
+REPORT = "bench.report"
+REPORT_MAY_USE = ("bench.analyze", "bench.records", "techniques", "bench.measure", "bench.core")
 
 
-def test_techniques_use_only_the_floor_a_trial_is_built_from():
-    known = _modules(ROOT)
-    wrong = [f"{m} imports {t} (line {line})" for m, p in known.items() if m.startswith("techniques")
-             for t, line in _imports(m, p, known).items()
-             if t.startswith("bench") and t != "bench" and not _under(t, TECHNIQUES_MAY_USE)]
+def _under(module: str, prefix: str) -> bool:
+    return module == prefix or module.startswith(prefix + ".")
+
+
+def layer_of(module: str) -> str | None:
+    """The layer a module belongs to: its folder under bench/ (or techniques/), the trial layer or the entry
+    points by name; None for a module that has no place."""
+    if module in TRIAL:
+        return "trial"
+    if module in ENTRY or _under(module, "bench.cli"):
+        return "entry"
+    return next((layer for layer in (*ORDER, REPORT) if _under(module, layer)), None)
+
+
+def may_import(layer: str, target: str) -> bool:
+    if layer == REPORT:
+        return target in REPORT_MAY_USE or target == REPORT
+    if target == REPORT:
+        return layer == "entry"
+    return ORDER.index(target) <= ORDER.index(layer)
+
+
+def wrong_way_imports(root: Path = ROOT) -> list[str]:
+    """``module imports target (line N): layer may not import layer`` for each import against the layer rule, and
+    ``module: no layer`` for a module outside every layer."""
+    known = _modules(root)
+    out = []
+    for module, path in sorted(known.items()):
+        layer = layer_of(module)
+        if layer is None:
+            out.append(f"{module}: no layer (put it in one of bench/'s layer folders: docs/architecture.md)")
+            continue
+        for target, line in sorted(_imports(module, path, known).items()):
+            to = layer_of(target)
+            if to is not None and target != "bench" and not may_import(layer, to):
+                out.append(f"{module} imports {target} (line {line}): {layer} may not import {to}")
+    return out
+
+
+def test_every_module_imports_only_the_layers_below_its_own():
+    wrong = wrong_way_imports()
     assert wrong == [], "\n".join(wrong)
 
 
-def test_the_reading_side_never_imports_the_running_side():
-    known = _modules(ROOT)
-    wrong = [f"{m} imports {t} (line {line})" for m, p in known.items() if _under(m, READING)
-             for t, line in _imports(m, p, known).items() if _under(t, RUNNING)]
-    assert wrong == [], "\n".join(wrong)
+def test_the_layer_check_rejects_a_planted_wrong_way_import_and_a_module_without_a_layer(tmp_path):
+    _plant(tmp_path, {"bench/__init__.py": "", "bench/core/__init__.py": "", "bench/run/__init__.py": "",
+                      "bench/report/__init__.py": "", "techniques/__init__.py": "",
+                      "bench/core/text.py": "from bench.run import runner\n",  # the floor reaching up
+                      "bench/run/runner.py": "from bench.core import text\n",  # fine: down
+                      "bench/report/content.py": "def f():\n    from bench.run import runner\n",  # beside, not below
+                      "bench/stray.py": "x = 1\n"})
+    assert wrong_way_imports(tmp_path) == [
+        "bench.core.text imports bench.run (line 1): bench.core may not import bench.run",
+        "bench.core.text imports bench.run.runner (line 1): bench.core may not import bench.run",
+        "bench.report.content imports bench.run (line 2): bench.report may not import bench.run",
+        "bench.report.content imports bench.run.runner (line 2): bench.report may not import bench.run",
+        "bench.stray: no layer (put it in one of bench/'s layer folders: docs/architecture.md)"]
+
+
+@pytest.mark.parametrize("module", ["bench.core.errors", "bench.measure.env", "bench.records.results",
+                                    "bench.analyze.stats", "bench.plan.config", "bench.trial", "bench.run.runner",
+                                    "bench.report.content", "bench.cli", "techniques.bf16"])
+def test_each_layer_is_its_folder(module):
+    assert layer_of(module) is not None and module.replace(".", "/") in {
+        str(p.relative_to(ROOT).with_suffix("")).replace("/__init__", "") for p in ROOT.glob(f"{module.split('.')[0]}/**/*.py")}
 
 
 # ---- technique names under bench/ ---------------------------------------------------------------------------
@@ -182,16 +230,16 @@ def test_the_reading_side_never_imports_the_running_side():
 _PRESET = "the presets' technique sets: the default sweeps a user runs are configuration, as a TOML file is"
 _DTYPE = "a dtype's short name (torch calls it so; the technique is named after it), for peaks and aliases"
 ALLOWED: dict[tuple[str, str], str] = {
-    ("bench.config", "bf16"): _PRESET + "; and the example of a technique list in a TOML error message",
-    ("bench.config", "fp16"): _PRESET,
-    ("bench.config", "grad_accum"): _PRESET,
-    ("bench.config", "checkpointing"): _PRESET,
-    ("bench.config", "compile"): _PRESET,
-    ("bench.env", "bf16"): _DTYPE,
-    ("bench.env", "fp16"): _DTYPE,
-    ("bench.env", "tf32"): _DTYPE + "; and whether TF32 matmuls were on during a calibration",
-    ("bench.plan", "deepspeed"): "the optional Python package of that name, whose presence the planner checks",
-    ("bench.ab", "prune"): "git worktree prune",
+    ("bench.plan.config", "bf16"): _PRESET + "; and the example of a technique list in a TOML error message",
+    ("bench.plan.config", "fp16"): _PRESET,
+    ("bench.plan.config", "grad_accum"): _PRESET,
+    ("bench.plan.config", "checkpointing"): _PRESET,
+    ("bench.plan.config", "compile"): _PRESET,
+    ("bench.measure.env", "bf16"): _DTYPE,
+    ("bench.measure.env", "fp16"): _DTYPE,
+    ("bench.measure.env", "tf32"): _DTYPE + "; and whether TF32 matmuls were on during a calibration",
+    ("bench.plan.planner", "deepspeed"): "the optional Python package of that name, whose presence the planner checks",
+    ("bench.run.ab", "prune"): "git worktree prune",
 }
 # Names that mean something else in the harness wherever they appear.
 SAME_WORD = {

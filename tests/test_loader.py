@@ -13,11 +13,11 @@ import pytest
 import torch
 
 from bench import workloads
-from bench.data import classifier_pipeline, dataset_pipeline, sample_seed, window_pipeline
+from bench.core.data import classifier_pipeline, dataset_pipeline, sample_seed, window_pipeline
+from bench.plan.user_models import _dataset_batches
 from bench.trial import TrialSpec, run
 from bench.workloads.gpt_chars import window_batches
 from bench.workloads.mlp_mnist1d import shuffled_batches
-from bench.workloads.user import _dataset_batches
 from techniques.base import Context, OptionError
 from techniques.loader import Loader
 from tests.conftest import REPO, TINY_BUDGET
@@ -99,7 +99,7 @@ def test_a_users_dataset_keeps_its_dataloader_order(dataset):
 
 
 def test_user_models_get_a_pipeline_for_tensors_and_datasets():
-    from bench.workloads.user import _pipeline_of
+    from bench.plan.user_models import _pipeline_of
 
     x, y = torch.randn(8, 2), torch.arange(8)
     assert _pipeline_of((x, y)) is not None and _pipeline_of(Items()) is not None

@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from bench import workloads
-from bench.config import ConfigError, TechniqueSpec
+from bench.plan.config import ConfigError, TechniqueSpec
 from techniques.base import Context
 from techniques.local_sgd import LocalSGD
 from tests.test_distributed import torchrun

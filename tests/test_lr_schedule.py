@@ -4,7 +4,7 @@ import math
 
 import pytest
 
-from bench.config import Budget
+from bench.plan.config import Budget
 from techniques.base import OptionError
 from techniques.lr_schedule import LRSchedule, warmup_cosine_factor
 from tests.helpers import build_loop

@@ -9,7 +9,7 @@ import torch.nn.functional as F
 
 import techniques.mtp  # noqa: F401  (registers "mtp")
 from bench import workloads
-from bench.config import ConfigError, TechniqueSpec
+from bench.plan.config import ConfigError, TechniqueSpec
 from bench.workloads import gpt_chars
 from techniques.base import Context, TrainOutput
 from techniques.checkpointing import CheckpointedBlock

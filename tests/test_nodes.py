@@ -10,9 +10,9 @@ from datetime import timedelta
 import pytest
 from torch.distributed import TCPStore
 
-from bench import nodes
-from bench.errors import ConfigError
-from bench.nodes import agree_on_done
+from bench.core.errors import ConfigError
+from bench.run import nodes
+from bench.run.nodes import agree_on_done
 
 PLAN = ["a", "b", "c"]
 
@@ -150,9 +150,9 @@ def test_a_two_node_sweep_resumes_with_both_nodes_skipping_the_same_trials(tmp_p
 
     import torch
 
-    from bench.config import build_config
-    from bench.plan import plan
-    from bench.results import ResultStore
+    from bench.plan.config import build_config
+    from bench.plan.planner import plan
+    from bench.records.results import ResultStore
     from tests.conftest import REPO
 
     flags = {"workloads": "mlp", "techniques": "ddp", "repeats": 1, "nproc": 1, "nnodes": 2}

@@ -11,10 +11,10 @@ import numpy as np
 import pytest
 import torch
 
-from bench.bottleneck import PHASES, diagnose
-from bench.measure.phases import PhaseClock, summarize_phases
+from bench.analyze.bottleneck import diagnose
+from bench.measure.phases import PHASES, PhaseClock, summarize_phases
+from bench.records.results import PhaseResult, ResultStore, TrialRecord
 from bench.report import build, markdown
-from bench.results import PhaseResult, ResultStore, TrialRecord
 from bench.trial import run
 from techniques.base import Kind, Technique
 from tests.helpers import build_loop
@@ -191,7 +191,7 @@ _INPUT, _COMPUTE = "input-bound: 60% of the step waits for data; ", "compute-bou
      "measured bubble); more micro-batches shrink the bubble (pp:microbatches)"),
 ])
 def test_each_diagnosis_line_in_the_techniques_words(args, line):
-    """The lines read as they did when bench/bottleneck.py spelled them out; now each fix is a technique's remedy."""
+    """The lines read as they did when bench/analyze/bottleneck.py spelled them out; now each fix is a technique's remedy."""
     from techniques.base import Bottleneck
 
     if len(args) == 5:

@@ -1,7 +1,7 @@
 import torch
 
-from bench.config import build_config
-from bench.plan import plan
+from bench.plan.config import build_config
+from bench.plan.planner import plan
 
 CPU = torch.device("cpu")
 

@@ -29,8 +29,8 @@ import torch
 from torch import nn
 
 from bench import workloads
+from bench.core.structure import ModelStructure
 from bench.loop import TrainLoop, build_optimizer
-from bench.structure import ModelStructure
 from techniques import get
 from techniques.base import Context, Technique, TrainConfig
 from techniques.pp import (
@@ -228,8 +228,8 @@ def test_the_decomposition_is_checked_on_the_model():
 
 
 def test_the_plan_skips_what_pp_cannot_run():
-    from bench.config import build_config
-    from bench.plan import plan
+    from bench.plan.config import build_config
+    from bench.plan.planner import plan
 
     cfg = build_config("smoke", {"workloads": "gpt,mlp", "repeats": 1, "nproc": 2,
                                  "techniques": "pp,pp:microbatches=3,pp+ddp,pp+grad_accum:steps=2"})

@@ -121,8 +121,8 @@ def test_the_artefacts_are_cached_in_the_sweeps_directory(built, tmp_path, monke
 
 
 def test_preference_methods_refuse_workloads_without_the_structure():
-    from bench.config import TechniqueSet, WorkloadSpec
-    from bench.plan import incompatibility
+    from bench.plan.config import TechniqueSet, WorkloadSpec
+    from bench.plan.planner import incompatibility
 
     for name in ("dpo", "grpo", "rloo", "best_of_n"):
         reason = incompatibility(TechniqueSet.parse(name), WorkloadSpec.parse("gpt:tiny"), CPU, 1)
@@ -142,7 +142,7 @@ def test_a_sweep_of_the_methods_runs_and_reports(tmp_path):
                    "--repeats", "1", "--steps", "8", "--eval-points", "2", "--window-steps", "2",
                    "--window-seconds", "0.05", "--out", str(out), timeout=900)
     assert proc.returncode == 0, proc.stderr[-2000:]
-    from bench.results import ResultStore
+    from bench.records.results import ResultStore
 
     every = ResultStore(out / "results.jsonl").read()
     records = [r for r in every if not r.continues]  # the planned trials; continuations train faster sets on

@@ -7,8 +7,8 @@ import json
 
 import pytest
 
-from bench.bottleneck import PHASES
 from bench.cli import main
+from bench.measure.phases import PHASES
 
 
 def test_profile_writes_a_trace_with_the_labelled_phases(tmp_path, capsys):

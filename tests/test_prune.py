@@ -7,8 +7,8 @@ from torch import nn
 
 import techniques.prune  # noqa: F401  (registers "prune" before build_loop resolves the label)
 from bench import workloads
-from bench.config import Budget
-from bench.structure import ModelStructure, describe
+from bench.core.structure import ModelStructure, describe
+from bench.plan.config import Budget
 from bench.workloads.cnn_fashion import ResNet
 from techniques.base import Context, OptionError
 from techniques.prune import (

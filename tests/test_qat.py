@@ -9,10 +9,10 @@ import pytest
 import torch
 from torch import nn
 
-import bench.plan
+import bench.plan.planner
 import techniques.qat  # noqa: F401  (registers "qat")
-from bench.config import ConfigError, TechniqueSet, TechniqueSpec, WorkloadSpec
-from bench.plan import incompatibility
+from bench.plan.config import ConfigError, TechniqueSet, TechniqueSpec, WorkloadSpec
+from bench.plan.planner import incompatibility
 from techniques.base import Context
 from techniques.qat import QAT, TORCHAO_MISSING, count_fake_quantizers, qat_targets, shared_weights
 from tests.helpers import build_loop
@@ -142,7 +142,7 @@ def test_torchao_missing_skips_with_the_install_hint(monkeypatch):
     assert TORCHAO_MISSING == "needs torchao (pip install 'trainbench[torchao]')"
     assert QAT().check(Context(device=CPU, available_packages=WITH_TORCHAO)) is None
     assert incompatibility(TechniqueSet.parse("qat"), WorkloadSpec("gpt"), CPU, 1) is None
-    monkeypatch.setattr(bench.plan, "available_packages", lambda: frozenset())  # as if it were not installed
+    monkeypatch.setattr(bench.plan.planner, "available_packages", lambda: frozenset())  # as if it were not installed
     assert incompatibility(TechniqueSet.parse("qat"), WorkloadSpec("gpt"), CPU, 1) == f"qat: {TORCHAO_MISSING}"
 
 

@@ -11,7 +11,8 @@ import torch
 from torch import nn
 
 from bench import reference
-from bench.reference import ReferenceKey, Trajectory
+from bench.plan.planner import ReferenceKey
+from bench.reference import Trajectory
 from bench.trial import TrialSpec, run
 from tests.conftest import TINY_BUDGET
 

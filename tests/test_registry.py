@@ -43,7 +43,7 @@ def test_technique_runs_two_steps(name):
 @pytest.mark.gpu
 @pytest.mark.parametrize("name", sorted(GPU_SETTINGS))
 def test_gpu_technique_runs_two_steps_or_says_why_not(name):
-    from bench.plan import available_packages
+    from bench.plan.planner import available_packages
 
     label, workload = GPU_SETTINGS[name]
     device = torch.device("cuda")

@@ -22,9 +22,10 @@ from pathlib import Path
 import pytest
 
 from bench import cli as cli_mod
-from bench import summary
-from bench.report import InputError, build, load, markdown, parse_formats, write_report
-from bench.results import MemoryResult, ResultStore, TrialRecord
+from bench.analyze import summary
+from bench.records.reader import load
+from bench.records.results import MemoryResult, ResultStore, TrialRecord
+from bench.report import InputError, build, markdown, parse_formats, write_report
 from tests.records import record as make_record
 
 FIXTURE = Path(__file__).resolve().parent / "fixtures" / "report"
@@ -234,19 +235,19 @@ def test_duplicated_trial_ids_are_counted_once_and_said(tmp_path):
     assert f"\n> **Input:** {markdown.escape(note)}\n\n" in text
     assert text.replace(f"> **Input:** {markdown.escape(note)}\n\n", "") == _markdown([FIXTURE])  # first kept
     # A trial id is unique within a directory: two directories may both hold it (two machines, two A/B sides) ...
-    sweep, notes = load([FIXTURE, dup])
-    assert [len(s.records) for s in sweep.sources] == [25, 25] and notes == [note]
+    sweep = load([FIXTURE, dup])
+    assert [len(s.records) for s in sweep.sources] == [25, 25] and sweep.notes == [note]
     # ... but the same directory given twice is one sweep.
-    sweep, notes = load([FIXTURE, FIXTURE / ".." / "report"])
+    sweep = load([FIXTURE, FIXTURE / ".." / "report"])
     assert [len(s.records) for s in sweep.sources] == [25]
-    assert notes == [f"{FIXTURE / '..' / 'report'} was given twice; its trials were counted once"]
+    assert sweep.notes == [f"{FIXTURE / '..' / 'report'} was given twice; its trials were counted once"]
 
 
 def test_reports_are_written_whole_or_not_at_all(tmp_path, monkeypatch):
-    # every file goes through bench.files.write_atomic: a temporary file beside it, then os.replace
+    # every file goes through bench.core.files.write_atomic: a temporary file beside it, then os.replace
     replaced = []
     real = os.replace
-    monkeypatch.setattr("bench.files.os.replace", lambda src, dst: (replaced.append(Path(dst).name), real(src, dst)))
+    monkeypatch.setattr("bench.core.files.os.replace", lambda src, dst: (replaced.append(Path(dst).name), real(src, dst)))
     write_report([FIXTURE], out_dir=tmp_path)
     assert sorted(replaced) == sorted(["report.md", "report.html", *(f"{name}.png" for name in FIGURES)])
     assert sorted(p.name for p in tmp_path.iterdir()) == ["figures", "report.html", "report.md"]  # no temporaries
@@ -264,7 +265,7 @@ def _bad(mutate) -> str:
     return json.dumps(d)
 
 
-# A second line of the wrong shape, and what the message about it says after "PATH:2" (bench.results words it; the
+# A second line of the wrong shape, and what the message about it says after "PATH:2" (bench.records.results words it; the
 # test holds only what must be there, and that anything echoed from the line is cut short).
 BAD_LINES = {
     "a JSON array": ("[1, 2]", "a record is a JSON object, got list"),
@@ -345,7 +346,7 @@ def test_a_shape_the_type_check_misses_still_gets_one_line(tmp_path, capsys):
 
 
 def test_a_summary_without_speed_says_why():
-    from bench import analysis
+    from bench.analyze import analysis
     from bench.report.content import _speed_points
     from tests.records import record
 
@@ -363,7 +364,7 @@ def test_a_summary_without_speed_says_why():
 
 
 def test_a_ratio_beside_one_but_not_clear_of_the_threshold_says_which_side_it_is_on():
-    from bench import stats
+    from bench.analyze import stats
     from bench.report.content import ratio_cell
 
     assert ratio_cell(1.28, 1.02, 1.60, stats.INCONCLUSIVE).text == \

@@ -1,5 +1,5 @@
 """The report's reading of a workload that records a proxy reward and KL beside its metric: the Summary's compute to
-target and over-optimisation sentences (verdicts from bench.stats) and the gold-against-KL frontier figure."""
+target and over-optimisation sentences (verdicts from bench.analyze.stats) and the gold-against-KL frontier figure."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ import dataclasses
 import shutil
 from pathlib import Path
 
+from bench.records.results import ResultStore
 from bench.report import build, markdown
-from bench.results import ResultStore
 from tests.records import record
 
 FIXTURE = Path(__file__).resolve().parent / "fixtures" / "report"

@@ -23,8 +23,8 @@ from typing import Any
 
 import pytest
 
+from bench.records.results import ResultStore, TrialRecord
 from bench.report import write_report
-from bench.results import ResultStore, TrialRecord
 
 FIXTURE = Path(__file__).resolve().parent / "fixtures" / "report"
 HOSTILE = "<script>alert(1)</script>"

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from bench import stats
+from bench.analyze import stats
+from bench.records.results import ResultStore
 from bench.report import build, markdown
-from bench.results import ResultStore
 from tests.records import record
 
 FIXTURE = Path(__file__).resolve().parent / "fixtures" / "report"

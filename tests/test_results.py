@@ -3,7 +3,7 @@ from pathlib import Path
 
 import pytest
 
-from bench.results import SCHEMA_1_QUALITY_NOTE, SCHEMA_VERSION, ResultStore, TrialRecord, sanitize
+from bench.records.results import SCHEMA_1_QUALITY_NOTE, SCHEMA_VERSION, ResultStore, TrialRecord, sanitize
 from tests.records import record
 
 
@@ -85,8 +85,8 @@ def test_a_bad_record_in_the_middle_names_its_line(tmp_path: Path):
 
 
 def test_the_records_documentation_is_generated_from_the_dataclasses():
-    from bench import records_doc
+    from bench.records import schema_doc as records_doc
 
-    assert records_doc.main(["--check"]) == 0, "docs/records.md is out of date: run python -m bench.records_doc"
+    assert records_doc.main(["--check"]) == 0, "docs/records.md is out of date: run python -m bench.records.schema_doc"
     text = records_doc.render()
     assert "## QualityResult" in text and "| `time_to_target_with_one_off_s` |" in text

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from bench.config import Budget
+from bench.plan.config import Budget
 from techniques.base import Context, OptionError
 from techniques.rloo import RLOO, rloo_advantages
 from tests.helpers import build_loop

@@ -5,10 +5,10 @@ import shutil
 import pytest
 import torch
 
-from bench.config import ConfigError, build_config
-from bench.launcher import TrialLauncher
-from bench.results import ResultStore
-from bench.runner import SweepRunner
+from bench.plan.config import ConfigError, build_config
+from bench.records.results import ResultStore
+from bench.run.launcher import TrialLauncher
+from bench.run.runner import SweepRunner
 from tests.conftest import TINY_BUDGET
 
 CPU = torch.device("cpu")

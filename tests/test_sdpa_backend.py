@@ -6,8 +6,8 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 from bench import workloads
-from bench.config import ConfigError, TechniqueSet, WorkloadSpec
-from bench.plan import incompatibility
+from bench.plan.config import ConfigError, TechniqueSet, WorkloadSpec
+from bench.plan.planner import incompatibility
 from techniques.base import Context, Kind
 from techniques.sdpa_backend import SDPABackend, backend_problem
 from tests.helpers import build_loop

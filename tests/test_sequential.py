@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 from scipy import stats as sps
 
-from bench import sequential, stats
+from bench.analyze import sequential, stats
 
-CAP = 20  # a cap with room for the looks these tests make (the default, bench.config.DEFAULT_MAX_REPEATS, is 8)
+CAP = 20  # a cap with room for the looks these tests make (the default, bench.plan.config.DEFAULT_MAX_REPEATS, is 8)
 
 
 def _looks(sims: int, max_n: int, seed: int) -> np.ndarray:
@@ -88,7 +88,7 @@ def test_pairs_needed_follows_the_designs_multiplier():
 
 
 def test_the_default_cap_keeps_the_error_rates_and_calls_a_quiet_null_equivalent():
-    from bench.config import DEFAULT_MAX_REPEATS
+    from bench.plan.config import DEFAULT_MAX_REPEATS
 
     for cv in (0.02, 0.10, 0.30):
         out = sequential.simulate(1.0, cv, DEFAULT_MAX_REPEATS, sims=2000, seed=7 + int(cv * 100))

@@ -15,11 +15,11 @@ import sys
 import pytest
 import torch
 
-from bench import sweepdir
-from bench.config import ConfigError, build_config
-from bench.plan import full_plan, plan
+from bench.plan.config import ConfigError, build_config
+from bench.plan.planner import full_plan, plan
 from bench.report import build
-from bench.runner import SweepRunner
+from bench.run import sweepdir
+from bench.run.runner import SweepRunner
 from tests.conftest import REPO, TINY_BUDGET
 
 CPU = torch.device("cpu")

@@ -32,8 +32,8 @@ from pathlib import Path
 import psutil
 import pytest
 
-from bench import executors, slurmjobs
-from bench.results import ResultStore
+from bench.records.results import ResultStore
+from bench.run import executors, slurmjobs
 from tests.conftest import REPO
 
 pytestmark = pytest.mark.slurm
@@ -325,9 +325,9 @@ def test_without_accounting_states_come_from_the_controller_and_an_unknown_job_e
     (job_id,) = [e["job_id"] for e in json.loads((sweep_dir / "jobs.json").read_text())["jobs"].values()]
     assert slurmjobs.states([job_id]) == {job_id: ("COMPLETED", "squeue")}
     # A job that no source knows (its id from elsewhere; or ended long ago, with accounting away): a bounded wait.
-    from bench.config import build_config
-    from bench.plan import plan
-    from bench.runner import SweepRunner
+    from bench.plan.config import build_config
+    from bench.plan.planner import plan
+    from bench.run.runner import SweepRunner
 
     monkeypatch.setattr(slurmjobs, "UNKNOWN_WAIT_S", 3.0)
     monkeypatch.setattr(executors, "RECORD_GRACE_S", 0.5)

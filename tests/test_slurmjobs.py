@@ -1,4 +1,4 @@
-"""bench.slurmjobs: a job's state from squeue, else sacct, else scontrol; a job no one knows is waited for a bounded time.
+"""bench.run.slurmjobs: a job's state from squeue, else sacct, else scontrol; a job no one knows is waited for a bounded time.
 
 The commands' answers here are in the form Slurm 22.05 prints them (``squeue -o %i|%T``, ``sacct -P``,
 ``scontrol -o``; tests/test_slurm.py runs the real ones); what is checked is which command is asked when, and what the
@@ -7,7 +7,7 @@ submitter concludes.
 
 from __future__ import annotations
 
-from bench import slurmjobs
+from bench.run import slurmjobs
 
 
 class FakeSlurm:

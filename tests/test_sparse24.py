@@ -11,11 +11,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-import bench.plan
+import bench.plan.planner
 import techniques.sparse24  # noqa: F401  (registers "sparse24")
 from bench import workloads
-from bench.config import ConfigError, TechniqueSet, TechniqueSpec, WorkloadSpec
-from bench.plan import incompatibility
+from bench.plan.config import ConfigError, TechniqueSet, TechniqueSpec, WorkloadSpec
+from bench.plan.planner import incompatibility
 from bench.workloads import gpt_chars
 from techniques import sparse24
 from techniques._model import TORCHAO_MISSING
@@ -41,7 +41,7 @@ def test_check_on_cpu_names_the_gpu_it_needs():
 
 def test_torchao_missing_comes_first(monkeypatch):
     assert Sparse24().check(Context(device=CPU)) == TORCHAO_MISSING
-    monkeypatch.setattr(bench.plan, "available_packages", lambda: frozenset())  # as if it were not installed
+    monkeypatch.setattr(bench.plan.planner, "available_packages", lambda: frozenset())  # as if it were not installed
     assert incompatibility(TechniqueSet.parse("bf16+sparse24"), WorkloadSpec("gpt"), CPU, 1) == \
         f"sparse24: {TORCHAO_MISSING}"
 

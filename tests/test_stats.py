@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 from scipy import stats as sps
 
-from bench import stats
-from bench.stats import EQUIVALENT, INCONCLUSIVE, NONE, contrast, difference, overall, ratio, verdict
+from bench.analyze import stats
+from bench.analyze.stats import EQUIVALENT, INCONCLUSIVE, NONE, contrast, difference, overall, ratio, verdict
 
 
 def test_paired_difference_matches_scipy_ttest_rel():
@@ -125,7 +125,7 @@ def test_t_interval_keeps_its_coverage_at_three_pairs_where_a_percentile_bootstr
 
 
 def test_the_report_and_compare_read_their_verdicts_from_this_one_function(monkeypatch):
-    from bench import analysis, compare
+    from bench.analyze import analysis, compare
     from tests.records import record
 
     monkeypatch.setattr(stats, "verdict", lambda est, threshold, higher="higher", lower="lower", min_repeats=3:
@@ -215,6 +215,6 @@ def test_a_sequential_design_widens_the_paired_interval_to_its_repeated_one():
     assert seq.value == pytest.approx(fixed.value) and seq.se == pytest.approx(fixed.se)
     t = sps.t.ppf(0.975, 4)
     assert math.log(fixed.hi / fixed.value) == pytest.approx(t * fixed.se)
-    from bench import sequential
+    from bench.analyze import sequential
     assert math.log(seq.hi / seq.value) == pytest.approx(sequential.multiplier(5, 10) * seq.se)
     assert "sequential design" in seq.method and seq.max_looks == 10

@@ -19,9 +19,9 @@ from torch import nn
 
 import techniques  # noqa: F401  (registers every technique)
 from bench import workloads
-from bench.config import Budget, TechniqueSpec
+from bench.core.structure import Attention, Block, Cut, ModelStructure, infer
 from bench.loop import plain_loop
-from bench.structure import Attention, Block, Cut, ModelStructure, infer
+from bench.plan.config import Budget, TechniqueSpec
 from bench.workloads.base import Workload, register
 from techniques.base import Context, Probe, TrainConfig, TrainOutput
 from techniques.distill import TEACHER_SEED, Distill
@@ -163,7 +163,7 @@ def build(size: str = "small", seed: int = 0, device: str = "cpu") -> dict:
 @pytest.fixture(scope="module")
 def user_workload():
     """This file's ``build`` as a user's model (``--model tests/test_structure.py:build``), built in-process."""
-    from bench.workloads.user import parse_model, register_model
+    from bench.plan.user_models import parse_model, register_model
 
     return register_model(parse_model(f"llama_style={Path(__file__).resolve()}:build"))()
 
@@ -493,7 +493,7 @@ def test_transfer_needs_an_init_or_a_declared_source_task(tmp_path):
 def test_a_users_build_returns_its_structure_and_the_plan_sees_it(user_workload):
     built = user_workload.build("small", 0, CPU)
     assert built.structure.attention.rotary and built.structure.mlp.gate == "mlp.gate_proj"
-    from bench.workloads.user import PluginError, _structure_of, validate
+    from bench.plan.user_models import PluginError, _structure_of, validate
 
     spec = validate({**build(), "structure": {**structure_dict(), "head": "nowhere"}}, "w")
     with pytest.raises(PluginError, match="'nowhere', which is not a submodule"):
@@ -605,8 +605,8 @@ def test_hf_mtp_distill_and_transfer_init(size, tmp_path):
 
 
 def test_the_plan_asks_the_description(user_workload):
-    from bench.config import TechniqueSet, WorkloadSpec
-    from bench.plan import incompatibility
+    from bench.plan.config import TechniqueSet, WorkloadSpec
+    from bench.plan.planner import incompatibility
 
     @register
     class Described(Workload):  # a third-party workload whose description lacks a teacher
@@ -673,8 +673,8 @@ ON_EXAMPLES = {
 
 @pytest.fixture(scope="module")
 def examples():
+    from bench.plan.user_models import parse_model, register_model
     from bench.workloads.cnn_fashion import DEFAULT_DIR, missing_reason
-    from bench.workloads.user import parse_model, register_model
 
     found = {"lstm_lm": register_model(parse_model(f"ex_lstm={EXAMPLES / 'lstm_lm.py'}:build"))()}
     if missing_reason(Path(DEFAULT_DIR)) is None:
@@ -713,7 +713,7 @@ def test_the_examples_run_or_are_skipped_with_the_part_named(example, examples, 
 def test_the_plan_gets_a_users_structure_from_the_check_process():
     """The check that builds a user's model before the sweep (a child process) hands its structure to the plan as
     JSON: the same description the trial's build finds."""
-    from bench.workloads.user import parse_model, register_model
+    from bench.plan.user_models import parse_model, register_model
 
     wl = register_model(parse_model(f"ex_lstm_check={EXAMPLES / 'lstm_lm.py'}:build"))()
     planned = wl.structure("small")

@@ -3,8 +3,8 @@
 import pytest
 import torch
 
-from bench.config import TechniqueSet, WorkloadSpec
-from bench.plan import incompatibility
+from bench.plan.config import TechniqueSet, WorkloadSpec
+from bench.plan.planner import incompatibility
 from techniques.base import Context
 from techniques.tf32 import TF32, apply_tf32
 from tests.helpers import build_loop

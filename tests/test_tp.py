@@ -31,8 +31,8 @@ import pytest
 import torch
 
 from bench import workloads
+from bench.core.structure import ModelStructure
 from bench.loop import plain_loop
-from bench.structure import ModelStructure
 from techniques import get
 from techniques.base import Context
 from techniques.tp import HeadMajorAttention, description_problem, head_major_rows, model_problem
@@ -115,8 +115,8 @@ def test_check_reasons():
 
 
 def test_plan_refuses_tp_with_ddp_and_says_why_zero3_needs_more_ranks():
-    from bench.config import build_config
-    from bench.plan import plan
+    from bench.plan.config import build_config
+    from bench.plan.planner import plan
 
     cfg = build_config("smoke", {"workloads": "gpt,mlp", "techniques": "tp,tp+ddp,tp+zero3", "repeats": 1,
                                  "nproc": 2})

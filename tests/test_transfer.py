@@ -10,9 +10,9 @@ import pytest
 import torch
 
 from bench import workloads
-from bench.config import Budget
+from bench.core.structure import ModelStructure
 from bench.loop import plain_loop
-from bench.structure import ModelStructure
+from bench.plan.config import Budget
 from bench.trial import TrialSpec, run
 from bench.workloads.cnn_fashion import SOURCE_CLASSES, data_dir, fashion_source_task, load_fashion_mnist
 from bench.workloads.gpt_chars import (

@@ -17,7 +17,7 @@ import torch
 
 from bench import trial as trial_mod
 from bench import workloads
-from bench.results import TrialRecord
+from bench.records.results import TrialRecord
 from bench.trial import TrialSpec, run
 from techniques import base as techniques_base
 from techniques.base import Kind, Technique, TrainConfig
@@ -330,7 +330,7 @@ def test_the_timed_window_runs_with_the_cyclic_garbage_collector_off():
 
     import torch
 
-    from bench.config import Budget
+    from bench.plan.config import Budget
     from bench.trial import _timed_window
 
     seen = []

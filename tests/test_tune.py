@@ -17,9 +17,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from bench import cli, tune
-from bench.config import TechniqueSet, WorkloadSpec
-from bench.plan import incompatibility, world_size_for
+from bench import cli
+from bench.plan.config import TechniqueSet, WorkloadSpec
+from bench.plan.planner import incompatibility, world_size_for
+from bench.run import tune
 from tests.records import record
 
 MLP = WorkloadSpec("mlp", "tiny")

@@ -11,10 +11,11 @@ import pytest
 import torch
 from torch import nn
 
-from bench import cli, plugins
-from bench.config import build_config
-from bench.plan import plan
-from bench.workloads import user
+from bench import cli
+from bench.plan import plugins
+from bench.plan import user_models as user
+from bench.plan.config import build_config
+from bench.plan.planner import plan
 from tests.conftest import REPO, TINY_BUDGET
 
 FIXTURES = REPO / "tests" / "fixtures" / "plugins"
@@ -242,8 +243,8 @@ def test_a_notebook_registers_an_edited_or_other_model_again(tmp_path):
 
 
 def test_resume_refuses_an_edited_model_file_and_extend_adds_a_model(tmp_path):
-    from bench import sweepdir
-    from bench.files import write_atomic
+    from bench.core.files import write_atomic
+    from bench.run import sweepdir
 
     model = tmp_path / "net.py"
     model.write_text(MODELS.read_text())
@@ -261,7 +262,7 @@ def test_resume_refuses_an_edited_model_file_and_extend_adds_a_model(tmp_path):
 
 
 def test_ab_against_a_checkout_without_plugin_support_is_refused(tmp_path):
-    from bench.ab import AbRunner, Checkout
+    from bench.run.ab import AbRunner, Checkout
 
     old = tmp_path / "old"
     (old / "bench").mkdir(parents=True)

@@ -21,11 +21,17 @@ import contextlib
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
-import torch
 
-from bench.bottleneck import PHASES
+# The phases of a step, in step order; "other" is the remainder. The analysis, the report and the diagnosis read
+# these names, so this module imports torch only when a clock runs (reading records stays torch-free).
+PHASES = ("data", "h2d", "forward", "backward", "optimizer", "other")
+LOOP_PHASES = ("h2d", "forward", "backward", "optimizer")  # the regions the loop labels itself
+
+if TYPE_CHECKING:
+    import torch
 
 _NULL = contextlib.nullcontext()
 
@@ -43,6 +49,8 @@ class PhaseClock:
 
     def __init__(self, device: torch.device | str, label: bool = False,
                  clock: Callable[[], float] = time.perf_counter) -> None:
+        import torch
+
         self.device = torch.device(device)
         self.label = label
         self.clock = clock
@@ -52,6 +60,8 @@ class PhaseClock:
 
     def _sync(self) -> None:
         if self._cuda:
+            import torch
+
             torch.cuda.synchronize(self.device)
 
     @contextlib.contextmanager
@@ -59,6 +69,8 @@ class PhaseClock:
         """Time one region of the step in progress (several regions of one name add up: micro-batches)."""
         if self._current is None:
             raise RuntimeError(f"PhaseClock.region({name!r}) outside a step")
+        if self.label:
+            import torch
         labelled = torch.profiler.record_function(name) if self.label else _NULL
         self._sync()
         t0 = self.clock()

@@ -4,7 +4,7 @@
     paths = write_report(["reports/quick-20260101-120000"])          # writes next to results.jsonl
     paths = write_report([dir_a, dir_b], out_dir="reports/merged")   # two machines, kept apart
 
-The numbers come from ``bench.analysis`` (computed once); ``content`` turns them into text cells, ``figures`` into
+The numbers come from ``bench.analyze.analysis`` (computed once); ``content`` turns them into text cells, ``figures`` into
 PNGs, and ``markdown`` / ``html`` draw the same content. A report can always be re-rendered from ``results.jsonl``
 (+ ``env.json``) alone: ``python -m bench report DIR``.
 """
@@ -15,11 +15,13 @@ import logging
 from collections.abc import Sequence
 from pathlib import Path
 
-from bench import analysis as analysis_mod
-from bench import cost
-from bench.analysis import BASELINE, Analysis, InputError, Sweep, Thresholds
-from bench.files import write_atomic
-from bench.report import content, figures, html, inputs, markdown
+from bench.analyze import analysis as analysis_mod
+from bench.analyze import cost
+from bench.analyze.analysis import BASELINE, Analysis, Thresholds
+from bench.core.files import write_atomic
+from bench.records import reader
+from bench.records.reader import InputError
+from bench.report import content, figures, html, markdown
 
 log = logging.getLogger(__name__)
 
@@ -35,66 +37,21 @@ def parse_formats(text: str | Sequence[str]) -> tuple[str, ...]:
     return tuple(dict.fromkeys(items))
 
 
-def load(dirs: Sequence[Path | str]) -> tuple[Sweep, list[str]]:
-    """The sweeps in ``dirs``, each trial once, and notes on what was dropped. ``InputError`` (one line: file, line,
-    what is wrong) for a record of the wrong shape.
-
-    Trials are keyed by (directory, trial id): a directory given twice is read once, and within a directory the
-    first record of a trial id is kept. The same trial id in two directories is two trials (two sweeps, two
-    machines, the two sides of an A/B run).
-    """
-    unique: dict[Path, Path] = {}
-    notes = []
-    for d in map(Path, dirs):
-        if d.resolve() in unique:
-            notes.append(f"{d} was given twice; its trials were counted once")
-        else:
-            unique[d.resolve()] = d
-    sweep = analysis_mod.load(list(unique.values()), read=inputs.read_records)
-    for source in sweep.sources:
-        source.records, repeated = inputs.unique_trials(source.records)
-        if repeated:
-            notes.append(inputs.duplicates_note(source.path / "results.jsonl", repeated))
-    notes.extend(shard_notes(sweep))
-    return sweep, notes
-
-
-def shard_notes(sweep: Sweep) -> list[str]:
-    """What a reader of a sharded sweep must know: which shards are here, and which are missing."""
-    shards: dict[int, set[int]] = {}
-    for source in sweep.sources:
-        text = (source.settings or {}).get("shard")
-        index, _, count = str(text or "").partition("/")
-        if index.isdigit() and count.isdigit():
-            shards.setdefault(int(count), set()).add(int(index))
-    notes = []
-    for count, present in sorted(shards.items()):
-        missing = sorted(set(range(count)) - present)
-        listed = ", ".join(f"{i}/{count}" for i in sorted(present))
-        if missing:
-            notes.append(f"this report holds shard(s) {listed} of a sweep split in {count}: the workloads of shard(s) "
-                         f"{', '.join(f'{i}/{count}' for i in missing)} are not in it (give every shard's directory)")
-        else:
-            notes.append(f"shards {listed} merged: each shard ran whole workloads (all their technique sets and "
-                         "repeats), so no comparison pairs trials of two shards")
-    return notes
-
-
 def build(dirs: Sequence[Path | str], baseline: str = BASELINE, with_figures: bool = True,
           thresholds: Thresholds | None = None, price: cost.Price | None = None) -> tuple[Analysis, content.Report]:
     """Analyse the sweeps in ``dirs`` and build the report's content (figures rendered when asked). ``price``
     (per machine-hour) overrides the one each sweep recorded in its sweep.toml, for the Cost section."""
-    sweep, notes = load(dirs)
+    sweep = reader.load(dirs)
     try:
         result = analysis_mod.analyze(sweep, baseline=baseline, thresholds=thresholds)
         figs = figures.make_figures(result) if with_figures else {}
-        return result, content.build(result, figs, notes, price=price)
+        return result, content.build(result, figs, sweep.notes, price=price)
     except (TypeError, KeyError, AttributeError, IndexError) as exc:
         # The records passed the type check, so this is a shape it does not cover (an eval curve row too short,
         # a per-rank entry without its keys): say so in one line rather than a traceback.
         where = ", ".join(str(s.path / "results.jsonl") for s in sweep.sources)
         raise InputError(f"{where}: a record of an unexpected shape stopped the report "
-                         f"({type(exc).__name__}: {inputs.clip(exc)})") from None
+                         f"({type(exc).__name__}: {reader.clip(exc)})") from None
 
 
 def write_report(dirs: Sequence[Path | str], out_dir: Path | str | None = None, baseline: str = BASELINE,
@@ -114,7 +71,7 @@ def write_report(dirs: Sequence[Path | str], out_dir: Path | str | None = None, 
         out_dir = dirs[0]
     out = Path(out_dir)
     formats = parse_formats(formats)
-    blocker = inputs.blocking_file(out)
+    blocker = reader.blocking_file(out)
     if blocker is not None:
         raise InputError(f"cannot write the report into {out}: {blocker} is a file, not a directory (--out DIR)")
     _, report = build(dirs, baseline, thresholds=thresholds, price=price)
@@ -142,4 +99,4 @@ def _write(report: content.Report, out: Path, formats: Sequence[str]) -> dict[st
     return written
 
 
-__all__ = ["FORMATS", "InputError", "build", "load", "parse_formats", "write_report"]
+__all__ = ["FORMATS", "InputError", "build", "parse_formats", "write_report"]

@@ -16,11 +16,11 @@ import numpy as np
 import pandas as pd
 
 import techniques
-from bench import cost, stats
-from bench.analysis import BREAKDOWN, EXACT_CURVE_RTOL, EXACT_QUALITY, MULTIPLY, Analysis
-from bench.bottleneck import PHASES
-from bench.results import PARITY_TOLERANCES
-from bench.text import fmt_bytes, fmt_secs
+from bench.analyze import cost, stats
+from bench.analyze.analysis import BREAKDOWN, EXACT_CURVE_RTOL, EXACT_QUALITY, MULTIPLY, Analysis
+from bench.core.text import fmt_bytes, fmt_secs
+from bench.measure.phases import PHASES
+from bench.records.results import PARITY_TOLERANCES
 from techniques.base import Technique
 
 # ---- data ---------------------------------------------------------------------------------------------------
@@ -278,7 +278,7 @@ def quality_cell(c: Any) -> Cell:
 
 def equal_time_text(c: Any) -> str:
     """The metric at the reference's training clock, and how a faster set got there: trained on past its budget
-    (``bench.continuation``), or why it could not be ("" without an equal-time value)."""
+    (``bench.run.continuation``), or why it could not be ("" without an equal-time value)."""
     if not _ok(c.delta_at_time):
         return ""
     at = delta_cell(c.delta_at_time, c.delta_at_time_lo, c.delta_at_time_hi, c.delta_at_time_verdict,
@@ -676,7 +676,7 @@ def decisions(analysis: Analysis) -> list[str]:
         out.append(line + ".")
     family = [int(n) for n in others.get("delta_family", pd.Series(dtype=object)) if _ok(n)]
     if family and max(family):
-        judged = others[others["kind"] != "exact"]  # the family (bench.analysis.correct_family)
+        judged = others[others["kind"] != "exact"]  # the family (bench.analyze.analysis.correct_family)
         kept = sum(w not in (None, *stats.UNDECIDED) for w in judged["delta_verdict"])
         dropped = int(sum(bool(d) for d in judged["delta_holm_dropped"] if _ok(d)))
         out.append(f"Quality at equal samples: {max(family)} comparisons, {kept} decided after Holm's correction "

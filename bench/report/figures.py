@@ -30,8 +30,8 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure as MplFigure
 
 import techniques
-from bench.analysis import BREAKDOWN, MODEL_STATE, Analysis
-from bench.bottleneck import PHASES
+from bench.analyze.analysis import BREAKDOWN, MODEL_STATE, Analysis
+from bench.measure.phases import PHASES
 from bench.report.content import Figure
 from bench.report.frontier import KL, frontier_trials
 from techniques.base import ResultCurve

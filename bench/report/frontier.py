@@ -7,7 +7,7 @@ workload's ``curve_metrics``: ``proxy_reward`` and ``kl``, in the records' ``qua
   estimated FLOPs up to the first evaluation at the target: steps to target x FLOPs per step, the technique's own
   estimate where it records one, ``flops_per_step_est``, else the trial's measured ``flops_per_step``), and which
   over-optimised the proxy (from the evaluation with the best metric to the end of the run, the proxy rose while the
-  metric fell). Every verdict word comes from ``bench.stats`` (paired over seeds; no verdict below 3).
+  metric fell). Every verdict word comes from ``bench.analyze.stats`` (paired over seeds; no verdict below 3).
 
 Nothing here names a technique or a workload: it reads the records' columns.
 """
@@ -19,8 +19,8 @@ from typing import Any
 
 import pandas as pd
 
-from bench import stats
-from bench.analysis import Analysis
+from bench.analyze import stats
+from bench.analyze.analysis import Analysis
 
 PROXY, KL = "proxy_reward", "kl"
 

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import re
 
+from bench.core.text import cell, escape
 from bench.report.content import Figure, Report, Section, Table
-from bench.text import cell, escape
 
 
 def table(t: Table) -> list[str]:

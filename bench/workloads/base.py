@@ -11,8 +11,8 @@ from typing import Any, ClassVar
 import torch
 from torch import nn
 
-from bench.structure import ModelStructure
-from bench.text import shown
+from bench.core.structure import ModelStructure
+from bench.core.text import shown
 
 Batch = tuple[torch.Tensor, torch.Tensor]  # (inputs, targets), on CPU; the loop moves them to the device
 
@@ -68,7 +68,7 @@ class BuiltWorkload:
     blocks: str | None = "blocks"  # dotted path (``model.get_submodule``) of the nn.ModuleList of repeated blocks
     # that per-block techniques wrap (checkpointing, per-block compile, FSDP); None when the model has none
     source: dict[str, Any] | None = None  # a user's model: {"file" or "module", "function", "sha256"}
-    pipeline: Any = None  # a ``bench.data.Pipeline``: the training set as a map-style Dataset and the key order
+    pipeline: Any = None  # a ``bench.core.data.Pipeline``: the training set as a map-style Dataset and the key order
     # ``batches`` follows, for techniques that load batches themselves (``loader``: a DataLoader with workers)
     preference: Any = None  # a preference workload's structure (``bench.workloads.pref.PreferenceTask``: prompts,
     # pairs, the starting policy, the gold reward and the proxy reward model) that preference methods train on;
@@ -76,7 +76,7 @@ class BuiltWorkload:
     curve_metrics: tuple[str, ...] = ()  # keys of ``evaluate``'s result recorded beside ``metric`` at every
     # evaluation point (``quality.curve_extra``), e.g. a preference workload's proxy reward and KL
     structure: ModelStructure | None = None  # the model's parts, for the techniques that change, split or scale it
-    # (``bench.structure``: declared by the workload, derived from a Hugging Face config, returned by a user's build
+    # (``bench.core.structure``: declared by the workload, derived from a Hugging Face config, returned by a user's build
     # or inferred)
     source_task: Callable[[], SourceTask] | None = None  # builds the pretraining task the model's description
     # declares (``SourceTask``), on demand: reading its data costs seconds; None when the workload provides none

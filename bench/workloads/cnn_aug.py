@@ -17,7 +17,7 @@ torchvision ``transforms.Compose`` in a Dataset's ``__getitem__`` would, in this
    direction and image, 0.65-0.8 ms of one core per image; sigma 4 (a 33x33 kernel) cost about 1.5 times as much,
    which would push the data wait past the 30-60% of a tiny step this workload aims at.
 
-Every random draw of a sample comes from a generator seeded by its key (``bench.data.sample_seed`` of the trial
+Every random draw of a sample comes from a generator seeded by its key (``bench.core.data.sample_seed`` of the trial
 seed and the sample's position in the stream), so the batches are the same in this process and in any number of
 DataLoader workers: the ``loader`` technique is exact here. ``batches`` (the baseline) runs the pipeline in the
 training process, one sample after the other, as a naive training script does; the augmentation then takes a large
@@ -48,7 +48,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from bench.data import classifier_pipeline
+from bench.core.data import classifier_pipeline
 from bench.workloads.base import BuiltWorkload, register
 from bench.workloads.cnn_fashion import CNNFashion
 

@@ -44,8 +44,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from bench.data import classifier_pipeline
-from bench.structure import Channels, Cut, ModelStructure, Scaling
+from bench.core.data import classifier_pipeline
+from bench.core.structure import Channels, Cut, ModelStructure, Scaling
 from bench.workloads.base import ACCURACY_MARGIN, BuiltWorkload, SourceTask, Workload, WorkloadError, register
 from bench.workloads.mlp_mnist1d import classification_metrics, shuffled_batches
 

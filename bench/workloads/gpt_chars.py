@@ -56,10 +56,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from bench.data import window_pipeline
-from bench.structure import MLP as MLPPart
-from bench.structure import Attention, ModelStructure, Scaling
-from bench.structure import Block as BlockPart
+from bench.core.data import window_pipeline
+from bench.core.structure import MLP as MLPPart
+from bench.core.structure import Attention, ModelStructure, Scaling
+from bench.core.structure import Block as BlockPart
 from bench.workloads.base import Batch, BuiltWorkload, SourceTask, Workload, register
 
 TRAIN_FRACTION = 0.9

@@ -42,10 +42,10 @@ from typing import Any
 import torch
 from torch import nn
 
-from bench.structure import MLP as StructMLP
-from bench.structure import Attention, ModelStructure, Scaling
-from bench.structure import Block as StructBlock
-from bench.text import shown
+from bench.core.structure import MLP as StructMLP
+from bench.core.structure import Attention, ModelStructure, Scaling
+from bench.core.structure import Block as StructBlock
+from bench.core.text import shown
 from bench.workloads.base import BuiltWorkload, Workload, WorkloadError, register
 from bench.workloads.gpt_chars import corpus_split, lm_workload
 

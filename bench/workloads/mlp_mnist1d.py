@@ -35,8 +35,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from bench.data import classifier_pipeline
-from bench.structure import Channels, Cut, ModelStructure, Scaling
+from bench.core.data import classifier_pipeline
+from bench.core.structure import Channels, Cut, ModelStructure, Scaling
 from bench.workloads.base import ACCURACY_MARGIN, Batch, BuiltWorkload, Workload, register
 
 DATASET_SEED = 0

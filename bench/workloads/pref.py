@@ -79,7 +79,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from bench.files import save_torch_atomic
+from bench.core.files import save_torch_atomic
 from bench.workloads.base import BuiltWorkload, Workload, artefact_dir, register
 from bench.workloads.gpt_chars import GPT, GPTConfig, corpus_split, lm_workload, window_batches
 

@@ -13,7 +13,7 @@ import torch
 
 import techniques
 from bench import workloads
-from bench.config import TechniqueSet
+from bench.plan.config import TechniqueSet
 from techniques.base import Context
 from tests.helpers import build_loop
 from tests.technique_settings import TECHNIQUE_SETTINGS

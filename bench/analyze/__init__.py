@@ -1,0 +1,1 @@
+"""From records to verdicts: statistics, analysis, findings, summaries, comparisons, cost."""

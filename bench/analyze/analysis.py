@@ -1,0 +1,875 @@
+"""Statistics over trial records: what sped up, by how much, with what certainty, and how fast each set learns.
+
+Everything the report and the summary show is computed here, once, from records (``results.jsonl``) and their
+environment (``env.json``); the renderers only format it. Every interval and verdict comes from ``bench.analyze.stats``
+(the one engine ``bench compare`` uses too). The pipeline:
+
+- the records come from ``bench.records.reader.load(dirs)``: one or more sweep directories, each with its
+  ``env.json`` (machine fingerprint);
+- ``records_frame(sweep)``: a tidy DataFrame, one row per trial (``RECORD_COLUMNS``); continuation trials
+  (``continues``) are set apart from every statistic but quality at equal time (``split_continuations``);
+- ``configurations(frame)``: one row per machine x workload x technique set:
+  - speed: median samples/s and its spread; speedup against the reference set, paired by seed;
+  - memory: peaks and the memory ratio; the breakdown; MFU; one-off costs;
+  - quality at equal samples, judged by the set's kind: an ``exact`` set must reproduce the reference's eval curve
+    seed by seed (``EXACT_CURVE_RTOL``), ``numeric`` and ``algorithmic`` sets get the metric's difference at the
+    full budget, paired by seed, and at equal training time (the reference's clock; a faster set is read on its
+    continuation trained on to that clock, ``bench.run.continuation``);
+  - time-to-target: censored medians (a miss is +inf and stays in), miss rate, samples-to-target, and the ratio to
+    the reference when neither missed;
+  - parity and status;
+- ``interactions(frame, configs)``: for combined sets, one paired contrast per seed: log(a+b) - log(a) - log(b) +
+  log(reference);
+- ``bench.analyze.findings``: claims check and "what to try next".
+
+Machines are never pooled: a comparison uses trials of the same machine (and, for pairing, the same sweep).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from bench.analyze import bottleneck, findings, stats
+from bench.analyze.findings import REPLICA_BYTES_PER_PARAM, frame_of
+from bench.measure.phases import PHASES
+from bench.records.reader import InputError, Sweep
+from bench.records.results import TrialRecord
+
+log = logging.getLogger(__name__)
+
+BASELINE = "baseline"
+BREAKDOWN = ("params", "grads", "optimizer", "activations", "other")
+MODEL_STATE = ("params", "grads", "optimizer")  # per-rank model state of multi-process trials, from local shards
+PROBLEM_STATUSES = ("failed", "oom", "killed", "timeout", "diverged")
+
+# An exact set's eval curve must match the reference set's at every evaluation, seed by seed, within this fraction
+# of how far the reference's metric moved over the run (its range: a fraction of the value itself would blow up
+# where the metric starts near 0, an accuracy of 0.1 before training). Exact techniques reorder floating-point sums,
+# and some models amplify that over a run: see docs/methodology.md for what was measured.
+EXACT_CURVE_RTOL = 0.01
+
+
+# ---- the tidy frame -----------------------------------------------------------------------------------------
+
+# Multi-process trials: per-rank memory and model state beside the ZeRO formula (None for one-process trials, where
+# the clean RSS values are this process's own).
+DISTRIBUTED_COLUMNS = [
+    "world_size", "n_params", "samples_per_s_per_device", "rank_peak_rss_bytes", "clean_rss_at_rest_bytes",
+    "clean_rss_peak_bytes", "model_state_bytes", *(f"state_{c}_bytes" for c in MODEL_STATE), "zero_stage",
+    "zero_formula_bytes", "zero_note",
+]
+
+RECORD_COLUMNS = [
+    "source", "machine", "key", "sweep_id", "trial_id", "timestamp_utc", "workload", "technique", "names",
+    "components", "kind", "mode", "seed", "repeat", "position", "device", "status", "reason", "notes",
+    "added_by", "wall_s", "max_looks", "margin",
+    "batch_size", "first_step_s", "one_off_s", "probe_s",
+    "samples_per_s", "tokens_per_s", "step_time_s", "step_time_iqr_s", "window_steps", "data_wait_frac",
+    "contention_frac", "contended", "contention_retries", "flops_per_step", "achieved_flops", "compute_dtype",
+    "peak_flops", "mfu",
+    "mfu_datasheet",
+    "peak_bytes", "peak_rss_bytes", *(f"mem_{c}_bytes" for c in BREAKDOWN), "mem_held", "breakdown_skipped",
+    "metric", "higher_is_better", "target", "budget_samples", "samples_trained", "final", "train_time_s", "cut",
+    "stopped_by", "curve", "curve_extra", "samples_to_target", "steps_to_target", "time_to_target_s", "time_to_target_one_off_s",
+    "parity_kind", "parity_ok", "parity_loss_diff", "parity_start_diff", "parity_distance_diff", "parity_loss_tol",
+    "parity_distance_tol", "parity_note", "energy_j", "technique_results",
+    "phase_step_s", *(f"phase_{p}_share" for p in PHASES),
+    *DISTRIBUTED_COLUMNS,
+    "continues", "continuation",
+]
+
+
+def _record_row(r: TrialRecord, source: str, machine: str, max_looks: int | None = None) -> dict[str, Any]:
+    b, s, q, p, m = r.build, r.speed, r.quality, r.parity, r.memory
+    bd = (m.breakdown if m else None) or {}
+    wl = r.workload or {}
+    return {
+        "source": source, "machine": machine, "key": (source, r.seed, r.repeat), "sweep_id": r.sweep_id,
+        "trial_id": r.trial_id, "timestamp_utc": r.timestamp_utc, "workload": r.workload_label,
+        "technique": r.technique_label, "names": tuple(p.split(":")[0] for p in _components(r.technique_label)),
+        "components": _components(r.technique_label), "kind": r.kind,
+        "mode": r.mode, "seed": r.seed, "repeat": r.repeat, "position": r.position, "device": r.device,
+        "status": r.status, "reason": r.reason, "notes": tuple(r.notes),
+        "added_by": r.added_by, "wall_s": r.wall_s, "max_looks": max_looks, "margin": q.margin if q else None,
+        "batch_size": b.batch_size if b else wl.get("batch_size"),
+        "first_step_s": b.first_step_s if b else None, "one_off_s": b.one_off_s if b else None,
+        "probe_s": b.probe_s if b else None,
+        "samples_per_s": s.samples_per_s if s else None, "tokens_per_s": s.tokens_per_s if s else None,
+        "step_time_s": s.step_time_s.median if s else None, "step_time_iqr_s": s.step_time_s.iqr if s else None,
+        "window_steps": s.steps if s else None, "data_wait_frac": s.data_wait_frac if s else None,
+        "contention_frac": s.contention.fraction if s else None, "contended": bool(s and s.contended),
+        "contention_retries": list(s.contention_retries) if s else [],
+        "flops_per_step": s.flops_per_step if s else None, "achieved_flops": s.achieved_flops if s else None,
+        "compute_dtype": s.compute_dtype if s else None, "peak_flops": s.peak_flops if s else None,
+        "mfu": s.mfu if s else None, "mfu_datasheet": s.mfu_datasheet if s else None,
+        "peak_bytes": m.peak_bytes if m else None, "peak_rss_bytes": m.peak_rss_bytes if m else None,
+        **{f"mem_{c}_bytes": bd.get(c) for c in BREAKDOWN}, "mem_held": bd.get("held") or None,
+        "breakdown_skipped": m.breakdown_skipped if m else None,
+        "metric": q.metric if q else wl.get("metric"),
+        "higher_is_better": q.higher_is_better if q else wl.get("higher_is_better"),
+        "target": q.target if q else wl.get("target"),
+        "budget_samples": q.budget_samples if q else None, "samples_trained": q.samples_trained if q else None,
+        "final": q.final if q else None, "train_time_s": q.train_time_s if q else None, "cut": q.cut if q else None,
+        "stopped_by": q.stopped_by if q else None, "curve": q.curve if q else [],
+        "curve_extra": q.curve_extra if q else None,
+        "samples_to_target": q.samples_to_target if q else None,
+        "steps_to_target": q.steps_to_target if q else None,
+        "time_to_target_s": q.time_to_target_s if q else None,
+        "time_to_target_one_off_s": q.time_to_target_with_one_off_s if q else None,
+        "parity_kind": p.kind if p else None, "parity_ok": p.ok if p else None,
+        "parity_loss_diff": p.loss_rel_diff if p else None, "parity_start_diff": _start_diff(p),
+        "parity_distance_diff": p.distance_rel_diff if p else None,
+        "parity_loss_tol": p.loss_tolerance if p else None, "parity_distance_tol": p.distance_tolerance if p else None,
+        "parity_note": p.note if p else None,
+        "energy_j": r.energy.joules if r.energy else None,
+        "technique_results": r.technique_results,
+        "phase_step_s": r.phases.step_s if r.phases else None,
+        **{f"phase_{name}_share": r.phases.share.get(name) if r.phases else None for name in PHASES},
+        "n_params": b.n_params if b else wl.get("n_params"),
+        **_distributed_fields(r.world_size, s, m),
+        "continues": r.continues,
+        "continuation": dataclasses.asdict(q.continuation) if q and q.continuation else None,
+    }
+
+
+def _components(label: str) -> tuple[str, ...]:
+    """The parts of a technique set's label ("bf16+grad_accum:steps=4"); the empty set (baseline) has none. Read
+    from the label, which every record has, even one of a trial killed before it built anything."""
+    return () if label == BASELINE else tuple(label.split("+"))
+
+
+def _distributed_fields(world_size: int | None, speed: Any, mem: Any) -> dict[str, Any]:
+    """Per-rank memory (the maximum over ranks where one number stands for all) and the ZeRO formula's total."""
+    ranks = (mem.per_rank if mem else None) or []
+    cleans = [r.get("clean_rss") or {} for r in ranks] or [(mem.clean_rss if mem else None) or {}]
+
+    def worst(key: str) -> int | None:
+        values = [c.get(key) for c in cleans]
+        return max(values) if values and all(v is not None for v in values) else None
+
+    formula = (mem.zero_formula_bytes if mem else None) or {}
+    states = [r.get("model_state") or {} for r in ranks]
+    largest = max(states, key=lambda st: sum(st.get(c) or 0 for c in MODEL_STATE), default={})
+    return {
+        "world_size": world_size or 1,
+        "samples_per_s_per_device": speed.samples_per_s_per_device if speed else None,
+        "rank_peak_rss_bytes": tuple(r.get("peak_rss_bytes") for r in ranks) or None,
+        "clean_rss_at_rest_bytes": worst("at_rest_bytes"),
+        "clean_rss_peak_bytes": worst("peak_bytes"),
+        "model_state_bytes": mem.model_state_bytes if mem else None,
+        **{f"state_{c}_bytes": largest.get(c) for c in MODEL_STATE},
+        "zero_stage": mem.zero_stage if mem else None,
+        "zero_formula_bytes": formula.get("total"),
+        "zero_note": mem.zero_note if mem else None,
+    }
+
+
+def records_frame(sweep: Sweep | Sequence[TrialRecord], max_looks: int | None = None) -> pd.DataFrame:
+    """One row per trial with the fields the analysis uses (see ``RECORD_COLUMNS``); missing values are None.
+    ``key`` = (sweep directory, seed, repeat): what pairs trials of different sets (a planned repeat has its own
+    seed; a sequential design's speed-only pairs reuse the seeds under new repeat numbers). ``max_looks``: the cap of the sequential
+    design the records came from (a sweep's own comes from its sweep.toml)."""
+    if isinstance(sweep, Sweep):
+        rows = [_record_row(r, s.name, s.machine, design_cap(s.settings)) for s in sweep.sources for r in s.records]
+    else:
+        rows = [_record_row(r, "", "", max_looks) for r in sweep]
+    return frame_of(rows, RECORD_COLUMNS)
+
+
+def design_cap(settings: Mapping[str, Any] | None) -> int | None:
+    """The cap of a sweep's sequential design (``max_repeats`` in sweep.toml), or None for a fixed design."""
+    cap = (settings or {}).get("max_repeats")
+    repeats = (settings or {}).get("repeats")
+    return int(cap) if isinstance(cap, int) and isinstance(repeats, int) and cap > repeats else None
+
+
+def _cap(rows: pd.DataFrame | None) -> int | None:
+    """The sequential design's cap that applies to these trials (the largest, when merged sweeps differ)."""
+    if rows is None:
+        return None
+    caps = [int(c) for c in rows["max_looks"] if _ok(c)]
+    return max(caps) if caps else None
+
+
+# ---- helpers ------------------------------------------------------------------------------------------------
+
+
+def _ok(v: Any) -> bool:
+    return v is not None and not (isinstance(v, float) and math.isnan(v))
+
+
+def _values(series: pd.Series) -> list[float]:
+    return [float(v) for v in series if _ok(v)]
+
+
+def _median(series: pd.Series) -> float | None:
+    v = _values(series)
+    return float(np.median(v)) if v else None
+
+
+def keyed(rows: pd.DataFrame | None, column: str) -> dict[Any, float]:
+    """{(source, seed, repeat): value} of the rows that have one: what the statistics engine pairs on."""
+    if rows is None:
+        return {}
+    return {k: float(v) for k, v in zip(rows["key"], rows[column], strict=True) if _ok(v)}
+
+
+def _per_rank_medians(series: pd.Series) -> tuple[float, ...] | None:
+    """Rank by rank, the median over trials of per-rank values (trials of one configuration share a world size)."""
+    lists = [v for v in series if v]
+    if not lists or len({len(v) for v in lists}) != 1 or any(x is None for v in lists for x in v):
+        return None
+    return tuple(float(np.median(col)) for col in zip(*lists, strict=True))
+
+
+def _estimate_cols(prefix: str, est: stats.Estimate | None, verdict: stats.Verdict | None) -> dict[str, Any]:
+    return {
+        prefix: est.value if est else None,
+        f"{prefix}_lo": est.lo if est else None,
+        f"{prefix}_hi": est.hi if est else None,
+        f"{prefix}_n": est.n if est else None,
+        f"{prefix}_paired": est.paired if est else None,
+        f"{prefix}_verdict": verdict.word if verdict else None,
+        f"{prefix}_why": verdict.why if verdict else None,
+    }
+
+
+def _compare(prefix: str, mine: Mapping[Any, float], ref: Mapping[Any, float], log: bool, threshold: float,
+             words: tuple[str, str], max_looks: int | None = None) -> dict[str, Any]:
+    """The estimate, its verdict, and what a multiplicity correction needs (the verdict's p-value, the threshold
+    it was judged at, how many pairs would decide it)."""
+    if not mine or not ref:
+        return {**_estimate_cols(prefix, None, None), f"{prefix}_p": None, f"{prefix}_threshold": threshold,
+                f"{prefix}_needed": None}
+    est = stats.ratio(mine, ref, max_looks) if log else stats.difference(mine, ref)
+    v = stats.verdict(est, threshold, *words)
+    return {**_estimate_cols(prefix, est, v), f"{prefix}_p": stats.p_value(est, threshold, v.word, *words),
+            f"{prefix}_threshold": threshold, f"{prefix}_needed": v.needed}
+
+
+def _rows(frame: pd.DataFrame, mask: Sequence[bool]) -> pd.DataFrame:
+    """The rows where ``mask`` is true (a plain list of booleans would select columns when empty)."""
+    return frame[pd.Series(list(mask), index=frame.index, dtype=bool)]
+
+
+def _complete(frame: pd.DataFrame) -> pd.DataFrame:
+    """Trials whose quality run trained the whole budget (not cut)."""
+    return _rows(frame, [bool(c) and not cut for c, cut in zip(frame["curve"], frame["cut"], strict=True)])
+
+
+def _status_text(group: pd.DataFrame) -> str:
+    counts = group["status"].value_counts()
+    parts = [f"{int(counts.get('ok', 0))}/{len(group)} ok"]
+    parts += [f"{int(counts[s])} {s}" for s in ("skipped", *PROBLEM_STATUSES) if s in counts]
+    return ", ".join(parts)
+
+
+def _ordered_groups(frame: pd.DataFrame, baseline: str) -> list[tuple[str, str, str]]:
+    """(machine, workload, technique) keys: machines in order of appearance, workloads sorted, the reference set
+    first, then technique sets in the order the sweep first ran them."""
+    keys = []
+    for m in dict.fromkeys(frame["machine"]):
+        fm = frame[frame["machine"] == m]
+        for w in sorted(set(fm["workload"])):
+            labels = list(dict.fromkeys(fm[fm["workload"] == w].sort_values("position", kind="stable")["technique"]))
+            labels.sort(key=lambda label: label != baseline)  # stable: the reference first
+            keys += [(m, w, t) for t in labels]
+    return keys
+
+
+# ---- per-configuration aggregates ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Thresholds:
+    """The smallest change that counts, by quantity (``bench.analyze.stats.THRESHOLDS`` by default)."""
+
+    speed: float = stats.THRESHOLDS["speed"]
+    memory: float = stats.THRESHOLDS["memory"]
+    time_to_target: float = stats.THRESHOLDS["time_to_target"]
+    metric: float = stats.THRESHOLDS["metric"]
+
+
+def split_continuations(frame: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """(the planned trials, the continuations): a continuation (``continues``, ``bench.run.continuation``) trains a
+    set's budget a second time and on past it, so it counts in quality at equal time only."""
+    mask = [c is not None for c in frame["continues"]] if "continues" in frame else [False] * len(frame)
+    return _rows(frame, [not m for m in mask]), _rows(frame, mask)
+
+
+def configurations(frame: pd.DataFrame, baseline: str = BASELINE, thresholds: Thresholds | None = None
+                   ) -> pd.DataFrame:
+    """One row per machine x workload x technique set with every number of the report's main tables; only ``ok``
+    trials count (the status column says how many there were). Continuation trials are set apart
+    (``split_continuations``) and used for quality at equal time alone."""
+    th = thresholds or Thresholds()
+    frame, continued = split_continuations(frame)
+    rows = []
+    groups = {k: g for k, g in frame.groupby(["machine", "workload", "technique"], sort=False)}
+    continuations = {k: g for k, g in continued.groupby(["machine", "workload", "technique"], sort=False)}
+    for machine, workload, technique in _ordered_groups(frame, baseline):
+        g = groups[(machine, workload, technique)]
+        ref = groups.get((machine, workload, baseline))
+        is_ref = technique == baseline
+        ok = g[g["status"] == "ok"]
+        ref_ok = ref[ref["status"] == "ok"] if ref is not None and not is_ref else None
+        row = _identity(machine, workload, technique, g, ok, is_ref)
+        row.update(_speed(ok, ref_ok, th))
+        row.update(_memory(ok, ref_ok, th))
+        idle = None if is_ref else _trains_nothing(row["names"])
+        if idle:
+            row.update(_step_not_its_cost(idle))
+        row.update(_quality(ok, ref_ok, row["kind"], th, continuations.get((machine, workload, technique))))
+        row.update(_time_to_target(ok, ref_ok, th))
+        row.update(_parity(ok))
+        row.update(_phases(ok, first_device(g)))
+        row.update(_distributed(g, ok))
+        rows.append(row)
+    for prefix in QUALITY_FAMILIES:
+        correct_family(rows, prefix)
+    for row in rows:
+        row["exact_quality"] = exact_quality(row)
+    return frame_of(rows)
+
+
+# The quality comparisons of one report, each a family whose verdicts are corrected for their number (Holm): with
+# 30 comparisons at 5% each, one or two chance "better"/"worse" are expected without it.
+QUALITY_FAMILIES = ("delta", "delta_at_time")
+
+
+def correct_family(rows: list[dict[str, Any]], prefix: str) -> None:
+    """Holm's step-down correction over every decided verdict of ``prefix`` in ``rows`` (the numeric and
+    algorithmic sets x workloads x machines of the report; an exact set's metric difference is a check of its
+    curve, not a finding, and is left as it is): a decision whose p-value does not survive becomes inconclusive,
+    with the reason.
+    Each row records the family's size (``{prefix}_family``) and whether its decision survived."""
+    judged = [r for r in rows if r.get("kind") != "exact"]  # an exact set's metric is a check of its curve
+    decided = [r for r in judged if r.get(f"{prefix}_verdict") not in (None, *stats.UNDECIDED)]
+    family = [r for r in judged if r.get(f"{prefix}_verdict") not in (None, stats.NONE)]
+    keep = stats.holm([r.get(f"{prefix}_p") for r in decided], m=len(family))
+    for r in rows:
+        r[f"{prefix}_family"] = len(family)
+        r[f"{prefix}_holm_dropped"] = False
+    for r, kept in zip(decided, keep, strict=True):
+        if not kept:
+            r[f"{prefix}_holm_dropped"] = True
+            r[f"{prefix}_why"] = (f"{r[f'{prefix}_verdict']} at p = {r[f'{prefix}_p']:.3f} alone; not after Holm's "
+                                  f"correction over the {len(family)} comparisons of this report")
+            r[f"{prefix}_verdict"] = stats.INCONCLUSIVE
+
+
+def _identity(machine: str, workload: str, technique: str, g: pd.DataFrame, ok: pd.DataFrame,
+              is_ref: bool) -> dict[str, Any]:
+    first = (ok if len(ok) else g).iloc[0]  # a record that ran knows its set best (a killed trial's is bare)
+    return {
+        "machine": machine, "workload": workload, "technique": technique, "is_reference": is_ref,
+        "names": first["names"], "components": first["components"],
+        "kind": first["kind"] or "exact",
+        "n_total": len(g), "n_ok": len(ok), "status": _status_text(g),
+        "skip_reason": next((r for r in g.loc[g["status"] == "skipped", "reason"] if r), None),
+        "problems": sorted({f"{s}: {r}" for s, r in zip(g["status"], g["reason"], strict=True)
+                            if s in PROBLEM_STATUSES}),
+        "notes": sorted({n for ns in g["notes"] for n in ns}),
+        "batch_size": next((b for b in g["batch_size"] if b), None),
+        "first_step_s": _median(ok["first_step_s"]), "one_off_s": _median(ok["one_off_s"]),
+        "probe_s": _median(ok["probe_s"]),
+        "world_size": g["world_size"].iloc[0],
+        "caveats": _caveats(ok),
+    }
+
+
+def _caveats(ok: pd.DataFrame) -> tuple[str, ...]:
+    """What makes a set's numbers mean something else than its name says, from what its techniques recorded."""
+    results = list(ok["technique_results"])
+    names = dict.fromkeys(name for r in results for name in (r or {}))
+    if not names:
+        return ()
+    import techniques  # each technique reads its own results (imported once some are there: it imports torch)
+
+    known = techniques.registry()
+    found = ((known[name].caveat([(r or {}).get(name) for r in results]) if name in known else None)
+             for name in names)
+    return tuple(c for c in found if c)
+
+
+def _trains_nothing(names: Sequence[str]) -> str | None:
+    """The technique of a set whose steps train nothing (``Technique.trains`` False: best-of-n), or None."""
+    if not names:
+        return None
+    import techniques
+
+    known = techniques.registry()
+    return next((n for n in names if n in known and not known[n].trains), None)
+
+
+def _step_not_its_cost(name: str) -> dict[str, Any]:
+    """A set that trains nothing has a step that costs nothing: its samples/s, MFU and memory ratio against a
+    training set would read as a speedup it does not have. Its cost is at inference (its technique's results)."""
+    why = f"{name} trains nothing: its step is not its cost, which is at inference (What the techniques found)"
+    none = stats.Verdict(stats.NONE, why)
+    return {"sps_median": None, "sps_iqr": None, "sps_rel_iqr": None, "mfu": None, "mfu_datasheet": None,
+            "noisy": False, **_estimate_cols("speedup", None, none), **_estimate_cols("mem_ratio", None, none)}
+
+
+def _uncontended(rows: pd.DataFrame | None) -> pd.DataFrame | None:
+    """Trials whose timed window had the cores to itself: a window that stayed contended after the trial's retries
+    measured other processes too, so it is kept out of speed numbers and verdicts (and counted, so it is said)."""
+    return None if rows is None else rows[~rows["contended"].astype(bool)]
+
+
+def _speed(ok: pd.DataFrame, ref: pd.DataFrame | None, th: Thresholds) -> dict[str, Any]:
+    n_contended = int(sum(bool(c) for c in ok["contended"]))
+    ok, ref = _uncontended(ok), _uncontended(ref)
+    sps = _values(ok["samples_per_s"])
+    row = {
+        "sps_median": float(np.median(sps)) if sps else None,
+        "sps_iqr": float(np.subtract(*np.percentile(sps, [75, 25]))) if sps else None,
+        "sps_rel_iqr": stats.relative_iqr(sps),
+        "n_speed": len(sps),
+        "n_contended": n_contended,
+        "step_time_s": _median(ok["step_time_s"]),
+        "data_wait_frac": _median(ok["data_wait_frac"]),
+        "mfu": _median(ok["mfu"]),
+        "mfu_datasheet": _median(ok["mfu_datasheet"]),
+        "compute_dtype": next((d for d in ok["compute_dtype"] if d), None),
+        "flops_per_step": _median(ok["flops_per_step"]),
+    }
+    row["noisy"] = row["sps_rel_iqr"] is not None and row["sps_rel_iqr"] > stats.NOISY_IQR_OVER_MEDIAN
+    row.update(_compare("speedup", keyed(ok, "samples_per_s"), keyed(ref, "samples_per_s"), True, th.speed,
+                        ("faster", "slower"), _cap(ok)))
+    row["max_looks"] = _cap(ok)
+    row["n_added"] = int(sum(a == "sequential" for a in ok["added_by"]))
+    return row
+
+
+def first_device(g: pd.DataFrame) -> str:
+    return next((d for d in g["device"] if d), "cpu")
+
+
+def _phases(ok: pd.DataFrame, device: str) -> dict[str, Any]:
+    """Where the step's time goes: the median over trials of each phase's share and of the phase pass's step
+    time, and the diagnosis those medians point to (None when no trial ran a phase pass). Trials whose timed window
+    stayed contended are left out, as from the speed numbers (their phase pass ran beside the same other work);
+    ``with_diagnoses`` narrows the advice with the machine's peaks and the sweep's own measurements."""
+    ok = _uncontended(ok)
+    shares = {name: _median(ok[f"phase_{name}_share"]) for name in PHASES}
+    row: dict[str, Any] = {f"phase_{name}_share": v for name, v in shares.items()}
+    row["phase_step_s"] = _median(ok["phase_step_s"])
+    row["phase_device"] = device
+    names = tuple(ok["names"].iloc[0]) if len(ok) else ()
+    complete = all(v is not None for v in shares.values())
+    row["phase_diagnosis"] = bottleneck.diagnose(shares, names, device) if complete else None  # type: ignore[arg-type]
+    return row
+
+
+def with_diagnoses(configs: pd.DataFrame, machines: Mapping[str, dict[str, Any]]) -> pd.DataFrame:
+    """The phase diagnoses again, knowing what one set alone does not: the machine's calibrated matmul peaks (a
+    lower precision is suggested only where it beats fp32), and which sets this sweep measured no faster than the
+    reference on the same workload while holding a remedy for the bottleneck (``bottleneck.refutable``)."""
+    if configs.empty or "phase_diagnosis" not in configs:
+        return configs
+    from techniques.base import Bottleneck
+
+    out = configs.copy()
+    for i, c in zip(out.index, out.itertuples(), strict=True):
+        shares = {name: getattr(c, f"phase_{name}_share") for name in PHASES}
+        if not all(_ok(v) for v in shares.values()):
+            continue
+        env = machines.get(c.machine) or {}
+        peaks = {d: (p or {}).get("flops") for d, p in (env.get("peak_flops") or {}).items()}
+        same = out[(out["machine"] == c.machine) & (out["workload"] == c.workload)]
+        refuted = {}
+        for kind in Bottleneck:
+            remedied = bottleneck.refutable(kind)
+            sets = [f"{r.technique} {r.speedup:.2f}x" for r in same.itertuples()
+                    if remedied.intersection(r.names) and _ok(r.speedup)
+                    and r.speedup_verdict in findings.NOT_FASTER]
+            if sets:
+                refuted[kind] = ", ".join(sets)
+        out.at[i, "phase_diagnosis"] = bottleneck.diagnose(shares, tuple(c.names), c.phase_device, peaks, refuted)
+    return out
+
+
+def _median_held(column: pd.Series) -> dict[str, int] | None:
+    """Per named held part (teacher, reference policy), the median of its bytes over the trials that name it."""
+    parts: dict[str, list[int]] = {}
+    for held in column:
+        for name, nbytes in (held or {}).items():
+            parts.setdefault(name, []).append(nbytes)
+    return {name: int(_median(pd.Series(v))) for name, v in parts.items()} or None
+
+
+def _memory(ok: pd.DataFrame, ref: pd.DataFrame | None, th: Thresholds) -> dict[str, Any]:
+    """Peaks, and the ratio on the tensor-level peak where both sides have it for every trial, else on peak RSS
+    (the two are not comparable)."""
+    row = {"peak_bytes": _median(ok["peak_bytes"]), "peak_rss_bytes": _median(ok["peak_rss_bytes"]),
+           **{f"mem_{c}_bytes": _median(ok[f"mem_{c}_bytes"]) for c in BREAKDOWN},
+           "mem_held": _median_held(ok["mem_held"]),
+           "breakdown_skipped": next((s for s in ok["breakdown_skipped"] if s), None)}
+    source, column = None, None
+    if ref is not None:
+        for name, col in (("tensors", "peak_bytes"), ("RSS", "peak_rss_bytes")):
+            mine, theirs = keyed(ok, col), keyed(ref, col)
+            if mine and theirs and len(mine) == len(ok) and len(theirs) == len(ref):
+                source, column = name, col
+                break
+    if column is None:
+        row.update(_estimate_cols("mem_ratio", None, None))
+    else:
+        row.update(_compare("mem_ratio", keyed(ok, column), keyed(ref, column), True, th.memory, ("more", "less"),
+                            _cap(ok)))
+    row["mem_ratio_source"] = source
+    return row
+
+
+def _quality(ok: pd.DataFrame, ref: pd.DataFrame | None, kind: str, th: Thresholds,
+             continued: pd.DataFrame | None = None) -> dict[str, Any]:
+    """Quality at equal samples, and at equal time (``_equal_time``, with the set's continuations). Runs cut by
+    the safety cap are counted and left out."""
+    with_quality = _rows(ok, [bool(c) for c in ok["curve"]])
+    complete = _complete(ok)
+    finals = _values(complete["final"])
+    metric = next((m for m in ok["metric"] if m), None)
+    hib = next((h for h in ok["higher_is_better"] if h is not None), None)
+    row: dict[str, Any] = {
+        "metric": metric, "higher_is_better": hib, "n_final": len(finals),
+        "n_cut": int(sum(bool(c) for c in with_quality["cut"])),
+        "budget_samples": next((b for b in with_quality["budget_samples"] if b), None),
+        "final_mean": float(np.mean(finals)) if finals else None,
+        "final_std": float(np.std(finals, ddof=1)) if len(finals) > 1 else (0.0 if finals else None),
+        "train_time_s": _median(complete["train_time_s"]),
+        **_stopped_early(complete),
+    }
+    ref_complete = _complete(ref) if ref is not None else None
+    words = ("better", "worse") if hib is not False else ("worse", "better")
+    margin = next((float(m) for m in ok["margin"] if _ok(m)), None)
+    row["margin"] = margin
+    threshold = margin if margin is not None else th.metric
+    row.update(_compare("delta", keyed(complete, "final"), keyed(ref_complete, "final"), False, threshold, words))
+    row.update(_curve_match(complete, ref_complete) if kind == "exact" else
+               {"curve_max_rel_diff": None, "curve_pairs": 0, "curve_points": 0})
+    same = (kind == "exact" and row["curve_pairs"] > 0 and row["curve_max_rel_diff"] is not None
+            and row["curve_max_rel_diff"] <= EXACT_CURVE_RTOL)
+    row["quality_same_exact"] = same
+    row.update(_equal_time(complete, ref_complete, words, threshold, continued if kind != "exact" else None))
+    return row
+
+
+def _stopped_early(complete: pd.DataFrame) -> dict[str, Any]:
+    """How many complete runs a technique ended early (early stopping) and the median share of the budget's samples
+    the stopped ones trained: their final metric is the metric at the stop, not at equal samples."""
+    fractions = [t / b for t, b, stop in zip(complete["samples_trained"], complete["budget_samples"],
+                                             complete["stopped_by"], strict=True) if stop and _ok(t) and _ok(b) and b]
+    return {"n_stopped": sum(bool(s) for s in complete["stopped_by"]),
+            "samples_frac_median": float(np.median(fractions)) if fractions else None}
+
+
+EXACT_QUALITY = {
+    "identical": "its eval curves match the reference's seed by seed",
+    "drift": "its first steps match the reference (parity ok) and its metric at the full budget is equivalent or "
+             "not significantly different, but its eval curves drift apart: floating-point rounding amplified over "
+             "the run",
+    "unverified drift": "its eval curves drift apart, and without parity or a verdict on its metric difference "
+                        "(fewer than 3 seeds) rounding cannot be told from a real change",
+    "expected mismatch": "its eval curves differ for a known reason (the parity note says which)",
+    "drift changes quality": "its first steps match the reference, yet its metric at the full budget differs: "
+                             "floating-point rounding amplified into a real difference",
+    "bug": "its first steps do not match the reference: it does not compute the same thing",
+}
+
+
+def exact_quality(c: dict[str, Any]) -> str | None:
+    """How an exact set's quality compares with the reference's (a key of ``EXACT_QUALITY``), or None for other
+    kinds or without curves on both sides."""
+    if c["kind"] != "exact" or c["is_reference"] or not c["curve_pairs"]:
+        return None
+    if c["quality_same_exact"]:
+        return "identical"
+    if c["parity_note"]:
+        return "expected mismatch"
+    if c["parity_ok"] is False:
+        return "bug"
+    if c["delta_verdict"] in ("better", "worse"):
+        return "drift changes quality"
+    no_change = c["delta_verdict"] == stats.EQUIVALENT or (
+        c["delta_verdict"] == stats.INCONCLUSIVE and _ok(c["delta_lo"]) and c["delta_lo"] <= 0 <= c["delta_hi"])
+    if c["parity_ok"] is None or not no_change:
+        return "unverified drift"
+    return "drift"
+
+
+def _curve_match(mine: pd.DataFrame, ref: pd.DataFrame | None) -> dict[str, Any]:
+    """The largest difference between an exact set's eval curve and the reference's, over the seeds both ran and
+    the sample counts both evaluated at, as a fraction of the range the reference's metric covered in that seed."""
+    out = {"curve_max_rel_diff": None, "curve_pairs": 0, "curve_points": 0}
+    if ref is None or ref.empty:
+        return out
+    ref_curves = {k: c for k, c in zip(ref["key"], ref["curve"], strict=True)}
+    worst, pairs, points = 0.0, 0, 0
+    for key, curve in zip(mine["key"], mine["curve"], strict=True):
+        theirs = {p[0]: p[-1] for p in ref_curves.get(key, []) if _ok(p[-1])}
+        shared = [(p[-1], theirs[p[0]]) for p in curve if p[0] in theirs and _ok(p[-1])]
+        if not shared:
+            continue
+        pairs += 1
+        points += len(shared)
+        scale = max(max(theirs.values()) - min(theirs.values()), 1e-12)
+        worst = max(worst, *(abs(a - b) / scale for a, b in shared))
+    if pairs:
+        out.update(curve_max_rel_diff=worst, curve_pairs=pairs, curve_points=points)
+    return out
+
+
+def metric_at_time(curve: Sequence[Sequence[Any]], seconds: float) -> float | None:
+    """The metric of the last evaluation whose training clock is at most ``seconds``."""
+    reached = [p for p in curve if _ok(p[2]) and p[2] <= seconds and _ok(p[-1])]
+    return float(reached[-1][-1]) if reached else None
+
+
+EQUAL_TIME_EMPTY = {"equal_time_s": None, "equal_time_faster": 0, "equal_time_continued": 0,
+                    "equal_time_beyond_samples": None, "equal_time_until_s": None, "equal_time_blocked": None,
+                    "equal_time_cut": None}
+
+
+def _equal_time(mine: pd.DataFrame, ref: pd.DataFrame | None, words: tuple[str, str], threshold: float,
+                continued: pd.DataFrame | None = None) -> dict[str, Any]:
+    """The metric at equal training time (for sets that change how fast a model learns or how fast a step runs,
+    the other half of the question), seed by seed at the clock of the reference's run of that seed (the
+    reference's median clock, ``equal_time_s``, for a seed it lacks).
+
+    A run that finished sooner than that clock is read on its continuation's curve (``bench.run.continuation``: the
+    same budget, then trained on to the reference's clock) when one trained past the budget, so the set gets the
+    time its speed buys; otherwise, and for a slower run, on its own curve (a faster run's then ends early). The
+    row counts the faster seeds (``equal_time_faster``), those read on a continuation (``equal_time_continued``),
+    their median samples beyond the budget and clock reached, why a continuation was not possible
+    (``equal_time_blocked``) and why one ended before the clock (``equal_time_cut``).
+    """
+    budget = _median(ref["train_time_s"]) if ref is not None and not ref.empty else None
+    if budget is None or mine.empty:
+        return {**EQUAL_TIME_EMPTY, **_compare("delta_at_time", {}, {}, False, threshold, words)}
+    clocks = keyed(ref, "train_time_s")
+    runs, blocked = _continuations(continued)
+    at, beyond, until, cut, faster = {}, [], [], [], 0
+    for key, curve, own in zip(mine["key"], mine["curve"], mine["train_time_s"], strict=True):
+        clock = clocks.get(key, budget)
+        if _ok(own) and own < clock:
+            faster += 1
+            run = runs.get(key)
+            if run is not None:
+                curve, info = run
+                beyond.append(info["samples_beyond_budget"])
+                until.append(info["train_time_s"])
+                if not info["reached"] and info["why_not"]:
+                    cut.append(info["why_not"])
+        at[key] = metric_at_time(curve, clock)
+    ref_at = {k: metric_at_time(c, clocks.get(k, budget)) for k, c in zip(ref["key"], ref["curve"], strict=True)}
+    at = {k: v for k, v in at.items() if v is not None}
+    ref_at = {k: v for k, v in ref_at.items() if v is not None}
+    return {"equal_time_s": budget, "equal_time_faster": faster, "equal_time_continued": len(beyond),
+            "equal_time_beyond_samples": float(np.median(beyond)) if beyond else None,
+            "equal_time_until_s": float(np.median(until)) if until else None,
+            "equal_time_blocked": "; ".join(dict.fromkeys(blocked)) or None,
+            "equal_time_cut": "; ".join(dict.fromkeys(cut)) or None,
+            **_compare("delta_at_time", at, ref_at, False, threshold, words)}
+
+
+def _continuations(continued: pd.DataFrame | None) -> tuple[dict[Any, tuple[list, dict]], list[str]]:
+    """{key: (curve, continuation)} of the continuations that trained past the budget (or found the clock reached
+    within it), and the reasons of those that could not (skipped by their set's blocker, or not run by the
+    trial)."""
+    runs: dict[Any, tuple[list, dict]] = {}
+    blocked: list[str] = []
+    if continued is None:
+        return runs, blocked
+    for key, status, reason, curve, info, cut in zip(continued["key"], continued["status"], continued["reason"],
+                                                     continued["curve"], continued["continuation"],
+                                                     continued["cut"], strict=True):
+        if status == "skipped" and reason:
+            blocked.append(reason)
+        elif status == "ok" and info and not cut:
+            if info["samples_beyond_budget"] > 0 or info["reached"]:  # reached in the budget: that run was slower
+                runs[key] = (curve, info)
+            elif not info["reached"] and info["why_not"]:
+                blocked.append(info["why_not"])
+    return runs, blocked
+
+
+def _time_to_target(ok: pd.DataFrame, ref: pd.DataFrame | None, th: Thresholds) -> dict[str, Any]:
+    """Censored medians (a miss is +inf), the miss rate, and the ratio to the reference's time-to-target when
+    neither side missed in any trial."""
+    runs = _complete(ok)
+    target = next((t for t in ok["target"] if t is not None), None)
+    ttt = list(runs["time_to_target_s"])
+    row: dict[str, Any] = {
+        "target": target, "n_ttt": len(ttt),
+        "ttt_median": stats.censored_median(ttt), "ttt_miss_rate": stats.miss_rate(ttt),
+        **_median_interval(ttt),
+        "ttt_one_off_median": stats.censored_median(list(runs["time_to_target_one_off_s"])),
+        "stt_median": stats.censored_median(list(runs["samples_to_target"])),
+    }
+    mine = keyed(runs, "time_to_target_s")
+    ref_runs = None if ref is None else _complete(ref)
+    theirs = keyed(ref_runs, "time_to_target_s")
+    missed = (len(mine) < len(runs)) or (ref_runs is not None and len(theirs) < len(ref_runs))
+    if ref_runs is None or target is None or missed or not mine or not theirs:
+        row.update(_estimate_cols("ttt_ratio", None, None))
+        if ref_runs is not None and missed:
+            row["ttt_ratio_why"] = "misses on one side: compare the censored medians and miss rates"
+        return row
+    row.update(_compare("ttt_ratio", mine, theirs, True, th.time_to_target, ("later", "sooner")))
+    return row
+
+
+MIN_MEDIAN_COVERAGE = 0.9  # below it (fewer than 5 seeds) an interval of the median is too weak to show
+
+
+def _median_interval(values: list[Any]) -> dict[str, Any]:
+    found = stats.median_interval(values)
+    if found is None or found[2] < MIN_MEDIAN_COVERAGE:
+        return {"ttt_lo": None, "ttt_hi": None, "ttt_coverage": None}
+    return dict(zip(("ttt_lo", "ttt_hi", "ttt_coverage"), found, strict=True))
+
+
+def _start_diff(p: Any) -> float | None:
+    """The relative difference of the first loss, computed before any update: a difference there is a different
+    starting model or first batch, not arithmetic."""
+    if not p or not p.losses or not p.reference_losses:
+        return None
+    a, b = p.losses[0], p.reference_losses[0]
+    return abs(a - b) / max(abs(b), 1e-12)
+
+
+def _parity(ok: pd.DataFrame) -> dict[str, Any]:
+    oks = [o for o in ok["parity_ok"] if o is not None]
+    loss, distance = _values(ok["parity_loss_diff"]), _values(ok["parity_distance_diff"])
+    start = _values(ok["parity_start_diff"])
+    return {
+        "parity_kind": next((k for k in ok["parity_kind"] if k), None),
+        "parity_ok": all(oks) if oks else None,
+        "parity_loss_diff": max(loss) if loss else None,
+        "parity_start_diff": max(start) if start else None,
+        "parity_distance_diff": max(distance) if distance else None,
+        "parity_loss_tol": next((t for t in ok["parity_loss_tol"] if t is not None), None),
+        "parity_distance_tol": next((t for t in ok["parity_distance_tol"] if t is not None), None),
+        "parity_note": next((n for n in ok["parity_note"] if n), None),
+    }
+
+
+def _distributed(g: pd.DataFrame, ok: pd.DataFrame) -> dict[str, Any]:
+    row = {
+        "sps_per_device_median": _median(ok["samples_per_s_per_device"]),
+        "rank_peak_rss_bytes": _per_rank_medians(ok["rank_peak_rss_bytes"]),
+        "clean_rss_at_rest_bytes": _median(ok["clean_rss_at_rest_bytes"]),
+        "clean_rss_peak_bytes": _median(ok["clean_rss_peak_bytes"]),
+        "model_state_bytes": _median(ok["model_state_bytes"]),
+        **{f"state_{c}_bytes": _median(ok[f"state_{c}_bytes"]) for c in MODEL_STATE},
+        "zero_stage": next((z for z in ok["zero_stage"] if z is not None), None),
+        "zero_formula_bytes": next((z for z in ok["zero_formula_bytes"] if z is not None), None),
+        "zero_note": next((n for n in ok["zero_note"] if n), None),
+    }
+    # Model state per rank against a full replica (fp32 AdamW: 16 bytes/param, what DDP holds): the ZeRO paper's
+    # measure. Exact bytes, so the interval is the point itself.
+    n_params = next((n for n in g["n_params"] if n), None)
+    state = row["model_state_bytes"]
+    ratio = state / (REPLICA_BYTES_PER_PARAM * n_params) if state and n_params else None
+    row.update(n_params=n_params, model_state_ratio=ratio, model_state_ratio_lo=ratio, model_state_ratio_hi=ratio)
+    return row
+
+
+# ---- combined techniques ------------------------------------------------------------------------------------
+
+
+MULTIPLY = "consistent with multiplying"  # an interaction whose interval contains 1: no departure shown
+
+
+def interactions(frame: pd.DataFrame, configs: pd.DataFrame, baseline: str = BASELINE) -> pd.DataFrame:
+    """For each combined set (``a+b``): the observed speedup beside the product of its parts', and the paired
+    contrast log(a+b) - log(a) - log(b) + log(reference) per seed (one joint estimate, so the uncertainty of all
+    four sets is counted once).
+
+    ``verdict``: "consistent with multiplying" (the contrast's interval contains 1), "gains partly cancel" (below 1),
+    "more than multiplicative" (above 1), or "no verdict" with the reason.
+    """
+    rows = []
+    by_key = {(r.machine, r.workload, r.technique): r for r in configs.itertuples()}
+    ok = frame[frame["status"] == "ok"]
+    for c in configs.itertuples():
+        if len(c.components) < 2 or c.is_reference:
+            continue
+        parts = [by_key.get((c.machine, c.workload, p)) for p in c.components]
+        missing = [p for p, r in zip(c.components, parts, strict=True) if r is None or r.speedup is None]
+        product = math.prod(r.speedup for r in parts) if not missing else None
+        row = {"machine": c.machine, "workload": c.workload, "technique": c.technique,
+               "components": c.components, "parts": [None if r is None else r.speedup for r in parts],
+               "observed": c.speedup, "observed_lo": c.speedup_lo, "observed_hi": c.speedup_hi,
+               "product": product, "ratio": None, "ratio_lo": None, "ratio_hi": None, "verdict": None, "why": None}
+        if missing or c.speedup is None:
+            row["verdict"] = stats.NONE
+            row["why"] = f"{', '.join(missing) if missing else c.technique} has no speedup measured"
+            rows.append(row)
+            continue
+        here = _uncontended(ok[(ok["machine"] == c.machine) & (ok["workload"] == c.workload)])
+        sps = {label: keyed(rows, "samples_per_s") for label, rows in here.groupby("technique")}
+        terms = [(sps.get(c.technique, {}), 1.0), *((sps.get(p, {}), -1.0) for p in c.components),
+                 (sps.get(baseline, {}), float(len(c.components) - 1))]
+        est = stats.contrast(terms, log=True, max_looks=_cap(here))
+        v = stats.verdict(est, 0.0, "more than multiplicative", "gains partly cancel")
+        row.update(ratio=est.value, ratio_lo=est.lo, ratio_hi=est.hi,
+                   verdict=MULTIPLY if v.word == stats.INCONCLUSIVE else v.word, why=v.why)
+        rows.append(row)
+    cols = ["machine", "workload", "technique", "components", "parts", "observed", "observed_lo", "observed_hi",
+            "product", "ratio", "ratio_lo", "ratio_hi", "verdict", "why"]
+    return frame_of(rows, cols)
+
+
+# ---- everything at once -------------------------------------------------------------------------------------
+
+
+@dataclass
+class Analysis:
+    """All the numbers of one report."""
+
+    sweep: Sweep
+    baseline: str
+    frame: pd.DataFrame
+    configs: pd.DataFrame
+    interactions: pd.DataFrame
+    claims: pd.DataFrame
+    findings: list[findings.Finding]
+    thresholds: Thresholds = field(default_factory=Thresholds)
+    continuations: pd.DataFrame | None = None  # continuation trials (bench.run.continuation), apart from ``frame``
+
+    @property
+    def machines(self) -> list[str]:
+        return list(dict.fromkeys(self.frame["machine"]))
+
+    @property
+    def problems(self) -> pd.DataFrame:
+        """Trials that did not finish ok (skipped, failed, oom, timeout, diverged), with their reasons."""
+        return self.frame[self.frame["status"] != "ok"]
+
+
+def analyze(sweep: Sweep, baseline: str = BASELINE, thresholds: Thresholds | None = None,
+            claims: dict[str, tuple[Any, ...]] | None = None) -> Analysis:
+    full = records_frame(sweep)
+    frame, continued = split_continuations(full)
+    if frame.empty:
+        dirs = ", ".join(str(s.path) for s in sweep.sources)
+        raise InputError(f"no trial records in {dirs}")
+    if baseline not in set(frame["technique"]):
+        known = ", ".join(dict.fromkeys(frame["technique"]))
+        raise InputError(f"reference technique set '{baseline}' is not in these records (sets here: {known})")
+    th = thresholds or Thresholds()
+    configs = with_diagnoses(configurations(full, baseline, th), sweep.machines)
+    inter = interactions(frame, configs, baseline)
+    checked = findings.claims_check(configs, sweep.machines, claims)
+    return Analysis(sweep, baseline, frame, configs, inter, checked, findings.diagnose(configs, inter, checked), th,
+                    continued)

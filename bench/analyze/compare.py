@@ -1,0 +1,615 @@
+"""`bench compare BASE_DIR NEW_DIR`: a regression gate that does not cry wolf on a noisy machine.
+
+Trials of the two sweep directories are matched by configuration (workload and size, technique set with its
+options, world size), and within a configuration by trial id (the same seed and repeat): in `sweep --ab` those are
+the two runs of a trial made back to back. For each configuration three quantities are compared as NEW / BASE
+ratios through the statistics engine (``bench.analyze.stats``, the same one the report uses): a paired t interval on the
+log-ratios of matched trials, a Welch interval when the trials do not match:
+
+- throughput (``speed.samples_per_s``): faster / slower / equivalent (the whole interval within the threshold) /
+  inconclusive;
+- peak memory (the tensor-level or CUDA allocator peak ``memory.peak_bytes`` when every trial on both sides has
+  it, else peak RSS, and the table says which): more memory / less memory / ...;
+- final metric (``quality.final``, the metric at the full sample budget; its direction comes from the record):
+  better / worse / ... It is compared only when both sides trained the same samples, and runs cut by the safety cap
+  are left out.
+
+A change counts only when the whole 95% interval lies beyond ``threshold`` (default 5%), equivalence only when it
+lies wholly inside, and there is no verdict with fewer than 3 matched trials (``bench.analyze.stats.verdict``). When the
+sweeps' sweep.toml say they were sequential designs (``--repeats auto``: pairs added while a verdict was open), the
+throughput and memory intervals are the design's repeated confidence intervals (``bench.analyze.sequential``), which keep
+their coverage over every look. Across configurations an overall verdict compares the geometric mean
+of the per-configuration ratios (as pyperf summarises a suite), so a uniform slowdown too small to call in each
+configuration alone still trips the gate. The spread of each side (IQR / median of the per-trial values) is
+reported as the measured noise.
+
+Mismatched environments (device, torch and CUDA versions, CPU, thread counts; from each directory's env.json) and
+sweep settings (sweep.toml) are stated at the top, since a difference there can explain any verdict below.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import math
+import statistics
+from collections import defaultdict
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from bench.analyze import stats
+from bench.analyze.analysis import design_cap
+from bench.analyze.stats import NOISY_IQR_OVER_MEDIAN, Estimate, relative_iqr
+from bench.core.errors import ConfigError
+from bench.core.text import cell, escape
+from bench.records import reader
+from bench.records.results import TrialRecord
+
+log = logging.getLogger(__name__)
+
+DEFAULT_THRESHOLD = stats.THRESHOLDS["speed"]
+FAIL_ON = ("slower", "more-memory", "worse-metric", "failed")
+FAIL_ON_ALIASES = {"regression": FAIL_ON}
+
+# env.json (bench.measure.env.fingerprint + the runner's device/peak_flops/command), by top-level key. A difference in an
+# "environment" key can explain any verdict and is stated at the top; "code" is expected in an A/B comparison.
+_ENV_KEYS = {
+    "device", "torch", "torch_cuda", "cudnn", "python", "cpu_model", "cpu_capability", "cpu_logical",
+    "cpu_physical", "cpu_affinity", "torch_threads", "memory_total_bytes", "cpu_flags", "gpu", "packages",
+    "hostname", "platform",
+}
+_CODE_KEYS = {"git"}
+_IGNORED_KEYS = {"timestamp_utc", "command"}
+_PEAK_TOLERANCE = 0.10  # calibrated peak FLOP/s are measurements: only a larger gap is worth a line
+
+
+class CompareError(ConfigError):
+    """A directory to compare is missing or holds no records (exit code 2 through the CLI)."""
+
+
+@dataclass(frozen=True)
+class ConfigKey:
+    """What makes two trials comparable: the same workload and size, technique set (with options), world size."""
+
+    workload: str  # "gpt:tiny"
+    techniques: str  # "bf16+grad_accum:steps=4" or "baseline"
+    world_size: int = 1
+
+    @property
+    def label(self) -> str:
+        world = f" (np{self.world_size})" if self.world_size > 1 else ""
+        return f"{self.workload} {self.techniques}{world}"
+
+    @classmethod
+    def of(cls, record: TrialRecord) -> ConfigKey:
+        return cls(f"{record.workload.get('name')}:{record.workload.get('size')}", record.technique_label,
+                   record.world_size)
+
+
+@dataclass
+class MetricComparison:
+    """One quantity of one configuration, NEW against BASE."""
+
+    quantity: str  # "throughput" | "peak memory" | "final metric"
+    unit: str  # "samples/s", "bytes, tensor peak", "val_loss, lower is better", ...
+    base: dict[str, float]  # trial id -> value
+    new: dict[str, float]
+    estimate: Estimate | None  # NEW / BASE; None when not measured on both sides
+    verdict: str  # faster / slower / more memory / ... / equivalent / inconclusive / no verdict / not comparable
+    why: str | None  # what stood in the way of a verdict
+    regression: bool  # the verdict is the bad direction
+    noise: float | None  # the larger IQR / median of the two sides (None with fewer than 2 values)
+    needed: int | None = None  # an inconclusive verdict: about how many pairs would decide it (bench.analyze.stats.verdict)
+
+    @property
+    def base_median(self) -> float | None:
+        return statistics.median(self.base.values()) if self.base else None
+
+    @property
+    def new_median(self) -> float | None:
+        return statistics.median(self.new.values()) if self.new else None
+
+
+@dataclass
+class ConfigComparison:
+    key: ConfigKey
+    n_base: int  # ok trials / all trials on each side
+    n_base_total: int
+    n_new: int
+    n_new_total: int
+    throughput: MetricComparison
+    memory: MetricComparison
+    metric: MetricComparison
+    notes: list[str] = field(default_factory=list)
+    new_failed: bool = False  # some NEW trials failed (not skipped) where BASE had ok trials
+
+    @property
+    def quantities(self) -> tuple[MetricComparison, MetricComparison, MetricComparison]:
+        return self.throughput, self.memory, self.metric
+
+    def regressions(self) -> set[str]:
+        """The --fail-on categories this configuration trips."""
+        out = set()
+        if self.throughput.regression:
+            out.add("slower")
+        if self.memory.regression:
+            out.add("more-memory")
+        if self.metric.regression:
+            out.add("worse-metric")
+        if self.new_failed:
+            out.add("failed")
+        return out
+
+
+@dataclass
+class Overall:
+    """One quantity across every configuration: the geometric mean of the per-configuration ratios."""
+
+    quantity: str
+    estimate: Estimate
+    verdict: str
+    why: str | None
+    regression: bool
+
+
+@dataclass
+class EnvDifference:
+    key: str  # flattened env.json key, e.g. "torch" or "gpu.name"
+    base: Any
+    new: Any
+    kind: str  # "environment" (can explain any verdict) | "code" (expected in an A/B) | "measured" | "other"
+
+
+@dataclass
+class Comparison:
+    base_dir: Path | None
+    new_dir: Path | None
+    threshold: float
+    rows: list[ConfigComparison]
+    only_base: list[ConfigKey] = field(default_factory=list)
+    only_new: list[ConfigKey] = field(default_factory=list)
+    env: list[EnvDifference] = field(default_factory=list)
+    settings: list[str] = field(default_factory=list)  # sweep.toml differences, as lines
+    overall: list[Overall] = field(default_factory=list)
+    input_notes: list[str] = field(default_factory=list)  # what was wrong with the input (duplicated trial ids)
+    max_looks: int | None = None  # a sequential design's cap (sweep.toml): ratios are repeated intervals
+
+    @property
+    def environment_mismatch(self) -> list[EnvDifference]:
+        return [d for d in self.env if d.kind == "environment"]
+
+    def failing(self, fail_on: Iterable[str]) -> list[tuple[ConfigKey, set[str]]]:
+        """Configurations that trip any of the ``fail_on`` categories, with the categories they trip."""
+        wanted = set(fail_on)
+        out = []
+        for row in self.rows:
+            hit = row.regressions() & wanted
+            if hit:
+                out.append((row.key, hit))
+        overall = {_OVERALL_CATEGORY[o.quantity] for o in self.overall if o.regression} & wanted
+        if overall:
+            out.append((ConfigKey("all configurations", "overall (geometric mean)"), overall))
+        return out
+
+    def noise_floor(self) -> float | None:
+        """The largest per-side throughput spread (IQR / median) over all configurations: the measured noise."""
+        values = [r.throughput.noise for r in self.rows if r.throughput.noise is not None]
+        return max(values) if values else None
+
+
+# ---- inputs -------------------------------------------------------------------------------------------------
+
+
+def parse_threshold(text: str | float) -> float:
+    """``"5%"`` or ``"0.05"`` -> 0.05. Values of 1 and more without a % sign are read as percent (``5`` -> 0.05)."""
+    if isinstance(text, int | float):
+        value = float(text)
+    else:
+        raw = text.strip()
+        try:
+            value = float(raw[:-1]) / 100 if raw.endswith("%") else float(raw)
+        except ValueError:
+            raise ConfigError(f"--threshold wants a fraction or a percentage like 5% or 0.05, got '{text}'") from None
+        if not raw.endswith("%") and value >= 1:
+            value /= 100
+    if not 0 <= value < 1 or math.isnan(value):
+        raise ConfigError(f"--threshold must be between 0% and 100%, got '{text}'")
+    return value
+
+
+def parse_fail_on(text: str | Sequence[str] | None) -> set[str]:
+    """``"slower,more-memory"`` -> a set of categories; ``regression`` means all of them."""
+    if not text:
+        return set()
+    items = text.split(",") if isinstance(text, str) else list(text)
+    out: set[str] = set()
+    for item in (i.strip() for i in items):
+        if not item:
+            continue
+        if item in FAIL_ON_ALIASES:
+            out.update(FAIL_ON_ALIASES[item])
+        elif item in FAIL_ON:
+            out.add(item)
+        else:
+            valid = ", ".join((*FAIL_ON, *FAIL_ON_ALIASES))
+            raise ConfigError(f"--fail-on: unknown category '{item}' (valid: {valid})")
+    return out
+
+
+def load_sweep(sweep_dir: Path) -> tuple[reader.Source, list[str]]:
+    """One sweep directory through the one reader, each trial id once; ``CompareError`` (one line: file, line, what
+    is wrong) for bad input, and the reader's notes. An unreadable env.json or sweep.toml is warned about and compared
+    without."""
+    sweep_dir = Path(sweep_dir)
+    if not sweep_dir.is_dir():
+        raise CompareError(f"{sweep_dir} is not a directory (give two sweep directories: BASE_DIR NEW_DIR)")
+    if not (sweep_dir / "results.jsonl").is_file():
+        raise CompareError(f"{sweep_dir} has no results.jsonl (is it a sweep directory?)")
+    try:
+        sweep = reader.load([sweep_dir], strict_env=False)
+    except reader.InputError as exc:
+        raise CompareError(str(exc)) from None
+    source = sweep.sources[0]
+    if not source.records:
+        raise CompareError(f"{sweep_dir / 'results.jsonl'} holds no records")
+    # Continuations (bench.run.continuation) train a set's budget again and on past it: the same seed's quality run
+    # a second time, so they would count as an extra repeat of every quantity compared here.
+    source.records = [r for r in source.records if r.continues is None]
+    return source, sweep.notes
+
+
+# ---- statistics per configuration ---------------------------------------------------------------------------
+
+
+def _values(records: Iterable[TrialRecord], get: Any) -> dict[str, float]:
+    out = {}
+    for r in records:
+        value = get(r)
+        if isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value):
+            out[r.trial_id] = float(value)
+    return out
+
+
+def _quantity(quantity: str, unit: str, base: dict[str, float], new: dict[str, float], threshold: float,
+              higher: str, lower: str, bad: str, log: bool = True, max_looks: int | None = None
+              ) -> MetricComparison:
+    """NEW against BASE through the statistics engine: a ratio (``log``) or a difference, paired by trial id.
+    ``max_looks``: a sequential design's cap, so a paired ratio is its repeated interval (``bench.analyze.sequential``)."""
+    noises = [n for n in (_spread(list(base.values())), _spread(list(new.values()))) if n is not None]
+    noise = max(noises) if noises else None
+    if not base or not new:
+        side = "either side" if not base and not new else ("BASE" if not base else "NEW")
+        return MetricComparison(quantity, unit, base, new, None, f"not measured on {side}", None, False, noise)
+    if log and (min(base.values()) <= 0 or min(new.values()) <= 0):
+        return MetricComparison(quantity, unit, base, new, None, "not comparable", "zero or negative values",
+                                False, noise)
+    est = stats.ratio(new, base, max_looks) if log else stats.difference(new, base)
+    v = stats.verdict(est, threshold, higher, lower)
+    return MetricComparison(quantity, unit, base, new, est, v.word, v.why, v.word == bad, noise, v.needed)
+
+
+def _spread(values: list[float]) -> float | None:
+    """IQR / median of per-trial values (``bench.analyze.stats.relative_iqr``); 0 for identical values."""
+    if len(values) < 2:
+        return None
+    return 0.0 if max(values) == min(values) else relative_iqr(values)
+
+
+def _memory_values(base: list[TrialRecord], new: list[TrialRecord]) -> tuple[str, dict, dict]:
+    """Tensor/CUDA peaks when every ok trial on both sides has one, else peak RSS: the two do not compare."""
+    def peak(r: TrialRecord) -> Any:
+        return r.memory.peak_bytes if r.memory else None
+
+    def rss(r: TrialRecord) -> Any:
+        return r.memory.peak_rss_bytes if r.memory else None
+
+    tb, tn = _values(base, peak), _values(new, peak)
+    if tb and tn and len(tb) == len(base) and len(tn) == len(new):
+        return "bytes, tensor peak", tb, tn
+    return "bytes, peak RSS", _values(base, rss), _values(new, rss)
+
+
+def _higher_is_better(records: Sequence[TrialRecord]) -> tuple[str | None, bool]:
+    for r in records:
+        metric = r.quality.metric if r.quality else r.workload.get("metric")
+        if metric is None:
+            continue
+        hib = r.quality.higher_is_better if r.quality else r.workload.get("higher_is_better")
+        if hib is None:
+            hib = "loss" not in str(metric) and "perplexity" not in str(metric)
+        return str(metric), bool(hib)
+    return None, True
+
+
+def _final(r: TrialRecord) -> float | None:
+    return r.quality.final if r.quality and not r.quality.cut else None
+
+
+def compare_config(key: ConfigKey, base: Sequence[TrialRecord], new: Sequence[TrialRecord],
+                   threshold: float = DEFAULT_THRESHOLD, max_looks: int | None = None) -> ConfigComparison:
+    """Compare the trials of one configuration (all statuses; only ``ok`` trials give values). ``threshold`` is
+    throughput's; memory and the metric use the report's (``bench.analyze.stats.THRESHOLDS``), the metric as a difference
+    at equal samples, as the report compares it. ``max_looks``: the cap of the sequential design the trials came
+    from (throughput and memory pairs were added while their verdicts were open, so their intervals are repeated
+    ones; the metric's quality runs are the planned ones, never repeated for speed)."""
+    ok_b = [r for r in base if r.status == "ok"]
+    ok_n = [r for r in new if r.status == "ok"]
+
+    def sps(r: TrialRecord) -> Any:  # a window that stayed contended measured other processes too: left out
+        return r.speed.samples_per_s if r.speed and not r.speed.contended else None
+
+    throughput = _quantity("throughput", "samples/s", _values(ok_b, sps), _values(ok_n, sps), threshold,
+                           "faster", "slower", "slower", max_looks=max_looks)
+    unit, mb, mn = _memory_values(ok_b, ok_n)
+    memory = _quantity("peak memory", unit, mb, mn, stats.THRESHOLDS["memory"], "more memory", "less memory",
+                       "more memory", max_looks=max_looks)
+    name, hib = _higher_is_better([*ok_b, *ok_n])
+    good, worse = "better", "worse"
+    metric = _quantity("final metric", f"{name}, {'higher' if hib else 'lower'} is better" if name else "-",
+                       _values(ok_b, _final), _values(ok_n, _final), stats.THRESHOLDS["metric"],
+                       good if hib else worse, worse if hib else good, worse, log=False)
+    budgets_b = sorted({r.quality.samples_trained for r in ok_b if r.quality and not r.quality.cut})
+    budgets_n = sorted({r.quality.samples_trained for r in ok_n if r.quality and not r.quality.cut})
+    if budgets_b and budgets_n and budgets_b != budgets_n and metric.estimate is not None:
+        metric.verdict, metric.regression = "not comparable", False
+        metric.why = f"trained {_listing(budgets_b)} vs {_listing(budgets_n)} samples"
+    notes = []
+    for side, recs in (("BASE", base), ("NEW", new)):
+        bad = sorted({f"{r.status}: {r.reason}" for r in recs if r.status != "ok"})
+        if bad:
+            notes.append(f"{side}: " + "; ".join(bad)[:300])
+        contended = sum(1 for r in recs if r.status == "ok" and r.speed and r.speed.contended)
+        if contended:
+            notes.append(f"{side}: {contended} trial(s) timed while other processes used the CPU (left out of "
+                         "throughput)")
+        cut = sum(1 for r in recs if r.status == "ok" and r.quality and r.quality.cut)
+        if cut:
+            notes.append(f"{side}: {cut} quality run(s) cut by the safety cap (left out of the metric)")
+    for q in (throughput, memory, metric):
+        if q.noise is not None and q.noise > NOISY_IQR_OVER_MEDIAN:
+            notes.append(f"noisy {q.quantity}: IQR/median {q.noise:.0%}")
+    new_failed = bool(ok_b) and any(r.status not in ("ok", "skipped") for r in new)
+    return ConfigComparison(key, len(ok_b), len(base), len(ok_n), len(new), throughput, memory, metric, notes,
+                            new_failed)
+
+
+def _listing(values: list[Any]) -> str:
+    return "/".join(f"{v:,}" for v in values) if len(values) <= 3 else f"{values[0]:,}..{values[-1]:,}"
+
+
+_OVERALL_CATEGORY = {"throughput": "slower", "peak memory": "more-memory", "final metric": "worse-metric"}
+SEQUENTIAL_OVERALL = (", fixed-n t on each configuration's final pairs, read once at the end (the sequential "
+                      "design's stopping rule looks at each configuration, not at the overall)")
+
+
+def overall_verdicts(rows: Sequence[ConfigComparison], threshold: float, max_looks: int | None = None
+                     ) -> list[Overall]:
+    """Throughput and peak memory across configurations: the geometric mean of NEW / BASE with a stratified
+    interval (metrics of different workloads have different units and directions, so they get no overall).
+
+    In a sequential design (``max_looks``) the overall is still read once, at the end, from every configuration's
+    final pairs: the stopping rule looked at each configuration's verdict, never at the overall one, so its interval
+    is the fixed-n stratified one, and its method text says so."""
+    out = []
+    for index, (quantity, th, higher, lower, bad) in enumerate((
+            ("throughput", threshold, "faster", "slower", "slower"),
+            ("peak memory", stats.THRESHOLDS["memory"], "more memory", "less memory", "more memory"))):
+        pairs = [(r.quantities[index].new, r.quantities[index].base) for r in rows
+                 if r.quantities[index].estimate is not None]
+        if len(pairs) < 2:
+            continue
+        est = stats.overall(pairs)
+        if max_looks is not None and est.has_interval:
+            est = dataclasses.replace(est, method=est.method + SEQUENTIAL_OVERALL)
+        v = stats.verdict(est, th, higher, lower, min_repeats=2)
+        out.append(Overall(quantity, est, v.word, v.why, v.word == bad))
+    return out
+
+
+def compare_records(base: Sequence[TrialRecord], new: Sequence[TrialRecord], threshold: float = DEFAULT_THRESHOLD,
+                    max_looks: int | None = None) -> tuple[list[ConfigComparison], list[ConfigKey], list[ConfigKey]]:
+    """(rows for configurations on both sides, keys only in BASE, keys only in NEW), in BASE's order.
+    ``max_looks``: the cap of a sequential design (``compare_config``)."""
+    groups_b: dict[ConfigKey, list[TrialRecord]] = defaultdict(list)
+    groups_n: dict[ConfigKey, list[TrialRecord]] = defaultdict(list)
+    for r in base:
+        groups_b[ConfigKey.of(r)].append(r)
+    for r in new:
+        groups_n[ConfigKey.of(r)].append(r)
+    rows = [compare_config(k, groups_b[k], groups_n[k], threshold, max_looks) for k in groups_b if k in groups_n]
+    return rows, [k for k in groups_b if k not in groups_n], [k for k in groups_n if k not in groups_b]
+
+
+# ---- environment and settings -------------------------------------------------------------------------------
+
+
+def _flatten(data: Any, prefix: str = "") -> dict[str, Any]:
+    if isinstance(data, dict):
+        out: dict[str, Any] = {}
+        for k, v in data.items():
+            out.update(_flatten(v, f"{prefix}.{k}" if prefix else str(k)))
+        return out
+    return {prefix: data}
+
+
+def env_differences(base: dict[str, Any], new: dict[str, Any]) -> list[EnvDifference]:
+    """Differences between two env.json documents, classified. Calibrated peak FLOP/s are measurements: only
+    their ``flops`` figure counts, and only when it differs by more than 10%."""
+    fb, fn = _flatten(base), _flatten(new)
+    out = []
+    for key in sorted(set(fb) | set(fn)):
+        a, b = fb.get(key), fn.get(key)
+        parts = key.split(".")
+        top = parts[0]
+        if a == b or top in _IGNORED_KEYS:
+            continue
+        if top in ("peak_flops", "peak_flops_by_threads"):
+            if parts[-1] != "flops":
+                continue
+            if isinstance(a, int | float) and isinstance(b, int | float) and a > 0 and abs(b / a - 1) <= _PEAK_TOLERANCE:
+                continue
+            kind = "measured"  # a calibration: differs with contention too, so it informs rather than warns
+        elif top in _CODE_KEYS:
+            kind = "code"
+        elif top in _ENV_KEYS:
+            kind = "environment"
+        else:
+            kind = "other"
+        out.append(EnvDifference(key, a, b, kind))
+    return out
+
+
+def settings_differences(base: dict[str, Any], new: dict[str, Any]) -> list[str]:
+    fb, fn = _flatten(base), _flatten(new)
+    return [f"{k}: {fb.get(k, '(unset)')} vs {fn.get(k, '(unset)')}" for k in sorted(set(fb) | set(fn))
+            if k != "name" and fb.get(k) != fn.get(k)]
+
+
+def compare_dirs(base_dir: Path, new_dir: Path, threshold: float = DEFAULT_THRESHOLD) -> Comparison:
+    """Compare two sweep directories (results.jsonl, env.json, sweep.toml)."""
+    base_dir, new_dir = Path(base_dir), Path(new_dir)
+    (base_src, base_notes), (new_src, new_notes) = load_sweep(base_dir), load_sweep(new_dir)
+    notes = [*base_notes, *new_notes]
+    base, new = base_src.records, new_src.records
+    settings_b, settings_n = base_src.settings or {}, new_src.settings or {}
+    cap = design_cap_of(settings_b, settings_n)
+    try:
+        rows, only_b, only_n = compare_records(base, new, threshold, cap)
+    except (TypeError, KeyError, AttributeError, IndexError) as exc:
+        # The records passed the type check, so this is a shape it does not cover: one line, not a traceback.
+        raise CompareError(f"{base_dir} vs {new_dir}: a record of an unexpected shape stopped the comparison "
+                           f"({type(exc).__name__}: {reader.clip(exc)})") from None
+    env = env_differences(base_src.env, new_src.env)
+    settings = settings_differences(settings_b, settings_n)
+    return Comparison(base_dir, new_dir, threshold, rows, only_b, only_n, env, settings,
+                      overall_verdicts(rows, threshold, cap), notes, cap)
+
+
+def design_cap_of(*settings: dict[str, Any]) -> int | None:
+    """The sequential design's cap that applies to a comparison: the larger one when the two sweeps' differ (the
+    wider interval), a sequential side's when only one was (its pairs were added by looking), None when both were
+    fixed designs (``bench.analyze.analysis.design_cap``)."""
+    caps = [c for c in (design_cap(s) for s in settings) if c is not None]
+    return max(caps) if caps else None
+
+
+# ---- rendering ----------------------------------------------------------------------------------------------
+
+
+def _fmt_estimate(est: Estimate | None) -> str:
+    if est is None or est.value is None:
+        return "-"
+    fmt = ".3f" if est.log else "+.4f"
+    text = format(est.value, fmt)
+    if est.has_interval:
+        text += f" [{est.lo:{fmt}}, {est.hi:{fmt}}]"
+    return text + (f" ({est.n} pairs)" if est.paired else "")
+
+
+def _fmt_verdict(verdict: str, why: str | None, regression: bool) -> str:
+    """Markdown: a regression in bold (the rest escaped, since ``why`` can quote a record)."""
+    text = f"**{cell(verdict)}**" if regression else cell(verdict)
+    return f"{text} ({cell(why)})" if why and verdict in (stats.NONE, "not comparable") else text
+
+
+def _fmt_value(q: MetricComparison) -> str:
+    def one(v: float | None) -> str:
+        if v is None:
+            return "-"
+        if q.unit.startswith("bytes"):
+            return f"{v / 2**20:,.1f} MB"
+        if q.quantity == "throughput":
+            return f"{v:,.0f}"
+        return f"{v:.4g}"
+
+    return f"{one(q.base_median)} -> {one(q.new_median)}"
+
+
+def _fmt_env_value(v: Any) -> str:
+    if v is None:
+        return "(absent)"
+    if isinstance(v, float):
+        return f"{v:.4g}"
+    return str(v)
+
+
+COLUMNS = ["configuration", "n (base/new)", "throughput", "ratio [95% CI]", "noise", "samples/s",
+           "peak memory", "ratio [95% CI]", "memory", "metric at equal samples", "difference [95% CI]", "metric",
+           "notes"]
+
+
+def to_markdown(comp: Comparison, title: str = "Comparison") -> str:
+    """``compare.md``. Text from the inputs (names, reasons, env.json values) goes through the report's escaping
+    (``bench.core.text``), so ``<lambda>`` shows as text and ``a|b`` cannot split a cell."""
+    base = comp.base_dir or "BASE"
+    new = comp.new_dir or "NEW"
+    lines = [f"# {escape(title)}", "", f"BASE: `{base}`  ", f"NEW: `{new}`  ",
+             f"Thresholds: throughput {comp.threshold:.1%}, peak memory {stats.THRESHOLDS['memory']:.0%}, the metric "
+             "any difference. A change counts when its whole 95% interval lies beyond its threshold (the data show "
+             "a change at least that large); noise is the spread of a side's trials (IQR / median).", ""]
+    for note in comp.input_notes:
+        lines += [f"**Input:** {cell(note)}", ""]
+    mismatch = comp.environment_mismatch
+    if mismatch:
+        lines += ["**Environments differ** (a verdict below may come from the environment, not the code):", ""]
+        lines += [f"- `{d.key}`: {cell(_fmt_env_value(d.base))} vs {cell(_fmt_env_value(d.new))}" for d in mismatch]
+        lines.append("")
+    else:
+        lines += ["Environments match (device, library versions, CPU/GPU, threads; from env.json).", ""]
+    if comp.settings:
+        lines += ["**Sweep settings differ** (sweep.toml):", ""] + [f"- {cell(s)}" for s in comp.settings] + [""]
+    for kind, text in (("measured", "Calibrated peak FLOP/s differ by more than 10% (a measurement: contention "
+                                    "or another machine)"),
+                       ("code", "Code"), ("other", "Other env.json differences")):
+        diffs = [d for d in comp.env if d.kind == kind]
+        if diffs:
+            lines += [f"{text}: " + "; ".join(
+                f"`{d.key}` {cell(_fmt_env_value(d.base))} vs {cell(_fmt_env_value(d.new))}" for d in diffs), ""]
+    lines += ["| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
+    for row in comp.rows:
+        cells = [cell(row.key.label), f"{row.n_base}/{row.n_new}"]
+        for q in row.quantities:
+            cells += [_fmt_verdict(q.verdict, q.why, q.regression), cell(_fmt_estimate(q.estimate))]
+            if q.quantity == "throughput":
+                cells.append("-" if q.noise is None else f"{q.noise:.1%}")
+            cells.append(cell(_fmt_value(q)))
+        cells.append(cell("; ".join(row.notes)))
+        lines.append("| " + " | ".join(cells) + " |")
+    lines.append("")
+    if comp.only_base:
+        lines.append("Only in BASE (not compared): " + ", ".join(cell(k.label) for k in comp.only_base))
+    if comp.only_new:
+        lines.append("Only in NEW (not compared): " + ", ".join(cell(k.label) for k in comp.only_new))
+    floor = comp.noise_floor()
+    if floor is not None:
+        spreads = [r.throughput.noise for r in comp.rows if r.throughput.noise is not None]
+        lines.append(f"Measured noise: per-trial throughput spread (IQR / median, the larger side) is "
+                     f"{statistics.median(spreads):.1%} in the median configuration and {floor:.1%} at most.")
+    counts = defaultdict(int)
+    for row in comp.rows:
+        counts[row.throughput.verdict] += 1
+    lines.append("Throughput verdicts: " + ", ".join(f"{v} {n}" for v, n in sorted(counts.items())) + ".")
+    if comp.overall:
+        lines += ["", "**Overall** (geometric mean of NEW / BASE over the configurations above):", ""]
+        for o in comp.overall:
+            lines.append(f"- {o.quantity}: {_fmt_estimate(o.estimate)} over {o.estimate.n} configurations: "
+                         f"{_fmt_verdict(o.verdict, o.why, o.regression)} ({o.estimate.method})")
+    lines += ["", "Ratios are NEW / BASE: geometric means of per-trial values (one trial = one process = one seed) "
+              f"with {_interval_words(comp.max_looks)} on their logs, paired by trial id where both sides ran the same "
+              "trials (in `sweep --ab`, the two runs of a trial back to back), Welch otherwise; no verdict below 3 "
+              "trials. "
+              "Memory compares the tensor-level (or CUDA allocator) peak when every trial has one, else peak RSS. "
+              "The metric is the quality run's metric at the full sample budget, compared as a difference NEW - BASE "
+              "in the workload's direction."]
+    return "\n".join(lines) + "\n"
+
+
+def _interval_words(max_looks: int | None) -> str:
+    """The method sentence's interval: a fixed design's t interval, or a sequential design's repeated one."""
+    if max_looks is None:
+        return "a 95% t interval"
+    return (f"a 95% repeated confidence interval (the sweeps' sequential design, `--repeats auto` up to {max_looks} "
+            "pairs: speed-only pairs were added while a verdict was open, and this interval keeps its coverage over "
+            "every look, see `bench.analyze.sequential`; the metric compares the planned quality runs)")

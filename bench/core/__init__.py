@@ -1,0 +1,1 @@
+"""The floor: errors, text formatting, atomic files, model structure, data pipelines."""

@@ -1,0 +1,1 @@
+"""From settings to trials: the typed config, the planner, plugins, users' models."""

@@ -1,0 +1,489 @@
+"""Generate the docs tables that quote measured numbers from the committed example reports, so the docs can never
+say what the reports do not.
+
+    .venv/bin/python -m bench.report.docs_tables            # rewrites every generated block in the docs
+    .venv/bin/python -m bench.report.docs_tables --check    # exit 1 when a block is out of date (a test runs this)
+
+Each table lives in a marked block of its document::
+
+    <!-- generated: NAME (python -m bench.report.docs_tables; from reports/...) -->
+    | ... the table ... |
+    <!-- end generated -->
+
+and is rendered from that report's ``results.jsonl`` through the analysis (``bench.records.reader.load`` + ``analyze``),
+with the report's own cell wording (``bench.report.content``): every comparison carries the verdict word
+``bench.analyze.stats.verdict`` gave it (faster/slower, equivalent, inconclusive, no verdict), and a quality verdict that
+did not survive Holm's correction over the report's comparisons says so. Two tables come from the technique registry
+instead of a report, so a new technique cannot be missing from them: the README's technique table (name, kind,
+options, summary) and docs/commands.md's table of what each technique's row in "What the techniques found" says
+(its ``summarize`` docstring). Only the block's body is rewritten; the prose around it is the author's.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+import math
+import re
+import sys
+import typing
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+import techniques
+from bench.analyze import analysis, stats
+from bench.core.files import REPO_DIR
+from bench.records import reader
+from bench.report import content, frontier
+from bench.report.content import fmt_bytes, fmt_num, fmt_pct, fmt_secs
+from techniques.base import Kind, Technique
+
+ROOT = REPO_DIR
+BLOCK = re.compile(r"(<!-- generated: (?P<name>[\w.-]+)[^\n]*-->\n)(?P<body>.*?)(<!-- end generated -->)", re.S)
+
+
+@dataclass(frozen=True)
+class Spec:
+    """One generated table: the document it lives in, the report directory it is rendered from, and how."""
+
+    doc: str  # relative to the repository root
+    report: str | None  # a directory holding results.jsonl, relative to the root; None: drawn from the registry
+    render: Callable[[Any], list[str]]  # given the report's analysis (None for a registry table)
+
+
+# ---- cells --------------------------------------------------------------------------------------------------
+
+
+def _ok(v: Any) -> bool:
+    return v is not None and not (isinstance(v, float) and math.isnan(v))
+
+
+def _ratio(est: Any, lo: Any, hi: Any, verdict: Any, why: Any = None) -> str:
+    """A ratio with its interval and verdict word, worded as the report words it."""
+    if not _ok(est):
+        return "-"
+    return content.ratio_cell(est, lo, hi, verdict, _short(why)).text
+
+
+def _short(why: Any) -> str | None:
+    """The reason for no verdict, to its first clause (the report has the whole sentence)."""
+    return str(why).split(";")[0] if why else None
+
+
+def _delta(c: Any, prefix: str, digits: int = 4) -> str:
+    """A metric difference with its interval and verdict; one that Holm's correction undid says so."""
+    est, lo, hi = (getattr(c, f"{prefix}{s}") for s in ("", "_lo", "_hi"))
+    verdict = getattr(c, f"{prefix}_verdict")
+    if not _ok(est):
+        return "-"
+    ci = f" [{lo:+.{digits}f}, {hi:+.{digits}f}]" if _ok(lo) and _ok(hi) else ""
+    word = verdict if verdict not in (None, stats.NONE) else f"(no verdict: {_short(getattr(c, f'{prefix}_why'))})"
+    if getattr(c, f"{prefix}_holm_dropped", False):
+        word += (f" (p = {getattr(c, f'{prefix}_p'):.3f} alone; not after Holm over "
+                 f"{getattr(c, f'{prefix}_family')})")
+    return f"{est:+.{digits}f}{ci} {word}"
+
+
+def _speed(c: Any) -> str:
+    """samples/s with the speedup and its verdict in brackets (the reference: 1)."""
+    if not _ok(c.sps_median):
+        return "-"
+    ratio = "1" if c.is_reference else _ratio(c.speedup, c.speedup_lo, c.speedup_hi, c.speedup_verdict,
+                                               c.speedup_why)
+    return f"{fmt_num(c.sps_median)} ({ratio}{_contended(c)})"
+
+
+def _contended(c: Any) -> str:
+    """Windows shared with other processes are left out of the speedup: say how many, as the report's status does."""
+    return f"; {c.n_contended} contended window(s) left out" if c.n_contended else ""
+
+
+def _memory(c: Any) -> str:
+    if c.is_reference:
+        return "1 (reference)"
+    text = _ratio(c.mem_ratio, c.mem_ratio_lo, c.mem_ratio_hi, c.mem_ratio_verdict, c.mem_ratio_why)
+    return text + (" (RSS)" if c.mem_ratio_source == "RSS" and text != "-" else "")
+
+
+def _exact_same(c: Any) -> str | None:
+    """An exact set's quality in words when its eval curves match (or drift by rounding), else None."""
+    if c.quality_same_exact:
+        return "same (curves identical)" if c.curve_max_rel_diff == 0 else \
+            f"same (curves within {c.curve_max_rel_diff:.1%})"
+    if c.exact_quality == "drift":
+        return f"same within noise (curves drift {c.curve_max_rel_diff:.1%} by rounding)"
+    return None
+
+
+def _quality(c: Any, digits: int = 4) -> str:
+    if c.is_reference:
+        return f"{c.metric} {c.final_mean:.{digits}f} ± {c.final_std:.{digits}f}" if _ok(c.final_mean) else "-"
+    same = _exact_same(c)
+    if same:
+        return same
+    text = _delta(c, "delta", digits)
+    if c.exact_quality == "expected mismatch":
+        text += "; not exact by design (see the report's parity)"
+    return text
+
+
+def _equal_time(c: Any) -> str:
+    if c.is_reference or c.kind == "exact":
+        return "-"
+    text = _delta(c, "delta_at_time")
+    unscored = c.equal_time_faster - c.equal_time_continued
+    if text != "-" and unscored > 0:
+        text += f"; {unscored} faster run(s) scored where they ended"
+    return text
+
+
+def _ttt(c: Any, with_ratio: bool = True) -> str:
+    """Censored median time to target, misses, and (with ``with_ratio``) the paired ratio with its verdict."""
+    if c.target is None or not c.n_ttt:
+        return "-"
+    misses = f"{round(c.ttt_miss_rate * c.n_ttt)}/{c.n_ttt} missed"
+    if not _ok(c.ttt_median) or not math.isfinite(c.ttt_median):
+        return f"missed ({misses.removesuffix(' missed')})"
+    one_off = (c.one_off_s if _ok(c.one_off_s) else 0.0) + (c.probe_s if _ok(c.probe_s) else 0.0)
+    text = fmt_secs(c.ttt_median)
+    if one_off > 0.05 * c.ttt_median and math.isfinite(c.ttt_one_off_median):
+        text += f" ({fmt_secs(c.ttt_one_off_median)} with one-off)"
+    text += f"; {misses}"
+    if with_ratio and not c.is_reference and _ok(c.ttt_ratio):
+        text += "; " + _ratio(c.ttt_ratio, c.ttt_ratio_lo, c.ttt_ratio_hi, c.ttt_ratio_verdict, c.ttt_ratio_why)
+    return text
+
+
+def _one_off(c: Any) -> str:
+    return content._one_off(c).text  # the report's own cell: first-step excess, "+ probes"
+
+
+def _table(columns: list[str], rows: list[list[str]]) -> list[str]:
+    esc = [[cell.replace("|", "\\|") for cell in row] for row in rows]
+    return ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns), *("| " + " | ".join(r) + " |" for r in esc)]
+
+
+def _rows(a: analysis.Analysis, workload: str | None = None, order: tuple[str, ...] = ()) -> pd.DataFrame:
+    """The configurations of one workload (default: all), in the report's order, or with the sets named in
+    ``order`` first in that order (the reading order of the doc's prose)."""
+    configs = a.configs if workload is None else a.configs[a.configs["workload"] == workload]
+    rank = {label: i for i, label in enumerate(order)}
+    keys = [(w, rank.get(t, len(rank)), i) for i, (w, t) in enumerate(zip(configs["workload"], configs["technique"],
+                                                                          strict=True))]
+    return configs.iloc[sorted(range(len(configs)), key=keys.__getitem__)]
+
+
+def _step(s: Any) -> str:
+    return f"{s * 1000:.1f} ms" if _ok(s) and s < 1 else fmt_secs(s)
+
+
+# ---- the tables ---------------------------------------------------------------------------------------------
+
+
+def front_page(a: analysis.Analysis) -> list[str]:
+    """README: the default sweep, one row per workload x set."""
+    rows, last = [], None
+    for c in _rows(a).itertuples():
+        speed = "reference" if c.is_reference else _ratio(c.speedup, c.speedup_lo, c.speedup_hi, c.speedup_verdict,
+                                                          c.speedup_why)
+        memory = "reference" if c.is_reference else _memory(c)
+        rows.append([c.workload if c.workload != last else "", c.technique, fmt_num(c.sps_median), speed, memory,
+                     _quality(c, 3), _ttt(c), _one_off(c)])
+        last = c.workload
+    return _table(["workload", "set", "samples/s", "speedup [95% CI]", "peak memory", "quality at equal samples",
+                   "time to target", "one-off"], rows)
+
+
+def claims_check(a: analysis.Analysis) -> list[str]:
+    """README: a sweep's sets beside their published speed claims (the report's claims check, one row per claim)."""
+    rows = []
+    by_set = {(c.workload, c.technique): c for c in _rows(a).itertuples()}
+    for cl in a.claims.itertuples():
+        if cl.metric != "speedup":
+            continue
+        c = by_set.get((cl.workload, cl.technique))
+        measured = _speed(c) if c is not None else "-"
+        memory = _memory(c) if c is not None else "-"
+        verdict = {"within": "within the claim", "below": "below the claim", "above": "above the claim"}.get(
+            cl.verdict, cl.verdict)
+        if cl.verdict in (stats.INCONCLUSIVE, stats.NONE) and cl.why_not:
+            verdict += f" ({_short(cl.why_not)})"
+        rows.append([cl.workload, cl.technique, measured, memory, f"{cl.low:g}-{cl.high:g}x ({cl.source})", verdict])
+    return _table(["workload", "set", "samples/s (speedup [95% CI])", "peak memory", "published claim",
+                   "claims check"], rows)
+
+
+def model_techniques(a: analysis.Analysis) -> list[str]:
+    """docs/model-techniques.md: one workload's sets, speed and quality side by side."""
+    rows = []
+    for c in _rows(a).itertuples():
+        quality = f"{c.final_mean:.4f} ± {c.final_std:.4f} (reference)" if c.is_reference else _quality(c)
+        rows.append([c.technique, _speed(c), _memory(c), quality, _equal_time(c), _ttt(c), _one_off(c),
+                     fmt_pct(c.mfu)])
+    return _table(["set", "samples/s (speedup [95% CI])", "memory ratio", "quality at equal samples [95% CI]",
+                   "at equal time [95% CI]", "time to target", "one-off", "MFU"], rows)
+
+
+def _technique_result(a: analysis.Analysis, c: Any) -> dict[str, Any]:
+    """The first ok trial's technique results of a set (byte counts and rounds repeat exactly over seeds)."""
+    f = a.frame
+    mine = f[(f["workload"] == c.workload) & (f["technique"] == c.technique) & (f["status"] == "ok")]
+    return next((r for r in mine["technique_results"] if r), {}) if len(mine) else {}
+
+
+def _plain_data_parallel(c: Any) -> bool:
+    """The set is one plain data-parallel technique (ZeRO stage 0: DDP), which all-reduces every gradient once."""
+    tech = techniques.registry().get(c.names[0]) if len(c.names) == 1 else None
+    return tech is not None and tech.zero_stage == 0
+
+
+def _bytes_per_sample(a: analysis.Analysis, c: Any) -> str:
+    if c.is_reference:
+        return "-"
+    found = _technique_result(a, c)
+    for name, result in found.items():
+        comm = ((result or {}).get("communication") or {}).get("quality_run") or {}
+        if comm.get("bytes_per_sample") is not None:
+            text = f"{comm['bytes_per_sample']:,.0f}"
+            fed = (result or {}).get("federated") or {}
+            if fed.get("bytes_down_per_round"):
+                text += (f" (all-reduce); {fed['bytes_down_per_round'] / 1e6:.2f} MB down and "
+                         f"{fed['bytes_up_per_round'] / 1e6:.2f} MB up per round")
+            sent_by = getattr(techniques.registry().get(name), "sent_by", None)  # one rank's traffic, not all
+            return text + (f" ({sent_by})" if sent_by else "")
+    if _plain_data_parallel(c) and _ok(c.n_params) and c.batch_size:  # all-reduces every fp32 gradient once
+        return f"{4 * c.n_params / c.batch_size:,.0f} (computed)"
+    return "-"
+
+
+def _state(a: analysis.Analysis, c: Any) -> str:
+    if c.is_reference:
+        return f"- / {fmt_bytes(c.clean_rss_at_rest_bytes)}"
+    state = fmt_bytes(c.model_state_bytes) if _ok(c.model_state_bytes) else "-"
+    extra = next((r.get("simulation_state_bytes") for r in _technique_result(a, c).values()
+                  if isinstance(r, dict) and r.get("simulation_state_bytes")), None)
+    if extra:
+        state += f" (+ {fmt_bytes(extra)} simulation state)"
+    return f"{state} / {fmt_bytes(c.clean_rss_at_rest_bytes)}"
+
+
+def _ttt_rounds(a: analysis.Analysis, c: Any) -> str:
+    text = _ttt(c)
+    rounds = next(((r.get("rounds_completed") or {}).get("quality_run") for r in _technique_result(a, c).values()
+                   if isinstance(r, dict) and r.get("rounds_completed")), None)
+    return text + (f"; {rounds} rounds" if rounds else "")
+
+
+def _spread(values: list[float]) -> str:
+    """Mean over seeds with the range: an estimate, not a verdict."""
+    if not values:
+        return "-"
+    mean = sum(values) / len(values)
+    return f"{mean:.3g} ({min(values):.3g} to {max(values):.3g})" if len(values) > 1 else f"{mean:.3g}"
+
+
+def preference(a: analysis.Analysis) -> list[str]:
+    """docs/preference.md: per method over its seeds, the gold reward at the end against the baseline (the report's
+    verdict, Holm-corrected with the report's other quality comparisons), its best during the run, the proxy and
+    the KL at the end, and the estimated compute to the gold target."""
+    rows = []
+    for c in _rows(a).itertuples():
+        got = frontier.set_outcomes(a, c.machine, c.workload).get(c.technique)
+        if got is None:
+            continue
+        cost = got["compute_to_target"]
+        to_target = "-" if cost is None else (
+            "no training" if cost == 0 else f"{frontier.fmt_flops(cost)} (median; {got['reached']}/{got['seeds']} "
+                                           "reached it)")
+        rows.append([c.technique, _quality(c, 3), _spread(got["best"]), _spread(got["proxy_end"]),
+                     _spread(got["kl_end"]), to_target])
+    return _table(["set", "gold reward at the end (vs baseline, 95% CI)", "best gold during the run",
+                   "proxy reward at the end", "KL to the start at the end (nats)",
+                   "compute to the gold target (est. FLOPs)"], rows)
+
+
+def sweep_order(a: analysis.Analysis) -> tuple[str, ...]:
+    """The sets in the order the sweep listed them (its sweep.toml), the reference first: the reading order of
+    the doc's prose, which the example sweep was written in."""
+    listed = [t for s in a.sweep.sources for t in ((s.settings or {}).get("techniques") or [])]
+    return tuple(dict.fromkeys([a.baseline, *listed]))
+
+
+def parallelism(a: analysis.Analysis) -> list[str]:
+    """docs/parallelism.md: the sets on two gloo ranks against one process (the reference's row first)."""
+    metric = next((m for m in a.configs["metric"] if m), "metric")
+    rows = []
+    for c in _rows(a, order=sweep_order(a)).itertuples():
+        label = f"{c.technique} (1 process)" if c.is_reference else c.technique
+        rows.append([label, _speed(c), _state(a, c), _bytes_per_sample(a, c), _quality(c, 3),
+                     _ttt_rounds(a, c)])
+    return _table(["set", "samples/s (speedup [95% CI])", "model state / clean RSS at rest, per rank",
+                   "bytes per sample", f"{metric} at equal samples [95% CI]", "time to target"], rows)
+
+
+def _per_rank(values: Any) -> str:
+    if not values:
+        return "-"
+    return " / ".join(fmt_bytes(v) for v in values)
+
+
+def distributed(workload: str) -> Callable[[analysis.Analysis], list[str]]:
+    """docs/distributed.md: DDP and the ZeRO stages on one workload, memory per rank beside the formula."""
+
+    def render(a: analysis.Analysis) -> list[str]:
+        rows = []
+        for c in _rows(a, workload).itertuples():
+            label = f"{c.technique} (1 process)" if c.is_reference else c.technique
+            rss = fmt_bytes(c.peak_rss_bytes) if c.is_reference else _per_rank(c.rank_peak_rss_bytes)
+            formula = "-" if c.is_reference else fmt_bytes(c.zero_formula_bytes)
+            rows.append([label, _speed(c), _step(c.step_time_s), rss,
+                         f"{fmt_bytes(c.clean_rss_at_rest_bytes)} / {fmt_bytes(c.clean_rss_peak_bytes)}",
+                         "-" if c.is_reference else fmt_bytes(c.model_state_bytes), formula])
+        return _table(["set", "samples/s, global (speedup [95% CI])", "step", "peak RSS per rank (timed)",
+                       "clean RSS at rest / peak (per rank)", "model state per rank", "ZeRO formula"], rows)
+
+    return render
+
+
+# ---- tables of the registry (no report: what the techniques declare) -----------------------------------------
+
+OPTIONS_SHOWN = 5  # options listed in the technique table; beyond, "..."
+
+
+def _options(tech: type[Technique]) -> str:
+    """A technique's options as typed on the command line: ``name=default``, a choice's values after its default."""
+    hints = typing.get_type_hints(tech.Options)
+    parts = []
+    for f in dataclasses.fields(tech.Options):
+        choices = typing.get_args(hints[f.name]) if typing.get_origin(hints[f.name]) is typing.Literal else ()
+        if choices:
+            parts.append(f"`{f.name}=" + "|".join(str(c) for c in sorted(choices, key=lambda c: c != f.default)) + "`")
+        elif f.default is not dataclasses.MISSING:  # as typed: true/false, not Python's True/False
+            default = str(f.default).lower() if isinstance(f.default, bool) else f.default
+            parts.append(f"`{f.name}={default}`")
+        else:
+            parts.append(f"`{f.name}`")
+    return ", ".join(parts[:OPTIONS_SHOWN]) + (", ..." if len(parts) > OPTIONS_SHOWN else "") if parts else "-"
+
+
+def _registered(reference: str = analysis.BASELINE) -> list[type[Technique]]:
+    """The built-in techniques: the reference set first, then by kind (exact, numeric, algorithmic), by name."""
+    order = list(Kind)
+    return sorted(techniques.registry().values(), key=lambda t: (t.name != reference, order.index(t.kind), t.name))
+
+
+def technique_table(_: analysis.Analysis | None = None) -> list[str]:
+    """README: every registered technique, its kind, options and summary (``bench list`` says which run here)."""
+    rows = [[f"`{t.name}`", t.kind.value, _options(t), t.summary] for t in _registered()]
+    return _table(["name", "kind", "options", "what"], rows)
+
+
+def findings_table(_: analysis.Analysis | None = None) -> list[str]:
+    """docs/commands.md: what each technique's row in the report's "What the techniques found" says (its
+    ``summarize`` docstring), and the figure it adds (``result_curve``)."""
+    rows = []
+    for t in _registered():
+        if t.summarize.__func__ is Technique.summarize.__func__:  # type: ignore[attr-defined]
+            continue  # it reports no results of its own (a registry test holds results() to a summary)
+        figure = f"{t.result_curve.title} (`figures/{t.result_curve.name}.png`)" if t.result_curve else "-"
+        rows.append([f"`{t.name}`", " ".join((inspect.getdoc(t.summarize) or "").split()), figure])
+    return _table(["technique", "what it found (one line per configuration, seeds in order)", "figure"], rows)
+
+
+TABLES: dict[str, Spec] = {
+    "readme-example-cpu-auto": Spec("README.md", "reports/example-cpu-auto", front_page),
+    "model-techniques-gpt": Spec("docs/model-techniques.md", "reports/example-cpu-model-techniques/gpt",
+                                 model_techniques),
+    "model-techniques-cnn": Spec("docs/model-techniques.md", "reports/example-cpu-model-techniques/cnn",
+                                 model_techniques),
+    "model-techniques-mlp": Spec("docs/model-techniques.md", "reports/example-cpu-model-techniques/mlp",
+                                 model_techniques),
+    "parallelism-gpt": Spec("docs/parallelism.md", "reports/example-cpu-parallelism/gpt", parallelism),
+    "parallelism-mlp": Spec("docs/parallelism.md", "reports/example-cpu-parallelism/mlp", parallelism),
+    "distributed-mlp-large": Spec("docs/distributed.md", "reports/example-cpu-2rank", distributed("mlp:large")),
+    "distributed-gpt-tiny": Spec("docs/distributed.md", "reports/example-cpu-2rank", distributed("gpt:tiny")),
+    "preference": Spec("docs/preference.md", "reports/example-cpu-preference", preference),
+    "readme-bf16-claim": Spec("README.md", "reports/example-cpu-bf16", claims_check),
+    "readme-techniques": Spec("README.md", None, technique_table),
+    "commands-findings": Spec("docs/commands.md", None, findings_table),
+}
+
+
+# ---- rendering and checking ---------------------------------------------------------------------------------
+
+
+def render(names: list[str] | None = None, root: Path = ROOT) -> dict[str, str]:
+    """{block name: its body} for ``names`` (default: every table), each report analysed once."""
+    cache: dict[str, analysis.Analysis] = {}
+    out = {}
+    for name in names or list(TABLES):
+        spec = TABLES[name]
+        if spec.report is None:
+            out[name] = "\n".join(spec.render(None)) + "\n"
+            continue
+        if spec.report not in cache:
+            cache[spec.report] = analysis.analyze(reader.load([root / spec.report]))
+        out[name] = "\n".join(spec.render(cache[spec.report])) + "\n"
+    return out
+
+
+def update(text: str, bodies: dict[str, str]) -> tuple[str, list[str]]:
+    """``text`` with each block named in ``bodies`` given its body; and the names of blocks it holds that no table
+    renders (a typo in a marker)."""
+    unknown: list[str] = []
+
+    def replace(m: re.Match[str]) -> str:
+        name = m.group("name")
+        if name not in bodies:
+            unknown.append(name)
+            return m.group(0)
+        return m.group(1) + bodies[name] + m.group(4)
+
+    return BLOCK.sub(replace, text), unknown
+
+
+def problems(bodies: dict[str, str], root: Path = ROOT) -> tuple[list[str], dict[str, str]]:
+    """What is wrong with the docs under ``root`` given the rendered ``bodies``: stale, missing and unknown blocks,
+    one line each; and {doc: its text with every block brought up to date} for the docs that change."""
+    found: list[str] = []
+    rewritten: dict[str, str] = {}
+    for doc in dict.fromkeys(spec.doc for spec in TABLES.values()):
+        text = (root / doc).read_text()
+        mine = {n: b for n, b in bodies.items() if TABLES[n].doc == doc}
+        present = [m.group("name") for m in BLOCK.finditer(text)]
+        found += [f"{doc} has no block '{n}': add <!-- generated: {n} --> and <!-- end generated --> where it goes"
+                  for n in mine if n not in present]
+        new, unknown = update(text, mine)
+        found += [f"{doc}: no table is called '{n}' (known: {', '.join(mine)})" for n in unknown]
+        if new != text:
+            stale = [n for n in mine if n in present and update(text, {n: mine[n]})[0] != text]
+            found.append(f"{doc} is out of date (blocks {', '.join(stale)}): run python -m bench.report.docs_tables")
+            rewritten[doc] = new
+    return found, rewritten
+
+
+def main(argv: list[str] | None = None, root: Path = ROOT) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv not in ([], ["--check"]):
+        print("usage: python -m bench.report.docs_tables [--check]", file=sys.stderr)
+        return 2
+    found, rewritten = problems(render(root=root), root)
+    if argv == ["--check"]:
+        for line in found:
+            print(line, file=sys.stderr)
+        return 1 if found else 0
+    for doc, text in rewritten.items():
+        (root / doc).write_text(text)
+        print(f"wrote {doc}")
+    left = [line for line in found if "out of date" not in line]  # missing or unknown blocks need a hand
+    for line in left:
+        print(line, file=sys.stderr)
+    return 1 if left else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

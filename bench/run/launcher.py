@@ -1,0 +1,320 @@
+"""One trial, run in processes of its own: the command, the timeout, and the record of how it ended.
+
+The sweep's runner uses it on this machine (``--executor local``); a batch-scheduler job runs the same code on its
+node (``bench.run.executors``), so a trial is launched, killed and recorded the same way wherever it runs. Everything
+here is picklable: a job receives the launcher itself.
+
+The launching process never spins: it blocks in ``Popen.wait`` (a peer harness measured here busy-waited in its
+parent and slowed training 3x on a 2-core machine). Each trial gets a fresh TorchInductor cache so compile time is
+cold.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+import hashlib
+import json
+import logging
+import math
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import psutil
+import torch
+
+from bench import reference as reference_mod
+from bench.core.files import write_atomic
+from bench.measure import env as envmod
+from bench.plan.config import ConfigError, SweepConfig
+from bench.plan.planner import Trial, reference_key
+from bench.records.results import TrialRecord, memory_exhausted
+from bench.run import sweepdir
+from bench.trial import TrialSpec
+from techniques.base import set_kind
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Launch:
+    """How multi-process trials start (torchrun). Multi-node: the same sweep runs on every node, each with its
+    own ``node_rank`` and the same ``rdzv_endpoint``; only node 0 (global rank 0) records results."""
+
+    nnodes: int = 1
+    node_rank: int = 0
+    rdzv_endpoint: str | None = None
+
+    def torchrun_args(self, nproc: int, rdzv_id: str = "none") -> list[str]:
+        """torchrun's arguments. Multi-node uses the static rendezvous: it is the one that honours ``--node-rank``
+        (c10d's dynamic rendezvous ranks nodes in the order they arrive, which would put global rank 0, the rank
+        that writes the record, on any node). ``rdzv_id`` prefixes its store's keys: one per trial, so a node that
+        moved on early never meets a previous trial's keys."""
+        args = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc), "--max-restarts", "0"]
+        if self.nnodes == 1 and self.rdzv_endpoint is None:
+            return [*args, "--standalone"]
+        if not self.rdzv_endpoint:
+            raise ConfigError("--nnodes > 1 needs --rdzv-endpoint HOST:PORT (the same on every node)")
+        return [*args, "--nnodes", str(self.nnodes), "--node-rank", str(self.node_rank), "--rdzv-backend", "static",
+                "--rdzv-endpoint", self.rdzv_endpoint, "--rdzv-id", rdzv_id]
+
+
+@dataclass
+class TrialLauncher:
+    """Runs trials of one sweep: ``run(trial, env)`` returns the trial's record, stamped with the settings hash."""
+
+    cfg: SweepConfig
+    out_dir: Path
+    device: torch.device | None  # None on a submitter whose trials run elsewhere (bench.run.executors)
+    code_dir: Path  # the checkout whose code trial processes run (their cwd): see SweepRunner
+    launch: Launch = field(default_factory=Launch)
+
+    @property
+    def config_hash(self) -> str:
+        return sweepdir.settings_hash(self.cfg)
+
+    @property
+    def reference_dir(self) -> Path:
+        return self.out_dir / "references"
+
+    def thread_counts(self) -> list[int]:
+        """The intra-op thread counts trials run with: the configured count (torch's default when 0) for one-process
+        trials; torchrun gives each rank 1 on CPU unless --threads says otherwise."""
+        counts = [self.cfg.threads or torch.get_num_threads()]
+        if self.cfg.world_size > 1 and self.device.type == "cpu":
+            counts.append(self.cfg.threads or 1)
+        return list(dict.fromkeys(counts))
+
+    def environment(self, command: str, resume: bool) -> dict:
+        """env.json: this machine's fingerprint and matmul peaks calibrated for each thread count the trials run
+        with; written once, reused when resuming."""
+        env_path = self.out_dir / "env.json"
+        if resume and env_path.exists():
+            try:
+                return json.loads(env_path.read_text())
+            except (json.JSONDecodeError, UnicodeDecodeError):
+                raise ConfigError(f"--resume: {env_path} is not valid JSON; the sweep's environment record is "
+                                  "damaged (restore it, or start a new --out)") from None
+        log.info("measuring peak matmul FLOP/s on %s", self.device)
+        env = envmod.fingerprint(self.code_dir)
+        env["device"] = str(self.device)
+        by_threads = {str(n): envmod.calibrate_peaks(self.device, threads=n) for n in self.thread_counts()}
+        env["peak_flops"] = next(iter(by_threads.values()))  # at the one-process trials' thread count
+        env["peak_flops_by_threads"] = by_threads
+        env["command"] = command
+        write_atomic(env_path, json.dumps(env, indent=2, sort_keys=True, default=str))
+        return env
+
+    def prepare_references(self, trials: list[Trial]) -> None:
+        """Compute, in one child process, the parity references these trials need and the cache lacks."""
+        keys = [k for k in (reference_key(t, self.cfg.budget) for t in trials if not t.skip_reason) if k]
+        try:
+            reference_mod.ensure(keys, self.reference_dir, self.device.type, self.code_dir,
+                                 timeout_s=max(self.cfg.budget.timeout_s, 120.0) * max(len(keys), 1),
+                                 plugins=[p.to_dict() for p in self.cfg.plugins])
+        except (RuntimeError, subprocess.TimeoutExpired) as exc:
+            # Not fatal here: each trial asks for its reference again and, if that fails too, is recorded as
+            # failed with the reason, like any other trial error.
+            log.warning("parity references could not be computed up front: %s", exc)
+
+    def run(self, trial: Trial, env: dict) -> TrialRecord:
+        """One trial's record (skipped, or measured in its own process), stamped with the sweep's settings hash."""
+        started = time.perf_counter()
+        record = self._skipped(trial) if trial.skip_reason else self._launch(trial, env)
+        record.config_hash = self.config_hash
+        record.added_by = trial.added_by
+        if not trial.skip_reason:
+            record.wall_s = round(time.perf_counter() - started, 3)
+        record.continues = trial.continues  # how the analysis tells a continuation from a planned trial
+        return record
+
+    def _peaks(self, trial: Trial, env: dict) -> tuple[dict[str, float], str | None]:
+        """Calibrated peaks at the thread count this trial runs with."""
+        threads = self.thread_counts()[-1] if trial.world_size > 1 else self.thread_counts()[0]
+        by_threads = env.get("peak_flops_by_threads") or {}
+        peaks = by_threads.get(str(threads))
+        source = f"calibrated on this machine with {threads} thread(s)"
+        if peaks is None:  # env.json of an older sweep (resumed): one calibration at the runner's threads
+            peaks, source = env.get("peak_flops") or {}, "calibrated on this machine (runner's threads)"
+        return {k: v["flops"] for k, v in peaks.items() if v.get("flops")}, source
+
+    def _spec(self, trial: Trial, env: dict) -> TrialSpec:
+        peaks, source = self._peaks(trial, env)
+        return TrialSpec(
+            sweep_id=self.out_dir.name,
+            trial_id=trial.trial_id,
+            workload=trial.workload.name,
+            size=trial.workload.size,
+            techniques=[s.label for s in trial.techniques.specs],
+            seed=trial.seed,
+            repeat=trial.repeat,
+            device=str(self.device),
+            budget=dataclasses.asdict(self.cfg.budget),
+            peaks=peaks,
+            peak_source=source,
+            world_size=trial.world_size,
+            threads=self.cfg.threads,
+            mode=trial.mode or self.cfg.mode,
+            position=trial.position,
+            reference_dir=str(self.reference_dir),
+            plugins=[p.to_dict() for p in self.cfg.plugins],
+            train_until_s=trial.train_until_s,
+        )
+
+    def _skipped(self, trial: Trial) -> TrialRecord:
+        return self.bare_record(trial, "skipped", trial.skip_reason)
+
+    def bare_record(self, trial: Trial, status: str, reason: str | None) -> TrialRecord:
+        return TrialRecord(
+            sweep_id=self.out_dir.name,
+            trial_id=trial.trial_id,
+            workload={"name": trial.workload.name, "size": trial.workload.size},
+            techniques=[{"name": s.name, "options": dict(s.options)} for s in trial.techniques.specs],
+            technique_label=trial.techniques.label,
+            seed=trial.seed,
+            repeat=trial.repeat,
+            world_size=trial.world_size,
+            device=str(self.device),
+            status=status,
+            reason=reason,
+            kind=set_kind(s.resolve() for s in trial.techniques.specs).value,
+            mode=trial.mode or self.cfg.mode,
+            position=trial.position,
+            timestamp_utc=dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+        )
+
+    def _launch(self, trial: Trial, env: dict) -> TrialRecord:
+        timeout = self.cfg.budget.timeout_s
+        with tempfile.TemporaryDirectory(prefix=sweepdir.temp_prefix()) as tmp:
+            tmp_path = Path(tmp)
+            spec_path, record_path, log_path = tmp_path / "spec.json", tmp_path / "record.json", tmp_path / "stderr"
+            spec_path.write_text(self._spec(trial, env).to_json())
+            child_env = dict(os.environ, PYTHONUNBUFFERED="1", TORCHINDUCTOR_CACHE_DIR=str(tmp_path / "inductor"))
+            cmd = [sys.executable, "-m", "bench.trial", str(spec_path), str(record_path)]
+            if trial.world_size > 1:
+                # The same id on every node (a stable digest: Python's hash() differs between processes).
+                rdzv_id = "trainbench-" + hashlib.sha1(f"{self.cfg.name}/{trial.trial_id}".encode()).hexdigest()[:16]
+                cmd = [*self.launch.torchrun_args(trial.world_size // self.launch.nnodes, rdzv_id),
+                       "-m", "bench.trial", str(spec_path), str(record_path)]
+            cmd = [sys.executable, "-m", "bench.guard", str(os.getpid()), *cmd]  # dies with this process
+            oom_before = oom_kills()
+            with open(log_path, "wb") as err:
+                # A new session makes the child a process group we can kill whole (compile workers included).
+                proc = subprocess.Popen(cmd, cwd=self.code_dir, env=child_env, stdout=err, stderr=err,
+                                        start_new_session=True)
+                try:
+                    rc = proc.wait(timeout=timeout)
+                except subprocess.TimeoutExpired:
+                    _kill_group(proc)
+                    return self._after_timeout(trial, record_path, timeout)
+                except BaseException:
+                    _kill_group(proc)
+                    raise
+            oom_after = oom_kills()
+            oom_killed = None if oom_before is None or oom_after is None else oom_after > oom_before
+            return self._outcome(trial, rc, tmp_path, oom_killed)
+
+    def _outcome(self, trial: Trial, rc: int, tmp_path: Path, oom_killed: bool | None) -> TrialRecord:
+        """The trial's record, or a record of how its process ended when it wrote none."""
+        record_path = tmp_path / "record.json"
+        if record_path.exists() and record_path.stat().st_size:
+            return self._read_record(trial, record_path)
+        first = _first_rank_error(tmp_path)
+        if first:  # the rank that failed first says why; torchrun ended the others
+            return self.bare_record(trial, first["status"], f"rank {first['rank']}: {first['reason']}")
+        tail = (tmp_path / "stderr").read_text(errors="replace").strip().splitlines()[-5:]
+        status = "failed"
+        if rc < 0 and -rc == signal.SIGKILL:
+            if oom_killed:
+                status, why = "oom", "trial process killed by the kernel's OOM killer (cgroup memory.events)"
+            else:
+                checked = ("no OOM kill in this cgroup's memory.events" if oom_killed is False
+                           else "whether it was an OOM kill could not be checked: no cgroup v2 memory.events")
+                status, why = "killed", f"trial process killed by SIGKILL from outside the harness ({checked})"
+        elif rc < 0:
+            why = f"trial process killed by {signal.Signals(-rc).name}"
+        else:
+            why = f"trial process exited with code {rc}"
+        if status == "failed" and memory_exhausted(" ".join(tail)):
+            status = "oom"
+        return self.bare_record(trial, status, f"{why}: {' | '.join(tail)}"[:1000])
+
+    def _read_record(self, trial: Trial, record_path: Path) -> TrialRecord:
+        try:
+            return TrialRecord.from_dict(json.loads(record_path.read_text()))
+        except (ValueError, TypeError, UnicodeDecodeError) as exc:  # truncated, or another version's fields
+            return self.bare_record(trial, "failed", f"the trial's record could not be read: {exc}"[:1000])
+
+    def _after_timeout(self, trial: Trial, record_path: Path, timeout: float) -> TrialRecord:
+        """A trial past its timeout; if it had written a complete record, the hang was in its teardown: keep it."""
+        if record_path.exists() and record_path.stat().st_size:
+            try:
+                record = TrialRecord.from_dict(json.loads(record_path.read_text()))
+            except (ValueError, TypeError, UnicodeDecodeError):
+                pass
+            else:
+                record.notes.append(f"the trial process hung after writing this record (in its teardown) and was "
+                                    f"killed at timeout_s={timeout:g}; the measurements were complete")
+                return record
+        return self.bare_record(trial, "timeout", f"trial ran longer than timeout_s={timeout:g}")
+
+
+def _first_rank_error(tmp_path: Path) -> dict | None:
+    """The error of the rank that failed first in time (ranks stamp it); the lowest rank when unstamped.
+
+    The lowest rank is often not the cause: rank 0's "connection closed" follows rank 1's real error.
+    """
+    errors = []
+    for path in tmp_path.glob("record.json.rank*.err"):
+        try:
+            data = json.loads(path.read_text())
+            errors.append((float(data.get("time", math.inf)), int(data["rank"]), data))
+        except (ValueError, TypeError, KeyError):
+            continue
+    return min(errors, key=lambda e: e[:2])[2] if errors else None
+
+
+def oom_kills() -> int | None:
+    """OOM kills so far in this process's cgroup (v2 ``memory.events``, which counts its descendants); None when
+    unavailable. Trial processes live in the runner's cgroup, so a rise across a trial is evidence of an OOM kill."""
+    try:
+        with open("/proc/self/cgroup") as fh:
+            rel = next(line.split("::", 1)[1].strip() for line in fh if line.startswith("0::"))
+        with open(f"/sys/fs/cgroup{rel}/memory.events") as fh:
+            for line in fh:
+                key, value = line.split()
+                if key == "oom_kill":
+                    return int(value)
+    except (OSError, StopIteration, ValueError):
+        return None
+    return None
+
+
+def _kill_group(proc: subprocess.Popen) -> None:
+    """Kill the trial process and every process below it, then reap them.
+
+    The process group alone is not enough: torchrun starts each rank in a session of its own, so ranks outlive a
+    killed launcher unless they are found by ancestry first (collected before anything dies, since a dead
+    parent's children are reparented and no longer found below it).
+    """
+    try:
+        tree = [psutil.Process(proc.pid), *psutil.Process(proc.pid).children(recursive=True)]
+    except psutil.NoSuchProcess:
+        tree = []
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    for p in tree:
+        try:
+            p.kill()
+        except psutil.NoSuchProcess:
+            pass
+    proc.wait()
+    psutil.wait_procs(tree, timeout=10)

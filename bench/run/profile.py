@@ -1,0 +1,242 @@
+"""``python -m bench profile``: find the bottleneck of one workload x technique set (docs/profiling.md).
+
+One process, three short passes over the trial's own loop (``bench.trial.build``: the techniques applied exactly as
+in a sweep):
+
+1. warm-up steps, untimed (the first pays one-off costs such as compilation);
+2. a phase pass (``bench.trial.phase_pass``): each labelled region of the step timed, no profiler attached, so the
+   shares are not inflated by the profiler's own cost;
+3. a profiled pass under ``torch.profiler`` with a wait/warm-up/active schedule and the regions labelled with
+   ``record_function``: a Chrome/Perfetto trace (``trace.json``, open it in https://ui.perfetto.dev or
+   chrome://tracing) and the operators with the most self time.
+
+Writes ``profile.json`` (everything), ``profile.md`` (what the terminal shows) and ``trace.json`` into ``--out``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+import json
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch.profiler import ProfilerActivity
+
+from bench.core.files import write_atomic
+from bench.measure.phases import LOOP_PHASES, PHASES, PhaseClock
+from bench.plan.config import ConfigError, SweepConfig
+from bench.records.results import PhaseResult
+
+TOP_OPS = 15
+
+
+@dataclass(frozen=True)
+class OpTime:
+    """One operator's share of the profiled steps (self time: its own, not its children's)."""
+
+    name: str
+    calls: int
+    self_s: float  # over the active steps
+    per_step_s: float
+    share: float  # of all operators' self time
+
+
+@dataclass(frozen=True)
+class Profile:
+    """What ``bench profile`` found."""
+
+    workload: str
+    techniques: str
+    device: str
+    threads: int
+    batch_size: int
+    warmup_s: list[float]  # wall time of each warm-up step (the first carries one-off costs)
+    phases: PhaseResult
+    profiled_steps: int
+    top_ops: list[OpTime]
+    self_time_by: str  # "cpu" or "device": which clock top_ops ranks
+    trace: str
+    created_utc: str
+
+
+def profile(cfg: SweepConfig, device: torch.device, out_dir: Path, steps: int = 5, phase_steps: int = 20,
+            warmup: int = 3, on_built: Callable[[], None] | None = None) -> Profile:
+    """Build the single workload x set of ``cfg`` and run the three passes; write the files into ``out_dir``.
+    ``on_built`` is called once the set is built (a technique refusing the model raised ConfigError before)."""
+    from bench import trial as trial_mod
+    from bench.plan import planner as plan_mod
+
+    workload, techs = validate(cfg, device)
+    if cfg.threads:
+        torch.set_num_threads(cfg.threads)
+    spec = trial_mod.TrialSpec(
+        sweep_id="profile", trial_id=plan_mod.trial_id(workload, techs, cfg.seed, 0), workload=workload.name,
+        size=workload.size, techniques=[s.label for s in techs.specs], seed=cfg.seed, repeat=0,
+        device=str(device), budget=dataclasses.asdict(cfg.budget), threads=cfg.threads, mode="speed",
+        plugins=[p.to_dict() for p in cfg.plugins])
+    try:
+        session = trial_mod.build(spec, cfg.budget, device)
+    except ValueError as exc:  # a technique refusing this model when it sees it (no Dataset, no Conv2d)
+        raise ConfigError(f"{techs.label} cannot run on {workload.label}: {exc}") from None
+    if on_built is not None:
+        on_built()
+    try:
+        session.ctx.step = max(session.ctx.step, session.ctx.total_steps)  # steady state, as the speed window
+        warm = _warm_up(session, warmup)
+        phases = trial_mod.phase_pass(session, phase_steps)
+        out_dir.mkdir(parents=True, exist_ok=True)
+        trace = out_dir / "trace.json"
+        ops, by = _profiled_pass(session, steps, trace)
+    finally:  # a loader's workers end here, whatever happened
+        for tech in session.techs:
+            tech.finalize(session.model, session.ctx)
+    return Profile(
+        workload=workload.label, techniques=techs.label, device=str(device), threads=torch.get_num_threads(),
+        batch_size=session.cfg.batch_size, warmup_s=warm, phases=phases, profiled_steps=steps, top_ops=ops,
+        self_time_by=by, trace=str(trace),
+        created_utc=dt.datetime.now(dt.UTC).isoformat(timespec="seconds"))
+
+
+def validate(cfg: SweepConfig, device: torch.device, out_dir: Path | None = None) -> tuple[Any, Any]:
+    """The one workload and technique set of ``cfg``, when they can be profiled here (and ``out_dir`` can be
+    written); else ConfigError (one line)."""
+    from bench.plan import planner as plan_mod
+    from bench.records.reader import blocking_file
+
+    if out_dir is not None and (blocker := blocking_file(out_dir.resolve())) is not None:
+        raise ConfigError(f"cannot write into {out_dir}: {blocker} is a file, not a directory")
+
+    workload, techs = _single(cfg)
+    if any(spec.resolve().multi_process for spec in techs.specs):
+        raise ConfigError(f"{techs.label} runs on several processes; `bench profile` profiles one process "
+                          "(profile the set's single-process form, or its trials' traces on each rank)")
+    reason = plan_mod.incompatibility(techs, workload, device, 1)
+    if reason:
+        raise ConfigError(f"{techs.label} cannot run on {workload.label} here: {reason}")
+    return workload, techs
+
+
+def _single(cfg: SweepConfig) -> tuple[Any, Any]:
+    if len(cfg.workloads) != 1:
+        raise ConfigError(f"profile one workload at a time, got {len(cfg.workloads)}: "
+                          f"{', '.join(w.label for w in cfg.workloads)}")
+    if len(cfg.techniques) != 1:
+        raise ConfigError(f"profile one technique set at a time (join techniques with '+'), got "
+                          f"{', '.join(t.label for t in cfg.techniques)}")
+    return cfg.workloads[0], cfg.techniques[0]
+
+
+def _warm_up(session: Any, steps: int) -> list[float]:
+    from bench.trial import _sync
+
+    times = []
+    for _ in range(steps):
+        _sync(session.device)
+        t0 = time.perf_counter()
+        session.loop.step(next(session.batches))
+        _sync(session.device)
+        times.append(time.perf_counter() - t0)
+    return times
+
+
+def _profiled_pass(session: Any, steps: int, trace: Path) -> tuple[list[OpTime], str]:
+    """``steps`` steps under torch.profiler (one untraced step first: the profiler's own warm-up), the phases
+    labelled; the trace written to ``trace`` and the operators with the most self time."""
+    cuda = session.device.type == "cuda"
+    activities = [ProfilerActivity.CPU, *([ProfilerActivity.CUDA] if cuda else [])]
+    found: dict[str, Any] = {}
+
+    def ready(prof: torch.profiler.profile) -> None:
+        prof.export_chrome_trace(str(trace))
+        found["events"] = prof.key_averages()
+
+    clock = PhaseClock(session.device, label=True)
+    session.loop.time_phases(clock)
+    schedule = torch.profiler.schedule(wait=0, warmup=1, active=steps, repeat=1)
+    try:
+        with torch.profiler.profile(activities=activities, schedule=schedule, on_trace_ready=ready) as prof:
+            for _ in range(steps + 1):
+                with clock.step():
+                    with clock.region("data"):
+                        batch = next(session.batches)
+                    session.loop.step(batch)
+                prof.step()
+    finally:
+        session.loop.time_phases(None)
+    by = "device" if cuda else "cpu"
+    return _top_ops(found.get("events") or [], steps, by), by
+
+
+def _top_ops(events: Any, steps: int, by: str) -> list[OpTime]:
+    labels = set(PHASES) | {"step"}
+    rows = []
+    for e in events:
+        if e.key in labels or e.key.startswith("ProfilerStep"):
+            continue
+        self_us = e.self_device_time_total if by == "device" else e.self_cpu_time_total
+        if self_us > 0:
+            rows.append((e.key, e.count, self_us / 1e6))
+    total = sum(r[2] for r in rows) or 1.0
+    rows.sort(key=lambda r: r[2], reverse=True)
+    return [OpTime(name, calls, s, s / steps, s / total) for name, calls, s in rows[:TOP_OPS]]
+
+
+# ---- output ---------------------------------------------------------------------------------------------------
+
+
+def phase_rows(phases: PhaseResult) -> list[tuple[str, str, str, str, str]]:
+    """(phase, mean, median, IQR, share) per phase, in step order, times in ms."""
+    return [(p, f"{1e3 * phases.mean_s[p]:.2f}", f"{1e3 * phases.median_s[p]:.2f}", f"{1e3 * phases.iqr_s[p]:.2f}",
+             f"{100 * phases.share[p]:.1f}%") for p in PHASES]
+
+
+def to_markdown(result: Profile) -> str:
+    ph = result.phases
+    lines = [
+        f"# Profile: {result.workload} / {result.techniques}",
+        "",
+        f"{result.device}, {result.threads} threads, batch {result.batch_size}; warm-up steps "
+        f"{', '.join(f'{s * 1e3:.0f} ms' for s in result.warmup_s)} (the first carries one-off costs).",
+        "",
+        f"**Diagnosis:** {ph.diagnosis}",
+        "",
+        f"## Where a step's time goes ({ph.steps} steps, no profiler attached; mean step {ph.step_s * 1e3:.2f} ms)",
+        "",
+        "| phase | mean ms | median ms | IQR ms | share |",
+        "|---|---|---|---|---|",
+        *(f"| {' | '.join(row)} |" for row in phase_rows(ph)),
+        "",
+        "data: waiting for the next batch; h2d: inputs to the device; forward: forward and loss; backward: backward "
+        "(and an all-reduce overlapped with it); optimizer: zero_grad, step, after-step hooks; other: the rest of "
+        "the step. " + ("Each region is synchronised at its edges on the GPU." if result.device.startswith("cuda")
+                         else "On CPU execution is synchronous: the regions are exact."),
+        "",
+        f"## Top operators by {result.self_time_by} self time ({result.profiled_steps} profiled steps)",
+        "",
+        "| operator | calls | self ms per step | share |",
+        "|---|---|---|---|",
+        *(f"| `{o.name}` | {o.calls} | {o.per_step_s * 1e3:.3f} | {100 * o.share:.1f}% |" for o in result.top_ops),
+        "",
+        f"Trace: `{result.trace}` (open in https://ui.perfetto.dev or chrome://tracing; the phases are labelled "
+        f"{', '.join(('data', *LOOP_PHASES))}).",
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def write(result: Profile, out_dir: Path) -> tuple[Path, Path]:
+    data = json.dumps(dataclasses.asdict(result), indent=2, sort_keys=True)
+    write_atomic(out_dir / "profile.json", data + "\n")
+    write_atomic(out_dir / "profile.md", to_markdown(result))
+    return out_dir / "profile.json", out_dir / "profile.md"
+
+
+def default_out_dir(workload: str, techniques: str) -> Path:
+    stamp = dt.datetime.now(dt.UTC).strftime("%Y%m%d-%H%M%S")
+    safe = "".join(c if c.isalnum() or c in "-_.+=" else "_" for c in f"{workload}-{techniques}")
+    return Path("profiles") / f"{safe}-{stamp}"
