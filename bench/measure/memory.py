@@ -1,6 +1,6 @@
 """Memory: peak process RSS, a tensor-level breakdown by category, and CUDA allocator peaks.
 
-Three views, because none is enough alone (DESIGN.md, "Measured on the project's 2-core CI machine"):
+Three views, because none is enough alone (probe scripts on a 2-core avx512_bf16 machine, torch 2.13 CPU):
 
 - RSS is what the OS sees. About 220 MB of it is ``import torch``, and it shows only about half of a tensor-level
   saving (the CPU allocator keeps freed pages), but it is the only view that sees inside torch.compile graphs.
