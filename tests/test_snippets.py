@@ -1,7 +1,7 @@
 """Every method card's "In your own training loop" snippet runs, as written, on a toy model and loop.
 
 A snippet is the first fenced python block after the heading in a technique module's docstring
-(``bench.run.tune.snippet_of``); it may use the names a user's loop has: ``model`` (here a toy with an ``inputs`` layer,
+(``bench.report.tune.snippet_of``); it may use the names a user's loop has: ``model`` (here a toy with an ``inputs`` layer,
 an nn.ModuleList ``blocks`` and a ``head``), ``optimizer``, ``loss_fn``, ``batches`` (a list of (x, y)), ``device``,
 ``dataset`` (a map-style Dataset of the same samples) and ``evaluate(model) -> validation loss``, plus ``torch``,
 ``nn``, ``F`` and ``math``. A broken snippet fails here: it raises, or it trains nothing.
@@ -18,7 +18,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import techniques
-from bench.run import tune
+from bench.report import tune
 
 # The techniques `bench tune` recommends on a single CPU process first: each must carry a snippet.
 REQUIRED = ("bf16", "fp16", "grad_accum", "checkpointing", "compile", "fused_adamw", "channels_last", "tf32",

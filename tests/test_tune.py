@@ -20,6 +20,7 @@ import torch
 from bench import cli
 from bench.plan.config import TechniqueSet, WorkloadSpec
 from bench.plan.planner import incompatibility, world_size_for
+from bench.report import tune as tune_report
 from bench.run import tune
 from tests.records import record
 
@@ -323,7 +324,7 @@ def test_the_result_holds_comparisons_a_frontier_and_renders_as_markdown():
     assert front["bf16+fused_adamw"] and front["checkpointing"]  # the fastest, and the smallest peak
     assert front["fused_adamw"]  # the fastest whose quality is known (exact): --quality any measured no bf16 set's
     assert not front["baseline"]  # fused_adamw is faster at the same memory and quality
-    md = tune.to_markdown(result, tune.snippets_for(result["recommended"]))
+    md = tune_report.to_markdown(result, tune_report.snippets_for(result["recommended"]))
     assert "Recommended: `bf16+fused_adamw`" in md and "## Search trace" in md and "## Pareto frontier" in md
     assert "### bf16" in md and "### fused_adamw" in md
     json.dumps(result, default=str)

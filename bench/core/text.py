@@ -57,6 +57,17 @@ def fmt_bytes(b: float | None) -> str:
     return f"{b / 1024:.0f} KiB"
 
 
+def size_text(b: float | None) -> str:
+    """Bytes as tune writes a memory limit or a peak: ``1.50 GiB``, ``80.00 MiB``, whole units from 100 up
+    (``316 MiB``), ``12 B``; "-" for none."""
+    if b is None:
+        return "-"
+    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if b >= scale:
+            return f"{b / scale:.2f} {unit}" if b < 100 * scale else f"{b / scale:.0f} {unit}"
+    return f"{b:.0f} B"
+
+
 def fmt_secs(s: float | None) -> str:
     """Seconds, 3 significant digits ("-" for none)."""
     if not _ok(s):
@@ -64,4 +75,4 @@ def fmt_secs(s: float | None) -> str:
     return f"{s:.2f} s" if s < 10 else f"{s:.1f} s"
 
 
-__all__ = ["cell", "escape", "fmt_bytes", "fmt_secs", "shown"]
+__all__ = ["cell", "escape", "fmt_bytes", "fmt_secs", "shown", "size_text"]

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import datetime as dt
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -151,6 +151,10 @@ class SweepRunner:
         records = self.store.read()
         return continuation_trials(self.cfg, records, {r.trial_id for r in records})
 
+    def records(self) -> list[TrialRecord]:
+        """The records in results.jsonl so far."""
+        return self.store.read()
+
     def run(self, on_progress: Callable[[Progress], None] | None = None) -> list[TrialRecord]:
         if not self.claimed:
             self.claim()
@@ -163,25 +167,37 @@ class SweepRunner:
                     if on_progress:
                         on_progress(Progress(finished, len(trials), trial, None))
             pending = [t for t in trials if t.trial_id not in done]
-            for trial, record in self.executor.run(self, pending, env):
-                if self.recorder:  # other nodes take part in the trials; node 0 records them
-                    self.store.append(record)
-                finished += 1
-                if on_progress:
-                    on_progress(Progress(finished, len(trials), trial, record))
+            finished = self.run_trials(pending, env, on_progress, finished, len(trials))
             # Continuations for quality at equal time (bench.run.continuation), from the records just written.
             extra = self._continuations()
             total = len(trials) + len(extra)
-            for trial, record in self.executor.run(self, extra, env):
-                self.store.append(record)
-                finished += 1
-                if on_progress:
-                    on_progress(Progress(finished, total, trial, record))
+            finished = self.run_trials(extra, env, on_progress, finished, total)
             if self.cfg.sequential:
                 self._sequential_phase(env, finished, total, on_progress)
             return self.store.read()
         finally:
             self.close()
+
+    def run_trials(self, trials: Sequence[Trial], env: dict, on_progress: Callable[[Progress], None] | None = None,
+                   finished: int = 0, total: int | None = None, references: bool = False) -> int:
+        """Run ``trials`` through the executor, append each record to results.jsonl (node 0 records; the other
+        nodes of a multi-node sweep take part), and report each to ``on_progress`` as trial ``finished + i`` of
+        ``total`` (default: these trials). ``references``: compute the parity references they need first, in one
+        child process (the planned trials' are computed by the executor's setup). Returns the new count finished.
+
+        ``env`` is ``prepare()``'s. A caller that plans its own trials from the records (``bench.run.tune``) calls it
+        once per batch between ``claim()`` and ``close()``."""
+        trials = list(trials)
+        if references:
+            self.launcher.prepare_references(trials)
+        total = finished + len(trials) if total is None else total
+        for trial, record in self.executor.run(self, trials, env):
+            if self.recorder:
+                self.store.append(record)
+            finished += 1
+            if on_progress:
+                on_progress(Progress(finished, total, trial, record))
+        return finished
 
     def _sequential_phase(self, env: dict, finished: int, total: int,
                           on_progress: Callable[[Progress], None] | None) -> None:
@@ -190,6 +206,8 @@ class SweepRunner:
             log.warning("--repeats auto adds no speed-only pairs to a multi-node sweep (its nodes would have to "
                         "agree on every round): the planned %d repeats are the design", self.cfg.repeats)
             return
+        if not self.recorder:  # a node that records nothing has no verdicts to read (one node: node 0 records)
+            return
         records = self.store.read()
         budget = adaptive.budget_s(self.cfg, records)
         while True:
@@ -197,9 +215,5 @@ class SweepRunner:
             if not trials:
                 break
             total += len(trials)
-            for trial, record in self.executor.run(self, trials, env):
-                self.store.append(record)
-                finished += 1
-                if on_progress:
-                    on_progress(Progress(finished, total, trial, record))
+            finished = self.run_trials(trials, env, on_progress, finished, total)
             records = self.store.read()

@@ -22,8 +22,12 @@ The search (docs/tune.md says why this one):
 
 Everything the search does is a deterministic function of the records so far (``next_step``): resuming re-derives
 its state from ``results.jsonl`` and runs the trials the interrupted step lacked. The trials are sweep trials (one
-process each, through the sweep's runner and launcher, the same records in the same directory), so ``bench report``
+process each, through the sweep's runner: ``search``, the same records in the same directory), so ``bench report``
 renders the directory.
+
+The options and the setup (flags, or a resumed directory's ``tune.toml``, resolved to ``Settings``) are
+``bench.run.tune_setup``'s; tune.md, its figure and the snippets are rendered from ``result_dict`` by
+``bench.report.tune``.
 """
 
 from __future__ import annotations
@@ -36,15 +40,19 @@ import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from bench.analyze import stats
-from bench.core.text import shown
+from bench.core.files import write_atomic
+from bench.core.text import shown, size_text
 from bench.plan.config import ConfigError, TechniqueSet, TechniqueSpec, WorkloadSpec
 from bench.plan.planner import Trial, trial_id, world_size_for
 from bench.records.results import TrialRecord
+
+if TYPE_CHECKING:
+    from bench.run.runner import Progress, SweepRunner
 
 log = logging.getLogger(__name__)
 
@@ -75,15 +83,6 @@ def parse_size(text: str) -> int:
     if not math.isfinite(value) or value < 1:
         raise ConfigError(f"--memory-limit {shown(text)}: the limit must be at least 1 byte")
     return int(value)
-
-
-def size_text(b: float | None) -> str:
-    if b is None:
-        return "-"
-    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
-        if b >= scale:
-            return f"{b / scale:.2f} {unit}" if b < 100 * scale else f"{b / scale:.0f} {unit}"
-    return f"{b:.0f} B"
 
 
 @dataclass(frozen=True)
@@ -492,7 +491,7 @@ class _Replay:
 
     def stage(self, index: int, reference: TechniqueSet, candidates: list[TechniqueSet]) -> dict[str, Outcome]:
         """Paired rounds of the reference, the baseline and the open candidates until each is closed."""
-        goal, cap = self.goal, self.s.cap
+        mode = self.goal.mode
         open_ = list(candidates)
         recs: dict[str, list[TrialRecord]] = {t.label: [] for t in (reference, BASELINE, *candidates)}
         needed: dict[str, int | None] = {}
@@ -500,31 +499,22 @@ class _Replay:
         self.note(index, "stage", reference.label, f"{len(candidates)} candidate(s) against {reference.label}: "
                   + (", ".join(c.label for c in candidates) or "none (the reference is measured once)"))
         if not candidates:  # nothing to compare: the reference once, for its speed and peak
-            repeat = FIRST_ROUND_REPEAT + self.round
-            seed = self.s.seed + (repeat if goal.mode == "both" else repeat % QUALITY_SEEDS)
-            self.measure([self.trial(reference, seed, repeat, goal.mode)])
+            repeat, seed = self.round_seed()
+            self.measure([self.trial(reference, seed, repeat, mode)])
             self.round += 1
             return out
         j = 0
         while open_:
-            repeat = FIRST_ROUND_REPEAT + self.round
-            seed = self.s.seed + (repeat if goal.mode == "both" else repeat % QUALITY_SEEDS)
+            repeat, seed = self.round_seed()
             fixed = [reference] + ([BASELINE] if reference != BASELINE else [])
-            cost = sum(self.cost(t, goal.mode) for t in fixed)
-            chosen = []
-            for c in sorted(open_, key=lambda c: (needed.get(c.label) is None and c.label in needed,
-                                                  needed.get(c.label) or 0)):
-                extra = self.cost(c, goal.mode)
-                if self.affordable(cost + extra):
-                    chosen.append(c)
-                    cost += extra
+            chosen = self.affordable_round(fixed, open_, needed)
             if not chosen:
                 for c in open_:
                     out[c.label] = self.close(index, reference, c, recs, "budget", "the budget is spent")
                 self.note(index, "budget spent", "", f"{len(open_)} candidate(s) left open")
                 break
             sides = fixed + [c for c in open_ if c in chosen]
-            trials = [self.trial(t, seed, repeat, goal.mode) for t in (sides if j % 2 == 0 else sides[::-1])]
+            trials = [self.trial(t, seed, repeat, mode) for t in (sides if j % 2 == 0 else sides[::-1])]
             got = self.measure(trials)
             self.round += 1
             j += 1
@@ -538,27 +528,51 @@ class _Replay:
                 self.note(index, "reference failed", reference.label, f"{ref_rec.status}: {ref_rec.reason or ''}"[:300])
                 break
             for c in chosen:
-                mine = recs[c.label]
-                last = mine[-1]
-                if last.status != "ok":
-                    out[c.label] = self.close(index, reference, c, recs, "failed",
-                                              f"{last.status}: {(last.reason or '')[:200]}")
-                elif not self.feasible(c):
-                    peak, source = set_peak(self.of(c))
-                    out[c.label] = self.close(index, reference, c, recs, "infeasible",
-                                              f"peak {size_text(peak)} ({source}) > limit "
-                                              f"{size_text(self.s.memory_limit)}")
-                else:
-                    est, v = compare(mine, recs[reference.label], goal, cap)
-                    needed[c.label] = v.needed
-                    if v.decided:
-                        out[c.label] = self.close(index, reference, c, recs, v.word, None, est)
-                    elif len(mine) >= cap:
-                        out[c.label] = self.close(index, reference, c, recs, "inconclusive at the cap", v.why, est)
-                    else:
-                        continue
-                open_.remove(c)
+                outcome = self.judge(index, reference, c, recs, needed)
+                if outcome is not None:
+                    out[c.label] = outcome
+                    open_.remove(c)
         return out
+
+    def round_seed(self) -> tuple[int, int]:
+        """The next round's repeat and seed (rounds of speed trials cycle through the quality runs' seeds)."""
+        repeat = FIRST_ROUND_REPEAT + self.round
+        return repeat, self.s.seed + (repeat if self.goal.mode == "both" else repeat % QUALITY_SEEDS)
+
+    def affordable_round(self, fixed: list[TechniqueSet], open_: list[TechniqueSet], needed: dict[str, int | None]
+                         ) -> list[TechniqueSet]:
+        """The open candidates the budget left buys one more trial of, beside ``fixed``'s: those not judged yet and
+        those closest to a decision (fewest pairs ``needed``) first, those whose verdict gives no such number last."""
+        mode = self.goal.mode
+        cost = sum(self.cost(t, mode) for t in fixed)
+        chosen = []
+        for c in sorted(open_, key=lambda c: (needed.get(c.label) is None and c.label in needed,
+                                              needed.get(c.label) or 0)):
+            extra = self.cost(c, mode)
+            if self.affordable(cost + extra):
+                chosen.append(c)
+                cost += extra
+        return chosen
+
+    def judge(self, index: int, reference: TechniqueSet, c: TechniqueSet, recs: dict[str, list[TrialRecord]],
+              needed: dict[str, int | None]) -> Outcome | None:
+        """After a round: ``c`` closed (its trial failed, it does not fit, its verdict is decided, it is at the cap),
+        or None while it stays open (``needed`` then holds the pairs its verdict expects to need)."""
+        mine = recs[c.label]
+        last = mine[-1]
+        if last.status != "ok":
+            return self.close(index, reference, c, recs, "failed", f"{last.status}: {(last.reason or '')[:200]}")
+        if not self.feasible(c):
+            peak, source = set_peak(self.of(c))
+            return self.close(index, reference, c, recs, "infeasible",
+                              f"peak {size_text(peak)} ({source}) > limit {size_text(self.s.memory_limit)}")
+        est, v = compare(mine, recs[reference.label], self.goal, self.s.cap)
+        needed[c.label] = v.needed
+        if v.decided:
+            return self.close(index, reference, c, recs, v.word, None, est)
+        if len(mine) >= self.s.cap:
+            return self.close(index, reference, c, recs, "inconclusive at the cap", v.why, est)
+        return None
 
     def close(self, index: int, reference: TechniqueSet, c: TechniqueSet, recs: dict[str, list[TrialRecord]],
               status: str, why: str | None, est: stats.Estimate | None = None) -> Outcome:
@@ -728,6 +742,18 @@ def next_step(settings: Settings, records: Sequence[TrialRecord], refuse: Refuse
                     not_tried=replay.not_tried, stages=replay.stages)
 
 
+def search(runner: SweepRunner, settings: Settings, refuse: Refuse, env: dict,
+           on_progress: Callable[[Progress], None] | None = None) -> Step:
+    """The search run to its end through ``runner`` (claimed; ``env`` is its ``prepare()``): each step's trials,
+    their parity references first, until ``next_step`` is done. Interrupted, nothing recorded is lost: ``next_step``
+    on the records is where ``--resume`` continues."""
+    while True:
+        step = next_step(settings, runner.records(), refuse)
+        if step.done:
+            return step
+        runner.run_trials(step.pending, env, on_progress, references=True)
+
+
 # ---- the result -----------------------------------------------------------------------------------------------
 
 
@@ -860,150 +886,9 @@ def _clean(value: Any) -> Any:
     return value
 
 
-def to_markdown(result: dict[str, Any], snippets: str = "", figure: str | None = None) -> str:
-    s = result["settings"]
-    limit = size_text(s["memory_limit_bytes"]) if s["memory_limit_bytes"] else "none"
-    lines = [f"# tune: {s['workload']}", "",
-             f"Objective **{s['objective']}**, memory limit **{limit}**, quality **{s['quality']}**, cap "
-             f"{s['cap']} pairs per comparison, "
-             + (f"budget {s['budget_s']:g} s; " if s["budget_s"] is not None else "no budget; ") +
-             f"{result['trials']} trials, {result['trial_time_s']:.0f} s of trial time.", ""]
-    if result["recommended"]:
-        lines += [f"**Recommended: `{result['recommended']}`** ({result['stop']}).", ""]
-        if result["comparisons"]:
-            lines += ["| against | speed | memory | quality |" + (" time to target |" if s["objective"] ==
-                                                                      "time-to-target" else ""),
-                      "|---|---|---|---|" + ("---|" if s["objective"] == "time-to-target" else "")]
-            for against, c in result["comparisons"].items():
-                name = f"{against} (runner-up)" if against == result["runner_up"] else against
-                lines.append(f"| {name} | {c['speed']} | {c['memory']} | {c['quality']} |"
-                             + (f" {c.get('time_to_target', '-')} |" if s["objective"] == "time-to-target" else ""))
-            lines.append("")
-    else:
-        peak = result["smallest_peak"]
-        lines += [f"**No set recommended**: {result['stop']}." + (
-            f" The smallest peak found: {size_text(peak[1])} ({peak[2]}) of `{peak[0]}`." if peak else ""), ""]
-    if not result["done"]:
-        lines += ["The search has not finished: `python -m bench tune --resume --out DIR` continues it.", ""]
-    lines += ["## Search trace", "", "| # | stage | what | set | detail | trial time so far |", "|---|---|---|---|---|---|"]
-    for e in result["trace"]:
-        lines.append(f"| {e['n']} | {e['stage']} | {e['what']} | {e['set'] and '`' + e['set'] + '`'} | "
-                     f"{_cell(e['detail'])} | {e['spent_s']:.0f} s |")
-    lines += ["", "## Pareto frontier (speed, memory, quality against the baseline)", "",
-              "| set | kind | speedup [95% CI] | peak memory | quality at equal samples | fits | on the frontier |",
-              "|---|---|---|---|---|---|---|"]
-    for r in sorted(result["frontier"], key=lambda r: (not r["pareto"], -(r["speedup"] or 0))):
-        mark = " (recommended)" if r["recommended"] else ""
-        lines.append(f"| `{r['set']}`{mark} | {r['kind']} | {r['speed']} | {size_text(r['peak_bytes'])} "
-                     f"({r['peak_source'] or '-'}) | {r['quality']} | {'yes' if r['feasible'] else 'no'} | "
-                     f"{'yes' if r['pareto'] else ''} |")
-    lines += ["", "*Speedups against the baseline over every pair in this directory (the report's pairing: each "
-              "trial with the baseline's trial of the same seed and repeat), so they can differ from the trace's, "
-              "which reads a stage's rounds against the stage's reference when the candidate was closed. On the "
-              "frontier: no other measured set is at least as fast, as small and as good (point estimates; a quality "
-              "not measured counts as the worst); a set that does not fit can still be on it.*"]
-    if figure:
-        lines += ["", f"![Speedup against peak memory of every measured set]({figure})"]
-    lines += ["", "## Not tried", ""]
-    if result["not_tried"]:
-        lines += [f"- `{n['set']}`: {_cell(n['why'])}" for n in result["not_tried"]]
-    else:
-        lines.append("- nothing: every candidate and every combination the search reached was measured")
-    if snippets:
-        lines += ["", "## In your own training loop", "", snippets]
-    return "\n".join(lines) + "\n"
-
-
-def _cell(text: str) -> str:
-    return " ".join(str(text).split()).replace("|", "\\|")
-
-
-def write(out_dir: Path, result: dict[str, Any], snippets: str = "") -> dict[str, Path]:
-    from bench.core.files import write_atomic
-
-    paths = {"json": out_dir / "tune.json", "md": out_dir / "tune.md"}
-    figure = frontier_figure(result)
-    if figure is not None:
-        (out_dir / "figures").mkdir(exist_ok=True)
-        paths["figure"] = out_dir / "figures" / "tune-frontier.png"
-        paths["figure"].write_bytes(figure)
-    write_atomic(paths["json"], json.dumps(result, indent=2, default=str))
-    write_atomic(paths["md"], to_markdown(result, snippets, "figures/tune-frontier.png" if figure else None))
-    return paths
-
-
-def frontier_figure(result: dict[str, Any]) -> bytes | None:
-    """Speedup against peak memory of every measured set, the frontier's sets filled, the limit as a line."""
-    import io
-
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
-
-    rows = [r for r in result["frontier"] if r["speedup"] is not None and r["peak_bytes"]]
-    if not rows:
-        return None
-    fig = Figure(figsize=(6.4, 4.2), dpi=100)
-    FigureCanvasAgg(fig)
-    ax = fig.add_subplot()
-    for r in rows:
-        x, y = r["peak_bytes"] / 2**20, r["speedup"]
-        colour = "#c62828" if r["recommended"] else "#4c72b0"
-        ax.scatter([x], [y], s=46, edgecolors=colour, facecolors=colour if r["pareto"] else "none", zorder=3)
-        ax.annotate(str(r["set"]).replace("$", r"\$"), (x, y), textcoords="offset points", xytext=(4, 4), fontsize=7)
-    # The line is the frontier in the figure's two dimensions (speed up, memory down), a staircase: the filled
-    # markers are the three-dimensional one (quality too), which a line through them would draw as a zig-zag.
-    front, best = [], -math.inf
-    for r in sorted(rows, key=lambda r: (r["peak_bytes"], -r["speedup"])):
-        if r["speedup"] > best:
-            front.append(r)
-            best = r["speedup"]
-    if len(front) > 1:
-        ax.step([r["peak_bytes"] / 2**20 for r in front], [r["speedup"] for r in front], where="post",
-                color="#9e9e9e", lw=1, zorder=2, label="speed-memory frontier")
-    limit = result["settings"]["memory_limit_bytes"]
-    if limit:
-        ax.axvline(limit / 2**20, color="#c62828", ls="--", lw=1, label="memory limit")
-    if limit or len(front) > 1:
-        ax.legend(fontsize=8)
-    ax.axhline(1.0, color="#555555", lw=0.6)
-    ax.set_xlabel("peak memory (MiB; tensors, or RSS where the tracker is blind)")
-    ax.set_ylabel("speedup vs baseline")
-    ax.set_title(f"tune {result['settings']['workload']}: filled = on the (speed, memory, quality) frontier, "
-                 "red = recommended",
-                 fontsize=9)
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", bbox_inches="tight")
-    return buf.getvalue()
-
-
-# ---- snippets -------------------------------------------------------------------------------------------------
-
-SNIPPET_HEADING = "In your own training loop"
-
-
-def snippet_of(cls: type) -> str | None:
-    """The plain-PyTorch snippet of a technique's method card (its module docstring's "In your own training loop"
-    section, the first fenced python block after the heading), or None."""
-    import sys
-
-    doc = sys.modules[cls.__module__].__doc__ or ""
-    at = doc.find(SNIPPET_HEADING)
-    if at < 0:
-        return None
-    match = re.search(r"```python\n(.*?)```", doc[at:], re.S)
-    return match.group(1) if match else None
-
-
-def snippets_for(label: str | None) -> str:
-    """The snippets of a set's techniques in the order the harness applies them (phase order), as markdown."""
-    import techniques
-    from bench.plan.config import TechniqueSet
-
-    if not label or label == "baseline":
-        return ""
-    parts = []
-    for spec in sorted(TechniqueSet.parse(label).specs, key=lambda s: techniques.get(s.name).phase):
-        code = snippet_of(techniques.get(spec.name))
-        parts.append(f"### {spec.label}\n\n" + (f"```python\n{code}```" if code else
-                                                "(no snippet yet: see the technique's method card)"))
-    return "\n\n".join(parts)
+def write_json(out_dir: Path, result: dict[str, Any]) -> Path:
+    """``tune.json``: the result (``result_dict``), whole or not at all. tune.md and its figure are rendered from the
+    same dict by ``bench.report.tune``."""
+    path = out_dir / "tune.json"
+    write_atomic(path, json.dumps(result, indent=2, default=str))
+    return path

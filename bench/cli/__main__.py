@@ -1,0 +1,7 @@
+"""``python -m bench.cli``: the same as ``python -m bench``."""
+
+import sys
+
+from bench.cli import main
+
+sys.exit(main())

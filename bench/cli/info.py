@@ -1,0 +1,59 @@
+"""``bench list`` and ``bench env``: what this machine offers (workloads, techniques, its fingerprint)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from rich.table import Table
+
+from bench import workloads
+from bench.cli.common import out
+from bench.core.files import REPO_DIR
+from bench.plan.planner import available_packages, resolve_device
+
+
+def cmd_list(args: argparse.Namespace) -> int:
+    import techniques
+    from bench.plan import plugins
+    from techniques.base import Context
+
+    plugins.load_entry_points()
+    device = resolve_device(args.device)
+    wl_table = Table(title="Workloads (sizes with their quality budget and validation target)")
+    for col in ("name", "sizes", "available", "about"):
+        wl_table.add_column(col, overflow="fold")
+    for name, cls in sorted(workloads.registry().items()):
+        wl = cls()
+        reason = wl.check()
+        sizes = "; ".join(_size_text(size, params) for size, params in cls.sizes.items())
+        wl_table.add_row(name, sizes, "yes" if reason is None else f"no: {reason}", cls.summary)
+    out.print(wl_table)
+
+    ctx = Context(device=device, available_packages=available_packages())
+    t_table = Table(title=f"Techniques (availability on {device})")
+    for col in ("name", "kind", "options", f"runs on {device}", "about"):
+        t_table.add_column(col, overflow="fold")
+    for name, cls in sorted(techniques.registry().items()):
+        reason = cls().check(ctx)
+        t_table.add_row(name, cls.kind.value, cls.option_help() or "-", "yes" if reason is None else f"no: {reason}",
+                        cls.summary)
+    out.print(t_table)
+    return 0
+
+
+def _size_text(size: str, params: dict) -> str:
+    budget = f"{params['quality_steps']} steps x batch {params.get('batch_size', '?')}" \
+        if params.get("quality_steps") else "no budget"
+    target = f"target {params['target']:g}" if params.get("target") is not None else "no target yet"
+    return f"{size} ({budget}, {target})"
+
+
+def cmd_env(args: argparse.Namespace) -> int:
+    from bench.measure import env as envmod
+
+    info = envmod.fingerprint(REPO_DIR)
+    if args.peaks:
+        info["peak_flops"] = envmod.calibrate_peaks(resolve_device(args.device))
+    out.print_json(json.dumps(info, default=str))
+    return 0
