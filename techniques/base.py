@@ -96,6 +96,9 @@ from torch import nn
 from bench.core.structure import ModelStructure, describe
 from bench.core.text import shown
 
+if typing.TYPE_CHECKING:
+    from bench.workloads.base import Preference
+
 
 class Kind(enum.StrEnum):
     """How a technique relates to the baseline's math; decides how it is judged."""
@@ -209,7 +212,8 @@ class Context:
     cache_dir: Path | None = None  # where a technique may cache what it computed once per sweep (scorers, ...)
     has_preferences: bool = False  # the workload has the preference structure (prompts, pairs, a gold reward, a
     # reward model) that preference methods need: known at planning from the workload class
-    preference: Any = None  # in a trial: that structure itself (``BuiltWorkload.preference``), None elsewhere
+    preference: Preference | None = None  # in a trial: that structure itself (``BuiltWorkload.preference``, the
+    # ``bench.workloads.base.Preference`` interface), None elsewhere
     state: dict[str, Any] = field(default_factory=dict)
 
     @property

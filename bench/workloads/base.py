@@ -2,7 +2,9 @@
 
 A workload states its shape once: its sizes are a typed dataclass (``Size``), and its model's parts are a
 ``ModelStructure`` it declares for every size (``Workload.structure_from``), so the plan checks technique sets against
-the same description the built model carries (``BuiltWorkload.structure``).
+the same description the built model carries (``BuiltWorkload.structure``). A preference workload hands the
+preference methods the ``Preference`` interface (``BuiltWorkload.preference``); techniques import nothing else of a
+workload.
 """
 
 from __future__ import annotations
@@ -141,6 +143,49 @@ def _plain(value: Any) -> Any:
     return value
 
 
+class Preference(typing.Protocol):
+    """What the preference methods (techniques/dpo.py, grpo.py, rloo.py, best_of_n.py) may rely on in a preference
+    workload's ``BuiltWorkload.preference`` (the built-in one is ``bench.workloads.pref.PreferenceTask``). Tensors live
+    on the workload's device; sequences are (batch, prompt_len + completion_len) token ids.
+
+    The other way round, a workload's evaluation samples with the evaluated module's ``preference_sample(prompts,
+    generator) -> (sequences, kl)`` when it has one (best-of-n's sampling scheme and its closed-form KL)."""
+
+    prompt_len: int
+    completion_len: int
+    train_prompts: torch.Tensor  # (n_train_prompts, prompt_len)
+    chosen: torch.Tensor  # (n_train_pairs, seq_len): the preferred sequence of each training pair
+    rejected: torch.Tensor  # (n_train_pairs, seq_len)
+    start: nn.Module  # the starting policy, frozen, in eval mode: the reference of KL terms
+    reward_model: nn.Module  # the proxy reward model, frozen, in eval mode
+    meta: dict[str, Any]  # what building it cost and how good it is (``rm_heldout_accuracy``, ...)
+
+    @property
+    def seq_len(self) -> int:
+        """Tokens of a prompt and its completion."""
+        ...
+
+    def gold(self, seqs: torch.Tensor) -> torch.Tensor:
+        """The gold reward of each sequence's completion (batch,)."""
+        ...
+
+    def proxy(self, seqs: torch.Tensor) -> torch.Tensor:
+        """The reward model's score of each sequence (batch,)."""
+        ...
+
+    def sample(self, model: nn.Module, prompts: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
+        """Prompts followed by a completion sampled from ``model`` (draws from the CPU ``generator``)."""
+        ...
+
+    def logprobs(self, model: nn.Module, seqs: torch.Tensor) -> torch.Tensor:
+        """Per-token log-probabilities (batch, completion_len) of each sequence's completion under ``model``."""
+        ...
+
+    def generation_flops(self, n_params: int) -> int:
+        """Forward FLOPs of sampling one completion, as ``sample`` does it, from a model of ``n_params``."""
+        ...
+
+
 # The equivalence margin of held-out accuracy at equal samples (see ``BuiltWorkload.margin``): one percentage point,
 # the resolution at which published recipes are compared (and a fifth of mlp:tiny's seed-to-seed spread).
 ACCURACY_MARGIN = 0.01
@@ -173,9 +218,9 @@ class BuiltWorkload:
     source: dict[str, Any] | None = None  # a user's model: {"file" or "module", "function", "sha256"}
     pipeline: Any = None  # a ``bench.core.data.Pipeline``: the training set as a map-style Dataset and the key order
     # ``batches`` follows, for techniques that load batches themselves (``loader``: a DataLoader with workers)
-    preference: Any = None  # a preference workload's structure (``bench.workloads.pref.PreferenceTask``: prompts,
-    # pairs, the starting policy, the gold reward and the proxy reward model) that preference methods train on;
-    # None on every other workload, and the methods refuse to run there
+    preference: Preference | None = None  # a preference workload's prompts, pairs, starting policy, gold reward and
+    # proxy reward model (the ``Preference`` interface) that preference methods train on; None on every other
+    # workload, and the methods refuse to run there
     curve_metrics: tuple[str, ...] = ()  # keys of ``evaluate``'s result recorded beside ``metric`` at every
     # evaluation point (``quality.curve_extra``), e.g. a preference workload's proxy reward and KL
     structure: ModelStructure | None = None  # the model's parts (``bench.core.structure``): its blocks, for the

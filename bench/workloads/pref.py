@@ -70,7 +70,6 @@ import dataclasses
 import hashlib
 import json
 import logging
-import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -189,8 +188,9 @@ def generation_flops(n_params: int, prompt_len: int, length: int) -> int:
 
 @dataclass
 class PreferenceTask:
-    """The preference structure a technique finds on ``BuiltWorkload.preference``: prompts, pairs, the frozen
-    starting policy and reward model, the gold reward, and samplers. Tensors live on the workload's device."""
+    """The preference structure a technique finds on ``BuiltWorkload.preference`` (the ``Preference`` interface of
+    ``bench.workloads.base``): prompts, pairs, the frozen starting policy and reward model, the gold reward, and
+    samplers. Tensors live on the workload's device."""
 
     prompt_len: int
     completion_len: int
@@ -224,6 +224,10 @@ class PreferenceTask:
 
     def logprobs(self, model: nn.Module, seqs: torch.Tensor) -> torch.Tensor:
         return completion_logprobs(model, seqs, self.prompt_len)
+
+    def generation_flops(self, n_params: int) -> int:
+        """Forward FLOPs of sampling one completion with ``sample`` (no KV cache) from a model of ``n_params``."""
+        return generation_flops(n_params, self.prompt_len, self.completion_len)
 
 
 # tiny's gold-reward target: halfway from the start's gold reward (0.509) to what the oracle (grpo:reward=gold, the
@@ -488,8 +492,3 @@ def _reward_model(p: dict[str, Any], policy: GPT, chosen: torch.Tensor, rejected
     meta["rm_steps"] = p["rm_steps"]
     return rm
 
-
-def best_of_n_kl(n: int) -> float:
-    """KL(best-of-n || base) = log n - (n - 1) / n (Stiennon et al. 2020, appendix; Beirami et al. 2024 show it
-    is an upper bound, exact when the rewards of the n samples are distinct)."""
-    return math.log(n) - (n - 1) / n
