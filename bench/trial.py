@@ -233,10 +233,9 @@ def configure(wl: workloads.Workload, size: str, built: workloads.BuiltWorkload,
     cfg = TrainConfig(batch_size=built.batch_size, lr=built.lr)
     for tech in techs:
         cfg = tech.configure(cfg)
-    structure = built.structure if built.structure is not None else describe(built.model, built.blocks)
+    structure = built.structure if built.structure is not None else describe(built.model)
     ctx = Context(device=device, workload=wl.name, seed=seed, rank=_rank(), world_size=world_size,
-                  blocks=built.blocks, has_batchnorm=has_batchnorm(built.model),
-                  structure=structure,
+                  has_batchnorm=has_batchnorm(built.model), structure=structure,
                   technique_names=tuple(t.name for t in techs), metric=built.metric,
                   higher_is_better=built.higher_is_better, sequence_length=built.tokens_per_sample,
                   cache_dir=cache_dir, has_preferences=built.preference is not None, preference=built.preference)

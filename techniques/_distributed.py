@@ -36,7 +36,7 @@ def no_sync_until_last(model: nn.Module, last: bool) -> contextlib.AbstractConte
 
 def fsdp_check(ctx: Context, name: str) -> str | None:
     """What FSDP2 sharding (zero2 / zero3) cannot run with, and why."""
-    if "compile" in ctx.technique_names and not ctx.has_blocks:
+    if "compile" in ctx.technique_names and ctx.structure is not None and not ctx.structure.blocks:
         # Measured (torch 2.13, gloo): compiling the whole model and then fully_shard-ing it fails in the first
         # forward with "aten.embedding.default got mixed torch.Tensor and DTensor". With FSDP, compile therefore
         # compiles block by block (torchtitan's order), which needs a model with blocks.

@@ -1,12 +1,13 @@
 """What the preference methods (dpo, grpo, rloo, best_of_n) share: the refusal on a workload without the preference
 structure, the batches they draw from it, the compute they count, and the reference models they hold.
 
-A preference method finds everything it trains on through the workload's ``preference`` attribute
-(``bench.workloads.pref.PreferenceTask``: prompts, pairs, the frozen starting policy and reward model, the gold
-reward, samplers), never by the workload's name. It owns the step (``forward_backward``): its loss is not the
-workload's. Its batches replace the workload's (``wrap_data``) and are ``(x, y)`` with ``x`` of shape
-(batch, prompt + completion): the pairs' sequences (DPO) or the prompts to complete, zero-padded (RL), so the loop's
-token count is the tokens of the sequences trained. ``y`` holds the indices drawn.
+A preference method finds everything it trains on through the workload's ``preference`` attribute, the
+``Preference`` interface of ``bench.workloads.base`` (prompts, pairs, the frozen starting policy and reward model, the
+gold reward, samplers and what sampling costs), never by the workload's name nor from a workload's module. It owns
+the step (``forward_backward``): its loss is not the workload's. Its batches replace the workload's (``wrap_data``)
+and are ``(x, y)`` with ``x`` of shape (batch, prompt + completion): the pairs' sequences (DPO) or the prompts to
+complete, zero-padded (RL), so the loop's token count is the tokens of the sequences trained. ``y`` holds the indices
+drawn.
 
 Compute is counted as well as timed: sequences and characters generated, sequences trained, and an estimate of the
 FLOPs per step (2 x params per token of a forward, 6 x for forward and backward, Kaplan et al. 2020; generation
@@ -17,6 +18,7 @@ step of the batch's shape, not the sampling or the reference and reward models' 
 from __future__ import annotations
 
 import math
+import typing
 from collections.abc import Iterator
 from typing import Any
 
@@ -24,6 +26,9 @@ import torch
 
 from techniques._model import module_tensors, n_params
 from techniques.base import Context, Kind, Phase, Technique
+
+if typing.TYPE_CHECKING:
+    from bench.workloads.base import Preference
 
 PREFERENCE_MISSING = ("has no preference structure (prompts, preference pairs, a gold reward and a reward model, "
                       "BuiltWorkload.preference)")
@@ -50,7 +55,7 @@ class PreferenceMethod(Technique):
     def check(self, ctx: Context) -> str | None:
         return preference_problem(ctx)
 
-    def task(self, ctx: Context) -> Any:
+    def task(self, ctx: Context) -> Preference:
         if ctx.preference is None:
             raise ValueError(preference_problem(ctx) or f"workload {PREFERENCE_MISSING}")
         return ctx.preference
@@ -66,7 +71,7 @@ class PreferenceMethod(Technique):
         self.n_rm = n_params(task.reward_model)
         return self.draw(task, int(ctx.state.get("local_batch_size") or 16), ctx.seed)
 
-    def draw(self, task: Any, batch_size: int, seed: int) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    def draw(self, task: Preference, batch_size: int, seed: int) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         """Endless batches of ``batch_size`` sequences; the RL methods' default: ``batch_size / group`` training
         prompts per batch (an epoch's permutation at a time, from ``seed``), each repeated ``group`` times."""
         group = self.group_size()
@@ -102,14 +107,14 @@ class PreferenceMethod(Technique):
 
     # ---- counting ----------------------------------------------------------------------------------------------
 
-    def count(self, task: Any, generated: int = 0, trained: int = 0) -> None:
+    def count(self, task: Preference, generated: int = 0, trained: int = 0) -> None:
         c = self.counts
         c["steps"] += 1
         c["sequences_generated"] += generated
         c["chars_generated"] += generated * task.completion_len
         c["sequences_trained"] += trained
 
-    def step_flops(self, task: Any, batch: int) -> int:
+    def step_flops(self, task: Preference, batch: int) -> int:
         """Estimated FLOPs of one step of ``batch`` sequences (see the module docstring)."""
         return 0
 
@@ -138,7 +143,7 @@ class GroupSampledMethod(PreferenceMethod):
     def group_size(self) -> int:
         return self.options.k
 
-    def step_flops(self, task: Any, batch: int) -> int:
+    def step_flops(self, task: Preference, batch: int) -> int:
         """Sampling the batch, the policy's forward and backward (3 forwards), the reference's and the reward
         model's forwards."""
         n = getattr(self, "n_policy", 0)
@@ -158,7 +163,7 @@ def check_group(k: Any, beta: float) -> None:
         raise ValueError(f"beta must be a finite number >= 0, got {beta}")
 
 
-def reward_of(task: Any, seqs: torch.Tensor, reward: str) -> torch.Tensor:
+def reward_of(task: Preference, seqs: torch.Tensor, reward: str) -> torch.Tensor:
     """The ``reward`` option's score of whole sequences: the proxy reward model, the gold reward, or zeros."""
     if reward == "proxy":
         return task.proxy(seqs)
@@ -167,14 +172,12 @@ def reward_of(task: Any, seqs: torch.Tensor, reward: str) -> torch.Tensor:
     return torch.zeros(seqs.shape[0], device=seqs.device)
 
 
-def gen_flops(task: Any, n_params_: int, sequences: int) -> int:
-    """Forward FLOPs of sampling ``sequences`` completions (no KV cache)."""
-    from bench.workloads.pref import generation_flops
-
-    return sequences * generation_flops(n_params_, task.prompt_len, task.completion_len)
+def gen_flops(task: Preference, n_params_: int, sequences: int) -> int:
+    """Forward FLOPs of sampling ``sequences`` completions, as the workload samples them."""
+    return sequences * task.generation_flops(n_params_)
 
 
-def fwd_flops(task: Any, n_params_: int, sequences: int) -> int:
+def fwd_flops(task: Preference, n_params_: int, sequences: int) -> int:
     """Forward FLOPs of scoring ``sequences`` whole sequences."""
     return 2 * n_params_ * sequences * task.seq_len
 

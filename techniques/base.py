@@ -96,6 +96,9 @@ from torch import nn
 from bench.core.structure import ModelStructure, describe
 from bench.core.text import shown
 
+if typing.TYPE_CHECKING:
+    from bench.workloads.base import Preference
+
 
 class Kind(enum.StrEnum):
     """How a technique relates to the baseline's math; decides how it is judged."""
@@ -193,10 +196,9 @@ class Context:
     seed: int = 0
     rank: int = 0
     world_size: int = 1
-    blocks: str | None = "blocks"  # dotted path of the model's nn.ModuleList of repeated blocks, for per-block
-    # transforms (``model_blocks``); None when the model has none
-    structure: ModelStructure | None = None  # the model's parts (``bench.core.structure``): what model-changing techniques
-    # ask (``model_structure``); None when not known (a context made by hand)
+    structure: ModelStructure | None = None  # the model's parts (``bench.core.structure``): its blocks, for per-block
+    # transforms (``model_blocks``), and what model-changing techniques ask (``model_structure``); None when not
+    # known (a device-level listing, a context made by hand): checks then refuse nothing for a missing part
     has_batchnorm: bool = False
     available_packages: frozenset[str] = frozenset()
     technique_names: tuple[str, ...] = ()  # every technique of the set, so modifiers can check their partners
@@ -210,7 +212,8 @@ class Context:
     cache_dir: Path | None = None  # where a technique may cache what it computed once per sweep (scorers, ...)
     has_preferences: bool = False  # the workload has the preference structure (prompts, pairs, a gold reward, a
     # reward model) that preference methods need: known at planning from the workload class
-    preference: Any = None  # in a trial: that structure itself (``BuiltWorkload.preference``), None elsewhere
+    preference: Preference | None = None  # in a trial: that structure itself (``BuiltWorkload.preference``, the
+    # ``bench.workloads.base.Preference`` interface), None elsewhere
     state: dict[str, Any] = field(default_factory=dict)
 
     @property
@@ -218,19 +221,21 @@ class Context:
         return self.device.type == "cuda"
 
     @property
-    def has_blocks(self) -> bool:
-        return self.blocks is not None
+    def blocks(self) -> str | None:
+        """The dotted path of the model's blocks (``structure.blocks``), None when it has none or is not known."""
+        return self.structure.blocks if self.structure is not None else None
 
 
 def model_blocks(model: nn.Module, ctx: Context) -> nn.ModuleList | nn.Sequential | None:
-    """The model's blocks (``ctx.blocks``: ``model.blocks`` for the built-in workloads, found or named for a user's
-    model; an nn.ModuleList, or an nn.Sequential a user named), or None when it has none. Per-block techniques use
-    this, never ``model.blocks`` (a user's or a Hugging Face model keeps its blocks elsewhere)."""
-    if ctx.blocks is None:
+    """The model's blocks (its structure's ``blocks``: ``model.blocks`` for most built-in workloads, found or named
+    for a user's model; an nn.ModuleList, or an nn.Sequential a user named), or None when it has none. Per-block
+    techniques use this, never ``model.blocks`` (a user's or a Hugging Face model keeps its blocks elsewhere)."""
+    path = model_structure(model, ctx).blocks
+    if path is None:
         return None
-    blocks = model.get_submodule(ctx.blocks)
+    blocks = model.get_submodule(path)
     if not isinstance(blocks, nn.ModuleList | nn.Sequential):
-        raise TypeError(f"the model's blocks {ctx.blocks!r} are a {type(blocks).__name__}, not an nn.ModuleList")
+        raise TypeError(f"the model's blocks {path!r} are a {type(blocks).__name__}, not an nn.ModuleList")
     return blocks
 
 
@@ -238,7 +243,7 @@ def model_structure(model: nn.Module, ctx: Context) -> ModelStructure:
     """The structure of ``model``: ``ctx.structure`` (the workload's, as the harness passes it), else the model's own
     description or what can be inferred from it (``bench.core.structure.describe``). Techniques that change, split or
     scale a model ask it, never a workload's name."""
-    return ctx.structure if ctx.structure is not None else describe(model, ctx.blocks)
+    return ctx.structure if ctx.structure is not None else describe(model)
 
 
 class ProbeLoop(typing.Protocol):

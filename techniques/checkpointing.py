@@ -120,7 +120,7 @@ class Checkpointing(Technique):
     )
 
     def check(self, ctx: Context) -> str | None:
-        if not ctx.has_blocks:
+        if ctx.structure is not None and not ctx.structure.blocks:  # None: no model named, nothing to refuse
             return (f"workload '{ctx.workload}' has no blocks to checkpoint (no model.blocks and no nn.ModuleList "
                     "of repeated modules; a user's model can name them: --blocks attr.path)")
         return None

@@ -66,10 +66,10 @@ class Compile(Technique):
 
     def transform_model(self, model: nn.Module, ctx: Context) -> nn.Module:
         opts = {"mode": self.options.mode, "fullgraph": self.options.fullgraph, "dynamic": self.options.dynamic}
-        if FSDP_TECHNIQUES & set(ctx.technique_names) and ctx.has_blocks:
+        blocks = model_blocks(model, ctx) if FSDP_TECHNIQUES & set(ctx.technique_names) else None
+        if blocks is not None:
             # FSDP2 shards after this: compile block by block (torchtitan's order), so each block's fully_shard
             # hooks gather its parameters around the compiled code; a whole-model graph would meet DTensors.
-            blocks = model_blocks(model, ctx)
             for i, block in enumerate(blocks):
                 blocks[i] = torch.compile(block, **opts)
             return model

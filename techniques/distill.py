@@ -84,9 +84,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from bench import workloads
 from bench.core.files import save_torch_atomic
 from bench.core.structure import ModelStructure, describe
+from bench.workloads.base import get as get_workload  # the registry: a teacher is another build of it
 from techniques._model import module_tensors, n_params, once
 from techniques.base import Context, Kind, Phase, Probe, Technique, TrainConfig, logits_of, register
 
@@ -201,9 +201,9 @@ def load_or_train_teacher(workload_name: str, probe: Probe, ctx: Context, option
     """The teacher (on ``probe.device``, eval mode, frozen) and what it is: from ``ctx.cache_dir`` when it holds this
     key, else trained now (its time goes to ``probe.shared_s``) and saved there when there is a cache."""
     student = probe.fresh(TEACHER_SEED)  # the size's parameters and the student's parameter count
-    s = ctx.structure or student.structure or describe(student.model, student.blocks)
+    s = ctx.structure or student.structure or describe(student.model)
     student_n = n_params(student.model)
-    wl = workloads.get(workload_name)
+    wl = get_workload(workload_name)
     if s.teacher_size is not None:  # another size of the same build
         tparams: dict[str, Any] = {"size": s.teacher_size}
         shape = dict(tparams)

@@ -74,7 +74,7 @@ import torch
 from torch import nn
 
 from techniques import _reading as rd
-from techniques.base import Context, Kind, Phase, Technique, model_blocks, register
+from techniques.base import Context, Kind, Phase, Technique, model_blocks, model_structure, register
 
 ADAMW_STATE_BYTES = 2 * 4  # exp_avg and exp_avg_sq, fp32, per parameter element
 
@@ -146,15 +146,15 @@ class Freeze(Technique):
                 raise ValueError(f"blocks must be >= 1 (the number of leading blocks to freeze), got {self.blocks}")
 
     def check(self, ctx: Context) -> str | None:
-        if not ctx.has_blocks:
+        if ctx.structure is not None and not ctx.structure.blocks:  # None: no model named, nothing to refuse
             return "needs the model's blocks (an nn.ModuleList, ctx.blocks); this model has none"
         return None
 
     def transform_model(self, model: nn.Module, ctx: Context) -> nn.Module:
-        if model_blocks(model, ctx) is None:
+        path = model_structure(model, ctx).blocks
+        if path is None or model_blocks(model, ctx) is None:
             raise ValueError("freeze needs the model's blocks (an nn.ModuleList); this model has none")
-        assert ctx.blocks is not None
-        self._found = apply_freeze(model, ctx.blocks, self.options.blocks)
+        self._found = apply_freeze(model, path, self.options.blocks)
         self._model, self._n_frozen = model, frozen_tensors(model)
         return model
 

@@ -59,7 +59,7 @@ def main() -> None:
 
     tech = get("pp")(get("pp").Options(schedule=schedule, microbatches=MICROBATCHES))
     ctx = Context(device=torch.device("cpu"), workload=wl_name, rank=rank, world_size=world, technique_names=("pp",),
-                  structure=built.structure, blocks=built.blocks, sequence_length=built.tokens_per_sample)
+                  structure=built.structure, sequence_length=built.tokens_per_sample)
     assert tech.check(ctx) is None, tech.check(ctx)
     model = tech.transform_model(whole, ctx)
     gc.collect()

@@ -20,6 +20,7 @@ import pytest
 import torch
 
 from bench import workloads
+from bench.core.structure import ModelStructure
 from bench.loop import TrainLoop, build_optimizer
 from bench.plan.config import build_config
 from bench.run.runner import SweepRunner
@@ -147,7 +148,8 @@ def test_fsdp_with_compile_needs_blocks():
                                  "nproc": 2})
     reasons = {t.techniques.label: t.skip_reason for t in plan(cfg, torch.device("cpu"))}
     assert reasons["zero3+compile"] is None and reasons["ddp+compile"] is None
-    ctx = Context(device=torch.device("cpu"), world_size=2, blocks=None, technique_names=("zero3", "compile"))
+    ctx = Context(device=torch.device("cpu"), world_size=2, structure=ModelStructure(source="test: no blocks"),
+                  technique_names=("zero3", "compile"))
     from techniques._distributed import fsdp_check
 
     assert "got mixed torch.Tensor and DTensor" in fsdp_check(ctx, "zero3")

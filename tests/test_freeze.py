@@ -6,6 +6,7 @@ import torch
 from torch.utils.flop_counter import FlopCounterMode
 
 from bench import workloads
+from bench.core.structure import ModelStructure
 from techniques.base import Context, OptionError
 from techniques.freeze import ADAMW_STATE_BYTES, Freeze, apply_freeze, input_modules
 from tests.helpers import build_loop
@@ -109,7 +110,8 @@ def test_too_many_blocks_and_bad_options_are_refused():
     assert all(p.requires_grad for p in model.parameters())  # refused before anything was frozen
     with pytest.raises(OptionError, match="blocks must be >= 1"):
         Freeze.parse_options({"blocks": "0"})
-    assert Freeze().check(Context(device=torch.device("cpu"), blocks=None)).startswith("needs the model's blocks")
+    no_blocks = ModelStructure(source="test: no blocks")
+    assert Freeze().check(Context(device=torch.device("cpu"), structure=no_blocks)).startswith("needs the model's blocks")
     assert Freeze().check(Context(device=torch.device("cpu"))) is None
 
 

@@ -99,7 +99,7 @@ def test_builds_and_trains_two_steps_through_the_harness_loop(size, n_layer):
     loop, batches, built = build_loop("hf", "baseline", size=size)
     losses = [float(loop.step(next(batches))) for _ in range(2)]
     assert all(math.isfinite(v) for v in losses)
-    blocks = built.model.get_submodule(built.blocks)
+    blocks = built.model.get_submodule(built.structure.blocks)
     assert isinstance(blocks, nn.ModuleList) and len(blocks) == n_layer
     assert not any(p.is_meta for p in built.model.parameters())
     assert built.model.hf.config.vocab_size == built.dataset["vocab_size"]

@@ -200,6 +200,16 @@ def test_every_module_imports_only_the_layers_below_its_own():
     assert wrong == [], "\n".join(wrong)
 
 
+def test_techniques_reach_workloads_through_their_interfaces_only():
+    """A technique asks the model's description, the ``Preference`` interface and the registry (bench.workloads.base),
+    never a workload's module: a new workload serves every technique without any technique knowing it."""
+    known = _modules(ROOT)
+    found = [f"{module} imports {target} (line {line})" for module, path in sorted(known.items())
+             if _under(module, "techniques") for target, line in sorted(_imports(module, path, known).items())
+             if _under(target, "bench.workloads") and target not in ("bench.workloads", "bench.workloads.base")]
+    assert found == [], "\n".join(found)
+
+
 def test_the_layer_check_rejects_a_planted_wrong_way_import_and_a_module_without_a_layer(tmp_path):
     _plant(tmp_path, {"bench/__init__.py": "", "bench/core/__init__.py": "", "bench/run/__init__.py": "",
                       "bench/report/__init__.py": "", "techniques/__init__.py": "",

@@ -1,3 +1,4 @@
+import pytest
 import torch
 
 from bench.plan.config import build_config
@@ -57,3 +58,37 @@ def test_sets_that_would_fail_in_every_trial_are_skipped_at_plan_time():
     assert reasons["ddp+grad_accum:steps=64"] == ("the per-process batch of 32 samples does not split into 64 equal "
                                                   "micro-batches")
     assert reasons["baseline"] is None
+
+
+def test_a_model_without_blocks_is_planned_as_such_and_per_block_techniques_never_launch(tmp_path, monkeypatch):
+    """The plan asks the workload's description (its ModelStructure), so a model that declares no blocks has its
+    per-block techniques skipped with the part named, before any trial starts: the launcher records them without
+    starting a process (and nothing builds the model)."""
+    from bench.core.structure import ModelStructure
+    from bench.run.launcher import TrialLauncher
+    from bench.workloads.base import Size, Workload, forget, register
+
+    @register
+    class Flat(Workload):  # a model with a head and no repeated blocks
+        name = "plan_test_flat"
+        sizes = {"tiny": Size()}
+
+        def structure_from(self, params):
+            return ModelStructure(head="head", source="declared by the test")
+
+        def build(self, size, seed, device):
+            raise AssertionError("a skipped trial builds nothing")
+
+    try:
+        cfg = build_config("smoke", {"workloads": "plan_test_flat:tiny", "techniques": "checkpointing,freeze,bf16",
+                                     "repeats": 1})
+        trials = {t.techniques.label: t for t in plan(cfg, CPU)}
+        assert "has no blocks to checkpoint" in trials["checkpointing"].skip_reason
+        assert trials["freeze"].skip_reason.startswith("freeze: needs the model's blocks")
+        assert trials["bf16"].skip_reason is None and trials["baseline"].skip_reason is None
+        launcher = TrialLauncher(cfg, tmp_path, CPU, tmp_path)
+        monkeypatch.setattr(TrialLauncher, "_launch", lambda *a: pytest.fail("a skipped trial was launched"))
+        record = launcher.run(trials["checkpointing"], {})
+        assert record.status == "skipped" and record.reason == trials["checkpointing"].skip_reason
+    finally:
+        forget("plan_test_flat")

@@ -221,7 +221,7 @@ def test_the_decomposition_is_checked_on_the_model():
                                      "inputs (called with the hidden state alone, TablesLayer raised TypeError: ")
     assert "\n" not in str(err.value)
     # transform_model refuses before it splits anything (no process group needed)
-    ctx = Context(device=CPU, rank=0, world_size=2, structure=s, blocks=outside.blocks, sequence_length=12)
+    ctx = Context(device=CPU, rank=0, world_size=2, structure=s, sequence_length=12)
     with pytest.raises(ValueError, match="^pp: runs the blocks on the hidden state alone"):
         PP().transform_model(outside.model, ctx)
     assert len(outside.model.layers) == 2

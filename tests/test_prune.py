@@ -144,14 +144,14 @@ def gpt_tiny() -> nn.Module:
 
 def mlp_tiny() -> nn.Module:
     torch.manual_seed(0)
-    p = workloads.get("mlp").sizes["tiny"]
+    p = workloads.get("mlp").size_params("tiny")
     from bench.workloads.mlp_mnist1d import MLP
     return MLP(40, p["width"], p["depth"], 10)
 
 
 def cnn_tiny() -> nn.Module:
     torch.manual_seed(0)
-    p = workloads.get("cnn").sizes["tiny"]
+    p = workloads.get("cnn").size_params("tiny")
     return ResNet(p["widths"], p["blocks_per_stage"], p["stem_stride"])
 
 

@@ -22,7 +22,7 @@ from bench import workloads
 from bench.core.structure import Attention, Block, Cut, ModelStructure, infer
 from bench.loop import plain_loop
 from bench.plan.config import Budget, TechniqueSpec
-from bench.workloads.base import Workload, register
+from bench.workloads.base import Size, Workload, register
 from techniques.base import Context, Probe, TrainConfig, TrainOutput
 from techniques.distill import TEACHER_SEED, Distill
 from techniques.efficient_arch import EfficientArch, GroupedQKV, SharedHeads
@@ -611,7 +611,7 @@ def test_the_plan_asks_the_description(user_workload):
     @register
     class Described(Workload):  # a third-party workload whose description lacks a teacher
         name = "structure_test_described"
-        sizes = {"tiny": {}}
+        sizes = {"tiny": Size()}
 
         def structure_from(self, params):
             return ModelStructure.from_dict({**structure_dict(), "source": "declared by the test"})
@@ -693,7 +693,7 @@ def test_the_examples_run_or_are_skipped_with_the_part_named(example, examples, 
     column = 0 if example == "lstm_lm" else 1
     for label, runs in ON_EXAMPLES.items():
         tech = TechniqueSpec.parse(label).resolve()
-        ctx = Context(device=CPU, workload=wl.name, structure=s, blocks=built.blocks, technique_names=(tech.name,),
+        ctx = Context(device=CPU, workload=wl.name, structure=s, technique_names=(tech.name,),
                       sequence_length=built.tokens_per_sample)
         reason = tech.check(ctx)
         assert (reason is None) == runs[column], (label, reason)

@@ -183,7 +183,7 @@ class CountingWorkload(workloads.Workload):
     """Wraps the MLP and counts, independently of the harness, the samples the trial draws and when."""
 
     name = "counting"
-    sizes = {"tiny": {}}
+    sizes = {"tiny": workloads.base.Size()}
     draws: list = []
 
     def build(self, size, seed, device):

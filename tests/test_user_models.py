@@ -48,6 +48,7 @@ CHECK_VIOLATIONS = [  # the check process's findings, called in this process (th
     ("build_eval_without_metric", None, "holding the metric 'accuracy'; it returned acc"),
     ("build_bad_blocks", None, "blocks 'encoder.layers' is not a submodule"),
     ("build_not_a_model", None, "model must be an nn.Module"),
+    ("build_two_blocks", None, "blocks 'layers' and the returned structure's blocks 'inp' differ"),
     ("build", "nowhere", "blocks 'nowhere' is not a submodule"),
 ]
 
@@ -124,7 +125,7 @@ def test_model_registers_with_its_facts_and_default_size():
     cfg = build_config("smoke", {"models": [f"resmlp={MODELS}:build"]})
     assert [w.label for w in cfg.workloads] == ["resmlp:small"]  # the models only, at build's default size
     facts = user.register_model(cfg.models[0])().size_params("small")
-    assert facts["blocks"] == "layers" and facts["block_types"] == {"Sequential": 3}
+    assert facts["structure"]["blocks"] == "layers" and facts["block_types"] == {"Sequential": 3}
     assert facts["batch_size"] == 32 and facts["quality_steps"] == 30 and facts["has_batchnorm"] is False
     assert facts["sha256"] == plugins.sha256_of(MODELS)
     again = build_config("smoke", {"models": [f"resmlp={MODELS}:build"], "workloads": "mlp"})

@@ -1,6 +1,8 @@
 """Every registered workload at size tiny: seeded builds, deterministic batches, a real learning signal, metrics."""
 
+import dataclasses
 import math
+import re
 
 import numpy as np
 import pytest
@@ -9,6 +11,9 @@ from torch import nn
 
 from bench import workloads
 from bench.workloads import cnn_fashion, gpt_chars, mlp_mnist1d
+from bench.workloads.base import Size, WorkloadError
+from bench.workloads.cnn_fashion import CnnSize
+from bench.workloads.gpt_chars import GptSize
 
 CPU = torch.device("cpu")
 NAMES = sorted(workloads.registry())
@@ -62,11 +67,54 @@ def test_declared_fields(name):
     assert built.metric and built.lr > 0 and built.target is not None and built.params
     assert {"name", "source", "sha256", "n_train", "n_eval"} <= set(built.dataset)
     assert len(built.dataset["sha256"]) == 64
-    assert (wl.traits("tiny")[0] is None) == (built.blocks is None)
-    if wl.has_blocks:
-        blocks = built.model.get_submodule(built.blocks)
-        assert isinstance(blocks, nn.ModuleList) and len(blocks) > 0
-    assert wl.has_batchnorm == any(isinstance(m, nn.modules.batchnorm._BatchNorm) for m in built.model.modules())
+    # the one description of the model's parts: the plan's (from the size alone) is the built model's
+    assert built.structure is not None and built.structure == wl.structure("tiny")
+    blocks = built.model.get_submodule(built.structure.blocks)
+    assert isinstance(blocks, nn.ModuleList) and len(blocks) == built.structure.n_blocks > 0
+    assert wl.batchnorm("tiny") == any(isinstance(m, nn.modules.batchnorm._BatchNorm) for m in built.model.modules())
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_sizes_are_typed_and_round_trip_through_their_params(name):
+    wl = workloads.get(name)
+    for size, preset in wl.sizes.items():
+        assert isinstance(preset, Size) and dataclasses.is_dataclass(preset)
+        with pytest.raises(dataclasses.FrozenInstanceError):
+            preset.batch_size = 1
+        params = wl.size_params(size)
+        assert type(preset).of(params) == preset and params == preset.params()
+        assert params is not wl.size_params(size)  # a copy: a caller may change its own
+
+
+def test_a_size_refuses_unknown_keys_and_bad_values_saying_what_is_valid():
+    p = workloads.get("gpt").size_params("tiny")
+    with pytest.raises(WorkloadError, match=r"GptSize has no parameter\(s\) 'n_layers' \(valid: n_layer, n_head, "):
+        GptSize.of({**p, "n_layers": 3})
+    with pytest.raises(WorkloadError, match="GptSize lacks lr"):
+        GptSize.of({k: v for k, v in p.items() if k != "lr"})
+    for key, value, words in (("n_layer", 0, "a whole number >= 1, got 0"), ("n_layer", True, "got True"),
+                              ("lr", -1.0, "a number > 0, got -1.0"), ("corpus_mb", -1, "a number >= 0"),
+                              ("target", "low", "a number > 0 or None, got 'low'"),
+                              ("d_model", 65, "d_model 65 is not a whole number of heads (n_head 2)")):
+        with pytest.raises(WorkloadError, match=re.escape(words)):
+            GptSize.of({**p, key: value})
+    assert GptSize.of({**p, "vocab_size": 99}) == GptSize.of(p)  # what the build adds (derived) is dropped
+    assert CnnSize.of(workloads.get("cnn").size_params("tiny")).widths == (8, 16, 32)
+    with pytest.raises(WorkloadError, match="widths must be a non-empty list of whole numbers >= 1"):
+        CnnSize.of({**workloads.get("cnn").size_params("tiny"), "widths": []})
+
+
+def test_a_workload_with_untyped_sizes_is_refused_at_registration():
+    class Untyped(workloads.Workload):
+        name = "untyped_sizes_test"
+        sizes = {"tiny": {"batch_size": 8}}
+
+        def build_from(self, params, seed, device):
+            raise NotImplementedError
+
+    with pytest.raises(TypeError, match="sizes 'tiny' must be Size dataclasses"):
+        workloads.register(Untyped)
+    assert "untyped_sizes_test" not in workloads.registry()
 
 
 @pytest.mark.parametrize("name", NAMES)

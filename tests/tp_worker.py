@@ -60,7 +60,7 @@ def load(model: str):
 
 def context(built, name: str, names: list[str], rank: int, world: int) -> Context:
     return Context(device=torch.device("cpu"), workload=name, rank=rank, world_size=world,
-                   technique_names=tuple(names), structure=built.structure, blocks=built.blocks,
+                   technique_names=tuple(names), structure=built.structure,
                    sequence_length=built.tokens_per_sample)
 
 

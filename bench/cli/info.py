@@ -26,7 +26,7 @@ def cmd_list(args: argparse.Namespace) -> int:
     for name, cls in sorted(workloads.registry().items()):
         wl = cls()
         reason = wl.check()
-        sizes = "; ".join(_size_text(size, params) for size, params in cls.sizes.items())
+        sizes = "; ".join(_size_text(size, wl.size_params(size)) for size in cls.sizes)
         wl_table.add_row(name, sizes, "yes" if reason is None else f"no: {reason}", cls.summary)
     out.print(wl_table)
 

@@ -442,12 +442,31 @@ def infer(model: nn.Module, blocks: str | None) -> ModelStructure:
         notes=tuple(notes))
 
 
-def describe(model: nn.Module, blocks: str | None) -> ModelStructure:
-    """A model's own description (a built-in model's ``trainbench_structure()``), else ``infer``'s."""
+def find_blocks(model: nn.Module) -> str | None:
+    """The dotted path of the model's blocks: ``blocks`` when it is an nn.ModuleList, else the ModuleList of two or
+    more modules of one type holding the most parameters (a transformer's layers, a ResNet's stages), else None."""
+    if isinstance(getattr(model, "blocks", None), nn.ModuleList):
+        return "blocks"
+    best, best_params = None, -1
+    for path, module in model.named_modules():
+        if not isinstance(module, nn.ModuleList) or len(module) < 2:
+            continue
+        if len({type(m) for m in module}) != 1:
+            continue
+        n = sum(p.numel() for p in module.parameters())
+        if n > best_params:
+            best, best_params = path, n
+    return best
+
+
+def describe(model: nn.Module, blocks: str | None = None) -> ModelStructure:
+    """A model's own description (a built-in model's ``trainbench_structure()``), else ``infer``'s with ``blocks``
+    (the path of its blocks when known, else ``find_blocks``'s). What the trial uses for a workload that declares no
+    structure, and a technique for a model it is handed without one."""
     own = getattr(model, "trainbench_structure", None)
     if callable(own):
         return own()
-    return infer(model, blocks)
+    return infer(model, blocks or find_blocks(model))
 
 
 @dataclass

@@ -78,13 +78,11 @@ def incompatibility(techs: TechniqueSet, workload: WorkloadSpec, device: torch.d
         clash = tech.conflicts & set(techs.names)
         if clash:
             return f"{tech.name} cannot be combined with {', '.join(sorted(clash))}"
-    blocks, has_batchnorm = wl.traits(workload.size)
-    ctx = Context(
+    ctx = Context(  # the model's parts as the workload declares them (a user's: as its check found them)
         device=device,
         workload=workload.name,
         world_size=world_size,
-        blocks=blocks,
-        has_batchnorm=has_batchnorm,
+        has_batchnorm=wl.batchnorm(workload.size),
         has_preferences=wl.has_preferences,
         structure=wl.structure(workload.size),
         available_packages=available_packages(),

@@ -220,7 +220,10 @@ def register_workload_class(cls: type, source: str) -> None:
 
     if not (isinstance(cls, type) and issubclass(cls, wbase.Workload)):
         raise PluginError(f"{source} is not a subclass of bench.workloads.Workload")
-    _register("workload", cls, source, wbase.registry(), wbase.register)
+    try:
+        _register("workload", cls, source, wbase.registry(), wbase.register)
+    except TypeError as exc:  # sizes that are not Size dataclasses
+        raise PluginError(f"{source}: {exc}") from None
 
 
 _SOURCES: dict[tuple[str, str], str] = {}  # (kind, name) -> the source that registered it in this process

@@ -7,8 +7,9 @@ Each ``--model`` becomes a workload class registered under its name (``NAME=`` b
 function's name when it is not ``build``, else the file's stem). The process that plans the sweep checks every
 (model, size) once in a child process (``python -m bench.plan.user_models``): it builds the model, trains one step
 and evaluates once, so a protocol violation is one line and exit 2 before any trial runs, and the size's facts
-(batch, LR, budget, blocks, BatchNorm) are known to the plan without building the model beside it. Trial
-processes register the same sources from their spec and build the model themselves.
+(batch, LR, budget, BatchNorm, and the model's structure: its blocks and the other parts techniques ask for) are
+known to the plan without building the model beside it. Trial processes register the same sources from their spec
+and build the model themselves.
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ from torch import nn
 
 from bench.core.data import Pipeline, classifier_pipeline, dataset_pipeline
 from bench.core.files import REPO_DIR
-from bench.core.structure import ModelStructure, infer
+from bench.core.structure import ModelStructure, find_blocks, infer
 from bench.core.text import shown
 from bench.plan.plugins import (
     Origin,
@@ -86,23 +87,6 @@ OPTIONAL = tuple(f.name for f in dataclasses.fields(ModelSpec) if f.default is n
 # ---- blocks -----------------------------------------------------------------------------------------------------
 
 
-def find_blocks(model: nn.Module) -> str | None:
-    """The dotted path of the model's blocks: ``blocks`` when it is an nn.ModuleList, else the ModuleList of two or
-    more modules of one type holding the most parameters (a transformer's layers, a ResNet's stages), else None."""
-    if isinstance(getattr(model, "blocks", None), nn.ModuleList):
-        return "blocks"
-    best, best_params = None, -1
-    for path, module in model.named_modules():
-        if not isinstance(module, nn.ModuleList) or len(module) < 2:
-            continue
-        if len({type(m) for m in module}) != 1:
-            continue
-        n = sum(p.numel() for p in module.parameters())
-        if n > best_params:
-            best, best_params = path, n
-    return best
-
-
 def check_blocks(model: nn.Module, path: str, where: str) -> str:
     try:
         found = model.get_submodule(path)
@@ -139,9 +123,8 @@ class UserWorkload(Workload):
             type(self).facts[size] = run_check(self.plugin, size, self.check_device)
         return dict(self.facts[size])
 
-    def traits(self, size: str) -> tuple[str | None, bool]:
-        facts = self.size_params(size)
-        return facts["blocks"], facts["has_batchnorm"]
+    def batchnorm(self, size: str) -> bool:
+        return bool(self.size_params(size)["has_batchnorm"])
 
     def structure(self, size: str) -> ModelStructure | None:
         found = self.size_params(size).get("structure")
@@ -171,10 +154,10 @@ class UserWorkload(Workload):
                               f"{type(exc).__name__}: {' '.join(str(exc).split())[:300]}") from None
         spec = validate(raw, self.where)
         model = spec.model.to(device)
-        blocks = check_blocks(model, spec.blocks or self.plugin.blocks, self.where) \
-            if (spec.blocks or self.plugin.blocks) else find_blocks(model)
+        named = spec.blocks or self.plugin.blocks
+        blocks = check_blocks(model, named, self.where) if named else find_blocks(model)
         batches, n_train = _batches_of(spec.train_data, self.where)
-        structure = _structure_of(spec, model, blocks, self.where)
+        structure = _structure_of(spec, model, blocks, self.where, named=named is not None)
         steps = spec.quality_steps if spec.quality_steps is not None else (n_train or 0) // spec.batch_size
         return BuiltWorkload(
             model=model,
@@ -197,15 +180,16 @@ class UserWorkload(Workload):
             params={"size": size},
             train_data=spec.train_data if isinstance(spec.train_data, tuple) else None,
             pipeline=_pipeline_of(spec.train_data),
-            blocks=blocks,
             source=self.origin.record(),
             structure=structure,
         )
 
 
-def _structure_of(spec: ModelSpec, model: nn.Module, blocks: str | None, where: str) -> ModelStructure:
-    """The structure build returned (its blocks defaulting to the ones found), else the inferred one; with build's
-    ``teacher_size``."""
+def _structure_of(spec: ModelSpec, model: nn.Module, blocks: str | None, where: str, named: bool = False
+                  ) -> ModelStructure:
+    """The structure build returned (its blocks defaulting to ``blocks``: named by build's ``blocks`` or
+    ``--blocks`` when ``named``, else found), else the inferred one; with build's ``teacher_size``. The model's one
+    description: its blocks are what the per-block techniques wrap."""
     if spec.structure is None:
         structure = infer(model, blocks)
     else:
@@ -213,6 +197,9 @@ def _structure_of(spec: ModelSpec, model: nn.Module, blocks: str | None, where: 
             structure = ModelStructure.from_dict(spec.structure)
         except ValueError as exc:
             raise PluginError(f"{where}: {exc} (docs/models.md, Structure)") from None
+        if named and structure.blocks is not None and structure.blocks != blocks:
+            raise PluginError(f"{where}: blocks {shown(blocks)} and the returned structure's blocks "
+                              f"{shown(structure.blocks)} differ; name the blocks once (docs/models.md, Blocks)")
         if structure.blocks is None and blocks:
             structure = dataclasses.replace(structure, blocks=blocks, n_blocks=len(model.get_submodule(blocks)))
         structure = dataclasses.replace(structure, source=structure.source or "returned by build")
@@ -500,13 +487,13 @@ def check(plugin: Plugin, size: str, device: torch.device) -> dict[str, Any]:
         raise PluginError(f"{where}: evaluate(model)'s values must be finite numbers; {', '.join(map(str, bad))} "
                           f"is not ({shown(metrics[bad[0]], 40)})")
     batchnorm = any(isinstance(m, nn.modules.batchnorm._BatchNorm) for m in model.modules())
+    blocks = built.structure.blocks if built.structure is not None else None
     return {
         "batch_size": built.batch_size, "lr": built.lr, "target": built.target, "quality_steps": built.quality_steps,
         "eval_points": built.eval_points, "tokens_per_sample": built.tokens_per_sample, "metric": built.metric,
-        "higher_is_better": built.higher_is_better, "blocks": built.blocks, "has_batchnorm": batchnorm,
+        "higher_is_better": built.higher_is_better, "has_batchnorm": batchnorm,
         "n_params": sum(p.numel() for p in model.parameters()), "sha256": wl.origin.sha256,
-        "block_types": dict(Counter(type(b).__name__ for b in model.get_submodule(built.blocks)))
-        if built.blocks else {},
+        "block_types": dict(Counter(type(b).__name__ for b in model.get_submodule(blocks))) if blocks else {},
         "structure": built.structure.to_dict() if built.structure is not None else None,
     }
 

@@ -43,6 +43,7 @@ neighbouring evaluations jump here too.
 from __future__ import annotations
 
 import dataclasses
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -50,7 +51,7 @@ import torch.nn.functional as F
 
 from bench.core.data import classifier_pipeline
 from bench.workloads.base import BuiltWorkload, register
-from bench.workloads.cnn_fashion import CNNFashion
+from bench.workloads.cnn_fashion import CNNFashion, CnnSize
 
 AUGMENT = {"crop_pad": 2, "flip_p": 0.5, "elastic_alpha": 10.0, "elastic_sigma": 2.5}
 
@@ -90,18 +91,34 @@ class Augment:
         return F.grid_sample(img[None], grid[None], mode="bilinear", padding_mode="border", align_corners=False)[0]
 
 
+@dataclass(frozen=True)
+class CnnAugSize(CnnSize):
+    """A ``cnn_aug`` size: ``cnn``'s, and the augmentation's settings (``AUGMENT``, the module docstring)."""
+
+    may_be_zero = ("crop_pad", "flip_p", "elastic_alpha")
+
+    crop_pad: int  # pixels of padding before the random crop
+    flip_p: float  # probability of a horizontal flip
+    elastic_alpha: float  # the elastic displacement's scale, in pixels
+    elastic_sigma: float  # the Gaussian's standard deviation that smooths the displacement, in pixels
+
+    def problem(self) -> str | None:
+        return f"flip_p must be a probability (0 to 1), got {self.flip_p}" if self.flip_p > 1 else None
+
+
 @register
 class CNNAugFashion(CNNFashion):
     name = "cnn_aug"
     summary = ("cnn with per-sample crop, flip and elastic distortion computed on the CPU (an input-bound "
                "workload), metric accuracy")
     sizes = {
-        "tiny": {**CNNFashion.sizes["tiny"], **AUGMENT, "target": 0.596},
-        "small": {**CNNFashion.sizes["small"], **AUGMENT, "target": None},
+        "tiny": CnnAugSize(**{**CNNFashion.sizes["tiny"].params(), **AUGMENT, "target": 0.596}),
+        "small": CnnAugSize(**{**CNNFashion.sizes["small"].params(), **AUGMENT, "target": None}),
     }
+    size_type = CnnAugSize
 
     def build_from(self, params: dict[str, Any], seed: int, device: torch.device) -> BuiltWorkload:
-        built = super().build_from(params, seed, device)  # model, data, evaluation and budget of ``cnn``
+        built = super().build_from(params, seed, device)  # model, data, evaluation and budget of ``cnn`` (checked)
         x_train, y_train = built.train_data
         p: dict[str, Any] = built.params
         mean, std = built.dataset["normalize_mean"], built.dataset["normalize_std"]

@@ -35,9 +35,10 @@ import gzip
 import hashlib
 import math
 import os
+from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 import torch
@@ -46,7 +47,15 @@ from torch import nn
 
 from bench.core.data import classifier_pipeline
 from bench.core.structure import Channels, Cut, ModelStructure, Scaling
-from bench.workloads.base import ACCURACY_MARGIN, BuiltWorkload, SourceTask, Workload, WorkloadError, register
+from bench.workloads.base import (
+    ACCURACY_MARGIN,
+    BuiltWorkload,
+    Size,
+    SourceTask,
+    Workload,
+    WorkloadError,
+    register,
+)
 from bench.workloads.mlp_mnist1d import classification_metrics, shuffled_batches
 
 DEFAULT_DIR = "/usr/share/datasets/fashion-mnist"
@@ -185,25 +194,41 @@ def cnn_structure(stages: int, blocks_per_stage: int) -> ModelStructure:
                           source_task=SOURCE_TASK, source="declared")
 
 
+@dataclass(frozen=True)
+class CnnSize(Size):
+    """A ``cnn`` size: the ResNet's shape, the images it trains and is evaluated on, the batch and AdamW's LR, and
+    the quality budget and target (docstring)."""
+
+    widths: tuple[int, ...]  # channels of each stage
+    blocks_per_stage: int
+    stem_stride: int
+    batch_size: int
+    lr: float
+    n_train: int  # the first training images trained on
+    n_eval: int  # the first test images evaluated on
+    target: float | None  # validation accuracy; None: not calibrated
+    quality_steps: int
+    eval_points: int
+
+
 @register
 class CNNFashion(Workload):
     name = "cnn"
     summary = "ResNet-style CNN with BatchNorm on Fashion-MNIST (Debian dataset-fashion-mnist), metric accuracy"
     has_batchnorm = True
     sizes = {
-        "tiny": {"widths": [8, 16, 32], "blocks_per_stage": 1, "stem_stride": 2, "batch_size": 32, "lr": 2e-3,
-                 "n_train": 6000, "n_eval": 1000, "target": 0.72,
-                 "quality_steps": 150, "eval_points": 10},
-        "small": {"widths": [32, 64, 128], "blocks_per_stage": 2, "stem_stride": 1, "batch_size": 128, "lr": 1e-3,
-                  "n_train": 60000, "n_eval": 10000, "target": 0.782,
-                  "quality_steps": 200, "eval_points": 8},
+        "tiny": CnnSize(widths=(8, 16, 32), blocks_per_stage=1, stem_stride=2, batch_size=32, lr=2e-3, n_train=6000,
+                        n_eval=1000, target=0.72, quality_steps=150, eval_points=10),
+        "small": CnnSize(widths=(32, 64, 128), blocks_per_stage=2, stem_stride=1, batch_size=128, lr=1e-3,
+                         n_train=60000, n_eval=10000, target=0.782, quality_steps=200, eval_points=8),
     }
+    size_type: ClassVar[type[CnnSize]] = CnnSize  # what ``build_from`` checks its parameters against (cnn_aug: its own)
 
     def check(self) -> str | None:
         return missing_reason(data_dir())
 
     def build_from(self, params: dict[str, Any], seed: int, device: torch.device) -> BuiltWorkload:
-        p: dict[str, Any] = dict(params)
+        p = self.size_type.of(params).params()
         directory = data_dir()
         arrays, info = load_fashion_mnist(directory)
         mean, std = info["mean"], info["std"]

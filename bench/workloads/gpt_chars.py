@@ -60,7 +60,7 @@ from bench.core.data import window_pipeline
 from bench.core.structure import MLP as MLPPart
 from bench.core.structure import Attention, ModelStructure, Scaling
 from bench.core.structure import Block as BlockPart
-from bench.workloads.base import Batch, BuiltWorkload, SourceTask, Workload, register
+from bench.workloads.base import Batch, BuiltWorkload, Size, SourceTask, Workload, register
 
 TRAIN_FRACTION = 0.9
 _SKIP_DIRS = {"site-packages", "dist-packages", "__pycache__", "test", "tests", "idle_test"}
@@ -256,7 +256,7 @@ def stdlib_files() -> tuple[tuple[str, str], ...]:
 
 def corpus_ends() -> dict[str, int]:
     """Characters of the stdlib stream each size's corpus takes (its ``corpus_mb`` cap, as ``load_corpus`` reads it)."""
-    return {size: int(p["corpus_mb"] * 1e6) for size, p in GPTChars.sizes.items()}
+    return {size: int(p.corpus_mb * 1e6) for size, p in GPTChars.sizes.items()}
 
 
 def source_offset(own_end: int, available: int) -> int:
@@ -374,24 +374,47 @@ def lm_metrics(model: nn.Module, x: torch.Tensor, y: torch.Tensor, chunk: int) -
     return {"val_loss": loss, "val_bpc": loss / math.log(2)}
 
 
+@dataclass(frozen=True)
+class GptSize(Size):
+    """A ``gpt`` size: the decoder's shape, the batch and AdamW's LR, the corpus, and the quality budget and target
+    (docstring)."""
+
+    may_be_zero = ("corpus_mb",)
+    derived = ("vocab_size",)  # the corpus's characters: set by the build, recorded in its params
+
+    n_layer: int
+    n_head: int
+    d_model: int  # a whole number of heads
+    seq_len: int  # the context: tokens per sample
+    batch_size: int
+    lr: float
+    corpus_mb: float  # million characters of stdlib sources after the pydoc topics (0: the topics alone)
+    eval_windows: int  # held-out windows evaluated
+    target: float | None  # validation loss; None: not calibrated
+    quality_steps: int
+    eval_points: int
+
+    def problem(self) -> str | None:
+        if self.d_model % self.n_head:
+            return f"d_model {self.d_model} is not a whole number of heads (n_head {self.n_head})"
+        return None
+
+
 @register
 class GPTChars(Workload):
     name = "gpt"
     summary = "GPT-style decoder (SDPA) on CPython's pydoc topics (+ stdlib sources), characters; metric val_loss"
     sizes = {
-        "tiny": {"n_layer": 2, "n_head": 2, "d_model": 64, "seq_len": 64, "batch_size": 16, "lr": 3e-3,
-                 "corpus_mb": 0, "eval_windows": 32, "target": 2.48,
-                 "quality_steps": 150, "eval_points": 10},
-        "small": {"n_layer": 4, "n_head": 4, "d_model": 256, "seq_len": 128, "batch_size": 32, "lr": 1e-3,
-                  "corpus_mb": 4, "eval_windows": 64, "target": 2.41,
-                  "quality_steps": 300, "eval_points": 10},
-        "gpt2-124m": {"n_layer": 12, "n_head": 12, "d_model": 768, "seq_len": 1024, "batch_size": 8, "lr": 6e-4,
-                      "corpus_mb": 16, "eval_windows": 32, "target": None,
-                      "quality_steps": 1000, "eval_points": 10},
+        "tiny": GptSize(n_layer=2, n_head=2, d_model=64, seq_len=64, batch_size=16, lr=3e-3, corpus_mb=0,
+                        eval_windows=32, target=2.48, quality_steps=150, eval_points=10),
+        "small": GptSize(n_layer=4, n_head=4, d_model=256, seq_len=128, batch_size=32, lr=1e-3, corpus_mb=4,
+                         eval_windows=64, target=2.41, quality_steps=300, eval_points=10),
+        "gpt2-124m": GptSize(n_layer=12, n_head=12, d_model=768, seq_len=1024, batch_size=8, lr=6e-4, corpus_mb=16,
+                             eval_windows=32, target=None, quality_steps=1000, eval_points=10),
     }
 
     def build_from(self, params: dict[str, Any], seed: int, device: torch.device) -> BuiltWorkload:
-        p: dict[str, Any] = dict(params)
+        p = GptSize.of(params).params()
         T = p["seq_len"]
         train, (x_eval, y_eval), vocab, record = corpus_split(p["corpus_mb"], T, p["eval_windows"])
         p["vocab_size"] = len(vocab)

@@ -37,6 +37,8 @@ from __future__ import annotations
 
 import importlib.util
 import inspect
+from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -46,13 +48,13 @@ from bench.core.structure import MLP as StructMLP
 from bench.core.structure import Attention, ModelStructure, Scaling
 from bench.core.structure import Block as StructBlock
 from bench.core.text import shown
-from bench.workloads.base import BuiltWorkload, Workload, WorkloadError, register
+from bench.workloads.base import BuiltWorkload, Size, Workload, WorkloadError, register
 from bench.workloads.gpt_chars import corpus_split, lm_workload
 
-# model type -> (config class, model class, decoder layers relative to the HF model, context-length attribute)
+# model type -> (config class, model class, context-length attribute); its parts are in ``hf_structure``
 MODEL_TYPES = {
-    "gpt2": ("GPT2Config", "GPT2LMHeadModel", "transformer.h", "n_positions"),
-    "llama": ("LlamaConfig", "LlamaForCausalLM", "model.layers", "max_position_embeddings"),
+    "gpt2": ("GPT2Config", "GPT2LMHeadModel", "n_positions"),
+    "llama": ("LlamaConfig", "LlamaForCausalLM", "max_position_embeddings"),
 }
 TRAIN_KEYS = {"batch_size": int, "lr": float, "seq_len": int, "quality_steps": int, "eval_points": int,
               "eval_windows": int, "corpus_mb": float}
@@ -61,8 +63,6 @@ TRAIN_KEYS = {"batch_size": int, "lr": float, "seq_len": int, "quality_steps": i
 FIXED = {"vocab_size", "n_positions", "max_position_embeddings", "use_cache", "bos_token_id", "eos_token_id",
          "pad_token_id"}
 NO_DROPOUT = {"gpt2": {"resid_pdrop": 0.0, "embd_pdrop": 0.0, "attn_pdrop": 0.0}, "llama": {"attention_dropout": 0.0}}
-_TRAINING = {"batch_size": 16, "lr": 3e-3, "seq_len": 64, "quality_steps": 150, "eval_points": 10,
-             "eval_windows": 32, "corpus_mb": 0}
 _DEFAULT_PRESET = {"gpt2": "tiny", "llama": "llama-tiny"}
 
 
@@ -102,15 +102,55 @@ def _typed(value: Any, default: Any, where: str, raw: str) -> Any:
     return float(value) if kind is float else value
 
 
+@dataclass(frozen=True)
+class HFSize(Size):
+    """An ``hf`` size: the model type, attributes of its config class, the training keys (``TRAIN_KEYS``; unset ones
+    are ``tiny``'s) and the target. Its ``params()`` are flat: the config's attributes beside the training keys."""
+
+    may_be_zero = ("corpus_mb",)
+    derived = ("vocab_size",)  # the corpus's characters: set by the build, recorded in its params
+
+    model_type: str  # a key of MODEL_TYPES
+    config: Mapping[str, Any]  # attributes of the model type's config class (n_layer, hidden_size, ...)
+    batch_size: int = 16
+    lr: float = 3e-3
+    seq_len: int = 64
+    quality_steps: int = 150
+    eval_points: int = 10
+    eval_windows: int = 32
+    corpus_mb: float = 0
+    target: float | None = None  # validation loss; None: not calibrated (any size but a preset)
+
+    def problem(self) -> str | None:
+        if self.model_type not in MODEL_TYPES:
+            return f"model_type {shown(self.model_type)} is not one of {', '.join(MODEL_TYPES)}"
+        clash = sorted(set(self.config) & ({"model_type", "target", *TRAIN_KEYS} | FIXED))
+        if clash:
+            return f"config sets {', '.join(clash)}, which the size (or the workload) sets itself"
+        return None
+
+    def params(self) -> dict[str, Any]:
+        return {"model_type": self.model_type, **self.config, **{k: getattr(self, k) for k in TRAIN_KEYS},
+                "target": self.target}
+
+    @classmethod
+    def of(cls, params: Mapping[str, Any]) -> HFSize:
+        own = {"model_type", "target", *TRAIN_KEYS}
+        given = {k: v for k, v in params.items() if k not in cls.derived}
+        if "model_type" not in given:
+            raise WorkloadError(f"HFSize lacks model_type (one of {', '.join(MODEL_TYPES)})")
+        return cls(config={k: v for k, v in given.items() if k not in own},
+                   **{k: v for k, v in given.items() if k in own})
+
+
 @register
 class HFCausalLM(Workload):
     name = "hf"
     summary = "Hugging Face GPT-2 / Llama (transformers, built from a config) on the gpt characters; metric val_loss"
-    has_blocks = True
     sizes = {
-        "tiny": {"model_type": "gpt2", "n_layer": 2, "n_head": 2, "n_embd": 64, **_TRAINING, "target": 2.51},
-        "llama-tiny": {"model_type": "llama", "num_hidden_layers": 2, "num_attention_heads": 2, "hidden_size": 64,
-                       "intermediate_size": 176, "tie_word_embeddings": True, **_TRAINING, "target": 2.30},
+        "tiny": HFSize("gpt2", {"n_layer": 2, "n_head": 2, "n_embd": 64}, target=2.51),
+        "llama-tiny": HFSize("llama", {"num_hidden_layers": 2, "num_attention_heads": 2, "hidden_size": 64,
+                                       "intermediate_size": 176, "tie_word_embeddings": True}, target=2.30),
     }
 
     def check(self) -> str | None:
@@ -120,12 +160,12 @@ class HFCausalLM(Workload):
 
     def size_params(self, size: str) -> dict[str, Any]:
         if size in self.sizes:
-            return dict(self.sizes[size])
+            return self.sizes[size].params()
         model_type, *items = size.split(":")
         if model_type not in MODEL_TYPES:
             raise WorkloadError(f"hf size {shown(size)}: unknown model type {shown(model_type)} (presets: "
                                 f"{', '.join(self.sizes)}; model types: {', '.join(MODEL_TYPES)}, e.g. gpt2:n_layer=2)")
-        preset = self.sizes[_DEFAULT_PRESET[model_type]]
+        preset = self.sizes[_DEFAULT_PRESET[model_type]].params()
         p, seen = dict(preset), set()
         cfg_cls = _config_class(model_type)
         if cfg_cls is not None:  # its own attributes (not the generic PreTrainedConfig ones) and their aliases
@@ -158,7 +198,7 @@ class HFCausalLM(Workload):
             p[key] = value
         if p != preset:  # the preset's target (if any) is for the preset's model and budget only
             p["target"] = None
-        return p
+        return HFSize.of(p).params()
 
     def build(self, size: str, seed: int, device: torch.device) -> BuiltWorkload:
         return self.build_from(self.size_params(size), seed, device)
@@ -166,8 +206,8 @@ class HFCausalLM(Workload):
     def build_from(self, params: dict[str, Any], seed: int, device: torch.device) -> BuiltWorkload:
         import transformers  # lazily: an optional extra, and slow to import
 
-        p = dict(params)
-        cfg_name, model_name, layers, context_key = MODEL_TYPES[p["model_type"]]
+        p = HFSize.of(params).params()
+        cfg_name, model_name, context_key = MODEL_TYPES[p["model_type"]]
         T = p["seq_len"]
         train, (x_eval, y_eval), vocab, record = corpus_split(p["corpus_mb"], T, p["eval_windows"])
         p["vocab_size"] = len(vocab)
@@ -182,7 +222,7 @@ class HFCausalLM(Workload):
         hf = model_cls(cfg_cls(**kwargs))
         model = LogitsOnly(hf).to(device)
 
-        return lm_workload(model, train, (x_eval, y_eval), p, record, blocks=f"hf.{layers}",
+        return lm_workload(model, train, (x_eval, y_eval), p, record,
                            structure=config_structure(p["model_type"], hf.config))
 
     def structure_from(self, params: dict[str, Any]) -> ModelStructure:

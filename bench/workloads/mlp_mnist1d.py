@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Iterator
+from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
 
@@ -37,7 +38,7 @@ from torch import nn
 
 from bench.core.data import classifier_pipeline
 from bench.core.structure import Channels, Cut, ModelStructure, Scaling
-from bench.workloads.base import ACCURACY_MARGIN, Batch, BuiltWorkload, Workload, register
+from bench.workloads.base import ACCURACY_MARGIN, Batch, BuiltWorkload, Size, Workload, register
 
 DATASET_SEED = 0
 N_TRAIN, N_EVAL = 4000, 1000
@@ -185,21 +186,32 @@ def classification_metrics(model: nn.Module, x: torch.Tensor, y: torch.Tensor, c
     return {"accuracy": correct / len(x), "val_loss": loss / len(x)}
 
 
+@dataclass(frozen=True)
+class MlpSize(Size):
+    """An ``mlp`` size: the MLP's shape, the batch and AdamW's LR, and the quality budget and target (docstring)."""
+
+    width: int  # hidden units of every block
+    depth: int  # hidden blocks
+    batch_size: int
+    lr: float
+    target: float | None  # validation accuracy; None: not calibrated
+    quality_steps: int
+    eval_points: int
+
+
 @register
 class MLPMnist1D(Workload):
     name = "mlp"
     summary = "MLP on MNIST-1D (procedural, Greydanus 2020), metric accuracy"
     sizes = {
-        "tiny": {"width": 256, "depth": 3, "batch_size": 64, "lr": 2e-3, "target": 0.423,
-                 "quality_steps": 150, "eval_points": 10},
-        "small": {"width": 1024, "depth": 4, "batch_size": 256, "lr": 1e-3, "target": 0.695,
-                  "quality_steps": 600, "eval_points": 12},
-        "large": {"width": 4096, "depth": 4, "batch_size": 256, "lr": 3e-4, "target": 0.449,
-                  "quality_steps": 60, "eval_points": 6},
+        "tiny": MlpSize(width=256, depth=3, batch_size=64, lr=2e-3, target=0.423, quality_steps=150, eval_points=10),
+        "small": MlpSize(width=1024, depth=4, batch_size=256, lr=1e-3, target=0.695, quality_steps=600,
+                         eval_points=12),
+        "large": MlpSize(width=4096, depth=4, batch_size=256, lr=3e-4, target=0.449, quality_steps=60, eval_points=6),
     }
 
     def build_from(self, params: dict[str, Any], seed: int, device: torch.device) -> BuiltWorkload:
-        p: dict[str, Any] = dict(params)
+        p = MlpSize.of(params).params()
         x_np, y_np, sha = _dataset()
         x, y = torch.from_numpy(x_np), torch.from_numpy(y_np)
         x_train, y_train, x_eval, y_eval = x[:N_TRAIN], y[:N_TRAIN], x[N_TRAIN:], y[N_TRAIN:]

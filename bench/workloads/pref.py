@@ -66,10 +66,10 @@ feedback", NeurIPS 2020 (arXiv:2009.01325): the reward model on the policy's tru
 from __future__ import annotations
 
 import copy
+import dataclasses
 import hashlib
 import json
 import logging
-import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -80,8 +80,17 @@ import torch.nn.functional as F
 from torch import nn
 
 from bench.core.files import save_torch_atomic
+from bench.core.structure import ModelStructure
 from bench.workloads.base import BuiltWorkload, Workload, artefact_dir, register
-from bench.workloads.gpt_chars import GPT, GPTConfig, corpus_split, lm_workload, window_batches
+from bench.workloads.gpt_chars import (
+    GPT,
+    GPTConfig,
+    GptSize,
+    corpus_split,
+    gpt_structure,
+    lm_workload,
+    window_batches,
+)
 
 log = logging.getLogger(__name__)
 
@@ -179,8 +188,9 @@ def generation_flops(n_params: int, prompt_len: int, length: int) -> int:
 
 @dataclass
 class PreferenceTask:
-    """The preference structure a technique finds on ``BuiltWorkload.preference``: prompts, pairs, the frozen
-    starting policy and reward model, the gold reward, and samplers. Tensors live on the workload's device."""
+    """The preference structure a technique finds on ``BuiltWorkload.preference`` (the ``Preference`` interface of
+    ``bench.workloads.base``): prompts, pairs, the frozen starting policy and reward model, the gold reward, and
+    samplers. Tensors live on the workload's device."""
 
     prompt_len: int
     completion_len: int
@@ -215,6 +225,10 @@ class PreferenceTask:
     def logprobs(self, model: nn.Module, seqs: torch.Tensor) -> torch.Tensor:
         return completion_logprobs(model, seqs, self.prompt_len)
 
+    def generation_flops(self, n_params: int) -> int:
+        """Forward FLOPs of sampling one completion with ``sample`` (no KV cache) from a model of ``n_params``."""
+        return generation_flops(n_params, self.prompt_len, self.completion_len)
+
 
 # tiny's gold-reward target: halfway from the start's gold reward (0.509) to what the oracle (grpo:reward=gold, the
 # gold reward itself as the reward) reaches at the end of the budget (0.815, seed 0), rounded down: 0.65. The baseline
@@ -222,6 +236,35 @@ class PreferenceTask:
 # 20 then 0.322 at the end, ipo 0.727, grpo 0.758 at step 10 then 0.096, rloo 0.753 then 0.033, best_of_n (n=4)
 # 0.644 throughout.
 TINY_TARGET = 0.65
+
+
+@dataclass(frozen=True)
+class PrefSize(GptSize):
+    """A ``pref`` size: the ``gpt`` model's (the policy's shape, the batch and LR of the methods, the corpus, the
+    budget and the target on the gold reward), and what the preference structure is built from (docstring)."""
+
+    prompt_len: int
+    completion_len: int
+    n_train_prompts: int
+    n_eval_prompts: int
+    eval_samples: int  # completions sampled per evaluation prompt
+    sft_steps: int  # the starting policy's supervised training
+    sft_lr: float
+    sft_batch: int
+    n_pairs: int  # preference pairs, the held-out ones included
+    heldout_pairs: int  # of them, held out for the reward model's accuracy
+    bt_scale: float  # the Bradley-Terry label noise's scale
+    rm_steps: int  # the reward model's training
+    rm_lr: float
+    rm_batch: int
+
+    def problem(self) -> str | None:
+        if self.prompt_len + self.completion_len > self.seq_len:
+            return (f"a prompt and its completion ({self.prompt_len} + {self.completion_len} tokens) must fit the "
+                    f"context (seq_len {self.seq_len})")
+        if self.heldout_pairs >= self.n_pairs:
+            return f"heldout_pairs {self.heldout_pairs} leaves none of the {self.n_pairs} pairs to train on"
+        return super().problem()
 
 
 @register
@@ -232,15 +275,20 @@ class Preference(Workload):
     has_preferences = True
     pretrained_start = True
     sizes = {
-        "tiny": {"n_layer": 2, "n_head": 2, "d_model": 64, "seq_len": 64, "batch_size": 16, "lr": 3e-4,
-                 "corpus_mb": 0, "eval_windows": 32, "target": TINY_TARGET, "quality_steps": 60, "eval_points": 6,
-                 "prompt_len": 16, "completion_len": 24, "n_train_prompts": 256, "n_eval_prompts": 64,
-                 "eval_samples": 2, "sft_steps": 300, "sft_lr": 3e-3, "sft_batch": 16, "n_pairs": 640,
-                 "heldout_pairs": 128, "bt_scale": 0.05, "rm_steps": 300, "rm_lr": 1e-3, "rm_batch": 32},
+        "tiny": PrefSize(n_layer=2, n_head=2, d_model=64, seq_len=64, batch_size=16, lr=3e-4, corpus_mb=0,
+                         eval_windows=32, target=TINY_TARGET, quality_steps=60, eval_points=6, prompt_len=16,
+                         completion_len=24, n_train_prompts=256, n_eval_prompts=64, eval_samples=2, sft_steps=300,
+                         sft_lr=3e-3, sft_batch=16, n_pairs=640, heldout_pairs=128, bt_scale=0.05, rm_steps=300,
+                         rm_lr=1e-3, rm_batch=32),
     }
 
+    def structure_from(self, params: dict[str, Any]) -> ModelStructure:
+        """The ``gpt`` model's parts (the policy is that model); no source task (the workload builds none)."""
+        return dataclasses.replace(gpt_structure(params["n_layer"], params["n_head"], params["d_model"]),
+                                   source_task=None)
+
     def build_from(self, params: dict[str, Any], seed: int, device: torch.device) -> BuiltWorkload:
-        p: dict[str, Any] = dict(params)
+        p = PrefSize.of(params).params()
         train, held_out_windows, vocab, record = corpus_split(p["corpus_mb"], p["seq_len"], p["eval_windows"])
         p["vocab_size"] = len(vocab)
         task = preference_task(p, vocab, record, device)
@@ -251,7 +299,7 @@ class Preference(Workload):
         model.load_state_dict(task.start.state_dict())
         dataset = dict(record, preference=dict(task.meta))
         built = lm_workload(model, train, held_out_windows, p, dataset, preference=task,
-                            curve_metrics=("proxy_reward", "kl"))
+                            curve_metrics=("proxy_reward", "kl"), structure=self.structure_from(p))
         built.metric, built.higher_is_better, built.margin = "gold_reward", True, GOLD_MARGIN
         built.evaluate = lambda m: evaluate(task, m, p["eval_samples"])
         built.batches = lambda batch_size, bseed: window_batches(train, batch_size, p["seq_len"], bseed)
@@ -444,8 +492,3 @@ def _reward_model(p: dict[str, Any], policy: GPT, chosen: torch.Tensor, rejected
     meta["rm_steps"] = p["rm_steps"]
     return rm
 
-
-def best_of_n_kl(n: int) -> float:
-    """KL(best-of-n || base) = log n - (n - 1) / n (Stiennon et al. 2020, appendix; Beirami et al. 2024 show it
-    is an upper bound, exact when the rewards of the n samples are distinct)."""
-    return math.log(n) - (n - 1) / n

@@ -86,7 +86,7 @@ def trainloop_step(workload: str) -> Callable[[], torch.Tensor]:
     built = wl.build("tiny", 0, torch.device("cpu"))
     tech = NoOpEverywhere()
     cfg = tech.configure(TrainConfig(batch_size=built.batch_size, lr=built.lr))
-    ctx = Context(device=torch.device("cpu"), workload=workload, blocks="blocks" if wl.has_blocks else None,
+    ctx = Context(device=torch.device("cpu"), workload=workload, structure=wl.structure("tiny"),
                   has_batchnorm=wl.has_batchnorm)
     model = tech.transform_model(built.model, ctx)
     opt = build_optimizer(model, [tech], ctx, cfg.lr)

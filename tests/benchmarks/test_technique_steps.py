@@ -29,7 +29,7 @@ def test_technique_step(benchmark, name, workload):
     if reason := wl.check():
         pytest.skip(f"{workload}: {reason}")
     label = TECHNIQUE_SETTINGS[name][0]
-    ctx = Context(device=torch.device("cpu"), workload=workload, blocks="blocks" if wl.has_blocks else None,
+    ctx = Context(device=torch.device("cpu"), workload=workload, structure=wl.structure("tiny"),
                   has_batchnorm=wl.has_batchnorm)
     for spec in TechniqueSet.parse(label).specs:
         if reason := techniques.get(spec.name)().check(ctx):
