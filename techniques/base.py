@@ -73,9 +73,10 @@ compute more in training (multi-token prediction's extra heads) has it return a 
 In eval mode such a model returns plain logits again, so evaluation, FLOP references and every other caller of the
 model see the workload's own output; ``logits_of(out)`` gives the logits of either form.
 
-Register with ``@register`` and add the module to the explicit import list in ``techniques/__init__.py`` (a
-third-party technique comes from a file or an entry point instead: docs/plugins.md). Per-block transforms find the
-blocks with ``model_blocks(model, ctx)``, never ``model.blocks``.
+Register with ``@register`` in a module ``techniques/<name>.py``: importing the package imports every public module
+of it (``techniques/__init__.py``), so there is no list to add it to (a third-party technique comes from a file or an
+entry point instead: docs/plugins.md). Per-block transforms find the blocks with ``model_blocks(model, ctx)``, never
+``model.blocks``.
 """
 
 from __future__ import annotations
