@@ -75,8 +75,9 @@ model see the workload's own output; ``logits_of(out)`` gives the logits of eith
 
 Register with ``@register`` in a module ``techniques/<name>.py``: importing the package imports every public module
 of it (``techniques/__init__.py``), so there is no list to add it to (a third-party technique comes from a file or an
-entry point instead: docs/plugins.md). Per-block transforms find the blocks with ``model_blocks(model, ctx)``, never
-``model.blocks``.
+entry point instead: docs/plugins.md). Its test file ``tests/test_<name>.py`` declares the settings the registry-wide
+tests run it with (``SETTINGS``, tests/helpers.py). Per-block transforms find the blocks with
+``model_blocks(model, ctx)``, never ``model.blocks``.
 """
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
-"""Registry-wide: every registered technique has test settings and runs two steps on a tiny workload."""
+"""Registry-wide: every registered technique has test settings in its own test file and runs two steps on a tiny
+workload."""
 
 import math
 
@@ -6,56 +7,109 @@ import pytest
 import torch
 
 import techniques
+from bench import workloads
 from techniques.base import Kind, Phase, Technique, register
-from tests.helpers import build_loop
-from tests.technique_settings import DISTRIBUTED_SETTINGS, GPU_SETTINGS, TECHNIQUE_SETTINGS
+from tests.helpers import TechniqueSettings, build_loop, settings_of
+
+CPU = torch.device("cpu")
+NAMES = sorted(techniques.registry())
+FOUND = {name: settings_of(name) for name in NAMES}  # each technique's SETTINGS from tests/test_<name>.py
+SETTINGS = {name: s for name, s in FOUND.items() if isinstance(s, TechniqueSettings)}
 
 
-def test_every_technique_has_test_settings():
-    assert set(techniques.registry()) == set(TECHNIQUE_SETTINGS) | set(DISTRIBUTED_SETTINGS) | set(GPU_SETTINGS)
-    assert not set(TECHNIQUE_SETTINGS) & set(DISTRIBUTED_SETTINGS)
-    assert not (set(TECHNIQUE_SETTINGS) | set(DISTRIBUTED_SETTINGS)) & set(GPU_SETTINGS)
+def runs_on(where: str) -> list[str]:
+    return sorted(name for name, s in SETTINGS.items() if s.runs_on == where)
+
+
+def needs(s: TechniqueSettings) -> None:
+    if s.requires:
+        pytest.importorskip(s.requires, reason=f"optional package {s.requires} is not installed")
+
+
+def test_every_technique_has_test_settings_in_its_own_test_file():
+    missing = [s for s in FOUND.values() if isinstance(s, str)]
+    assert missing == [], "techniques without test settings:\n" + "\n".join(missing)
+
+
+def test_a_technique_without_a_test_file_or_settings_is_told_what_to_add(tmp_path, monkeypatch):
+    import tests
+
+    monkeypatch.setattr(tests, "__path__", [*tests.__path__, str(tmp_path)])  # test files of planted techniques
+    said = settings_of("planted_nothing")
+    assert isinstance(said, str) and "no test file: add tests/test_planted_nothing.py" in said
+    assert 'SETTINGS = TechniqueSettings("planted_nothing", "mlp")' in said
+    (tmp_path / "test_planted_bare.py").write_text("def test_it():\n    pass\n")
+    said = settings_of("planted_bare")
+    assert isinstance(said, str) and said.startswith("planted_bare: tests/test_planted_bare.py declares no settings: add")
+    # a test file that skips itself at import (an optional package) still gives the settings declared above the skip
+    (tmp_path / "test_planted_extra.py").write_text(
+        "import pytest\n\nfrom tests.helpers import TechniqueSettings\n\n"
+        "SETTINGS = TechniqueSettings('planted_extra', 'mlp', requires='no_such_package')\n\n"
+        "pytest.importorskip('no_such_package')\n")
+    assert settings_of("planted_extra") == TechniqueSettings("planted_extra", "mlp", requires="no_such_package")
+    with pytest.raises(ValueError, match="runs_on must be cpu, gpu or torchrun"):
+        TechniqueSettings("bf16", "gpt", runs_on="tpu")  # type: ignore[arg-type]
 
 
 @pytest.mark.slow  # one torchrun launch per technique (CI runs -m slow); the settings test above stays
 @pytest.mark.distributed
-@pytest.mark.parametrize("name", sorted(DISTRIBUTED_SETTINGS))
+@pytest.mark.parametrize("name", runs_on("torchrun"))
 def test_distributed_technique_runs_two_steps_on_two_ranks(name, tmp_path):
-    if name == "deepspeed":
-        pytest.importorskip("deepspeed", reason="optional extra trainbench[deepspeed] is not installed")
     from tests.test_distributed import torchrun
 
-    label, workload = DISTRIBUTED_SETTINGS[name]
-    torchrun(label, str(tmp_path), workload, "2")
+    s = SETTINGS[name]
+    needs(s)
+    torchrun(s.label, str(tmp_path), s.workload, "2")
     assert (tmp_path / "params.pt").exists()
 
 
-@pytest.mark.parametrize("name", sorted(TECHNIQUE_SETTINGS))
+@pytest.mark.parametrize("name", runs_on("cpu"))
 def test_technique_runs_two_steps(name):
-    if name == "qat":
-        pytest.importorskip("torchao", reason="optional extra trainbench[torchao] is not installed")
-    label, workload = TECHNIQUE_SETTINGS[name]
-    loop, batches, _ = build_loop(workload, label)
+    s = SETTINGS[name]
+    needs(s)
+    loop, batches, _ = build_loop(s.workload, s.label)
     losses = [float(loop.step(next(batches))) for _ in range(2)]
     assert all(math.isfinite(x) for x in losses)
 
 
-@pytest.mark.gpu
-@pytest.mark.parametrize("name", sorted(GPU_SETTINGS))
-def test_gpu_technique_runs_two_steps_or_says_why_not(name):
+def gpu_refusal(s: TechniqueSettings, device: torch.device) -> str | None:
+    """Why a technique of the set ``s`` cannot run on ``device``, asked of every technique of the set with the
+    context the planner gives them (the set's names: sparse24 and fp8 need the bf16 beside them)."""
+    from bench.plan.config import TechniqueSet
     from bench.plan.planner import available_packages
 
-    label, workload = GPU_SETTINGS[name]
+    wl = workloads.get(s.workload)
+    blocks, has_batchnorm = wl.traits("tiny")
+    techs = TechniqueSet.parse(s.label)
+    ctx = techniques.Context(device=device, workload=s.workload, blocks=blocks, has_batchnorm=has_batchnorm,
+                             has_preferences=wl.has_preferences, structure=wl.structure("tiny"),
+                             available_packages=available_packages(), technique_names=techs.names)
+    for spec in techs.specs:
+        reason = spec.resolve().check(ctx)
+        if reason:
+            return f"{spec.name}: {reason}"
+    return None
+
+
+def test_the_gpu_check_asks_every_technique_of_the_set_with_its_names():
+    s = TechniqueSettings("bf16+fp8", "gpt", runs_on="gpu")
+    assert gpu_refusal(s, CPU).startswith("fp8: ")  # bf16 runs on a CPU; fp8 refuses it
+    assert gpu_refusal(TechniqueSettings("zero3+offload", "mlp"), CPU).startswith("zero3: zero3 needs several")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", runs_on("gpu"))
+def test_gpu_technique_runs_two_steps_or_says_why_not(name):
+    s = SETTINGS[name]
     device = torch.device("cuda")
-    reason = techniques.get(name)().check(techniques.Context(device=device, workload=workload,
-                                                            available_packages=available_packages()))
-    if reason:  # an older GPU, or torchao missing
+    reason = gpu_refusal(s, device)
+    if reason:  # an older GPU, or an optional package missing
         pytest.skip(reason)
-    loop, batches, _ = build_loop(workload, label, device=device)
+    loop, batches, _ = build_loop(s.workload, s.label, device=device)
     assert all(math.isfinite(float(loop.step(next(batches)))) for _ in range(2))
 
 
-@pytest.mark.parametrize("name", sorted(set(TECHNIQUE_SETTINGS) | set(DISTRIBUTED_SETTINGS) | set(GPU_SETTINGS)))
+@pytest.mark.parametrize("name", NAMES)
 def test_technique_declares_its_card(name):
     cls = techniques.get(name)
     assert cls.summary and isinstance(cls.kind, Kind) and isinstance(cls.phase, Phase)
