@@ -42,12 +42,25 @@ The context says where training stands: ``step`` (optimizer steps completed), ``
 trained, 0 for non-sequence workloads). The loop advances ``step`` after the ``after_step`` hooks.
 
 Facts the harness needs about a technique are typed class attributes, never name checks in the core:
-``kind`` (how quality is judged), ``compute_dtype`` (the matmul dtype it switches to: MFU's peak), ``hides_tensors``
-(the tensor-memory tracker cannot see inside it), ``zero_stage`` (the ZeRO stage of a sharding technique) and
-``memory_note`` (how its per-rank memory departs from the ZeRO formula), ``own_flops`` (the step runs other FLOPs
-than the workload's model: counted on the trial's own model), ``multi_process`` (the set runs on
-every process ``--nproc`` starts) and ``splits_batch`` (its ranks train slices of the global batch, or each the whole
-batch).
+``kind`` (how quality is judged), ``compute_dtype`` (the matmul dtype it switches to: MFU's peak), ``zero_stage`` (the
+ZeRO stage of a sharding technique) and ``memory_note`` (how its per-rank memory departs from the ZeRO formula),
+``multi_process`` (the set runs on every process ``--nproc`` starts) and ``splits_batch`` (its ranks train slices of
+the global batch, or each the whole batch).
+
+Three facts change what a trial measures, so every technique declares them in its own class body and ``register``
+refuses a class that does not (no default can be right for a technique nobody has looked at):
+
+    own_flops: bool                     -> the step runs other FLOPs than the workload's model (a leaner or pruned
+                                           model, extra heads, a teacher's forward): FLOPs per step are counted on
+                                           the trial's own loop instead of the workload's model
+    hides_tensors: bool                 -> the tensor-memory tracker cannot see what it runs (compiled graphs): the
+                                           trial skips the memory breakdown, saying why, rather than report what
+                                           the tracker did not see
+    tune_options: tuple[str, ...]       -> the option strings ``bench tune`` offers its search, one candidate each
+                                           ("" = the defaults); () keeps it out of the default search
+
+``tests/test_registry.py`` measures the first two on each technique's test settings and fails one that changes the
+model's FLOPs or hides its tensors without saying so.
 
 How its findings read travels with the technique (the report, the findings, the bottleneck diagnosis and "What to
 try next" loop over the registry and never name a technique):
@@ -73,9 +86,11 @@ compute more in training (multi-token prediction's extra heads) has it return a 
 In eval mode such a model returns plain logits again, so evaluation, FLOP references and every other caller of the
 model see the workload's own output; ``logits_of(out)`` gives the logits of either form.
 
-Register with ``@register`` and add the module to the explicit import list in ``techniques/__init__.py`` (a
-third-party technique comes from a file or an entry point instead: docs/plugins.md). Per-block transforms find the
-blocks with ``model_blocks(model, ctx)``, never ``model.blocks``.
+Register with ``@register`` in a module ``techniques/<name>.py``: importing the package imports every public module
+of it (``techniques/__init__.py``), so there is no list to add it to (a third-party technique comes from a file or an
+entry point instead: docs/plugins.md). Its test file ``tests/test_<name>.py`` declares the settings the registry-wide
+tests run it with (``SETTINGS``, tests/helpers.py). Per-block transforms find the blocks with
+``model_blocks(model, ctx)``, never ``model.blocks``.
 """
 
 from __future__ import annotations
@@ -315,11 +330,8 @@ class Technique:
     compute_dtype: ClassVar[str | None] = None  # matmul dtype it switches to: "bfloat16", "float16", "tfloat32"
     trains: ClassVar[bool] = True  # False: its steps train nothing (best-of-n; its cost is at inference), so the
     # report gives its step no speed, MFU or memory ratio against a set that trains
-    hides_tensors: ClassVar[bool] = False  # True: the tensor tracker cannot see what it runs (compiled graphs)
     zero_stage: int | None = None  # ZeRO stage of a data-parallel/sharding technique (0 = DDP); None otherwise
     memory_note: ClassVar[str | None] = None  # how its per-rank memory departs from the ZeRO formula, if it does
-    own_flops: ClassVar[bool] = False  # the trained step runs other FLOPs than the workload's model (a leaner or
-    # pruned architecture, extra heads, a teacher's forward): FLOPs per step are counted on the trial's own loop
     multi_process: ClassVar[bool] = False  # runs on every process torchrun starts (--nproc); sets without such a
     # technique run in one process, as the reference the multi-process sets are compared with
     splits_batch: ClassVar[bool] = True  # a multi-process technique's ranks each train a slice of the global
@@ -329,9 +341,11 @@ class Technique:
     explains: ClassVar[Mapping[Bottleneck, str]] = types.MappingProxyType({})  # "{share}": the phase's share in %
     result_curve: ClassVar[ResultCurve | None] = None
     sent_by: ClassVar[str | None] = None  # whose traffic its communication count is ("stage 0"), if not every rank's
-    tune_options: ClassVar[tuple[str, ...]] = ("",)  # the option strings ``bench tune`` offers its search, one
-    # candidate each ("" = the defaults; e.g. ("steps=2", "steps=4")); () keeps the technique out of the default
-    # candidates (it can still be named in ``tune --techniques``)
+    # Declared by every technique in its own class body (``register`` refuses a class without them; module docstring):
+    own_flops: ClassVar[bool]  # the trained step runs other FLOPs than the workload's model: counted on its own loop
+    hides_tensors: ClassVar[bool]  # the tensor tracker cannot see what it runs (compiled graphs)
+    tune_options: ClassVar[tuple[str, ...]]  # the option strings ``bench tune`` offers its search ("" = the defaults;
+    # () keeps it out of the default candidates; it can still be named in ``tune --techniques``)
 
     @dataclass(frozen=True)
     class Options:
@@ -556,13 +570,36 @@ def _convert(technique: str, key: str, text: str, hint: Any) -> Any:
 _REGISTRY: dict[str, type[Technique]] = {}
 
 
+# What every technique declares in its own class body (the module docstring says why): name -> what it must be.
+DECLARED: dict[str, str] = {"own_flops": "a bool", "hides_tensors": "a bool", "tune_options": "a tuple of option strings"}
+
+
+def undeclared(cls: type) -> list[str]:
+    """The facts of ``DECLARED`` that ``cls`` does not set in its own class body (a parent's value does not count:
+    a subclass may run other FLOPs than its parent)."""
+    return [name for name in DECLARED if name not in vars(cls)]
+
+
 def register(cls: type[Technique]) -> type[Technique]:
-    """Class decorator: add a technique to the registry. A duplicate name is an error."""
+    """Class decorator: add a technique to the registry. A duplicate name is an error, and so is a class that does
+    not declare the facts that change its measurement (``DECLARED``)."""
     name = getattr(cls, "name", None)
     if not name:
         raise TypeError(f"{cls.__qualname__} has no 'name'")
     if name in _REGISTRY and _REGISTRY[name] is not cls:
         raise ValueError(f"technique name '{name}' is registered twice ({_REGISTRY[name].__module__}, {cls.__module__})")
+    missing = undeclared(cls)
+    if missing:
+        raise TypeError(f"technique '{name}' ({cls.__module__}.{cls.__qualname__}) must declare "
+                        f"{', '.join(missing)} in its class body: {'; '.join(f'{m} = {DECLARED[m]}' for m in missing)} "
+                        "(what each means: techniques/base.py)")
+    wrong = [m for m in ("own_flops", "hides_tensors") if not isinstance(vars(cls)[m], bool)]
+    options = vars(cls)["tune_options"]
+    if not (isinstance(options, tuple) and all(isinstance(o, str) for o in options)):
+        wrong.append("tune_options")
+    if wrong:
+        raise TypeError(f"technique '{name}' ({cls.__module__}.{cls.__qualname__}): "
+                        f"{'; '.join(f'{m} must be {DECLARED[m]}, not {vars(cls)[m]!r}' for m in wrong)}")
     _REGISTRY[name] = cls
     return cls
 

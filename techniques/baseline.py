@@ -14,3 +14,6 @@ class Baseline(Technique):
     name = "baseline"
     summary = "fp32, eager, AdamW: the reference every other set is compared with"
     kind = Kind.EXACT
+    own_flops = False
+    hides_tensors = False
+    tune_options = ()  # the reference every candidate of bench tune is measured against

@@ -332,6 +332,9 @@ class BatchSize(Technique):
     name = "batch_size"
     summary = "choose the batch by memory, throughput or gradient noise scale, and rescale the LR"
     kind = Kind.ALGORITHMIC  # a different batch and LR change the learning dynamics
+    own_flops = False
+    hides_tensors = False
+    tune_options = ("",)
     slot = "batch"
 
     @dataclass(frozen=True)

@@ -64,6 +64,10 @@ class BestOfN(nn.Module):
 class BestOfNSampling(PreferenceMethod):
     name = "best_of_n"
     summary = "no training: sample n completions per prompt, keep the proxy's best (KL = log n - (n-1)/n)"
+    own_flops = False  # it owns the step: flops_per_step counts a supervised step of its batch's shape, its own
+    # estimate is in its results (techniques/_preference.py)
+    hides_tensors = False
+    tune_options = ("",)
     trains = False  # its steps are empty: the report gives them no speed or memory ratio
     uses_reference = False  # no loss against the start: only the reward model is held
 

@@ -42,6 +42,9 @@ class BF16(Technique):
     summary = "bf16 autocast for forward and loss; fp32 master weights"
     kind = Kind.NUMERIC
     phase = Phase.PRECISION
+    own_flops = False
+    hides_tensors = False
+    tune_options = ("",)
     slot = "precision"
     compute_dtype = "bfloat16"
     remedies = (Remedy(Bottleneck.COMPUTE, if_dtype_faster=True),)  # where its calibrated peak beats fp32's

@@ -92,6 +92,9 @@ class ChannelsLast(Technique):
     summary = "NHWC (channels_last) memory format for convolutional models and their 4-D inputs"
     kind = Kind.NUMERIC
     phase = Phase.SURGERY
+    own_flops = False
+    hides_tensors = False
+    tune_options = ("",)
     claims = (
         Claim("speedup", 1.08, 1.35, "AMP training of torchvision models on an NVIDIA V100 (ResNet-50: +22%)",
               "PyTorch tutorial, Channels Last Memory Format in PyTorch, Performance Gains"),

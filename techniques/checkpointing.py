@@ -113,6 +113,9 @@ class Checkpointing(Technique):
     summary = "activation checkpointing of every block (recompute in backward)"
     kind = Kind.EXACT
     phase = Phase.CHECKPOINTING
+    own_flops = False
+    hides_tensors = False
+    tune_options = ("",)
     remedies = (Remedy(Bottleneck.ACTIVATIONS, say="activation checkpointing"),)
     claims = (
         Claim("speedup", 0.65, 0.8, "transformers on GPUs: one extra forward per step (~20-35% slower)",

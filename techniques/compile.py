@@ -53,6 +53,8 @@ class Compile(Technique):
     phase = Phase.COMPILE
     slot = "compiler"
     hides_tensors = True
+    own_flops = False
+    tune_options = ("",)
     claims = (
         Claim("speedup", 1.21, 1.51, "A100, 163 open-source models (fp32 +21%, AMP +51%)",
               "PyTorch 2.0 release notes / Ansel et al., ASPLOS 2024"),

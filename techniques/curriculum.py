@@ -88,6 +88,9 @@ class Curriculum(Technique):
     name = "curriculum"
     summary = "sequence-length warm-up (language models) or easy-first pacing by a scorer's loss (classifiers)"
     kind = Kind.ALGORITHMIC
+    own_flops = False
+    hides_tensors = False
+    tune_options = ("",)
     slot = "curriculum"
 
     @dataclass(frozen=True)

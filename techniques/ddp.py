@@ -42,6 +42,9 @@ class DDP(Technique):
     summary = "DistributedDataParallel: replicate the model, all-reduce gradients"
     kind = Kind.EXACT
     phase = Phase.SHARDING
+    own_flops = False
+    hides_tensors = False
+    tune_options = ("",)
     slot = "sharding"
     multi_process = True
     zero_stage = 0

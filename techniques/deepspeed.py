@@ -33,6 +33,8 @@ class DeepSpeed(Technique):
     phase = Phase.SHARDING
     slot = "sharding"
     tune_options = ("stage=1", "stage=2", "stage=3")
+    own_flops = False
+    hides_tensors = False
     multi_process = True
     conflicts = frozenset({"grad_accum", "fp16", "compile"})
     claims = (

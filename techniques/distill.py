@@ -124,6 +124,8 @@ class Distill(Technique):
     slot = "distill"
     conflicts = frozenset({"mtp"})  # both rewrite the loss: the KD mix would scale the extra heads' losses too
     own_flops = True  # every step runs the teacher's forward
+    hides_tensors = False
+    tune_options = ("",)
 
     @dataclass(frozen=True)
     class Options:

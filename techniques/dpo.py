@@ -63,6 +63,10 @@ def dpo_loss(policy_chosen: torch.Tensor, policy_rejected: torch.Tensor, ref_cho
 class DPO(PreferenceMethod):
     name = "dpo"
     summary = "direct preference optimisation on the workload's fixed pairs (offline; beta; or IPO's loss)"
+    own_flops = False  # it owns the step: flops_per_step counts a supervised step of its batch's shape, its own
+    # estimate is in its results (techniques/_preference.py)
+    hides_tensors = False
+    tune_options = ("",)
     uses_proxy = False
 
     @dataclass(frozen=True)

@@ -97,6 +97,9 @@ class EarlyStopping(Technique):
     name = "early_stopping"
     summary = "stop the quality run when the metric stops improving (Lightning's EarlyStopping semantics)"
     kind = Kind.ALGORITHMIC
+    own_flops = False
+    hides_tensors = False
+    tune_options = ("",)
     slot = "early_stopping"
 
     @dataclass(frozen=True)

@@ -411,6 +411,8 @@ class EfficientArch(Technique):
     # runs the loop's model (one stage under pp) on whole-model inputs.
     conflicts = frozenset({"tp", "pp"})
     own_flops = True
+    hides_tensors = False
+    tune_options = ("",)
 
     @dataclass(frozen=True)
     class Options:

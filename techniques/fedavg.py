@@ -102,6 +102,8 @@ class FedAvg(Technique):
     phase = Phase.SHARDING
     slot = "sharding"
     tune_options = ()  # a simulation of federated clients, not a recipe for one job: not a default candidate
+    own_flops = False
+    hides_tensors = False
     multi_process = True
     # batch_size: a round's length follows the global batch fixed before training; curriculum and loader: the
     # clients draw their own batches, so what those would feed is never trained

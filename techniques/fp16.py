@@ -43,6 +43,9 @@ class FP16(Technique):
     summary = "fp16 autocast with dynamic loss scaling (GradScaler)"
     kind = Kind.NUMERIC
     phase = Phase.PRECISION
+    own_flops = False
+    hides_tensors = False
+    tune_options = ("",)
     slot = "precision"
     compute_dtype = "float16"
     claims = (

@@ -121,6 +121,9 @@ class FP8(Technique):
     summary = "float8 matmuls in the Linear layers (torchao float8 training; CUDA capability 8.9+); optional extra"
     kind = Kind.NUMERIC
     phase = Phase.PRECISION  # a module converter: before checkpointing, compile and sharding (torchtitan's order)
+    own_flops = False  # the same matmuls in float8 (method card)
+    hides_tensors = False
+    tune_options = ("",)
     conflicts = frozenset({"qat", "sparse24", "prune", "tp"})
     claims = (
         Claim("speedup", 1.10, 1.25, "Llama3-8B, 8xH100, FSDP2 + torch.compile, vs bf16 (rowwise 1.10x, tensorwise "

@@ -136,6 +136,8 @@ class Freeze(Technique):
     phase = Phase.SURGERY
     slot = "freeze"
     own_flops = True  # the frozen part's backward is skipped
+    hides_tensors = False
+    tune_options = ("",)
 
     @dataclass(frozen=True)
     class Options:

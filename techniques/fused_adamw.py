@@ -77,6 +77,9 @@ class FusedAdamW(Technique):
     name = "fused_adamw"
     summary = "AdamW with fused=True: one kernel updates every parameter (same math)"
     kind = Kind.EXACT
+    own_flops = False
+    hides_tensors = False
+    tune_options = ("",)
     slot = "optimizer"
     remedies = (Remedy(Bottleneck.OPTIMIZER, again="a ZeRO set spreads it over ranks"),)
 

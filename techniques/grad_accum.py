@@ -41,6 +41,8 @@ class GradAccum(Technique):
     slot = "micro_batching"
     remedies = (Remedy(Bottleneck.ACTIVATIONS, say="gradient accumulation"),)
     tune_options = ("steps=2", "steps=4")  # bench tune: halving and quartering the micro-batch
+    own_flops = False
+    hides_tensors = False
 
     @dataclass(frozen=True)
     class Options:

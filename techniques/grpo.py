@@ -58,6 +58,10 @@ def k3_kl(logp: torch.Tensor, ref_logp: torch.Tensor) -> torch.Tensor:
 class GRPO(GroupSampledMethod):
     name = "grpo"
     summary = "group-relative policy optimisation: k on-policy samples per prompt, KL to the start (proxy or gold)"
+    own_flops = False  # it owns the step: flops_per_step counts a supervised step of its batch's shape, its own
+    # estimate is in its results (techniques/_preference.py)
+    hides_tensors = False
+    tune_options = ("",)
 
     @dataclass(frozen=True)
     class Options:

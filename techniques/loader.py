@@ -73,6 +73,9 @@ class Loader(Technique):
     name = "loader"
     summary = "a DataLoader with worker processes builds the batches ahead of the step (bit-identical batches)"
     kind = Kind.EXACT
+    own_flops = False
+    hides_tensors = False
+    tune_options = ("",)
     conflicts = frozenset({"curriculum"})
     remedies = (
         Remedy(Bottleneck.INPUT, say="loader:workers=2", why="a DataLoader with worker processes",

@@ -59,6 +59,9 @@ class LocalSGD(Technique):
     summary = "post-local SGD: DDP warm-up, then average parameters every H steps"
     kind = Kind.ALGORITHMIC
     phase = Phase.SHARDING
+    own_flops = False
+    hides_tensors = False
+    tune_options = ("",)
     slot = "sharding"
     multi_process = True
     conflicts = frozenset({"grad_accum"})  # the averager counts optimizer steps, the hook backward passes

@@ -121,6 +121,9 @@ class LRFinder(Technique):
     name = "lr_finder"
     summary = "LR range test on a fresh copy before the run (Smith 2015); the run trains at the suggested LR"
     kind = Kind.ALGORITHMIC
+    own_flops = False
+    hides_tensors = False
+    tune_options = ("",)
     slot = "lr_finder"
     result_curve = ResultCurve(
         "lr_range", "LR range tests",

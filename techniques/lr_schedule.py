@@ -82,6 +82,9 @@ class LRSchedule(Technique):
     name = "lr_schedule"
     summary = "learning-rate schedule over the planned steps: warmup_cosine, one_cycle or constant"
     kind = Kind.ALGORITHMIC
+    own_flops = False
+    hides_tensors = False
+    tune_options = ("",)
     slot = "lr_schedule"
 
     @dataclass(frozen=True)

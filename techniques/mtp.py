@@ -324,6 +324,8 @@ class MTP(Technique):
     slot = "output_heads"
     conflicts = frozenset({"tp", "pp"})  # they shard or cut the model's blocks, which the heads read
     own_flops = True
+    hides_tensors = False
+    tune_options = ("",)
 
     @dataclass(frozen=True)
     class Options:

@@ -25,6 +25,9 @@ class Offload(Technique):
     summary = "CPU offload of sharded params, grads and optimizer state (with zero2 or zero3)"
     kind = Kind.EXACT
     phase = Phase.SHARDING
+    own_flops = False
+    hides_tensors = False
+    tune_options = ("",)
     claims = (
         Claim("speedup", 0.5, 1.0, "GPU training with state in host memory: slower steps for a larger model",
               "Ren et al., ZeRO-Offload, USENIX ATC 2021"),

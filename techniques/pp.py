@@ -315,6 +315,9 @@ class PP(Technique):
     summary = "pipeline parallelism: a model's blocks split into stages (torch.distributed.pipelining, GPipe or 1F1B)"
     kind = Kind.EXACT
     phase = Phase.SHARDING
+    own_flops = False
+    hides_tensors = False
+    tune_options = ("",)
     slot = "pipeline"
     multi_process = True
     splits_batch = False  # every rank trains the whole global batch

@@ -264,6 +264,8 @@ class Prune(Technique):
     # the layers pruning targets (either order would prune modules no longer in the model, or none)
     conflicts = frozenset({"compile", "efficient_arch"})
     own_flops = True
+    hides_tensors = False
+    tune_options = ("",)
 
     @dataclass(frozen=True)
     class Options:

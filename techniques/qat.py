@@ -177,6 +177,9 @@ class QAT(Technique):
     summary = "int8 quantization-aware training (torchao fake quantization), then a real int8 conversion; optional extra"
     kind = Kind.ALGORITHMIC
     phase = Phase.PRECISION  # a module converter: before checkpointing and compile (torchtitan's order)
+    own_flops = False  # fake quantizers add no matmuls (method card)
+    hides_tensors = False
+    tune_options = ("",)
     conflicts = frozenset({"bf16", "fp16", "fp8", "sparse24", "prune"})
 
     @dataclass(frozen=True)

@@ -47,6 +47,10 @@ def rloo_advantages(rewards: torch.Tensor, k: int) -> torch.Tensor:
 class RLOO(GroupSampledMethod):
     name = "rloo"
     summary = "REINFORCE leave-one-out: k on-policy samples per prompt, the KL penalty in the reward, no critic"
+    own_flops = False  # it owns the step: flops_per_step counts a supervised step of its batch's shape, its own
+    # estimate is in its results (techniques/_preference.py)
+    hides_tensors = False
+    tune_options = ("",)
 
     @dataclass(frozen=True)
     class Options:

@@ -106,6 +106,8 @@ def backend_problem(backend: str, device: str, dtype: str = "float32") -> str | 
 class SDPABackend(Technique):
     name = "sdpa_backend"
     tune_options = ("backend=flash", "backend=math", "backend=efficient", "backend=cudnn")
+    own_flops = False  # the same attention math in another kernel
+    hides_tensors = False
     summary = "one scaled-dot-product-attention kernel (math, flash, efficient, cudnn) for every SDPA call"
     kind = Kind.NUMERIC
     phase = Phase.SURGERY

@@ -149,6 +149,9 @@ class Sparse24(Technique):
     summary = "2:4 semi-structured sparse training of the MLP Linear layers (torchao, cuSPARSELt); optional extra"
     kind = Kind.ALGORITHMIC
     phase = Phase.PRECISION  # a module converter: before checkpointing and compile
+    own_flops = False  # dense-equivalent FLOPs (method card)
+    hides_tensors = False
+    tune_options = ("",)
     conflicts = frozenset({"qat", "fp8", "prune"})
     claims = (
         Claim("speedup", 1.06, 1.06, "ViT-L forward + backward, one A100, fp16 + torch.compile, MLP weights 2:4 vs "

@@ -60,6 +60,9 @@ class TF32(Technique):
     summary = "TF32 tensor-core math for fp32 matmuls and convolutions (NVIDIA Ampere+)"
     kind = Kind.NUMERIC
     phase = Phase.PRECISION
+    own_flops = False
+    hides_tensors = False
+    tune_options = ("",)
     compute_dtype = "tfloat32"
 
     def check(self, ctx: Context) -> str | None:

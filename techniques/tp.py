@@ -276,6 +276,9 @@ class TensorParallel(Technique):
     summary = "tensor parallelism: Megatron-style column/row-sharded attention and MLP (parallelize_module)"
     kind = Kind.EXACT
     phase = Phase.SHARDING
+    own_flops = False
+    hides_tensors = False
+    tune_options = ("",)
     slot = "tensor_parallel"
     multi_process = True
     splits_batch = False  # every rank trains the whole global batch

@@ -187,6 +187,9 @@ class Transfer(Technique):
                "workload declares, pretrained once (cached per sweep); then fine-tune on the workload")
     kind = Kind.ALGORITHMIC
     phase = Phase.SURGERY
+    own_flops = False
+    hides_tensors = False
+    tune_options = ("",)
     slot = "initialisation"
     # efficient_arch draws its leaner attention (or convs) afresh: the pretrained weights would be discarded silently
     conflicts = frozenset({"efficient_arch"})

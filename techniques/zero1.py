@@ -38,6 +38,9 @@ class Zero1(Technique):
     summary = "ZeRO-1: optimizer state sharded (ZeroRedundancyOptimizer + DDP)"
     kind = Kind.EXACT
     phase = Phase.SHARDING
+    own_flops = False
+    hides_tensors = False
+    tune_options = ("",)
     slot = "sharding"
     multi_process = True
     zero_stage = 1

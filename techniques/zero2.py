@@ -35,6 +35,9 @@ class Zero2(Technique):
     summary = "ZeRO-2-like: FSDP2 fully_shard, parameters kept gathered from forward to backward"
     kind = Kind.EXACT
     phase = Phase.SHARDING
+    own_flops = False
+    hides_tensors = False
+    tune_options = ("",)
     slot = "sharding"
     multi_process = True
     zero_stage = 2

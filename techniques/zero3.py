@@ -32,6 +32,9 @@ class Zero3(Technique):
     summary = "ZeRO-3: FSDP2 fully_shard, parameters resharded after forward"
     kind = Kind.EXACT
     phase = Phase.SHARDING
+    own_flops = False
+    hides_tensors = False
+    tune_options = ("",)
     slot = "sharding"
     multi_process = True
     zero_stage = 3

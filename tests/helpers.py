@@ -1,7 +1,15 @@
-"""Build a workload with techniques applied, in-process, the way bench.trial does."""
+"""Build a workload with techniques applied, in-process, the way bench.trial does; each technique's test settings."""
 
 from __future__ import annotations
 
+import importlib
+import importlib.util
+import sys
+import types
+from dataclasses import dataclass
+from typing import Literal
+
+import pytest
 import torch
 
 from bench import workloads
@@ -47,3 +55,68 @@ def whole_batch_trial(tmp_path, label: str):
     assert r.workload["n_params"] == base.workload["n_params"] == r.build.n_params
     assert r.speed.flops_per_step == base.speed.flops_per_step > 0
     return r
+
+
+# ---- each technique's test settings ----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class TechniqueSettings:
+    """How the registry-wide tests (tests/test_registry.py) run one technique. Its own test file,
+    ``tests/test_<name>.py``, declares them: ``SETTINGS = TechniqueSettings("grad_accum:steps=2", "gpt")``.
+
+    ``runs_on`` says where: "cpu" (two steps in-process in every default run, and the checks that it declares what
+    changes its measurement: ``own_flops``, ``hides_tensors``), "gpu" (its ``check`` refuses anything but CUDA: two
+    steps under ``-m gpu``) or "torchrun" (a multi-process technique: two steps on 2 gloo ranks, ``-m slow``)."""
+
+    label: str  # the set to run: the technique with its options, and any partner it needs ("bf16+sparse24")
+    workload: str  # the workload, at size tiny
+    runs_on: Literal["cpu", "gpu", "torchrun"] = "cpu"
+    requires: str | None = None  # an optional package it needs: the tests skip, naming it, where it is absent
+
+    def __post_init__(self) -> None:
+        if self.runs_on not in ("cpu", "gpu", "torchrun"):
+            raise ValueError(f"runs_on must be cpu, gpu or torchrun, got {self.runs_on!r}")
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        """The technique names of ``label`` as written (the registry is not asked: a planted test technique may be
+        unregistered when its settings are read)."""
+        return tuple(part.split(":", 1)[0].strip() for part in self.label.split("+"))
+
+
+def settings_of(name: str) -> TechniqueSettings | str:
+    """The ``SETTINGS`` technique ``name``'s test file declares, or (a string) what to add where it declares none."""
+    module_name = f"tests.test_{name}"
+    example = f'SETTINGS = TechniqueSettings("{name}", "mlp")  (from tests.helpers; a label with options and the tiny ' \
+              'workload it runs on, runs_on="gpu" or "torchrun" where it needs them)'
+    try:
+        module = _test_module(module_name)
+    except ModuleNotFoundError as exc:
+        if exc.name != module_name:
+            raise
+        return f"{name}: no test file: add tests/test_{name}.py (its tests) with {example}"
+    settings = getattr(module, "SETTINGS", None)
+    if not isinstance(settings, TechniqueSettings):
+        return f"{name}: tests/test_{name}.py declares no settings: add {example}"
+    if name not in settings.names:
+        return f"{name}: the SETTINGS of tests/test_{name}.py run {settings.label!r}, which does not hold {name}"
+    return settings
+
+
+def _test_module(module_name: str) -> types.ModuleType:
+    """The test module, imported as pytest imports it. A file that skips itself at import (``importorskip`` of an
+    optional package) is run up to the skip in a module of its own, for the settings it declared above it."""
+    if module_name in sys.modules:
+        return sys.modules[module_name]
+    try:
+        return importlib.import_module(module_name)
+    except pytest.skip.Exception:
+        spec = importlib.util.find_spec(module_name)
+        assert spec is not None and spec.loader is not None
+        module = importlib.util.module_from_spec(spec)
+        try:
+            spec.loader.exec_module(module)
+        except pytest.skip.Exception:
+            pass
+        return module

@@ -3,7 +3,9 @@
 import torch
 
 from bench.plan.config import TechniqueSet
-from tests.helpers import build_loop
+from tests.helpers import TechniqueSettings, build_loop
+
+SETTINGS = TechniqueSettings("baseline", "mlp")
 
 
 def test_baseline_is_the_empty_set_and_trains_in_fp32():

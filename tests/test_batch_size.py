@@ -23,7 +23,9 @@ from techniques.batch_size import (
     power_ladder,
     scaled_lr,
 )
-from tests.helpers import build_loop
+from tests.helpers import TechniqueSettings, build_loop
+
+SETTINGS = TechniqueSettings("batch_size:mode=noise:noise_repeats=2:warmup_steps=5", "mlp")
 
 CPU = torch.device("cpu")
 

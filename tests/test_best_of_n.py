@@ -8,7 +8,9 @@ import torch
 from bench.plan.config import Budget
 from techniques.base import Context, OptionError
 from techniques.best_of_n import BestOfNSampling, best_of_n_kl
-from tests.helpers import build_loop
+from tests.helpers import TechniqueSettings, build_loop
+
+SETTINGS = TechniqueSettings("best_of_n", "pref")
 
 CPU = torch.device("cpu")
 

@@ -4,7 +4,9 @@ import torch
 
 from techniques.base import set_compute_dtype
 from techniques.bf16 import BF16
-from tests.helpers import build_loop
+from tests.helpers import TechniqueSettings, build_loop
+
+SETTINGS = TechniqueSettings("bf16", "gpt")
 
 
 def test_bf16_runs_linear_layers_in_bfloat16():

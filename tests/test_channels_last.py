@@ -10,7 +10,9 @@ from bench.plan.config import TechniqueSet, WorkloadSpec
 from bench.plan.planner import incompatibility
 from techniques.base import Context, Kind
 from techniques.channels_last import ChannelsLast, apply_channels_last
-from tests.helpers import build_loop
+from tests.helpers import TechniqueSettings, build_loop
+
+SETTINGS = TechniqueSettings("channels_last", "cnn")
 
 CL = torch.channels_last
 

@@ -4,7 +4,9 @@ import torch
 
 from bench.measure.memory import TensorMemoryTracker
 from techniques.checkpointing import CheckpointedBlock, apply_checkpointing
-from tests.helpers import build_loop
+from tests.helpers import TechniqueSettings, build_loop
+
+SETTINGS = TechniqueSettings("checkpointing", "gpt")
 
 
 def tracked(label: str):

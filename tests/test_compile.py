@@ -3,7 +3,9 @@
 import torch
 
 from techniques.compile import Compile
-from tests.helpers import build_loop
+from tests.helpers import TechniqueSettings, build_loop
+
+SETTINGS = TechniqueSettings("compile", "mlp")
 
 
 def test_compiled_mlp_matches_eager_losses():

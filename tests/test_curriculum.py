@@ -10,7 +10,9 @@ from bench.plan.config import Budget
 from bench.trial import TrialSpec, run
 from techniques.base import Context, Probe
 from techniques.curriculum import Curriculum, difficulty_scores, length_schedule, paced_fraction, pool_order
-from tests.helpers import build_loop
+from tests.helpers import TechniqueSettings, build_loop
+
+SETTINGS = TechniqueSettings("curriculum", "gpt")
 
 
 def test_length_schedule_grows_linearly_in_multiples_of_step_len():

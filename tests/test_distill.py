@@ -14,7 +14,9 @@ from bench.plan.config import Budget
 from techniques._model import n_params
 from techniques.base import Context, OptionError, Probe, TrainConfig
 from techniques.distill import TEACHER_SEED, Distill, distillation_loss, teacher_params
-from tests.helpers import build_loop
+from tests.helpers import TechniqueSettings, build_loop
+
+SETTINGS = TechniqueSettings("distill:teacher_steps=0.05", "mlp")
 
 CPU = torch.device("cpu")
 STRUCT = {name: workloads.get(name).structure("tiny") for name in ("gpt", "cnn", "cnn_aug", "mlp")}

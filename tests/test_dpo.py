@@ -9,7 +9,9 @@ import torch
 from bench.plan.config import Budget
 from techniques.base import Context, OptionError
 from techniques.dpo import DPO, dpo_loss
-from tests.helpers import build_loop
+from tests.helpers import TechniqueSettings, build_loop
+
+SETTINGS = TechniqueSettings("dpo", "pref")
 
 CPU = torch.device("cpu")
 # fixed sequence log-probabilities of two pairs: (policy chosen, policy rejected, reference chosen, reference rejected)

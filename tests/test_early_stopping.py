@@ -6,6 +6,9 @@ import pytest
 
 from bench.trial import TrialSpec, run
 from techniques.early_stopping import StopRule
+from tests.helpers import TechniqueSettings
+
+SETTINGS = TechniqueSettings("early_stopping:patience=2", "mlp")
 
 
 def feed(rule, values):

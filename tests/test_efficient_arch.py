@@ -13,7 +13,9 @@ from bench.trial import TrialSpec, run
 from bench.workloads.gpt_chars import CausalSelfAttention, GPTConfig
 from techniques.base import Context, OptionError
 from techniques.efficient_arch import DepthwiseSeparableConv, EfficientArch, GroupedQKV, GroupedQueryAttention
-from tests.helpers import build_loop
+from tests.helpers import TechniqueSettings, build_loop
+
+SETTINGS = TechniqueSettings("efficient_arch", "gpt")
 
 CPU = torch.device("cpu")
 

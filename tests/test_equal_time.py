@@ -251,6 +251,8 @@ class Quick(Technique):
 
     name = "quick"
     kind = Kind.NUMERIC
+    own_flops = hides_tensors = False
+    tune_options = ()
 
     def transform_model(self, model, ctx):
         model.sleeps = 1

@@ -21,7 +21,10 @@ from bench.loop import TrainLoop, build_optimizer
 from bench.plan.config import ConfigError, TechniqueSpec
 from techniques.base import Context, Probe, TrainConfig
 from techniques.fedavg import FedAvg, label_skew, participants, partition
+from tests.helpers import TechniqueSettings
 from tests.test_distributed import torchrun
+
+SETTINGS = TechniqueSettings("fedavg:clients=2:local_steps=1", "mlp", runs_on="torchrun")
 
 CPU = torch.device("cpu")
 

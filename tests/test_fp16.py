@@ -6,7 +6,9 @@ import torch
 
 from techniques.base import set_compute_dtype
 from techniques.fp16 import FP16
-from tests.helpers import build_loop
+from tests.helpers import TechniqueSettings, build_loop
+
+SETTINGS = TechniqueSettings("fp16", "mlp")
 
 
 def test_fp16_scales_the_loss_and_steps_through_the_scaler():

@@ -19,6 +19,9 @@ from bench.trial import configure
 from techniques._model import TORCHAO_MISSING
 from techniques.base import Context
 from techniques.fp8 import FP8, apply_float8, count_float8, float8_targets
+from tests.helpers import TechniqueSettings
+
+SETTINGS = TechniqueSettings("bf16+fp8", "gpt", runs_on="gpu", requires="torchao")
 
 pytest.importorskip("torchao", reason="optional extra trainbench[torchao] is not installed")
 

@@ -9,7 +9,9 @@ from bench import workloads
 from bench.core.structure import ModelStructure
 from techniques.base import Context, OptionError
 from techniques.freeze import ADAMW_STATE_BYTES, Freeze, apply_freeze, input_modules
-from tests.helpers import build_loop
+from tests.helpers import TechniqueSettings, build_loop
+
+SETTINGS = TechniqueSettings("freeze:blocks=1", "gpt")
 
 FROZEN = {  # workload -> (modules frozen by freeze:blocks=1, parameters frozen through weight tying)
     "gpt": (["wte", "wpe", "blocks.0"], ["head.weight"]),

@@ -5,7 +5,9 @@ import torch
 
 from techniques.base import Context
 from techniques.fused_adamw import FusedAdamW, fused_adamw_like, fused_devices
-from tests.helpers import build_loop
+from tests.helpers import TechniqueSettings, build_loop
+
+SETTINGS = TechniqueSettings("fused_adamw", "gpt")
 
 
 def test_builds_a_fused_adamw_with_the_workloads_hyperparameters():

@@ -7,6 +7,9 @@ from bench import workloads
 from bench.loop import TrainLoop
 from techniques.base import Context, TrainConfig
 from techniques.grad_accum import GradAccum
+from tests.helpers import TechniqueSettings
+
+SETTINGS = TechniqueSettings("grad_accum:steps=2", "gpt")
 
 
 def grads_after_one_step(workload: str, micro_batches: int, batch_size: int = 64):

@@ -7,7 +7,9 @@ import torch
 from bench.plan.config import Budget
 from techniques.base import Context, OptionError
 from techniques.grpo import GRPO, group_advantages, k3_kl
-from tests.helpers import build_loop
+from tests.helpers import TechniqueSettings, build_loop
+
+SETTINGS = TechniqueSettings("grpo", "pref")
 
 CPU = torch.device("cpu")
 

@@ -21,6 +21,9 @@ from bench.workloads.mlp_mnist1d import shuffled_batches
 from techniques.base import Context, OptionError
 from techniques.loader import Loader
 from tests.conftest import REPO, TINY_BUDGET
+from tests.helpers import TechniqueSettings
+
+SETTINGS = TechniqueSettings("loader:workers=2", "cnn_aug")
 
 CPU = torch.device("cpu")
 

@@ -20,7 +20,10 @@ from bench import workloads
 from bench.plan.config import ConfigError, TechniqueSpec
 from techniques.base import Context
 from techniques.local_sgd import LocalSGD
+from tests.helpers import TechniqueSettings
 from tests.test_distributed import torchrun
+
+SETTINGS = TechniqueSettings("local_sgd:period=2:warmup=1", "mlp", runs_on="torchrun")
 
 STEPS = 10
 

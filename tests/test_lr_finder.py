@@ -7,7 +7,9 @@ import torch
 
 from techniques.base import OptionError
 from techniques.lr_finder import LRFinder, range_test, smooth, steepest, valley
-from tests.helpers import build_loop
+from tests.helpers import TechniqueSettings, build_loop
+
+SETTINGS = TechniqueSettings("lr_finder:steps=20", "mlp")
 
 LRS = [1e-5 * (1e5) ** (i / 99) for i in range(100)]  # 1e-5 .. 1, log-spaced
 

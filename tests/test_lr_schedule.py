@@ -7,7 +7,9 @@ import pytest
 from bench.plan.config import Budget
 from techniques.base import OptionError
 from techniques.lr_schedule import LRSchedule, warmup_cosine_factor
-from tests.helpers import build_loop
+from tests.helpers import TechniqueSettings, build_loop
+
+SETTINGS = TechniqueSettings("lr_schedule:schedule=one_cycle", "gpt")
 
 BUDGET = Budget(train_steps=20)  # mlp tiny: 20 planned steps at its batch of 64
 

@@ -14,7 +14,9 @@ from bench.workloads import gpt_chars
 from techniques.base import Context, TrainOutput
 from techniques.checkpointing import CheckpointedBlock
 from techniques.mtp import MTP, apply_mtp, mtp_losses
-from tests.helpers import build_loop
+from tests.helpers import TechniqueSettings, build_loop
+
+SETTINGS = TechniqueSettings("mtp", "gpt")
 
 VARIANTS = ["heads", "sequential"]
 CFG = gpt_chars.GPTConfig(vocab_size=11, seq_len=12, n_layer=2, n_head=2, d_model=16)

@@ -86,6 +86,8 @@ class SlowStep(Technique):
 
     name = "slow_step"
     kind = Kind.EXACT
+    own_flops = hides_tensors = False
+    tune_options = ()
 
     @dataclass(frozen=True)
     class Options:

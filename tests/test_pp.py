@@ -43,8 +43,10 @@ from techniques.pp import (
 )
 from tests import decoders
 from tests.conftest import REPO, TINY_BUDGET
-from tests.helpers import whole_batch_trial
+from tests.helpers import TechniqueSettings, whole_batch_trial
 from tests.pp_worker import BATCH, MICROBATCHES, STEPS, TIED
+
+SETTINGS = TechniqueSettings("pp:microbatches=2", "gpt", runs_on="torchrun")
 
 CPU = torch.device("cpu")
 

@@ -20,7 +20,9 @@ from techniques.prune import (
     shrink,
     sparsity_schedule,
 )
-from tests.helpers import build_loop
+from tests.helpers import TechniqueSettings, build_loop
+
+SETTINGS = TechniqueSettings("prune:start=0:end=0", "gpt")  # pruned before the first step (the default starts at 25% of the plan)
 
 CPU = torch.device("cpu")
 

@@ -15,7 +15,9 @@ from bench.plan.config import ConfigError, TechniqueSet, TechniqueSpec, Workload
 from bench.plan.planner import incompatibility
 from techniques.base import Context
 from techniques.qat import QAT, TORCHAO_MISSING, count_fake_quantizers, qat_targets, shared_weights
-from tests.helpers import build_loop
+from tests.helpers import TechniqueSettings, build_loop
+
+SETTINGS = TechniqueSettings("qat", "mlp", requires="torchao")
 
 pytest.importorskip("torchao", reason="optional extra trainbench[torchao] is not installed")
 

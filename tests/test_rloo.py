@@ -6,7 +6,9 @@ import torch
 from bench.plan.config import Budget
 from techniques.base import Context, OptionError
 from techniques.rloo import RLOO, rloo_advantages
-from tests.helpers import build_loop
+from tests.helpers import TechniqueSettings, build_loop
+
+SETTINGS = TechniqueSettings("rloo", "pref")
 
 CPU = torch.device("cpu")
 

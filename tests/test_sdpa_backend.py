@@ -10,7 +10,9 @@ from bench.plan.config import ConfigError, TechniqueSet, WorkloadSpec
 from bench.plan.planner import incompatibility
 from techniques.base import Context, Kind
 from techniques.sdpa_backend import SDPABackend, backend_problem
-from tests.helpers import build_loop
+from tests.helpers import TechniqueSettings, build_loop
+
+SETTINGS = TechniqueSettings("sdpa_backend:backend=math", "gpt")
 
 CPU = torch.device("cpu")
 # the ATen op each backend dispatches to on CPU (the names torch.profiler records)

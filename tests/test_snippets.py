@@ -72,12 +72,13 @@ def trained(ns: dict, before: dict[str, torch.Tensor]) -> bool:
 
 @pytest.fixture
 def global_state():
-    """Snippets may flip process-wide switches (TF32, compile caches): restore them."""
+    """Snippets may flip process-wide switches (TF32, cuDNN's autotuner, compile caches): restore them."""
     saved = (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32,
-             torch.get_float32_matmul_precision())
+             torch.get_float32_matmul_precision(), torch.backends.cudnn.benchmark)
     yield
     torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = saved[:2]
     torch.set_float32_matmul_precision(saved[2])
+    torch.backends.cudnn.benchmark = saved[3]
     torch._dynamo.reset()
 
 

@@ -21,6 +21,9 @@ from techniques import sparse24
 from techniques._model import TORCHAO_MISSING
 from techniques.base import Context
 from techniques.sparse24 import Sparse24, apply_sparse24, semi_sparse_linear_class, sparse24_targets
+from tests.helpers import TechniqueSettings
+
+SETTINGS = TechniqueSettings("bf16+sparse24:layers=all", "mlp", runs_on="gpu", requires="torchao")
 
 pytest.importorskip("torchao", reason="optional extra trainbench[torchao] is not installed")
 

@@ -7,7 +7,9 @@ from bench.plan.config import TechniqueSet, WorkloadSpec
 from bench.plan.planner import incompatibility
 from techniques.base import Context
 from techniques.tf32 import TF32, apply_tf32
-from tests.helpers import build_loop
+from tests.helpers import TechniqueSettings, build_loop
+
+SETTINGS = TechniqueSettings("tf32", "gpt")
 
 
 @pytest.fixture

@@ -38,8 +38,10 @@ from techniques.base import Context
 from techniques.tp import HeadMajorAttention, description_problem, head_major_rows, model_problem
 from tests import decoders
 from tests.conftest import REPO
-from tests.helpers import whole_batch_trial
+from tests.helpers import TechniqueSettings, whole_batch_trial
 from tests.tp_worker import BATCH, STEPS
+
+SETTINGS = TechniqueSettings("tp", "gpt", runs_on="torchrun")
 
 CPU = torch.device("cpu")
 

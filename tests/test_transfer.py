@@ -29,7 +29,9 @@ from techniques.base import Context, OptionError, Probe, TrainConfig
 from techniques.freeze import Freeze
 from techniques.transfer import PRETRAIN_SEED, Transfer, source_task
 from tests.conftest import TINY_BUDGET
-from tests.helpers import build_loop
+from tests.helpers import TechniqueSettings, build_loop
+
+SETTINGS = TechniqueSettings("transfer:steps=0.02", "gpt")
 
 CPU = torch.device("cpu")
 HEAD = "head"  # the built-in classifiers' head (their descriptions name it)

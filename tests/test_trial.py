@@ -52,6 +52,8 @@ class Sleepy(Technique):
 
     name = "sleepy"
     kind = Kind.EXACT
+    own_flops = hides_tensors = False
+    tune_options = ()
 
     @dataclass(frozen=True)
     class Options:
@@ -67,6 +69,8 @@ class LrBug(Technique):
 
     name = "lr_bug"
     kind = Kind.EXACT
+    own_flops = hides_tensors = False
+    tune_options = ()
 
     def configure(self, cfg: TrainConfig) -> TrainConfig:
         return dataclasses.replace(cfg, lr=cfg.lr * 1.1)
@@ -257,6 +261,8 @@ class StopAtSecondEval(Technique):
 
     name = "stop_early"
     kind = Kind.ALGORITHMIC
+    own_flops = hides_tensors = False
+    tune_options = ()
 
     def on_eval(self, metrics, ctx):
         ctx.state["evals"] = ctx.state.get("evals", 0) + 1

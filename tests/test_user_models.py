@@ -89,6 +89,18 @@ def test_duplicate_technique_name_names_both_sources(tmp_path, capsys):
     assert "technique name 'bf16' is defined twice" in err and "techniques.bf16" in err and str(dup) in err
 
 
+def test_a_technique_that_does_not_declare_its_facts_is_one_line_naming_them(tmp_path, capsys):
+    mine = tmp_path / "mine.py"
+    mine.write_text("from techniques.base import Technique\n\nclass Mine(Technique):\n    name = 'mine'\n"
+                    "    own_flops = False\n")
+    code = cli.main(["sweep", "--technique", f"{mine}:Mine", "--out", str(tmp_path / "out")])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and "\n" not in err and "Traceback" not in err
+    assert err.startswith(f"error: {mine}:Mine: technique 'mine' (") and \
+        "must declare hides_tensors, tune_options in its class body" in err
+    assert not (tmp_path / "out").exists()
+
+
 # ---- blocks -------------------------------------------------------------------------------------------------------
 
 

@@ -212,7 +212,10 @@ def register_technique(text: str) -> Plugin:
 def _register_technique_class(cls: type, source: str) -> None:
     from techniques import base as tbase
 
-    _register("technique", cls, source, tbase.registry(), tbase.register)
+    try:
+        _register("technique", cls, source, tbase.registry(), tbase.register)
+    except TypeError as exc:  # what every technique declares (own_flops, hides_tensors, tune_options): say so
+        raise PluginError(f"{source}: {exc}") from None
 
 
 def register_workload_class(cls: type, source: str) -> None:

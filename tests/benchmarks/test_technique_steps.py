@@ -15,20 +15,24 @@ import techniques
 from bench import workloads
 from bench.plan.config import TechniqueSet
 from techniques.base import Context
-from tests.helpers import build_loop
-from tests.technique_settings import TECHNIQUE_SETTINGS
+from tests.helpers import TechniqueSettings, build_loop, settings_of
 
 WORKLOADS = ("mlp", "gpt", "cnn")
 WARMUP = 3  # compile pays its compilation here, outside the timed rounds
+# each technique's settings from its own test file (tests/test_<name>.py), those that run in one CPU process
+SETTINGS = {name: s for name in sorted(techniques.registry())
+            if isinstance(s := settings_of(name), TechniqueSettings) and s.runs_on == "cpu"}
 
 
 @pytest.mark.parametrize("workload", WORKLOADS)
-@pytest.mark.parametrize("name", sorted(TECHNIQUE_SETTINGS))
+@pytest.mark.parametrize("name", sorted(SETTINGS))
 def test_technique_step(benchmark, name, workload):
     wl = workloads.get(workload)
     if reason := wl.check():
         pytest.skip(f"{workload}: {reason}")
-    label = TECHNIQUE_SETTINGS[name][0]
+    label = SETTINGS[name].label
+    if SETTINGS[name].requires:
+        pytest.importorskip(SETTINGS[name].requires)
     ctx = Context(device=torch.device("cpu"), workload=workload, structure=wl.structure("tiny"),
                   has_batchnorm=wl.has_batchnorm)
     for spec in TechniqueSet.parse(label).specs:
