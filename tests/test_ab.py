@@ -22,8 +22,10 @@ def copy_checkout(dest: Path) -> Path:
     for name in ("bench", "techniques"):
         shutil.copytree(REPO / name, dest / name, ignore=shutil.ignore_patterns("__pycache__"))
     mlp = dest / "bench" / "workloads" / "mlp_mnist1d.py"
-    text, n = re.subn(r'"tiny": \{', '"tiny": {"ab_marker": "b", ', mlp.read_text(), count=1)
-    assert n == 1, "mlp_mnist1d.py has no tiny preset to mark"
+    # a size field of B's own, with a default, so every mlp size B builds records it
+    text, n = re.subn(r"(class MlpSize\(Size\):\n(?:.*\n)*?    eval_points: int\n)", r'\1    ab_marker: str = "b"\n',
+                      mlp.read_text(), count=1)
+    assert n == 1, "mlp_mnist1d.py has no MlpSize to mark"
     mlp.write_text(text)
     return dest
 

@@ -88,9 +88,8 @@ def gpu_refusal(s: TechniqueSettings, device: torch.device) -> str | None:
     from bench.plan.planner import available_packages
 
     wl = workloads.get(s.workload)
-    blocks, has_batchnorm = wl.traits("tiny")
     techs = TechniqueSet.parse(s.label)
-    ctx = techniques.Context(device=device, workload=s.workload, blocks=blocks, has_batchnorm=has_batchnorm,
+    ctx = techniques.Context(device=device, workload=s.workload, has_batchnorm=wl.batchnorm("tiny"),
                              has_preferences=wl.has_preferences, structure=wl.structure("tiny"),
                              available_packages=available_packages(), technique_names=techs.names)
     for spec in techs.specs:
