@@ -163,6 +163,11 @@ def test_gpu_peaks_come_from_the_datasheet_table_and_the_calibration():
     p = mfu.device_peak(_gpu_env("NVIDIA Future", {"bfloat16": 2e15, "float32": 1e14}))
     assert (p.dtype, p.datasheet, p.calibrated) == ("bfloat16", None, 2e15)
     assert mfu.device_peak({"device": "cpu"}) is None
+    # a CPU sweep on a machine with a GPU is a CPU sweep; an env.json without "device" goes by the trials'
+    cpu_run = {**_gpu_env("NVIDIA H200", {"float32": 1e11, "bfloat16": 3e11}), "device": "cpu"}
+    assert (mfu.device_peak(cpu_run).dtype, mfu.device_peak(cpu_run).device) == ("bfloat16", "cpu")
+    older = {k: v for k, v in _gpu_env("NVIDIA H200", {"bfloat16": 7e14}).items() if k != "device"}
+    assert mfu.device_peak(older, device="cuda").datasheet == SHEET_BF16
     assert mfu.headline(1e12, p, world_size=4)["mfu_calibrated"] == pytest.approx(1e12 / (4 * 2e15))
 
 

@@ -40,7 +40,6 @@ class DevicePeak:
     device: str  # the GPU's name, or "cpu"
     datasheet: float | None  # the datasheet's dense peak (GPUs the table knows)
     calibrated: float | None  # measured on this machine (env.json), at the trials' thread count
-    kernel: str | None = None  # how the calibrated peak was measured ("torch.mm, n=4096")
 
 
 def chosen(dtype: str, device: str) -> str:
@@ -72,14 +71,15 @@ def calibrated_table(env: Mapping[str, Any], compute_dtype: str | None = None,
     return default
 
 
-def device_peak(env: Mapping[str, Any], compute_dtype: str | None = None,
-                own_peak: float | None = None) -> DevicePeak | None:
+def device_peak(env: Mapping[str, Any], compute_dtype: str | None = None, own_peak: float | None = None,
+                device: str | None = None) -> DevicePeak | None:
     """The headline's peak on the machine ``env`` describes (None when it has neither a datasheet nor a
-    calibrated peak). ``compute_dtype`` and ``own_peak`` (per rank) pick the thread count's calibration."""
+    calibrated peak). ``compute_dtype`` and ``own_peak`` (per rank) pick the thread count's calibration;
+    ``device``: where the trials ran (env.json's ``device`` by default: a machine with a GPU may run a CPU sweep)."""
     table = calibrated_table(env, compute_dtype, own_peak)
     calibrated = {d: f for d, e in table.items() if (f := _flops(e)) is not None}
     gpu = env.get("gpu") or {}
-    on_gpu = str(env.get("device") or "").startswith("cuda") and bool(gpu.get("name"))
+    on_gpu = str(env.get("device") or device or "").startswith("cuda") and bool(gpu.get("name"))
     sheet = (datasheet_peaks(str(gpu["name"])) or {}) if on_gpu else {}
     if on_gpu and (HEADLINE_DTYPE in sheet or (not sheet and HEADLINE_DTYPE in calibrated)):
         dtype = HEADLINE_DTYPE
@@ -87,9 +87,7 @@ def device_peak(env: Mapping[str, Any], compute_dtype: str | None = None,
         dtype = max(sheet or calibrated, key=(sheet or calibrated).get)
     else:
         return None
-    entry = table.get(dtype) if isinstance(table.get(dtype), Mapping) else {}
-    kernel = f"{entry['kernel']}, n={entry.get('n')}" if entry.get("kernel") else None
-    return DevicePeak(dtype, str(gpu["name"]) if on_gpu else "cpu", sheet.get(dtype), calibrated.get(dtype), kernel)
+    return DevicePeak(dtype, str(gpu["name"]) if on_gpu else "cpu", sheet.get(dtype), calibrated.get(dtype))
 
 
 def headline(achieved: float | None, peak: DevicePeak | None, world_size: int | None = 1) -> dict[str, Any]:
@@ -117,7 +115,7 @@ def with_mfu(configs: pd.DataFrame, machines: Mapping[str, Mapping[str, Any]]) -
         env = machines.get(c.machine) or {}
         ranks = int(c.world_size) if _ok(c.world_size) else 1
         own = float(c.peak_flops) / ranks if _ok(c.peak_flops) else None
-        peak = device_peak(env, c.compute_dtype, own)
+        peak = device_peak(env, c.compute_dtype, own, getattr(c, "phase_device", None))
         achieved = float(c.achieved_flops) if _ok(c.achieved_flops) else None
         for column, value in headline(achieved, peak, ranks).items():
             out.at[i, column] = value
