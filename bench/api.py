@@ -108,7 +108,8 @@ def write_summary(out_dir: Path, records: list, wall_s: float, name: str, price_
     from bench.analyze import summary as summary_mod
     from bench.core.files import write_atomic
 
-    rows = summary_mod.summarize(records, max_looks=summary_mod.design_of(Path(out_dir)))
+    rows = summary_mod.summarize(records, max_looks=summary_mod.design_of(Path(out_dir)),
+                                 env=summary_mod.env_of(Path(out_dir)))
     md = summary_mod.to_markdown(rows, title=f"Sweep '{name}' summary", price_per_hour=price_per_hour)
     md += f"\nWall time of this invocation: {wall_s:.0f} s. Records: {len(records)} in results.jsonl.\n"
     write_atomic(Path(out_dir) / "summary.md", md)

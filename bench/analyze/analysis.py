@@ -10,7 +10,8 @@ environment (``env.json``); the renderers only format it. Every interval and ver
   (``continues``) are set apart from every statistic but quality at equal time (``split_continuations``);
 - ``configurations(frame)``: one row per machine x workload x technique set:
   - speed: median samples/s and its spread; speedup against the reference set, paired by seed;
-  - memory: peaks and the memory ratio; the breakdown; MFU; one-off costs;
+  - memory: peaks and the memory ratio; the breakdown; MFU (own dtype; the headline against the device's peak
+    is added by ``bench.analyze.mfu.with_mfu``, which needs the environment); one-off costs;
   - quality at equal samples, judged by the set's kind: an ``exact`` set must reproduce the reference's eval curve
     seed by seed (``EXACT_CURVE_RTOL``), ``numeric`` and ``algorithmic`` sets get the metric's difference at the
     full budget, paired by seed, and at equal training time (the reference's clock; a faster set is read on its
@@ -37,7 +38,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from bench.analyze import bottleneck, findings, stats
+from bench.analyze import bottleneck, findings, mfu, stats
 from bench.analyze.findings import REPLICA_BYTES_PER_PARAM, frame_of
 from bench.measure.phases import PHASES
 from bench.records.reader import InputError, Sweep
@@ -416,6 +417,7 @@ def _step_not_its_cost(name: str) -> dict[str, Any]:
     why = f"{name} trains nothing: its step is not its cost, which is at inference (What the techniques found)"
     none = stats.Verdict(stats.NONE, why)
     return {"sps_median": None, "sps_iqr": None, "sps_rel_iqr": None, "mfu": None, "mfu_datasheet": None,
+            "achieved_flops": None,
             "noisy": False, **_estimate_cols("speedup", None, none), **_estimate_cols("mem_ratio", None, none)}
 
 
@@ -439,6 +441,8 @@ def _speed(ok: pd.DataFrame, ref: pd.DataFrame | None, th: Thresholds) -> dict[s
         "data_wait_frac": _median(ok["data_wait_frac"]),
         "mfu": _median(ok["mfu"]),
         "mfu_datasheet": _median(ok["mfu_datasheet"]),
+        "achieved_flops": _median(ok["achieved_flops"]),  # the headline MFU's numerator (bench.analyze.mfu)
+        "peak_flops": _median(ok["peak_flops"]),
         "compute_dtype": next((d for d in ok["compute_dtype"] if d), None),
         "flops_per_step": _median(ok["flops_per_step"]),
     }
@@ -868,7 +872,7 @@ def analyze(sweep: Sweep, baseline: str = BASELINE, thresholds: Thresholds | Non
         known = ", ".join(dict.fromkeys(frame["technique"]))
         raise InputError(f"reference technique set '{baseline}' is not in these records (sets here: {known})")
     th = thresholds or Thresholds()
-    configs = with_diagnoses(configurations(full, baseline, th), sweep.machines)
+    configs = mfu.with_mfu(with_diagnoses(configurations(full, baseline, th), sweep.machines), sweep.machines)
     inter = interactions(frame, configs, baseline)
     checked = findings.claims_check(configs, sweep.machines, claims)
     return Analysis(sweep, baseline, frame, configs, inter, checked, findings.diagnose(configs, inter, checked), th,

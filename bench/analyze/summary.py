@@ -7,13 +7,15 @@ judged at equal samples by the set's kind; time-to-target is a censored median (
 
 from __future__ import annotations
 
+import json
 import math
 import tomllib
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from bench.analyze import analysis, cost, stats
+from bench.analyze import analysis, cost, mfu, stats
 from bench.core.text import cell, escape
 from bench.records.results import TrialRecord
 
@@ -30,7 +32,8 @@ class SummaryRow:
     speedup: str  # "1.20x faster", "0.85x (no verdict: 2 pairs ...)", "1 (reference)", "-"
     peak: str
     memory_ratio: str
-    mfu: float | None
+    mfu: str  # the headline: against the device's peak (bench.analyze.mfu), "-" without an environment
+    mfu_own: str  # against the calibrated peak of the set's own compute dtype
     one_off_s: float | None
     quality: str
     time_to_target: str
@@ -42,6 +45,8 @@ class SummaryRow:
     speedup_lo: float | None = None
     speedup_hi: float | None = None
     speedup_verdict: str | None = None
+    speedup_why: str | None = None
+    mfu_definition: str | None = None  # what the headline MFU divides by (bench.analyze.mfu.definition)
 
 
 def _ok(v: Any) -> bool:
@@ -56,6 +61,52 @@ def ratio_text(est: float | None, verdict: str | None) -> str:
     if verdict in (None, stats.NONE):
         return f"{est:.2f}x (no verdict)"
     return f"{est:.2f}x {verdict}"
+
+
+@dataclass(frozen=True)
+class Undecided:
+    """A set a superlative leaves out: its estimate, interval and undecided verdict (inconclusive or no verdict)."""
+
+    name: str
+    value: float
+    lo: float | None
+    hi: float | None
+    verdict: str
+    why: str | None
+
+
+def beyond_winner(items: list[Undecided], winner: float, lower_wins: bool = False) -> list[Undecided]:
+    """The sets a superlative leaves out that measured beyond its winner: undecided, with an estimate above the
+    winner's (below it when ``lower_wins``). Naming the winner alone would read as "the best set" when one of
+    these may be."""
+    return [u for u in items if u.verdict in stats.UNDECIDED and _ok(u.value)
+            and (u.value < winner if lower_wins else u.value > winner)]
+
+
+def undecided(rows: Any, prefix: str, name: str = "technique") -> list[Undecided]:
+    """The rows (configurations' itertuples) as ``Undecided`` on ``prefix`` ("speedup", "mem_ratio")."""
+    return [Undecided(getattr(r, name), *(getattr(r, f"{prefix}{s}") for s in ("", "_lo", "_hi", "_verdict", "_why")))
+            for r in rows if getattr(r, f"{prefix}_verdict") in stats.UNDECIDED]
+
+
+def tie_digits(items: list[Undecided], winner: float) -> int:
+    """Decimals that tell the left-out estimates from the winner's: 2, or 3 where 2 print the same number."""
+    return 3 if any(f"{u.value:.2f}" == f"{winner:.2f}" for u in items) else 2
+
+
+def left_out_text(items: list[Undecided], digits: int = 2) -> str:
+    """``bf16 (3.79x) and bf16+compile (4.46x): no verdict (2 pairs: a verdict needs 3)``: which sets a superlative
+    left out and why, grouped by the reason their verdict gives."""
+    groups: dict[str, list[str]] = {}
+    for u in items:
+        ci = f" [{u.lo:.2f}, {u.hi:.2f}]" if u.verdict == stats.INCONCLUSIVE and _ok(u.lo) and _ok(u.hi) else ""
+        reason = u.verdict if u.verdict == stats.INCONCLUSIVE else stats.NONE + (f" ({u.why})" if u.why else "")
+        groups.setdefault(reason, []).append(f"{u.name} ({u.value:.{digits}f}x{ci})")
+    return "; ".join(f"{_and(names)}: {reason}" for reason, names in groups.items())
+
+
+def _and(items: list[str]) -> str:
+    return items[0] if len(items) == 1 else ", ".join(items[:-1]) + " and " + items[-1]
 
 
 def quality_text(c: Any) -> str:
@@ -106,13 +157,24 @@ def design_of(sweep_dir: Path) -> int | None:
         return None
 
 
-def summarize(records: list[TrialRecord], baseline: str = BASELINE, max_looks: int | None = None
-              ) -> list[SummaryRow]:
+def env_of(sweep_dir: Path) -> dict[str, Any]:
+    """A sweep directory's env.json (its peaks give the headline MFU), or {} when it has none or it is damaged."""
+    try:
+        env = json.loads((Path(sweep_dir) / "env.json").read_text())
+    except (OSError, json.JSONDecodeError, UnicodeDecodeError):
+        return {}
+    return env if isinstance(env, dict) else {}
+
+
+def summarize(records: list[TrialRecord], baseline: str = BASELINE, max_looks: int | None = None,
+              env: Mapping[str, Any] | None = None) -> list[SummaryRow]:
     """One row per workload x technique set, the reference first in each workload; ``max_looks``: the sweep's
-    sequential design (its cap), so the intervals are the report's."""
+    sequential design (its cap), so the intervals are the report's; ``env``: the sweep's env.json, whose peaks the
+    headline MFU divides by (without it the MFU column says "-" and only the own-dtype one is given)."""
     if not records:
         return []
     configs = analysis.configurations(analysis.records_frame(records, max_looks=max_looks), baseline)
+    configs = mfu.with_mfu(configs, {"": env or {}})  # records_frame of bare records labels their machine ""
     rows = []
     for c in configs.itertuples():
         notes = [*c.caveats, *c.problems] + ([f"skipped: {c.skip_reason}"] if c.skip_reason else [])
@@ -134,7 +196,8 @@ def summarize(records: list[TrialRecord], baseline: str = BASELINE, max_looks: i
                                                                   if _ok(c.peak_rss_bytes) else "-"),
             memory_ratio=("1" if c.peak_bytes or c.peak_rss_bytes else "-") if c.is_reference else
             ratio_text(c.mem_ratio, c.mem_ratio_verdict) + (source if _ok(c.mem_ratio) else ""),
-            mfu=c.mfu,
+            mfu=mfu.cell_text(c),
+            mfu_own=mfu.own_text(c),
             one_off_s=_one_off(c),
             quality=quality_text(c),
             time_to_target=ttt_text(c),
@@ -145,6 +208,8 @@ def summarize(records: list[TrialRecord], baseline: str = BASELINE, max_looks: i
             speedup_lo=c.speedup_lo if _ok(c.speedup_lo) else None,
             speedup_hi=c.speedup_hi if _ok(c.speedup_hi) else None,
             speedup_verdict=c.speedup_verdict,
+            speedup_why=c.speedup_why,
+            mfu_definition=mfu.definition(c),
         ))
     return rows
 
@@ -162,15 +227,16 @@ def _bytes(b: float | None) -> str:
     return f"{mib:,.0f} MiB" if mib >= 100 else f"{mib:.1f} MiB" if mib >= 1 else f"{b / 1024:.0f} KiB"
 
 
-COLUMNS = ["workload", "techniques", "ok", "samples/s", "speedup", "peak memory", "mem ratio", "MFU", "one-off s",
-           "quality at equal samples", "time to target", "parity", "notes"]
+COLUMNS = ["workload", "techniques", "ok", "samples/s", "speedup", "peak memory", "mem ratio",
+           "MFU vs device peak (achieved)", "MFU own dtype", "one-off s", "quality at equal samples",
+           "time to target", "parity", "notes"]
 
 
 def row_cells(row: SummaryRow) -> list[str]:
     return [
         row.workload, row.techniques, f"{row.n_ok}/{row.n_total}",
         "-" if row.samples_per_s is None else f"{row.samples_per_s:,.0f}",
-        row.speedup, row.peak, row.memory_ratio, "-" if row.mfu is None else f"{row.mfu:.1%}",
+        row.speedup, row.peak, row.memory_ratio, row.mfu, row.mfu_own,
         "-" if row.one_off_s is None else f"{row.one_off_s:.2f}", row.quality, row.time_to_target, row.parity,
         row.note or "",
     ]
@@ -208,8 +274,14 @@ def cost_lines(rows: list[SummaryRow], price_per_hour: float | None = None) -> l
         best = max(faster, key=lambda r: r.samples_per_s)
         s, lo, hi = best.speedup_value, best.speedup_lo, best.speedup_hi
         ci = f" [{lo:.2f}, {hi:.2f}]" if _ok(lo) and _ok(hi) and len({f"{v:.2f}" for v in (s, lo, hi)}) > 1 else ""
-        text = (f"{workload}: cheapest per million samples: {best.techniques} ({s:.2f}x{ci} faster than "
-                f"{ref.techniques}: {1 / s:.2f}x its cost per sample at any price")
+        higher = beyond_winner([Undecided(r.techniques, r.speedup_value, r.speedup_lo, r.speedup_hi,
+                                          r.speedup_verdict, r.speedup_why) for r in mine
+                                if not r.is_reference and r.speedup_verdict and _ok(r.speedup_value)], s)
+        text = (f"{workload}: cheapest per million samples{' decided' if higher else ''}: {best.techniques} "
+                f"({s:.2f}x{ci} faster than {ref.techniques}: {1 / s:.2f}x its cost per sample at any price")
+        if higher:
+            text += (f"; left out as undecided, though measured faster: "
+                     f"{left_out_text(higher, tie_digits(higher, s))}")
         if price_per_hour is not None:
             saved, saved_lo, saved_hi = cost.saved_interval(price_per_hour, s, lo, hi)
             saved_ci = cost.interval_text(saved, saved_lo, saved_hi)
@@ -228,6 +300,8 @@ def to_markdown(rows: list[SummaryRow], title: str = "Sweep summary", price_per_
     lines = [f"# {escape(title)}", "", "| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
     for row in rows:
         lines.append("| " + " | ".join(cell(c) for c in row_cells(row)) + " |")
+    definitions = dict.fromkeys(r.mfu_definition for r in rows if r.mfu_definition)
+    lines += ([""] + [escape(d) for d in definitions]) if definitions else []
     costs = cost_lines(rows, price_per_hour)
     if costs:
         lines += ["", "Cost per sample (one machine, the same price for every set):", ""]

@@ -319,9 +319,14 @@ def datasheet_peak(device_name: str, dtype: torch.dtype | str) -> float | None:
     ``torch.backends.cuda.matmul.allow_tf32`` is on.
     """
     key = str(dtype).removeprefix("torch.")
-    key = _DTYPE_ALIASES.get(key, key)
+    return (datasheet_peaks(device_name) or {}).get(_DTYPE_ALIASES.get(key, key))
+
+
+def datasheet_peaks(device_name: str) -> dict[str, float] | None:
+    """The datasheet's dense peaks of a GPU name by dtype ("float32", "tfloat32", "bfloat16", "float16"), or None
+    for a device the table does not know."""
     for name, peaks in DATASHEET_PEAK_FLOPS.items():
         # Whole-token match, so "A10" does not claim an "A100" or "A10G", nor "L4" an "L40".
         if re.search(rf"(?<![A-Za-z0-9]){re.escape(name)}(?![A-Za-z0-9])", device_name, re.IGNORECASE):
-            return peaks.get(key)
+            return dict(peaks)
     return None

@@ -16,7 +16,7 @@ import numpy as np
 import pandas as pd
 
 import techniques
-from bench.analyze import cost, stats
+from bench.analyze import cost, mfu, stats, summary
 from bench.analyze.analysis import BREAKDOWN, EXACT_CURVE_RTOL, EXACT_QUALITY, MULTIPLY, Analysis
 from bench.core.text import fmt_bytes, fmt_secs
 from bench.measure.phases import PHASES
@@ -366,15 +366,16 @@ def _status(c: Any) -> Cell:
 def workload_table(rows: pd.DataFrame, baseline: str) -> Table:
     metric = next((m for m in rows["metric"] if m), "metric")
     columns = ["technique set", "kind", "samples/s median (IQR)", f"speedup vs {baseline} [95% CI]", "peak memory",
-               "memory ratio [95% CI]", "memory breakdown (" + " / ".join(BREAKDOWN) + ")", "MFU", "one-off",
+               "memory ratio [95% CI]", "memory breakdown (" + " / ".join(BREAKDOWN) + ")",
+               "MFU vs device peak (achieved)", "MFU own dtype", "one-off",
                f"{metric} at equal samples (mean ± std; difference [95% CI])", "time to target", "parity",
                "status"]
     body = []
     for c in rows.itertuples():
         body.append([Cell(c.technique), Cell(c.kind, "muted"), _sps(c), _speedup(c), _memory(c), _mem_ratio(c),
-                     _breakdown(c), Cell(fmt_pct(c.mfu)), _one_off(c), quality_cell(c), ttt_cell(c), _parity(c),
-                     _status(c)])
-    return Table(columns, body, wrap=(9, 10, 11))
+                     _breakdown(c), Cell(mfu.cell_text(c)), Cell(mfu.own_text(c), "muted"), _one_off(c),
+                     quality_cell(c), ttt_cell(c), _parity(c), _status(c)])
+    return Table(columns, body, wrap=(10, 11, 12))
 
 
 # ---- the whole report ---------------------------------------------------------------------------------------
@@ -512,9 +513,11 @@ def _speed_points(analysis: Analysis, rows: pd.DataFrame, others: pd.DataFrame) 
         extra.append(f"quality: {_quality_word(best)}")
         if _ok(best["one_off_s"]) and best["one_off_s"] > 1.0:
             extra.append(f"one-off {fmt_secs(best['one_off_s'])}")
-        parts.append(f"fastest: {best['technique']} at "
+        higher = summary.beyond_winner(summary.undecided(others.itertuples(), "speedup"), best["speedup"])
+        parts.append(f"fastest{' decided' if higher else ''}: {best['technique']} at "
                      f"{_ratio_ci(best['speedup'], best['speedup_lo'], best['speedup_hi'], 'faster')} "
-                     f"({', '.join(extra)})")
+                     f"({', '.join(extra)})"
+                     + _left_out(higher, "higher", summary.tie_digits(higher, best["speedup"])))
     elif not any(int(r.n_ok) > 0 for r in rows.itertuples() if r.is_reference):
         parts.append(f"no speedups: the reference '{analysis.baseline}' has no successful trial here")
     elif len(others) and all(v in (None, stats.NONE) for v in others["speedup_verdict"]):
@@ -529,8 +532,12 @@ def _speed_points(analysis: Analysis, rows: pd.DataFrame, others: pd.DataFrame) 
         least = smaller.loc[smaller["mem_ratio"].astype(float).idxmin()]
         speed = (f", at {least['speedup']:.2f}x speed ({least['speedup_verdict'] or stats.NONE})"
                  if _ok(least["speedup"]) else "")
-        parts.append(f"least memory: {least['technique']} at {least['mem_ratio']:.2f}x peak memory "
-                     f"({least['mem_ratio_source']}){speed}")
+        lower = summary.beyond_winner(summary.undecided(others.itertuples(), "mem_ratio"), least["mem_ratio"],
+                                      lower_wins=True)
+        digits = summary.tie_digits(lower, least["mem_ratio"])
+        parts.append(f"least memory{' decided' if lower else ''}: {least['technique']} at "
+                     f"{least['mem_ratio']:.{digits}f}x peak memory ({least['mem_ratio_source']}){speed}"
+                     + _left_out(lower, "lower", digits))
     slower = others[others["speedup_verdict"] == "slower"]
     if len(slower):
         parts.append("slower than the reference: " + ", ".join(
@@ -544,6 +551,29 @@ def _speed_points(analysis: Analysis, rows: pd.DataFrame, others: pd.DataFrame) 
         parts.append("speed inconclusive: " + ", ".join(
             f"{r.technique} ({r.speedup:.2f}x [{r.speedup_lo:.2f}, {r.speedup_hi:.2f}])" for r in open_.itertuples()))
     return parts
+
+
+def _left_out(items: list[summary.Undecided], side: str, digits: int = 2) -> str:
+    """What a superlative leaves out that measured beyond its winner, so it does not read as "the best set"."""
+    if not items:
+        return ""
+    return f"; left out as undecided, though measured {side}: {summary.left_out_text(items, digits)}"
+
+
+def _mfu_points(rows: pd.DataFrame) -> list[str]:
+    """The headline MFU of every set, against one peak for all (``bench.analyze.mfu``), first in the summary."""
+    first = rows.iloc[0]
+    values = [(r.technique, mfu.primary(r)) for r in rows.itertuples()]
+    values = [(t, v) for t, v in values if v is not None]
+    if not values or not first.get("mfu_peak_dtype"):
+        return []
+    sheet = _ok(first.get("mfu_sheet_peak")) and any(_ok(v) for v in rows["mfu_sheet"])
+    peak = (f"datasheet {fmt_flops(first['mfu_sheet_peak'])}" if sheet
+            else f"calibrated {fmt_flops(first['mfu_calibrated_peak'])}")
+    also = "the calibrated peak and " if sheet else ""
+    return [f"MFU against {mfu.chosen(first['mfu_peak_dtype'], str(first['mfu_peak_device']))}, {peak} "
+            "(estimates, medians over seeds): " + ", ".join(f"{t} {fmt_pct(v)}" for t, v in values)
+            + f"; the table gives it against {also}each set's own dtype too"]
 
 
 def _quality_word(c: Any) -> str:
@@ -639,7 +669,8 @@ def _headline(analysis: Analysis, names: dict[str, str]) -> list[Headline]:
         label = workload + (f" ({names[machine]})" if names[machine] else "")
         others = rows[~rows["is_reference"].astype(bool)]
         caveats = [f"{r.technique}: {c}" for r in others.itertuples() for c in r.caveats]
-        parts = caveats + _speed_points(analysis, rows, others) + _quality_points(others) + _ttt_points(rows, others)
+        parts = _mfu_points(rows) + caveats + _speed_points(analysis, rows, others) + _quality_points(others)
+        parts += _ttt_points(rows, others)
         parts += frontier_points(analysis, machine, workload)
         problems = [r for r in rows.itertuples() if r.problems or r.skip_reason]
         if problems:
@@ -854,9 +885,13 @@ def _method(analysis: Analysis) -> list[str]:
         "inconclusive otherwise (with about how many pairs would decide it). The quality verdicts of this report "
         "are corrected for their number (Holm's step-down procedure).",
         "Samples/s: per trial, samples over the wall time of the timed window; the table shows the median over "
-        "repeats and its IQR. MFU: model FLOPs per step (FlopCounterMode on the eager fp32 reference step) x steps "
-        "/ the window's wall time (the clock of samples/s) / this machine's matmul peak for the dtype in use, "
-        "calibrated with the trial's thread count (Chowdhery et al. 2022, PaLM, appendix B).",
+        "repeats and its IQR. MFU (Chowdhery et al. 2022, PaLM, appendix B): achieved FLOP/s = model FLOPs per "
+        "step x steps / the window's wall time (the clock of samples/s), the FLOPs counted by torch's "
+        "FlopCounterMode on the eager fp32 reference step (matmuls, convolutions and, on GPUs, attention; not "
+        "nanoGPT's 6N + 12LTd per token formula: docs/methodology.md compares the two). The headline divides it "
+        "by one peak for every set, the device's dense bfloat16 peak (datasheet and calibrated; a CPU's fastest "
+        "calibrated dtype), as torchtitan and llm.c quote MFU; 'own dtype' "
+        "divides by the calibrated peak of the set's own compute dtype, at the trial's thread count.",
         "Peak memory: the tensor-level peak from a tracked step (params, grads, optimizer state, activations, "
         "other temporaries) where it exists, with the process's peak RSS over the timed window beside it; "
         "torch.compile hides tensors from the tracker, so compiled sets have RSS only and their ratio says (RSS).",
@@ -911,6 +946,7 @@ def build(analysis: Analysis, figures: dict[str, Figure] | None = None, input_no
         notes = []
         if names[machine]:
             notes.append(f"Ran on {names[machine]}: {machine}.")
+        notes += [d for d in [mfu.definition(rows.iloc[0])] if d]
         sections.append(WorkloadSection(title, _anchor(title), _workload_info(analysis, machine, workload),
                                         workload_table(rows, analysis.baseline), notes))
 

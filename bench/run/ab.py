@@ -270,7 +270,7 @@ class AbRunner:
         """Summaries of both sides and the comparison of B against A (OUT/compare.md)."""
         records = {side: runner.store.read() for side, runner in self.runners.items()}
         for side, recs in records.items():
-            rows = summary_mod.summarize(recs)
+            rows = summary_mod.summarize(recs, env=summary_mod.env_of(self.out_dir / side))
             write_atomic(self.out_dir / side / "summary.md",
                          summary_mod.to_markdown(rows, title=f"Sweep '{self.cfg.name}' side {side.upper()} summary"))
         comparison = compare_mod.compare_dirs(self.out_dir / "a", self.out_dir / "b", self.threshold)
