@@ -72,6 +72,8 @@ try next" loop over the registry and never name a technique):
                                            technique with ``results`` for its own)
     caveat(found) -> str | None         -> classmethod: what makes the set's numbers mean something else than its
                                            name says (compile that captured no graph ran eager)
+    setting_caveat(names) -> str | None -> classmethod: the same, read off the set's technique names alone (fp8
+                                           without compile is not what fp8 is meant to cost)
     result_curve: ResultCurve | None    -> a curve in its results the report draws (the LR range test's loss vs LR)
     remedies: tuple[Remedy, ...]        -> the step bottlenecks (``Bottleneck``) it addresses and the advice's words:
                                            what to type, why, what to say when the set already has it or when this
@@ -142,6 +144,13 @@ class Claim:
     high: float
     setting: str  # hardware / model the claim was made on
     source: str  # citation or URL
+    # The claim's conditions, for the claims check to say where a measured setting does not meet them:
+    needs: tuple[str, ...] = ()  # techniques its setting ran with (("bf16", "compile")): a set without one is not it
+    params: float | None = None  # its model's size in parameters (8e9): a model far smaller is not its regime
+    devices: int | None = None  # its GPU count (8)
+    # True: stated for the technique added to a set that holds others (fp8 on top of bf16 + compile), so every set
+    # holding it is also measured against the same set without it, where the sweep ran that set.
+    over_rest: bool = False
 
 
 class Bottleneck(enum.StrEnum):
@@ -399,6 +408,12 @@ class Technique:
     def caveat(cls, found: list[dict[str, Any]]) -> str | None:
         """What makes a set's numbers mean something else than its name says, read off this technique's results of
         the set's trials (one per ok trial, None where a trial recorded none); None when nothing does."""
+        return None
+
+    @classmethod
+    def setting_caveat(cls, names: tuple[str, ...]) -> str | None:
+        """What makes its numbers mean something else in a set of these technique ``names`` (its own among them):
+        a setting it is not meant to run in. The report notes it beside the set and lists it as a finding."""
         return None
 
     @classmethod

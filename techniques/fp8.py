@@ -19,8 +19,15 @@ Method card
 - When it helps: large matmuls on GPUs with fp8 tensor cores (NVIDIA Ada and Hopper, compute capability 8.9+; twice
   the bf16 peak on H100). The scaling and casting add memory-bound passes (amax reductions, casts), which only large
   M, K, N amortise; torchao's README puts small shapes (M, K, N = 1024, 2048, 1024) at 0.80x and large ones (4096,
-  8192, 16384) at 1.39x of bf16 on an H100, and recommends ``torch.compile`` to fuse the casts (combine with
-  ``compile``). On the tiny and small workloads here expect a slowdown; gpt:gpt2-124m is the closest to its regime.
+  8192, 16384) at 1.39x of bf16 on an H100. torchao and torchtitan say float8 training needs ``torch.compile`` to
+  fuse the scaling and casting kernels: eager fp8 is not what fp8 is meant to cost, and the report says so beside
+  every set that holds fp8 without ``compile`` (``setting_caveat``). Compare ``bf16+fp8+compile`` with
+  ``bf16+compile``: the claims check measures fp8 against the same set without it, paired by seed, and names the
+  claim's conditions the setting does not meet (compile, an 8B model, 8 GPUs). On the workloads here expect a
+  slowdown even compiled: torchao's tensorwise size filter (skip when K <= 4096 and N <= 1024) would skip half the
+  Linear layers of gpt:gpt2-124m (each block's two 768-wide output projections), and the other half (768 -> 2304
+  and 768 -> 3072) are far from the shapes where fp8 gained. The technique's results count the layers the filter
+  would skip.
 - CPU: not offered. torchao can emulate float8 (``Float8LinearConfig(emulate=True)``: casts to fp8 and back around an
   ordinary matmul), which would measure fp8's numerics, not its speed, so on a CPU or an older GPU the technique is
   skipped with its reason (the tests use the emulation to check the layer swap).
@@ -34,8 +41,10 @@ Method card
 - Not implemented: delayed or static scaling, ``rowwise_with_gw_hp``, float8 all-gather with FSDP2
   (``enable_fsdp_float8_all_gather``), MX formats.
 - Functional form: ``apply_float8(model, recipe, filter)``.
-- Measured: nothing yet: refused on CPU with the reason. The CUDA path has not been run in this project yet: the
-  machine it was written on has no GPU.
+- Measured on one H200 (torch 2.11, torchao 0.18, 2026-12-04; reports/example-h200-first), gpt:gpt2-124m at batch
+  8, eager (no compile): bf16+fp8 0.68x [0.59, 0.78] of fp32, slower (3 pairs), and 0.17x [0.13, 0.23] of bf16, no
+  verdict (2 pairs); its phase pass timed a 181 ms step against bf16's 31 ms (medians, no verdict). Its GPU tests
+  passed there (reports/example-h200-first/pytest-m-gpu.txt). ``bf16+fp8+compile`` has not run yet.
 - Sources: Micikevicius et al., "FP8 Formats for Deep Learning", arXiv:2209.05433 (2022); torchao float8 README
   (github.com/pytorch/ao/tree/main/torchao/float8: "e2e pretraining throughput speedups of up to 1.5x at 512 GPU /
   405B parameter count scale, and up to 1.25x at 8 GPU / 8B parameter count scale", with torch.compile; its
@@ -127,7 +136,8 @@ class FP8(Technique):
     conflicts = frozenset({"qat", "sparse24", "prune", "tp"})
     claims = (
         Claim("speedup", 1.10, 1.25, "Llama3-8B, 8xH100, FSDP2 + torch.compile, vs bf16 (rowwise 1.10x, tensorwise "
-              "1.25x); up to 1.5x at 512 GPUs / 405B", "torchao float8 README (training benchmarks)"),
+              "1.25x); up to 1.5x at 512 GPUs / 405B", "torchao float8 README (training benchmarks)",
+              needs=("bf16", "compile"), params=8e9, devices=8, over_rest=True),
     )
 
     @dataclass(frozen=True)
@@ -145,6 +155,7 @@ class FP8(Technique):
         super().__init__(options)
         self._targets: list[str] = []
         self._left: dict[str, str] = {}
+        self._too_small: list[str] = []
         self._model: nn.Module | None = None
 
     def check(self, ctx: Context) -> str | None:
@@ -153,7 +164,10 @@ class FP8(Technique):
     def transform_model(self, model: nn.Module, ctx: Context) -> nn.Module:
         if problem := fp8_device_problem(ctx.device):
             raise RuntimeError(problem)
+        # Which of them torchao's own size filter would skip as too small to gain (asked before the swap)
+        auto = set(float8_targets(model, self.options.recipe, "auto")[0])
         self._targets, self._left = apply_float8(model, self.options.recipe, self.options.filter)
+        self._too_small = [n for n in self._targets if n not in auto]
         self._model = model
         return model
 
@@ -166,18 +180,31 @@ class FP8(Technique):
         return {"recipe": self.options.recipe, "filter": self.options.filter,
                 "float8_layers": count_float8(self._model), "layers": list(self._targets),
                 "left_high_precision": dict(self._left), "weights_in_float8_matmuls": converted,
-                "fraction_of_params": round(converted / total, 4) if total else None}
+                "fraction_of_params": round(converted / total, 4) if total else None,
+                "too_small_to_gain": len(self._too_small)}
 
     # ---- reading ------------------------------------------------------------------------------------------
 
     @classmethod
+    def setting_caveat(cls, names: tuple[str, ...]) -> str | None:
+        """Eager fp8 is not what fp8 is meant to cost: its scaling and casting run as separate kernels."""
+        if "compile" in names:
+            return None
+        return ("fp8 ran without torch.compile: torchao and torchtitan say float8 training needs compile to fuse its "
+                "scaling and casting kernels, so this eager number is not what fp8 is meant to cost; measure "
+                "bf16+fp8+compile against bf16+compile")
+
+    @classmethod
     def summarize(cls, found: list[dict[str, Any]]) -> str:
-        """The recipe, the Linear layers converted to float8 matmuls and their share of the parameters, and the
-        layers left in high precision."""
+        """The recipe, the Linear layers converted to float8 matmuls and their share of the parameters, the layers
+        left in high precision, and how many of the converted ones torchao's size filter would skip as too small."""
         first = found[0]
         left = first.get("left_high_precision") or {}
+        small = first.get("too_small_to_gain")
         return (f"{first.get('recipe')} recipe: {rd.values([f.get('float8_layers') for f in found])} Linear layers in "
                 f"float8 matmuls ({rd.n(first.get('weights_in_float8_matmuls'))} weights, "
                 f"{rd.values([f.get('fraction_of_params') for f in found])} of the parameters); "
                 f"{len(left)} left in high precision" + (f" ({', '.join(sorted(left)[:3])}"
-                                                         f"{', ...' if len(left) > 3 else ''})" if left else ""))
+                                                         f"{', ...' if len(left) > 3 else ''})" if left else "")
+                + (f"; torchao's size filter (filter=auto) would skip {small} of them as too small for float8 to "
+                   "gain" if small else ""))

@@ -1,22 +1,33 @@
-"""2:4 semi-structured sparse training with torchao: the targeted Linear weights are pruned to 2:4 at every step.
+"""2:4 semi-structured sparse training: the targeted Linear weights are pruned to 2:4 at every step, and the
+forward and grad_input matmuls run on cuSPARSELt's sparse tensor cores.
 
 Method card
-- What: the targeted ``nn.Linear`` layers are swapped for a subclass of torchao's ``SemiSparseLinear``
-  (``torchao.sparsity.training.swap_linear_with_semi_sparse_linear(model, {fqn: cls})``; the same weight and bias
-  Parameters). Every forward prunes the current dense weight to the 2:4 pattern and compresses it
-  (``semi_structured_sparsify(weight, backend="cusparselt")``, PyTorch's ``_sparse_semi_structured_tile`` kernel):
-  in each 4x4 tile the values are taken greedily by magnitude while a row and a column hold fewer than two, so both
-  ``W`` and ``W^T`` are 2:4 and the backward's transposed matmul (grad_input = grad_output @ W) is sparse too. The
-  forward and grad_input matmuls run on cuSPARSELt's sparse tensor cores; grad_weight is a dense matmul. The pruning
-  has no gradient of its own: the straight-through estimator hands the dense gradient to every weight, pruned or not,
-  so the dense fp32 master weights keep learning and the mask is recomputed from them each step (runtime
-  sparsity, the recipe of torchao's sparse-training README and xFormers' ``sparsify24``). Evaluation runs the same
-  forward: the metric is the 2:4-pruned model's.
-- fp32 master weights: cuSPARSELt's 2:4 kernels take fp16/bf16 operands, and autocast cannot cast a compressed tensor,
-  so torchao's ``SemiSparseLinear`` (written for a model cast to fp16/bf16) would fail on this harness's fp32 weights
-  under autocast. The subclass here casts the weight to the autocast dtype first (a differentiable cast: the gradient
-  reaches the fp32 Parameter), then sparsifies, and runs the matmul on 16-bit operands. Hence the set needs ``bf16`` or
-  ``fp16``.
+- What: the targeted ``nn.Linear`` layers become ``Sparse24Linear`` (the same weight and bias Parameters). Every
+  forward casts the dense fp32 master weight to the autocast dtype, prunes it to 2:4 and compresses it, all in one
+  kernel of torch's semi-structured API: ``torch._sparse_semi_structured_tile(w, algorithm=
+  "largest_abs_values_greedy", use_cutlass=False)``. In each 4x4 tile the entries are taken by descending magnitude
+  while their row and their column of the tile hold fewer than two, so both ``W`` and ``W^T`` are 2:4 (a tile may
+  keep fewer than 8). The kernel returns ``W`` and ``W^T`` compressed for cuSPARSELt; their flat buffers are viewed as
+  2-D (rows x kept values and metadata), as torch's own ``SparseSemiStructuredTensorCUSPARSELT.prune_dense_static_sort``
+  does, and wrapped in a ``SparseSemiStructuredTensorCUSPARSELT``. The forward (``x @ W^T``) and the backward's
+  grad_input (``grad @ W``, from the compressed ``W^T``) run on cuSPARSELt; grad_weight is a dense matmul. The pruning
+  has no gradient of its own: the technique's own straight-through function hands the dense gradient to every
+  weight, pruned or not, so the master weights keep learning and the mask is chosen again from them each step
+  (runtime sparsity: the recipe of torchao's sparse-training README and xFormers' ``sparsify24``). Evaluation runs
+  the same forward: the metric is the 2:4-pruned model's.
+- Why its own function: the first GPU run (one H200, torch 2.11, 2026-12-04; reports/example-h200-first/
+  pytest-m-gpu.txt) crashed in both GPU tests with ``compressed_A.dim() == 2 INTERNAL ASSERT FAILED`` in
+  ``torch._cslt_sparse_mm``: torchao's straight-through sparsify passed the tile kernel's flat buffer on as it came.
+  torchao has since removed ``torchao.sparsity`` upstream, so the technique depends on torch alone. It also ranks by
+  magnitude: the tile kernel's default algorithm ("", the one torchao used) ranks by signed value, which prunes
+  large negative weights first (torch's ComputeSparseTile.h). torch calls this API a prototype.
+- fp32 master weights: cuSPARSELt's 2:4 kernels take fp16/bf16 operands and autocast cannot cast a compressed
+  tensor, so the layer casts the weight to the autocast dtype first (a differentiable cast: the gradient reaches the
+  fp32 Parameter) and multiplies with autocast off. Hence the set needs ``bf16`` or ``fp16``.
+- A reference path for checking numerics: ``apply_sparse24(model, layers, kernels="reference")`` picks the same
+  mask in plain torch (``mask24``) and multiplies densely, on any device. It measures no speed; the technique never
+  uses it. The CPU tests check the mask, the straight-through gradient and the 2-D packing on it; a GPU test checks
+  the real kernels against a dense matmul with the mask they chose.
 - Which layers: ``layers=mlp`` (default) takes the Linear layers under a module named ``mlp`` (the transformer
   blocks' feed-forward: the configuration the torchao README found acceptable for DINO ViT training); ``layers=all``
   takes every Linear. In both, a layer qualifies only if its weight is held by no other module (GPT's head, tied to
@@ -26,9 +37,12 @@ Method card
   on mlp ``layers=all`` takes the 256x256 (tiny) or 1024x1024 (small) hidden layers. cnn's convolutions are never
   sparsified.
 - When it helps: large MLP matmuls on Ampere and newer GPUs (compute capability 8.0+). The per-step pruning and
-  compression cost time of their own, which only large matmuls amortise; the README measures 1.24x and 1.27x on the
-  two ViT-L MLP linear shapes (13008 x 1024 x 4096, A100, fp16) but 1.06x end to end (ViT-L forward + backward,
-  torch.compile, fp16), and memory slightly up (58.5 to 59.4 GB). Expect a slowdown on the small workloads here.
+  compression cost time of their own, which only large matmuls amortise; the README measured 1.24x and 1.27x on the
+  two ViT-L MLP linear shapes (13008 x 1024 x 4096, A100, fp16) but 1.06x end to end (ViT-L, 304M parameters,
+  forward + backward, torch.compile, fp16), and memory slightly up (58.5 to 59.4 GB). Expect a slowdown on the
+  small workloads here. Where the sweep also ran the set without it (``bf16`` beside ``bf16+sparse24``), the claims
+  check measures it against that set, paired by seed, and says when the 2:4 kernels make the step slower than dense:
+  a finding about this device, not a failure.
 - CPU: not offered (the sparsification and the sparse matmuls are CUDA kernels); skipped with its reason.
 - Kind: ALGORITHMIC: the forward uses a pruned weight (half of each targeted matrix is zero), so what is learned
   changes; judged by the metric it reaches. The README's DINOv2 ImageNet run lost 0.5 pp accuracy fully 2:4-trained.
@@ -37,20 +51,23 @@ Method card
   inside cuSPARSELt's kernels).
 - Refused: qat and fp8 (they swap the same Linear layers), prune (it masks the same weights its own way), and several
   processes (runtime 2:4 sparsification of sharded DTensor weights is untried here).
-- Not implemented: activation sparsity (``SemiSparseActivationLinear``), switching to dense training for the end of
-  the run (the README's recipe for -0.1 pp instead of -0.5 pp), exporting the 2:4 model.
-- Functional form: ``apply_sparse24(model, layers)``.
-- Measured: nothing yet: refused on CPU with the reason. The CUDA path has not been run in this project yet: the
-  machine it was written on has no GPU.
-- Sources: Mishra et al., "Accelerating Sparse Deep Neural Networks", arXiv:2104.08378 (2021); torchao sparsity
-  training README (github.com/pytorch/ao/tree/main/torchao/sparsity/training: "a 6% e2e speedup on a single NVIDIA
-  A100" for ViT-L with MLP weights 2:4, 1.24x and 1.27x on its MLP linear shapes; DINOv2 -0.5 pp fully sparse,
-  -0.1 pp with a dense finish); PyTorch ``torch.sparse`` semi-structured sparsity docs.
+- Not implemented: activation sparsity, switching to dense training for the end of the run (the README's recipe for
+  -0.1 pp instead of -0.5 pp), exporting the 2:4 model.
+- Functional form: ``apply_sparse24(model, layers, kernels)``.
+- Measured: nothing yet. The torchao-based version crashed on the H200 (above); this version has not yet run on a
+  GPU (its GPU tests: ``pytest -m gpu tests/test_sparse24.py tests/test_registry.py``), nor with ``compile``.
+- Sources: Mishra et al., "Accelerating Sparse Deep Neural Networks", arXiv:2104.08378 (2021); torchao 0.18's
+  sparsity training README and ``torchao/sparsity/training/autograd.py`` (github.com/pytorch/ao, since removed: "a
+  6% e2e speedup on a single NVIDIA A100" for ViT-L with MLP weights 2:4, 1.24x and 1.27x on its MLP linear shapes;
+  DINOv2 -0.5 pp fully sparse, -0.1 pp with a dense finish); PyTorch ``torch.sparse`` semi-structured sparsity docs
+  and sources (``torch/sparse/semi_structured.py``, ``aten/src/ATen/native/sparse/cuda/ComputeSparseTile.h``).
 """
 
 from __future__ import annotations
 
 import functools
+import warnings
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -59,17 +76,20 @@ import torch.nn.functional as F
 from torch import nn
 
 from techniques import _reading as rd
-from techniques._model import cuda_capability_problem, shared_weights, torchao_missing
+from techniques._model import cuda_capability_problem, shared_weights
 from techniques.base import Claim, Context, Kind, Phase, Technique, register
 
 _LAYERS = ("mlp", "all")
+KERNELS = ("cusparselt", "reference")
 MIN_CAPABILITY = (8, 0)
 DIM_MULTIPLE = 128  # cuSPARSELt metadata of _sparse_semi_structured_tile: rows and cols multiples of 128
+TILE = 4  # the mask is chosen per 4x4 tile: at most 2 kept in each of its rows and each of its columns
+ALGORITHM = "largest_abs_values_greedy"  # the tile kernel's default ("") ranks by signed value, not magnitude
 _HALF = (torch.float16, torch.bfloat16)
 
 
 def sparse24_device_problem(device: torch.device) -> str | None:
-    """Why ``device`` cannot run torchao's 2:4 sparse training, or None."""
+    """Why ``device`` cannot run 2:4 sparse training on cuSPARSELt, or None."""
     problem = cuda_capability_problem(device, MIN_CAPABILITY, "2:4 sparse kernels need a CUDA GPU with compute "
                                       "capability 8.0+ (Ampere or newer)")
     if problem:
@@ -98,55 +118,140 @@ def sparse24_targets(model: nn.Module, layers: str) -> tuple[list[str], dict[str
     return targets, left
 
 
-def _sparsify(weight: torch.Tensor) -> torch.Tensor:
-    """The weight pruned to 2:4 and compressed for cuSPARSELt (straight-through gradient). Tests replace it."""
-    from torchao.sparsity.training.autograd import semi_structured_sparsify
+# ---- the 2:4 mask, the packing and the straight-through function ------------------------------------------------
 
-    return semi_structured_sparsify(weight, backend="cusparselt")
+
+def mask24(weight: torch.Tensor) -> torch.Tensor:
+    """Which entries of ``weight`` (rows and columns multiples of 4) the magnitude-greedy 2:4 tile pruning keeps: in
+    each 4x4 tile, entries by descending ``|w|`` (ties: the earlier in row-major order first), each kept while its row
+    and its column of the tile hold fewer than two. What ``largest_abs_values_greedy`` computes on the GPU, in plain
+    torch: one vectorised pass per rank within the tiles, over all tiles at once."""
+    rows, cols = weight.shape
+    if rows % TILE or cols % TILE:
+        raise ValueError(f"2:4 tiles need both dimensions to be multiples of {TILE}, got {rows} x {cols}")
+    tiles = weight.detach().abs().reshape(rows // TILE, TILE, cols // TILE, TILE).transpose(1, 2).reshape(-1, 16)
+    order = torch.sort(tiles, dim=1, descending=True, stable=True).indices
+    at = torch.arange(len(tiles), device=weight.device)
+    per_row = torch.zeros(len(tiles), TILE, dtype=torch.int64, device=weight.device)
+    per_col = torch.zeros_like(per_row)
+    keep = torch.zeros(tiles.shape, dtype=torch.bool, device=weight.device)
+    for rank in range(16):
+        pos = order[:, rank]
+        r, c = pos // TILE, pos % TILE
+        take = (per_row[at, r] < 2) & (per_col[at, c] < 2)
+        keep[at, pos] = take
+        per_row[at, r] += take.long()
+        per_col[at, c] += take.long()
+    return keep.reshape(rows // TILE, cols // TILE, TILE, TILE).transpose(1, 2).reshape(rows, cols)
+
+
+def cusparselt_tensor(shape: torch.Size, packed: torch.Tensor, meta: torch.Tensor | None, packed_t: torch.Tensor,
+                      meta_t: torch.Tensor | None, bitmask: torch.Tensor | None) -> torch.Tensor:
+    """The compressed ``W`` and ``W^T`` of the tile kernel as torch's cuSPARSELt tensor. ``torch._cslt_sparse_mm``
+    asserts a 2-D compressed operand, while the kernel returns each buffer flat: view them as (rows of that operand,
+    kept values and metadata), as ``SparseSemiStructuredTensorCUSPARSELT.prune_dense_static_sort`` does."""
+    from torch.sparse import SparseSemiStructuredTensorCUSPARSELT
+
+    rows, cols = shape
+    with warnings.catch_warnings():  # torch's "prototype stage" notice, once per process: the card says so already
+        warnings.filterwarnings("ignore", message="The PyTorch API of SparseSemiStructuredTensor")
+        return SparseSemiStructuredTensorCUSPARSELT(shape, packed=packed.view(rows, -1), meta=meta,
+                                                    packed_t=packed_t.view(cols, -1), meta_t=meta_t,
+                                                    compressed_swizzled_bitmask=bitmask, requires_grad=False)
+
+
+def pack_cusparselt(weight: torch.Tensor) -> torch.Tensor:
+    """``weight`` (fp16/bf16, on a CUDA GPU) pruned to 2:4 by magnitude and compressed for cuSPARSELt."""
+    packed, meta, packed_t, meta_t, bitmask = torch._sparse_semi_structured_tile(weight, algorithm=ALGORITHM,
+                                                                                 use_cutlass=False)
+    return cusparselt_tensor(weight.shape, packed, meta, packed_t, meta_t, bitmask)
+
+
+def pack_reference(weight: torch.Tensor) -> torch.Tensor:
+    """``weight`` with the entries ``mask24`` drops set to zero: a dense tensor, on any device."""
+    return weight * mask24(weight)
+
+
+_PACKERS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {"cusparselt": pack_cusparselt,
+                                                               "reference": pack_reference}
+
+
+class StraightThrough24(torch.autograd.Function):
+    """The forward prunes (``pack``); the backward hands the gradient of the pruned weight on unchanged to the dense
+    weight (the straight-through estimator), so pruned weights keep learning and may come back."""
+
+    @staticmethod
+    def forward(ctx: Any, weight: torch.Tensor, pack: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor:
+        return pack(weight)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
+        return grad, None
+
+
+def sparsify24(weight: torch.Tensor, kernels: str = "cusparselt") -> torch.Tensor:
+    """``weight`` pruned to 2:4 with a straight-through gradient: compressed for cuSPARSELt, or (``reference``) the
+    dense masked weight."""
+    if kernels == "cusparselt":
+        return _cusparselt_in_graph()(weight)
+    return StraightThrough24.apply(weight, _PACKERS[kernels])
 
 
 @functools.cache
-def semi_sparse_linear_class() -> type[nn.Linear]:
-    """torchao's ``SemiSparseLinear`` for fp32 master weights under autocast (built once, on first use: torchao is
-    imported lazily)."""
-    from torchao.sparsity.training import SemiSparseLinear
-
-    class AutocastSemiSparseLinear(SemiSparseLinear):
-        """Casts the weight to the autocast dtype (fp16/bf16) before pruning it to 2:4, then multiplies in that dtype."""
-
-        def forward(self, x: torch.Tensor) -> torch.Tensor:
-            kind = x.device.type
-            dtype = torch.get_autocast_dtype(kind) if torch.is_autocast_enabled(kind) else self.weight.dtype
-            if dtype not in _HALF:
-                raise RuntimeError(f"sparse24's 2:4 kernels take fp16/bf16 operands, not {dtype}: combine it with "
-                                   "bf16 or fp16 (autocast)")
-            weight = _sparsify(self.weight.to(dtype))
-            bias = None if self.bias is None else self.bias.to(dtype)
-            with torch.autocast(kind, enabled=False):  # autocast would try to cast the compressed weight
-                return F.linear(x.to(dtype), weight, bias)
-
-    return AutocastSemiSparseLinear
+def _cusparselt_in_graph() -> Callable[[torch.Tensor], torch.Tensor]:
+    """The cuSPARSELt sparsify as one opaque call under torch.compile (as torchao's was: Dynamo does not trace the
+    construction of the sparse tensor); made on first use, since importing Dynamo is slow."""
+    return torch._dynamo.allow_in_graph(lambda weight: StraightThrough24.apply(weight, pack_cusparselt))
 
 
-def apply_sparse24(model: nn.Module, layers: str = "mlp") -> tuple[list[str], dict[str, str]]:
-    """Swap the targeted Linear layers of ``model`` for the 2:4 sparse ones, in place."""
-    from torchao.sparsity.training import swap_linear_with_semi_sparse_linear
+class Sparse24Linear(nn.Linear):
+    """An ``nn.Linear`` that multiplies by its weight pruned to 2:4 each step, in the autocast dtype (fp16/bf16)."""
 
+    kernels: str = "cusparselt"  # "reference": the same mask as a dense masked matmul (numerics only, any device)
+
+    @classmethod
+    def from_dense(cls, linear: nn.Linear, kernels: str = "cusparselt") -> Sparse24Linear:
+        """The layer holding ``linear``'s own weight and bias Parameters (the optimizer's, unchanged)."""
+        layer = cls(linear.in_features, linear.out_features, bias=linear.bias is not None, device="meta")
+        layer.weight, layer.bias = linear.weight, linear.bias
+        layer.kernels = kernels
+        return layer.train(linear.training)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        kind = x.device.type
+        dtype = torch.get_autocast_dtype(kind) if torch.is_autocast_enabled(kind) else self.weight.dtype
+        if dtype not in _HALF:
+            raise RuntimeError(f"sparse24's 2:4 kernels take fp16/bf16 operands, not {dtype}: combine it with "
+                               "bf16 or fp16 (autocast)")
+        weight = sparsify24(self.weight.to(dtype), self.kernels)
+        bias = None if self.bias is None else self.bias.to(dtype)
+        with torch.autocast(kind, enabled=False):  # autocast would try to cast the compressed weight
+            return F.linear(x.to(dtype), weight, bias)
+
+
+def apply_sparse24(model: nn.Module, layers: str = "mlp", kernels: str = "cusparselt"
+                   ) -> tuple[list[str], dict[str, str]]:
+    """Swap the targeted Linear layers of ``model`` for ``Sparse24Linear``, in place: (the layers swapped, {layer:
+    why it stays dense}). ``kernels="reference"`` checks numerics on any device and measures no speed."""
+    if kernels not in KERNELS:
+        raise ValueError(f"kernels must be one of {', '.join(KERNELS)}, got {kernels!r}")
     targets, left = sparse24_targets(model, layers)
     if not targets:
         scope = "under a module named 'mlp'" if layers == "mlp" else "in the model"
         raise ValueError(f"sparse24 found no nn.Linear layer {scope} to make 2:4 sparse ({len(left)} left dense: "
                          f"{'; '.join(f'{k}: {v}' for k, v in left.items()) or 'none qualifies'}"
                          f"{'; layers=all takes every Linear' if layers == 'mlp' else ''})")
-    cls = semi_sparse_linear_class()
-    swap_linear_with_semi_sparse_linear(model, {name: cls for name in targets})
+    for name in targets:
+        parent, _, child = name.rpartition(".")
+        owner = model.get_submodule(parent)
+        setattr(owner, child, Sparse24Linear.from_dense(getattr(owner, child), kernels))
     return targets, left
 
 
 @register
 class Sparse24(Technique):
     name = "sparse24"
-    summary = "2:4 semi-structured sparse training of the MLP Linear layers (torchao, cuSPARSELt); optional extra"
+    summary = "2:4 semi-structured sparse training of the MLP Linear layers (torch's cuSPARSELt kernels; CUDA 8.0+)"
     kind = Kind.ALGORITHMIC
     phase = Phase.PRECISION  # a module converter: before checkpointing and compile
     own_flops = False  # dense-equivalent FLOPs (method card)
@@ -155,7 +260,8 @@ class Sparse24(Technique):
     conflicts = frozenset({"qat", "fp8", "prune"})
     claims = (
         Claim("speedup", 1.06, 1.06, "ViT-L forward + backward, one A100, fp16 + torch.compile, MLP weights 2:4 vs "
-              "dense", "torchao sparsity training README"),
+              "dense", "torchao sparsity training README", needs=("compile",), params=3.04e8, devices=1,
+              over_rest=True),
     )
 
     @dataclass(frozen=True)
@@ -173,7 +279,7 @@ class Sparse24(Technique):
         self._model: nn.Module | None = None
 
     def check(self, ctx: Context) -> str | None:
-        if problem := torchao_missing(ctx) or sparse24_device_problem(ctx.device):
+        if problem := sparse24_device_problem(ctx.device):
             return problem
         if ctx.world_size > 1:
             return "sparse24 runs on one process (2:4 sparsification of sharded weights is untried here)"
@@ -192,12 +298,11 @@ class Sparse24(Technique):
     def results(self, ctx: Context) -> dict[str, Any] | None:
         if self._model is None:
             return None
-        cls = semi_sparse_linear_class()
         modules = dict(self._model.named_modules())
         weights = sum(modules[n].weight.numel() for n in self._targets)
         total = sum(p.numel() for p in self._model.parameters())
         return {"layers_option": self.options.layers,
-                "sparse_layers": sum(isinstance(m, cls) for m in self._model.modules()),
+                "sparse_layers": sum(isinstance(m, Sparse24Linear) for m in self._model.modules()),
                 "layers": list(self._targets), "left_dense": dict(self._left),
                 "weights_2to4": weights, "fraction_of_params": round(weights / total, 4) if total else None}
 

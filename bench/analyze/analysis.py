@@ -383,22 +383,23 @@ def _identity(machine: str, workload: str, technique: str, g: pd.DataFrame, ok: 
         "first_step_s": _median(ok["first_step_s"]), "one_off_s": _median(ok["one_off_s"]),
         "probe_s": _median(ok["probe_s"]),
         "world_size": g["world_size"].iloc[0],
-        "caveats": _caveats(ok),
+        "caveats": _caveats(ok, tuple(first["names"] or ())),
     }
 
 
-def _caveats(ok: pd.DataFrame) -> tuple[str, ...]:
-    """What makes a set's numbers mean something else than its name says, from what its techniques recorded."""
+def _caveats(ok: pd.DataFrame, names: tuple[str, ...] = ()) -> tuple[str, ...]:
+    """What makes a set's numbers mean something else than its name says, from what its techniques recorded and
+    from the set's technique ``names`` (a setting a technique is not meant to run in), for a set whose trials ran."""
     results = list(ok["technique_results"])
-    names = dict.fromkeys(name for r in results for name in (r or {}))
-    if not names:
+    found_names = dict.fromkeys(name for r in results for name in (r or {}))
+    if ok.empty or not (found_names or names):
         return ()
     import techniques  # each technique reads its own results (imported once some are there: it imports torch)
 
     known = techniques.registry()
-    found = ((known[name].caveat([(r or {}).get(name) for r in results]) if name in known else None)
-             for name in names)
-    return tuple(c for c in found if c)
+    found = [known[name].caveat([(r or {}).get(name) for r in results]) for name in found_names if name in known]
+    found += [known[name].setting_caveat(names) for name in names if name in known]
+    return tuple(dict.fromkeys(c for c in found if c))
 
 
 def _trains_nothing(names: Sequence[str]) -> str | None:
@@ -874,6 +875,6 @@ def analyze(sweep: Sweep, baseline: str = BASELINE, thresholds: Thresholds | Non
     th = thresholds or Thresholds()
     configs = mfu.with_mfu(with_diagnoses(configurations(full, baseline, th), sweep.machines), sweep.machines)
     inter = interactions(frame, configs, baseline)
-    checked = findings.claims_check(configs, sweep.machines, claims)
+    checked = findings.claims_check(configs, sweep.machines, claims, frame)
     return Analysis(sweep, baseline, frame, configs, inter, checked, findings.diagnose(configs, inter, checked), th,
                     continued)

@@ -50,9 +50,15 @@ _CLAIM_FIELDS = {"speedup": "speedup", "memory_ratio": "mem_ratio", "model_state
 
 
 def claims_check(configs: pd.DataFrame, machines: dict[str, dict[str, Any]] | None = None,
-                 claims: dict[str, tuple[Any, ...]] | None = None) -> pd.DataFrame:
-    """Each single technique's published claim beside this sweep's measurement, with a verdict and, when the two
+                 claims: dict[str, tuple[Any, ...]] | None = None, frame: pd.DataFrame | None = None) -> pd.DataFrame:
+    """Each technique's published claim beside this sweep's measurement, with a verdict and, when the two
     disagree, why this hardware may differ from the claim's.
+
+    A set of one technique is measured against the reference. A claim stated for the technique on top of others
+    (``Claim.over_rest``: fp8 over bf16 + compile) is also checked on every set holding it, against the same set
+    without it (``bf16+fp8+compile`` over ``bf16+compile``), paired by seed from ``frame``'s trials; ``against``
+    names that set (None: the reference). ``unmet`` lists the claim's conditions the measured setting does not
+    meet (a technique its setting ran with, its model size, its GPU count).
 
     ``verdict`` (``stats.claim_verdict``): "within" (the whole interval lies in the claimed range), "below" or
     "above" (wholly outside it), "inconclusive" (it reaches across an edge; ``why_not`` says which side the estimate
@@ -62,35 +68,90 @@ def claims_check(configs: pd.DataFrame, machines: dict[str, dict[str, Any]] | No
     machines = machines or {}
     rows = []
     refs = {(r.machine, r.workload): r for r in configs.itertuples() if r.is_reference}
+    sets = {(r.machine, r.workload, frozenset(r.components)): r for r in configs.itertuples()}
     for c in configs.itertuples():
-        if c.is_reference or len(c.names) != 1 or c.names[0] not in claims:
+        if c.is_reference:
             continue
-        for claim in claims[c.names[0]]:
-            col = _CLAIM_FIELDS.get(claim.metric)
-            if col is None:
-                continue
-            est, lo, hi = getattr(c, col), getattr(c, f"{col}_lo"), getattr(c, f"{col}_hi")
-            row = {"machine": c.machine, "workload": c.workload, "technique": c.technique,
-                   "name": c.names[0], "metric": claim.metric, "low": claim.low, "high": claim.high,
-                   "setting": claim.setting, "source": claim.source, "measured": est, "measured_lo": lo,
-                   "measured_hi": hi, "verdict": None, "why_not": None, "why": []}
-            if est is None:
-                row["verdict"] = "not measured"
-                row["why"] = [c.skip_reason] if c.skip_reason else list(c.problems)
-            else:
-                # Exact bytes may miss a range's edge by shard padding (uneven tensors): allow 1% there.
-                exact = claim.metric == "model_state_ratio"
-                slack = MODEL_STATE_SLACK if exact else 0.0
-                v = stats.claim_verdict(est, lo, hi, getattr(c, f"{col}_n", None), claim.low * (1 - slack),
-                                        claim.high * (1 + slack), exact=exact)
-                row["verdict"], row["why_not"] = v.word, v.why
-                if v.word in ("below", "above"):
+        for name, component in zip(c.names, c.components, strict=True):
+            for claim in claims.get(name, ()):
+                if claim.metric not in _CLAIM_FIELDS or (len(c.names) > 1 and not (
+                        claim.over_rest and claim.metric == "speedup" and frame is not None)):
+                    continue
+                rest = None if len(c.names) == 1 else \
+                    sets.get((c.machine, c.workload, frozenset(c.components) - {component}))
+                row = _claim_row(c, name, claim, rest, frame)
+                if row["verdict"] in ("below", "above"):
                     ref = refs.get((c.machine, c.workload))
-                    row["why"] = why_hardware_differs(c.names[0], claim, c, ref, machines.get(c.machine, {}))
-            rows.append(row)
+                    row["why"] = why_hardware_differs(name, claim, c, ref, machines.get(c.machine, {}))
+                rows.append(row)
     cols = ["machine", "workload", "technique", "name", "metric", "low", "high", "setting", "source", "measured",
-            "measured_lo", "measured_hi", "verdict", "why_not", "why"]
+            "measured_lo", "measured_hi", "verdict", "why_not", "why", "against", "unmet"]
     return frame_of(rows, cols)
+
+
+def _claim_row(c: Any, name: str, claim: Any, rest: Any, frame: pd.DataFrame | None) -> dict[str, Any]:
+    """One claim of technique ``name`` on the set ``c``: measured against the reference when ``c`` holds it alone,
+    else against ``rest`` (the same set without it; None when the sweep did not run that set)."""
+    col = _CLAIM_FIELDS[claim.metric]
+    row = {"machine": c.machine, "workload": c.workload, "technique": c.technique, "name": name,
+           "metric": claim.metric, "low": claim.low, "high": claim.high, "setting": claim.setting,
+           "source": claim.source, "measured": None, "measured_lo": None, "measured_hi": None, "verdict": None,
+           "why_not": None, "why": [], "against": None, "unmet": unmet_conditions(claim, c)}
+    if len(c.names) == 1:
+        est, lo, hi, n = getattr(c, col), getattr(c, f"{col}_lo"), getattr(c, f"{col}_hi"), getattr(c, f"{col}_n", None)
+    elif rest is None:
+        without = "+".join(p for p, t in zip(c.components, c.names, strict=True) if t != name)
+        est = lo = hi = n = None
+        row["against"] = without
+        if c.n_ok:
+            row["why"] = [f"this sweep ran no {without} set to measure {name} against: add it"]
+    else:
+        row["against"] = rest.technique
+        ratio = stats.ratio(_speeds(frame, c), _speeds(frame, rest))
+        est, lo, hi, n = ratio.value, ratio.lo, ratio.hi, ratio.n
+    row.update(measured=est, measured_lo=lo, measured_hi=hi)
+    if est is None:
+        row["verdict"] = "not measured"
+        row["why"] = row["why"] or ([c.skip_reason] if c.skip_reason else list(c.problems))
+        return row
+    # Exact bytes may miss a range's edge by shard padding (uneven tensors): allow 1% there.
+    exact = claim.metric == "model_state_ratio"
+    slack = MODEL_STATE_SLACK if exact else 0.0
+    v = stats.claim_verdict(est, lo, hi, n, claim.low * (1 - slack), claim.high * (1 + slack), exact=exact)
+    row["verdict"], row["why_not"] = v.word, v.why
+    return row
+
+
+def _speeds(frame: pd.DataFrame, c: Any) -> dict[Any, float]:
+    """{(source, seed, repeat): samples/s} of the set ``c``'s ok trials whose timed window had the cores to itself
+    (what the statistics engine pairs on, as the speedup column does)."""
+    rows = frame[(frame["machine"] == c.machine) & (frame["workload"] == c.workload) &
+                 (frame["technique"] == c.technique) & (frame["status"] == "ok")]
+    rows = rows[~rows["contended"].astype(bool)]
+    return {k: float(v) for k, v in zip(rows["key"], rows["samples_per_s"], strict=True)
+            if v is not None and math.isfinite(float(v))}
+
+
+def _count(n: float) -> str:
+    for size, unit in ((1e9, "B"), (1e6, "M"), (1e3, "k")):
+        if n >= size:
+            return f"{n / size:.3g}{unit}"
+    return f"{n:.0f}"
+
+
+def unmet_conditions(claim: Any, c: Any) -> list[str]:
+    """The conditions of ``claim`` that the measured set ``c`` does not meet: a technique the claim's setting ran
+    with and the set lacks, a model far smaller than the claim's (under half its parameters), fewer GPUs."""
+    out = [f"no {t} in the set (the claim's setting ran with it)" for t in getattr(claim, "needs", ())
+           if t not in c.names]
+    params, n_params = getattr(claim, "params", None), getattr(c, "n_params", None)
+    if params and n_params and 2 * n_params < params:
+        out.append(f"a model of {_count(n_params)} parameters, {params / n_params:.0f}x smaller than the claim's "
+                   f"{_count(params)}")
+    devices, ranks = getattr(claim, "devices", None), int(getattr(c, "world_size", None) or 1)
+    if devices and ranks < devices:
+        out.append(f"{ranks} device{'s' if ranks > 1 else ''} against the claim's {devices} GPUs")
+    return out
 
 
 def _peak(env: dict[str, Any], dtype: str) -> float | None:
@@ -145,7 +206,7 @@ class Finding:
     machine: str
     workload: str | None  # None: across workloads
     technique: str | None  # None: the workload (or the machine) as a whole
-    topic: str  # data, overhead, memory, one-off, slower, quality, parity, claim, interaction, noise, failure
+    topic: str  # data, overhead, memory, one-off, slower, quality, parity, claim, setting, interaction, noise, failure
     text: str
 
 
@@ -292,6 +353,43 @@ def _data_fix(rows: pd.DataFrame) -> str:
             "run where cores are idle (a GPU host)")
 
 
+def _below_claim(technique: str, rows: pd.DataFrame) -> str:
+    """A set measured below its technique's claimed speedup: by how much, against what, and why it may be (the
+    claim's conditions this setting does not meet first, then what the hardware measured)."""
+    first = rows.iloc[0]
+    def said(r: Any) -> str:  # against the set without it, the interval too: it says whether that set got slower
+        over = f" [{r.measured_lo:.2f}, {r.measured_hi:.2f}] over {r.against}" if r.against else ""
+        return f"{r.measured:.2f}x{over} on {r.workload}"
+
+    measured = ", ".join(said(r) for r in rows.itertuples())
+    who = technique if technique == first["name"] else f"{first['name']} in {technique}"
+    text = (f"{who} is slower here than claimed ({measured}; claimed {first['low']:g}-{first['high']:g}x on "
+            f"{first['setting']})")
+    if first["against"] and all(r.measured_hi < 1 for r in rows.itertuples()):
+        text += f": it makes {first['against']} slower on this device, not faster"
+    if first["unmet"]:
+        return f"{text}; not the claim's setting: {'; '.join(first['unmet'])}"
+    return f"{text}: {first['why'][0]}" if first["why"] else text
+
+
+def _setting_findings(configs: pd.DataFrame) -> list[Finding]:
+    """A set that runs a technique in a setting it is not meant to run in (its ``setting_caveat``: fp8 without
+    compile), for every set whose trials ran."""
+    import techniques  # each technique reads its own setting (on first use: it imports torch)
+
+    known = techniques.registry()
+    out = []
+    for c in configs.itertuples():
+        if c.is_reference or not c.n_ok:
+            continue
+        for name in dict.fromkeys(c.names):
+            text = known[name].setting_caveat(tuple(c.names)) if name in known else None
+            if text:
+                out.append(Finding(c.machine, c.workload, c.technique, "setting", f"{c.technique} on {c.workload}: "
+                                                                                 f"{text}"))
+    return out
+
+
 def diagnose(configs: pd.DataFrame, interactions_: pd.DataFrame | None = None,
              claims: pd.DataFrame | None = None) -> list[Finding]:
     """Short, number-backed suggestions: bottlenecks (data wait, per-op overhead, the largest memory category),
@@ -326,15 +424,11 @@ def diagnose(configs: pd.DataFrame, interactions_: pd.DataFrame | None = None,
             out.append(Finding(machine, None, None, "failure",
                                f"{len(where)} configuration{'s' if len(where) > 1 else ''} had trials end in "
                                f"{problem} ({', '.join(where)}): fix that before reading their numbers"))
+    out += _setting_findings(configs)
     if claims is not None and not claims.empty:
         below = claims[(claims["verdict"] == "below") & (claims["metric"] == "speedup")]
         for (machine, technique), rows in below.groupby(["machine", "technique"], sort=False):
-            first = rows.iloc[0]
-            measured = ", ".join(f"{r.measured:.2f}x on {r.workload}" for r in rows.itertuples())
-            why = f": {first['why'][0]}" if first["why"] else ""
-            out.append(Finding(machine, None, technique, "claim",
-                               f"{technique} is slower here than claimed ({measured}; claimed {first['low']:g}-"
-                               f"{first['high']:g}x on {first['setting']}){why}"))
+            out.append(Finding(machine, None, technique, "claim", _below_claim(technique, rows)))
     if interactions_ is not None:
         for it in interactions_.itertuples():
             if it.verdict == "gains partly cancel":

@@ -803,17 +803,22 @@ def _claims_table(analysis: Analysis, names: dict[str, str]) -> Table | None:
             cl.metric, "peak memory ratio")
         measured = (_ratio_ci(cl.measured, cl.measured_lo, cl.measured_hi, "").strip() if _ok(cl.measured)
                     else "-")
+        if cl.against:  # measured on top of the same set without the technique, not against the reference
+            measured += f" over {cl.against}"
+        if cl.unmet:
+            measured += f"; not the claim's setting: {'; '.join(cl.unmet)}"
         verdict = {"within": "within the claim", "below": "below the claim", "above": "above the claim"}.get(
             cl.verdict, cl.verdict)
         if cl.verdict in (stats.INCONCLUSIVE, stats.NONE) and cl.why_not:
             verdict += f" ({cl.why_not})"
         tone = {"within": "good", "below": "bad" if cl.metric == "speedup" else "good",
                 "above": "good" if cl.metric == "speedup" else "bad"}.get(cl.verdict, "muted")
-        rows.append([Cell(cl.technique), Cell(_where(cl.workload, names[cl.machine])),
+        who = f"{cl.name} in {cl.technique}" if cl.against else cl.technique
+        rows.append([Cell(who), Cell(_where(cl.workload, names[cl.machine])),
                      Cell(f"{metric} {cl.low:g}-{cl.high:g}x on {cl.setting}"), Cell(cl.source),
                      Cell(measured), Cell(verdict, tone), Cell("; ".join(cl.why) if cl.why else "-")])
     return Table(["technique", "workload", "published claim", "source", "measured here [95% CI]", "verdict",
-                  "why this hardware may differ"], rows, wrap=(2, 3, 5, 6))
+                  "why this hardware may differ"], rows, wrap=(2, 3, 4, 5, 6))
 
 
 def _problems_table(analysis: Analysis, names: dict[str, str]) -> Table | None:
