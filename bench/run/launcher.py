@@ -33,7 +33,7 @@ from bench import reference as reference_mod
 from bench.core.files import write_atomic
 from bench.measure import env as envmod
 from bench.plan.config import ConfigError, SweepConfig
-from bench.plan.planner import Trial, reference_key
+from bench.plan.planner import Trial, check_nproc, reference_key
 from bench.records.results import TrialRecord, memory_exhausted
 from bench.run import sweepdir
 from bench.trial import TrialSpec
@@ -74,6 +74,10 @@ class TrialLauncher:
     device: torch.device | None  # None on a submitter whose trials run elsewhere (bench.run.executors)
     code_dir: Path  # the checkout whose code trial processes run (their cwd): see SweepRunner
     launch: Launch = field(default_factory=Launch)
+
+    def __post_init__(self) -> None:
+        if self.device is not None:  # also where a batch job resolves the device on its node
+            check_nproc(self.device, self.cfg.nproc)
 
     @property
     def config_hash(self) -> str:
