@@ -69,7 +69,14 @@ from bench.measure.memory import (
     trim_heap,
 )
 from bench.measure.phases import PhaseClock, summarize_phases
-from bench.measure.timing import ContentionResult, CpuContention, StepTimer, WindowResult, summarize
+from bench.measure.timing import (
+    ContentionResult,
+    CpuContention,
+    StepTimer,
+    WindowResult,
+    host_barrier,
+    summarize,
+)
 from bench.plan import plugins, user_models
 from bench.plan.config import Budget, TechniqueSet, TechniqueSpec
 from bench.plan.planner import ReferenceKey
@@ -719,7 +726,9 @@ def _timed_window(
     contention) and on none of others; the reference counts that free most objects still run.
     """
     budget = session.budget
-    timer, energy = StepTimer(session.device), EnergyMeter(session.device)
+    # Several ranks: a barrier at both edges, so rank 0's window covers every rank's steps.
+    timer = StepTimer(session.device, barrier=host_barrier if _world() > 1 else None)
+    energy = EnergyMeter(session.device)
     contention = CpuContention(include_siblings=session.spec.world_size > 1)
     with _gc_paused():
         contention.start()
