@@ -69,7 +69,14 @@ from bench.measure.memory import (
     trim_heap,
 )
 from bench.measure.phases import PhaseClock, summarize_phases
-from bench.measure.timing import ContentionResult, CpuContention, StepTimer, WindowResult, summarize
+from bench.measure.timing import (
+    ContentionResult,
+    CpuContention,
+    StepTimer,
+    WindowResult,
+    host_barrier,
+    summarize,
+)
 from bench.plan import plugins, user_models
 from bench.plan.config import Budget, TechniqueSet, TechniqueSpec
 from bench.plan.planner import ReferenceKey
@@ -127,6 +134,7 @@ class TrialSpec:
     budget: dict[str, Any]
     peaks: dict[str, float] = field(default_factory=dict)  # calibrated matmul peak FLOP/s by dtype, this thread count
     peak_source: str | None = None  # which calibration the peaks come from
+    device_peaks: dict[str, dict[str, float]] = field(default_factory=dict)  # several CUDA ranks: each device's peaks
     world_size: int = 1
     threads: int = 0
     mode: str = "both"  # speed | quality | both
@@ -142,7 +150,7 @@ class TrialSpec:
     def to_json(self) -> str:
         # Without users' code or a continuation the spec stays as older checkouts read it (``sweep --ab REV`` runs
         # their trial code).
-        optional = ("plugins", "train_until_s")
+        optional = ("plugins", "train_until_s", "device_peaks")
         return json.dumps({k: v for k, v in dataclasses.asdict(self).items() if k not in optional or v})
 
 
@@ -632,9 +640,7 @@ def speed_window(session: Session, ref: ReferenceResult) -> tuple[SpeedResult, W
 
     samples_per_s = window.n_steps * session.cfg.batch_size / window.total_s  # global batch: every rank's samples
     dtype = set_compute_dtype(session.techs)
-    peak = spec.peaks.get(dtype)
-    # Each rank's peak is calibrated at the rank's own thread count (one GPU; on CPU, torchrun's 1 thread per rank),
-    # so the trial's peak is the ranks' sum (it was 1x on CPU, which doubled MFU of 2-rank CPU trials)
+    peak, by_device, peak_source = trial_peak(spec, dtype)
     ranks = spec.world_size
     flops_per_step, shape_steps = window_flops(session, ref.flops_per_step, shapes)
     achieved = flops_per_step * window.n_steps / window.total_s if flops_per_step else None
@@ -654,14 +660,35 @@ def speed_window(session: Session, ref: ReferenceResult) -> tuple[SpeedResult, W
         flops_per_step=flops_per_step,
         achieved_flops=achieved,
         compute_dtype=dtype,
-        peak_flops=peak * ranks if peak else None,
-        peak_source=spec.peak_source if peak else None,
-        mfu=achieved / (peak * ranks) if achieved and peak else None,
+        peak_flops=peak,
+        peak_source=peak_source,
+        mfu=achieved / peak if achieved and peak else None,
+        mfu_by_device={d: achieved / ranks / p for d, p in by_device.items()} if achieved and by_device else None,
         datasheet_peak_flops=sheet * ranks if sheet else None,
         mfu_datasheet=achieved / (sheet * ranks) if achieved and sheet else None,
         shapes=shape_steps,
     )
     return result, peaks, _energy_over_ranks(EnergyResult(**dataclasses.asdict(energy_result)), device)
+
+
+def trial_peak(spec: TrialSpec, dtype: str) -> tuple[float | None, dict[str, float] | None, str | None]:
+    """The trial's peak FLOP/s for ``dtype``, each device's when it ran on several GPUs, and where they come from.
+
+    One process: its device's calibrated peak (on the CPU, at its thread count). Several CUDA ranks: the sum of each
+    device's own calibrated peak, over this node's devices (``cuda:LOCAL_RANK``), times the nodes, whose devices are
+    assumed like this node's (node 0's runner calibrated only its own). Several CPU ranks, or an env.json from before
+    per-device peaks: the one-rank peak times the ranks (on the CPU each rank is calibrated at its own thread count,
+    torchrun's 1, so their sum is the machine's: 1x doubled the MFU of 2-rank CPU trials).
+    """
+    ranks = spec.world_size
+    local = int(os.environ.get("LOCAL_WORLD_SIZE", ranks))
+    by_device = {d: (spec.device_peaks.get(d) or {}).get(dtype) for d in (f"cuda:{i}" for i in range(local))}
+    if ranks > 1 and spec.device_peaks and all(by_device.values()):
+        nodes = ranks // local
+        others = f"; {nodes - 1} other node(s) assumed like this one" if nodes > 1 else ""
+        return sum(by_device.values()) * nodes, by_device, f"{spec.peak_source} (summed over {local} devices{others})"
+    peak = spec.peaks.get(dtype)
+    return (peak * ranks, None, spec.peak_source) if peak else (None, None, None)
 
 
 def window_flops(session: Session, reference_flops: int | None, shapes: collections.Counter[tuple[int, ...]]
@@ -719,7 +746,9 @@ def _timed_window(
     contention) and on none of others; the reference counts that free most objects still run.
     """
     budget = session.budget
-    timer, energy = StepTimer(session.device), EnergyMeter(session.device)
+    # Several ranks: a barrier at both edges, so rank 0's window covers every rank's steps.
+    timer = StepTimer(session.device, barrier=host_barrier if _world() > 1 else None)
+    energy = EnergyMeter(session.device)
     contention = CpuContention(include_siblings=session.spec.world_size > 1)
     with _gc_paused():
         contention.start()
@@ -990,8 +1019,13 @@ def _world() -> int:
 
 
 def _rank_device(name: str) -> torch.device:
+    """``cuda:LOCAL_RANK`` for a rank of a CUDA trial (the plan refused more ranks than devices; a batch job's node
+    may still have fewer than the node that planned it), else the trial's device."""
     if name.startswith("cuda") and "LOCAL_RANK" in os.environ:
-        return torch.device("cuda", int(os.environ["LOCAL_RANK"]))
+        local, visible = int(os.environ["LOCAL_RANK"]), torch.cuda.device_count()
+        if local >= visible:
+            raise RuntimeError(f"local rank {local} has no CUDA device of its own: torch sees {visible} on this node")
+        return torch.device("cuda", local)
     return torch.device(name)
 
 

@@ -31,7 +31,9 @@ Method card
 - Bubble: each stage idles while the pipeline fills and drains, ``(p - 1) / (m + p - 1)`` of the step for equal
   stages (GPipe paper, sec. 2.2; the same for 1F1B, which saves memory, not time). ``results`` reports, per stage,
   the measured idle fraction (1 - time in the stage's forward, backward and loss / the schedule's wall time per
-  step; median over the steps after the first) beside that formula, and ``communication``: the bytes this rank
+  step; median over the steps after the first; both times are CUDA events on a GPU, where the host clock would
+  time only kernel launches, and the host clock on the CPU, which runs synchronously: ``StageClock``; the CUDA path
+  has not yet run on a GPU) beside that formula, and ``communication``: the bytes this rank
   sends per step (activations forward and their gradients backward, summed from the shapes it actually sent, plus
   the tied gradient's all-reduce) and the parameter bytes each rank holds.
 - Evaluation runs the stages' forward under ``no_grad`` on the whole evaluation batch, activations sent point to
@@ -69,7 +71,7 @@ import gc
 import statistics
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import torch
@@ -299,14 +301,63 @@ class PipelineForward(nn.Module):
         return logits
 
 
+class StageClock:
+    """Marks on one stage's timeline, read as seconds between two of them.
+
+    On the CPU a mark is the host clock: execution is synchronous there, so the host's time is the stage's. On CUDA the
+    host only queues kernels, so a host clock around a chunk would time its launches; a mark is a CUDA event recorded
+    on the current stream instead, completed when the device gets there (after the chunk's input arrived and the
+    work queued before it ran), the way ``StepTimer`` times steps. Reading waits for the later mark, so it happens
+    outside the step (``_Step.settle``): no sync inside the schedule, which would stall the pipeline it measures.
+    """
+
+    def __init__(self, device: torch.device) -> None:
+        self.cuda = device.type == "cuda"
+
+    def mark(self) -> Any:
+        if not self.cuda:
+            return time.perf_counter()
+        event = torch.cuda.Event(enable_timing=True)
+        event.record()
+        return event
+
+    @staticmethod
+    def done(mark: Any) -> bool:
+        """The device has passed this mark (always, for a host clock)."""
+        return isinstance(mark, float) or bool(mark.query())
+
+    @staticmethod
+    def seconds(start: Any, end: Any) -> float:
+        if isinstance(start, float):
+            return end - start
+        end.synchronize()
+        return start.elapsed_time(end) / 1000.0  # milliseconds
+
+
 @dataclass
 class _Step:
-    """What one rank saw in one training step."""
+    """What one rank saw in one training step. Its times are marks until ``settle`` reads them."""
 
     wall_s: float = 0.0
     compute_s: float = 0.0
     sent_bytes: int = 0  # activations forward + their gradients backward
     trace: list[tuple[str, int]] | None = None  # ("F" | "B", micro-batch) in the order this stage ran them
+    spans: list[tuple[Any, Any]] = field(default_factory=list)  # (start, end) marks of compute not yet read
+    wall: tuple[Any, Any] | None = None  # the schedule's marks, not yet read
+
+    def settle(self, wait: bool) -> bool:
+        """Read the marks into ``compute_s`` and ``wall_s`` once the device has passed the last one (``wait``: block
+        until it has); True when nothing is left to read."""
+        if self.wall is None and not self.spans:
+            return True
+        last = self.wall[1] if self.wall is not None else self.spans[-1][1]
+        if not wait and not StageClock.done(last):
+            return False
+        self.compute_s += sum(StageClock.seconds(a, b) for a, b in self.spans)
+        if self.wall is not None:
+            self.wall_s = StageClock.seconds(*self.wall)
+        self.spans, self.wall = [], None
+        return True
 
 
 @register
@@ -343,6 +394,8 @@ class PP(Technique):
         self._schedules: dict[tuple[Any, ...], Any] = {}
         self._step: _Step = _Step()
         self.steps: list[_Step] = []
+        self._unsettled: list[_Step] = []  # steps whose marks the device may not have passed yet
+        self.clock = StageClock(torch.device("cpu"))
         self.rank, self.world = 0, 1
         self.comm = CommCounter()
 
@@ -382,6 +435,7 @@ class PP(Technique):
 
     def transform_model(self, model: nn.Module, ctx: Context) -> nn.Module:
         self.rank, self.world, self._ctx = ctx.rank, ctx.world_size, ctx
+        self.clock = StageClock(ctx.device)
         s = model_structure(model, ctx)
         reason = description_problem(s, self.world)
         if reason:
@@ -417,17 +471,19 @@ class PP(Technique):
             raise ValueError(f"pp: {reason}")
         schedule = self._schedule_for(stage, x, loss_fn, ctx.device)
         self.comm.samples(x.shape[0], ctx)
+        self._settle(wait=False)  # earlier steps the device has finished: their events are read and dropped
         self._step = step = _Step(trace=[])
         losses: list[torch.Tensor] = []
-        started = time.perf_counter()
+        started = self.clock.mark()
         if stage.first:
             schedule.step(x, return_outputs=False)
         elif stage.last:
             schedule.step(target=y, losses=losses, return_outputs=False)
         else:
             schedule.step(return_outputs=False)
-        step.wall_s = time.perf_counter() - started
+        step.wall = (started, self.clock.mark())
         self.steps.append(step)
+        self._unsettled.append(step)
         if self.tied and (stage.first or stage.last):
             weight = stage.embedding.weight if stage.first else stage.head.weight
             self.comm.add(weight.grad, ctx)
@@ -463,13 +519,18 @@ class PP(Technique):
 
     def _timed(self, fn: Callable[..., Any]) -> Callable[..., Any]:
         def run(*args: Any, **kwargs: Any) -> Any:
-            started = time.perf_counter()
+            started = self.clock.mark()
             try:
                 return fn(*args, **kwargs)
             finally:
-                self._step.compute_s += time.perf_counter() - started
+                self._step.spans.append((started, self.clock.mark()))
 
         return run
+
+    def _settle(self, wait: bool) -> None:
+        """Read the steps' marks in order, up to the first the device has not passed (``wait``: all of them)."""
+        while self._unsettled and self._unsettled[0].settle(wait):
+            self._unsettled.pop(0)
 
     def _time(self, pipe: Any) -> None:
         """Time the stage's compute and count what it sends: its forward and backward of each micro-batch (the
@@ -505,6 +566,7 @@ class PP(Technique):
     def measured_bubble(self) -> float | None:
         """This stage's idle fraction of the schedule's wall time per step: the median over the steps after the
         first (which sets up the process group's connections)."""
+        self._settle(wait=True)
         steps = self.steps[1:] or self.steps
         fractions = [1 - s.compute_s / s.wall_s for s in steps if s.wall_s > 0]
         return statistics.median(fractions) if fractions else None

@@ -77,6 +77,73 @@ def test_step_timer_known_sleep():
     assert r.total_s >= sum(r.step_times_s) - 1e-9
 
 
+def test_step_timer_meets_the_other_ranks_after_the_sync_and_before_the_clock_at_both_edges(monkeypatch):
+    calls = []
+    clock = iter([1.0, 1.5, 3.0])
+
+    def read_clock():
+        calls.append("clock")
+        return next(clock)
+
+    timer = StepTimer("cpu", clock=read_clock, barrier=lambda: calls.append("barrier"))
+    timer.start()
+    timer.step_done()
+    result = timer.stop()
+    assert calls == ["barrier", "clock", "clock", "barrier", "clock"]
+    assert result.total_s == 2.0 and result.step_times_s == [0.5]
+    # On CUDA the edge syncs this rank's device before meeting the others (synchronize recorded, not run)
+    calls.clear()
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: calls.append("sync"))
+    timer._cuda = True
+    timer._sync()
+    assert calls == ["sync", "barrier"]
+
+
+def test_one_process_windows_meet_no_one():
+    assert StepTimer("cpu").barrier is None  # the single-process window is unchanged: no collective at its edges
+
+
+def _window_on_rank(rank: int, init: str, out: str, slow_s: float, barrier: bool) -> None:
+    """One rank of a 2-rank gloo group: a one-step window, rank 1's step ``slow_s`` long, rank 0's empty."""
+    import json
+
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", init_method=init, rank=rank, world_size=2)
+    try:
+        timer = StepTimer("cpu", barrier=timing.host_barrier if barrier else None)
+        timer.start()
+        if rank == 1:
+            time.sleep(slow_s)
+        timer.step_done()
+        r = timer.stop()
+        Path(f"{out}.{rank}").write_text(json.dumps({"total_s": r.total_s, "step_s": r.step_times_s[0]}))
+        dist.all_reduce(torch.zeros(1))  # neither rank leaves before the other has written
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.distributed
+@pytest.mark.parametrize("barrier", [True, False])
+def test_rank_0s_window_covers_a_slower_rank_only_with_the_barrier(tmp_path, barrier):
+    """Two gloo ranks (processes of their own), rank 1 sleeping 2 s in its one step: with the barrier, rank 0's window
+    (the one recorded) lasts about that long though its own step is empty; without it, rank 0's window ends at once.
+    The bound is half the sleep: rank 0 may leave the first barrier later than rank 1 (descheduled on a loaded
+    machine), which shortens its window by that delay, never by a second."""
+    import json
+
+    import torch.multiprocessing as mp
+
+    slow_s, out = 2.0, str(tmp_path / "window")
+    mp.spawn(_window_on_rank, args=(f"file://{tmp_path / 'store'}", out, slow_s, barrier), nprocs=2, join=True)
+    rank0, rank1 = (json.loads(Path(f"{out}.{r}").read_text()) for r in (0, 1))
+    assert rank1["step_s"] >= slow_s and rank0["step_s"] < slow_s / 2  # each rank's steps are its own
+    if barrier:
+        assert rank0["total_s"] >= slow_s / 2  # the window's end waited for rank 1's step
+    else:
+        assert rank0["total_s"] < slow_s / 2
+
+
 @pytest.mark.gpu
 @needs_cuda
 def test_step_timer_cuda_events():

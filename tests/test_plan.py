@@ -92,3 +92,57 @@ def test_a_model_without_blocks_is_planned_as_such_and_per_block_techniques_neve
         assert record.status == "skipped" and record.reason == trials["checkpointing"].skip_reason
     finally:
         forget("plan_test_flat")
+
+
+# ---- --nproc against the visible devices ------------------------------------------------------------------------
+
+
+@pytest.fixture
+def one_gpu(monkeypatch):
+    """torch sees one CUDA device (faked: torch.cuda is asked only whether it is there and how many)."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+
+
+def test_nproc_beyond_the_visible_gpus_is_one_line_and_exit_2_with_nothing_made(one_gpu, tmp_path, monkeypatch,
+                                                                               capsys):
+    import subprocess
+
+    from bench.cli import main
+
+    def no_process(*args, **kwargs):
+        raise AssertionError(f"a process was started: {args[0] if args else kwargs}")
+
+    monkeypatch.setattr(subprocess, "Popen", no_process)
+    out = tmp_path / "sweep"
+    rc = main(["sweep", "--workloads", "mlp", "--techniques", "ddp", "--device", "cuda", "--nproc", "4",
+               "--out", str(out)])
+    err = capsys.readouterr().err
+    assert rc == 2
+    assert err.strip().splitlines() == [
+        "error: --nproc 4 needs 4 CUDA devices on each node, but torch sees 1: use --nproc 1 or fewer, or --device "
+        "cpu to run the ranks with gloo"]
+    assert not out.exists() and list(tmp_path.iterdir()) == []  # no directory, no sweep.toml, no env.json
+    assert not torch.cuda.is_initialized()
+
+
+def test_the_nproc_check_counts_devices_only_where_ranks_take_one(one_gpu, tmp_path, monkeypatch):
+    from bench.plan.config import ConfigError
+    from bench.plan.planner import check_nproc
+    from bench.run.launcher import TrialLauncher
+    from bench.run.runner import SweepRunner
+
+    cuda = torch.device("cuda")
+    check_nproc(cuda, 1)  # one process: the device count does not matter
+    check_nproc(CPU, 8)  # gloo on the CPU: any number of ranks, as before
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3")
+    with pytest.raises(ConfigError, match=r"--nproc 2 needs 2 CUDA devices .* torch sees 1 \(CUDA_VISIBLE_DEVICES=3\)"):
+        check_nproc(cuda, 2)
+    cfg = build_config("smoke", {"workloads": "mlp", "techniques": "ddp", "repeats": 1, "nproc": 2})
+    with pytest.raises(ConfigError, match="--nproc 2"):  # bench.sweep() and sweep --ab build this runner
+        SweepRunner(cfg, tmp_path / "sweep", cuda)
+    with pytest.raises(ConfigError, match="--nproc 2"):  # a batch job's setup resolves the device on its node
+        TrialLauncher(cfg, tmp_path / "sweep", cuda, tmp_path)
+    assert TrialLauncher(cfg, tmp_path / "sweep", None, tmp_path).device is None  # a submitter: decided on the node
+    assert not (tmp_path / "sweep").exists()

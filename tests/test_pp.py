@@ -35,6 +35,7 @@ from techniques import get
 from techniques.base import Context, Technique, TrainConfig
 from techniques.pp import (
     PP,
+    _Step,
     bubble_formula,
     check_decomposition,
     description_problem,
@@ -161,6 +162,70 @@ def test_bubble_formula_and_stage_split():
     assert bubble_formula(1, 8) == 0.0
     assert stage_layers(5, 2) == [range(0, 3), range(3, 5)]
     assert stage_layers(4, 4) == [range(i, i + 1) for i in range(4)]
+
+
+class FakeEvent:
+    """A CUDA event's surface: done when the fake device has passed it; its time in milliseconds."""
+
+    def __init__(self, ms, done):
+        self.ms, self.passed, self.waited = ms, done, False
+
+    def query(self):
+        return self.passed
+
+    def synchronize(self):
+        self.waited, self.passed = True, True
+
+    def elapsed_time(self, end):
+        assert end.passed, "elapsed_time read before the device passed the event (torch raises there)"
+        return end.ms - self.ms
+
+
+def test_stage_times_are_read_only_after_the_device_passed_them():
+    """The lazy path pp takes on CUDA, with fake events: a step is read when its last mark is done (no wait inside
+    the schedule), or on demand with a wait; steps are read in order and then hold no events."""
+    pp = PP(PP.Options(microbatches=2))
+    marks = iter([FakeEvent(0, True), FakeEvent(2, True), FakeEvent(4, True), FakeEvent(7, True), FakeEvent(0, True),
+                  FakeEvent(10, False)])  # the device has not reached the schedule's end yet
+    pp.clock.mark = lambda: next(marks)
+    pp._step = step = _Step()
+    timed = pp._timed(lambda: None)
+    timed()
+    timed()  # two chunks: 2 ms and 3 ms of stage compute
+    step.wall = (pp.clock.mark(), pp.clock.mark())  # a 10 ms schedule
+    pp.steps.append(step)
+    pp._unsettled.append(step)
+    pp._settle(wait=False)
+    assert pp._unsettled == [step] and step.compute_s == 0.0  # nothing read while the device is behind
+    assert pp.measured_bubble() == pytest.approx(1 - 5 / 10)  # read with a wait: 1 - compute / wall
+    assert pp._unsettled == [] and step.spans == [] and step.wall is None
+    assert step.compute_s == pytest.approx(0.005) and step.wall_s == pytest.approx(0.010)
+
+
+def test_on_the_cpu_a_stage_is_timed_by_the_host_clock():
+    from techniques.pp import StageClock
+
+    clock = StageClock(CPU)
+    start = clock.mark()
+    assert isinstance(start, float) and StageClock.done(start)  # synchronous: the host's time is the stage's
+    assert StageClock.seconds(1.0, 1.25) == 0.25
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_on_cuda_a_stage_is_timed_on_the_device_not_by_its_launches():
+    """200 products of 4096^3 in bf16 are 2.7e13 FLOPs: at most 2e15 FLOP/s (twice the largest dense datasheet peak)
+    they take at least 13.7 ms of device time, while launching them takes a small fraction of that."""
+    from techniques.pp import StageClock
+
+    a = torch.randn(4096, 4096, device="cuda", dtype=torch.bfloat16)
+    torch.cuda.synchronize()
+    clock = StageClock(torch.device("cuda"))
+    start = clock.mark()
+    for _ in range(200):
+        torch.mm(a, a)
+    end = clock.mark()
+    assert StageClock.seconds(start, end) >= 200 * 2 * 4096**3 / 2e15
 
 
 def test_planning_reasons():

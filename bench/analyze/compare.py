@@ -445,7 +445,7 @@ def env_differences(base: dict[str, Any], new: dict[str, Any]) -> list[EnvDiffer
         top = parts[0]
         if a == b or top in _IGNORED_KEYS:
             continue
-        if top in ("peak_flops", "peak_flops_by_threads"):
+        if top in ("peak_flops", "peak_flops_by_threads", "peak_flops_by_device"):
             if parts[-1] != "flops":
                 continue
             if isinstance(a, int | float) and isinstance(b, int | float) and a > 0 and abs(b / a - 1) <= _PEAK_TOLERANCE:

@@ -3,12 +3,18 @@
 Peaks come two ways. ``calibrate_peaks`` measures the best matmul throughput this machine achieves per dtype (the
 honest denominator on CPUs, which have no datasheet figure, and a sanity check on GPUs). ``datasheet_peak`` gives
 the vendor's dense peak for known GPUs, the denominator MFU is usually quoted against.
+
+A sweep's env.json is measured in a process of its own (``python -m bench.measure.env``, run by the sweep's
+launcher): the fingerprint asks CUDA about its devices and calibration allocates on them, and the sweep's own process
+must hold no CUDA context or tensors on a device while trials run there. ``measure_environment`` says what it holds.
 """
 
 from __future__ import annotations
 
+import argparse
 import datetime as dt
 import importlib.metadata
+import json
 import logging
 import os
 import platform
@@ -24,6 +30,7 @@ from typing import Any
 import psutil
 import torch
 
+from bench.core.files import write_atomic
 from bench.measure.timing import CpuContention
 
 log = logging.getLogger(__name__)
@@ -163,9 +170,12 @@ class _Clock:
         if self.device.type == "cuda":
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             torch.cuda.synchronize(self.device)
-            start.record()
+            # On the op's device's stream: a bare record() would use the current device's (cuda:0 while calibrating
+            # cuda:3) and time nothing of the op.
+            stream = torch.cuda.current_stream(self.device)
+            start.record(stream)
             op()
-            end.record()
+            end.record(stream)
             end.synchronize()
             return start.elapsed_time(end) / 1000.0
         t0 = time.perf_counter()
@@ -277,6 +287,87 @@ def calibrate_peaks(
     return out
 
 
+# ---- a sweep's environment, in a process of its own --------------------------------------------------------------
+
+PEAK_AGREEMENT = 0.20  # devices of one model whose calibrated peaks differ more than this are worth a warning
+
+
+def measure_environment(device: str, threads: Iterable[int], devices: Iterable[str] = (),
+                        repo_dir: Path | None = None, budget_s: float = 3.0) -> dict[str, Any]:
+    """What a sweep's env.json holds beside its command: the fingerprint and calibrated peaks.
+
+    - ``peak_flops``: the peaks one-process trials are measured against (their device, at the first thread count);
+    - ``peak_flops_by_threads``: by thread count, as trials run on the CPU (one-process trials' count, torchrun's one
+      per rank); on CUDA the device's, once (a GPU's matmul peak does not depend on the host's threads);
+    - ``peak_flops_by_device`` (CUDA only): each device the trials use, calibrated in full on its own (``devices``:
+      ``cuda:0``...; the first is the one-process trials'). Every device is measured rather than the first one
+      assumed for all: a throttled, shared or MIG-sliced GPU has a lower peak than its name says, and a multi-GPU
+      trial's MFU is its achieved FLOP/s over the sum of its devices' own peaks. A GPU's calibration is short: its
+      four dtypes' timed runs took 0.65 s together on the H200 of reports/example-h200-first (the ``seconds`` of its
+      env.json's peaks), tensor set-up not counted.
+    """
+    env = fingerprint(repo_dir)
+    devices, threads = list(devices), list(threads)
+    if devices:
+        by_device = {d: calibrate_peaks(d, budget_s=budget_s) for d in devices}
+        env["peak_flops"] = by_device[devices[0]]
+        env["peak_flops_by_threads"] = {str(threads[0]): by_device[devices[0]]}
+        env["peak_flops_by_device"] = by_device
+        for line in peak_disagreements(env):
+            log.warning("%s", line)
+        return env
+    by_threads = {str(n): calibrate_peaks(device, threads=n, budget_s=budget_s) for n in threads}
+    env["peak_flops"] = next(iter(by_threads.values()))
+    env["peak_flops_by_threads"] = by_threads
+    return env
+
+
+def peak_disagreements(env: dict[str, Any], tolerance: float = PEAK_AGREEMENT) -> list[str]:
+    """Devices of one model (by the fingerprint's names) whose calibrated peak for a dtype is more than ``tolerance``
+    below the best of them, one line each; an env.json without per-device peaks has none.
+
+    The tolerance is wide because calibrations of one device vary: tf32 334-378 TFLOP/s (12%) over the first H200
+    sweep's calibrations (DESIGN.md); a gap beyond it points at the device (clocks, power cap, another tenant)."""
+    by_device = env.get("peak_flops_by_device") or {}
+    names = [d.get("name") for d in ((env.get("gpu") or {}).get("devices") or [])]
+    out = []
+    groups: dict[tuple[str, str], dict[str, float]] = {}
+    for device, peaks in by_device.items():
+        index = torch.device(device).index or 0
+        name = names[index] if index < len(names) else None
+        for dtype, entry in (peaks or {}).items():
+            if (entry or {}).get("flops"):
+                groups.setdefault((str(name), dtype), {})[device] = entry["flops"]
+    for (name, dtype), flops in sorted(groups.items()):
+        best_device = max(flops, key=flops.__getitem__)
+        for device, value in flops.items():
+            if value < (1 - tolerance) * flops[best_device]:
+                out.append(f"{device}'s calibrated {dtype} peak, {value / 1e12:.3g} TFLOP/s, is "
+                           f"{1 - value / flops[best_device]:.0%} below {best_device}'s {flops[best_device] / 1e12:.3g} "
+                           f"on the same model ({name}): a throttled, shared or partitioned device? Its trials' MFU "
+                           "is against its own peak")
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m bench.measure.env OUT.json --device DEV --threads N[,N] [--devices cuda:0,...] [--repo DIR]``:
+    ``measure_environment`` written to OUT.json (whole or not at all)."""
+    parser = argparse.ArgumentParser(prog="python -m bench.measure.env", description=main.__doc__)
+    parser.add_argument("out", type=Path)
+    parser.add_argument("--device", required=True)
+    parser.add_argument("--threads", required=True, help="comma-separated intra-op thread counts")
+    parser.add_argument("--devices", default="", help="comma-separated CUDA devices to calibrate one by one")
+    parser.add_argument("--repo", type=Path, default=None, help="the checkout whose git commit is recorded")
+    parser.add_argument("--budget", type=float, default=3.0, help="seconds per calibration")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=os.environ.get("TRAINBENCH_LOG", "WARNING"), stream=sys.stderr,
+                        format="%(levelname)s %(name)s: %(message)s")
+    env = measure_environment(args.device, [int(n) for n in args.threads.split(",")],
+                              [d for d in args.devices.split(",") if d], args.repo, args.budget)
+    write_atomic(args.out, json.dumps(env, indent=2, sort_keys=True, default=str))
+    return 0
+
+
 # ---- datasheet peaks -------------------------------------------------------------------------------------------
 
 # Dense (no structured sparsity) peak FLOP/s from NVIDIA's datasheets; the datasheets' headline tensor-core numbers
@@ -330,3 +421,7 @@ def datasheet_peaks(device_name: str) -> dict[str, float] | None:
         if re.search(rf"(?<![A-Za-z0-9]){re.escape(name)}(?![A-Za-z0-9])", device_name, re.IGNORECASE):
             return dict(peaks)
     return None
+
+
+if __name__ == "__main__":
+    sys.exit(main())

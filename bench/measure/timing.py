@@ -3,6 +3,10 @@
 A timed window is what nanoGPT's ``bench.py`` does: warm up elsewhere, sync, run N steps without syncing, sync. Per-step
 times inside the window come from host timestamps on CPU (the CPU executes synchronously) and from CUDA events on
 GPU (host timestamps would only measure kernel *launch* time there, since launches are asynchronous).
+
+With several ranks each edge is a device sync and then a barrier (``host_barrier``) on every rank, so every rank's
+window starts when all have finished their earlier work and ends when all have finished their steps: rank 0's window,
+the one recorded, covers a slower rank's last steps too.
 """
 
 from __future__ import annotations
@@ -67,6 +71,20 @@ class WindowResult:
         return [max(t - w, 0.0) for t, w in zip(self.step_times_s, self.data_wait_per_step_s, strict=True)]
 
 
+def host_barrier() -> None:
+    """Every rank of the default process group waits here for every other.
+
+    An all-reduce of a CPU tensor rather than ``dist.barrier()``: under the trial's ``cpu:gloo,cuda:nccl`` group a
+    CPU tensor goes to gloo, a host-side rendezvous whatever the device, and no rank's host can leave it before every
+    rank has entered it; ``dist.barrier()`` leaves the choice of backend (and, on NCCL, of a device to reduce on) to
+    the group. Each rank syncs its own device first (``StepTimer``), so when this returns every rank's device work
+    queued before it has finished.
+    """
+    import torch.distributed as dist
+
+    dist.all_reduce(torch.zeros(1))
+
+
 class StepTimer:
     """Per-step times inside one window; the device is synchronised only at ``start()`` and ``stop()``.
 
@@ -80,12 +98,16 @@ class StepTimer:
             timer.step_done()
         result = timer.stop()
 
-    ``clock`` is injectable so the arithmetic can be tested with a fake clock.
+    ``clock`` is injectable so the arithmetic can be tested with a fake clock. ``barrier`` (several ranks:
+    ``host_barrier``) runs at both edges after the device sync and before the clock is read; None in one process,
+    where the window is exactly as before.
     """
 
-    def __init__(self, device: torch.device | str, clock: Callable[[], float] = time.perf_counter) -> None:
+    def __init__(self, device: torch.device | str, clock: Callable[[], float] = time.perf_counter,
+                 barrier: Callable[[], None] | None = None) -> None:
         self.device = torch.device(device)
         self.clock = clock
+        self.barrier = barrier
         self._cuda = self.device.type == "cuda"
         self._t0: float | None = None
         self._stamps: list[float] = []
@@ -94,11 +116,15 @@ class StepTimer:
         self._pending_wait = 0.0
 
     def _sync(self) -> None:
+        """A window's edge: this rank's device idle, then (several ranks) every rank's."""
         if self._cuda:
             torch.cuda.synchronize(self.device)
+        if self.barrier is not None:
+            self.barrier()
 
     def start(self) -> None:
-        """Sync the device (so earlier queued work is not billed to this window) and start the window."""
+        """Sync the device (so earlier queued work is not billed to this window), meet the other ranks, and start
+        the window."""
         self._stamps, self._events, self._waits, self._pending_wait = [], [], [], 0.0
         self._sync()
         self._t0 = self.clock()
@@ -125,7 +151,7 @@ class StepTimer:
         self._pending_wait = 0.0
 
     def stop(self) -> WindowResult:
-        """Sync the device, end the window and return its per-step times."""
+        """Sync the device, wait for the other ranks' steps, end the window and return its per-step times."""
         if self._t0 is None:
             raise RuntimeError("StepTimer.stop() called before start()")
         self._sync()

@@ -11,13 +11,14 @@ from __future__ import annotations
 
 import importlib.util
 import logging
+import os
 import random
 from dataclasses import dataclass
 
 import torch
 
 from bench import workloads
-from bench.plan.config import Budget, SweepConfig, TechniqueSet, WorkloadSpec
+from bench.plan.config import Budget, ConfigError, SweepConfig, TechniqueSet, WorkloadSpec
 from techniques.base import Context, Technique, TrainConfig, batch_shards
 
 log = logging.getLogger(__name__)
@@ -51,6 +52,21 @@ def resolve_device(name: str) -> torch.device:
 
         raise ConfigError("--device cuda was asked for, but torch sees no CUDA device (use --device cpu or auto)")
     return torch.device(name)
+
+
+def check_nproc(device: torch.device, nproc: int) -> None:
+    """Refuse ``--nproc`` beyond the CUDA devices this node's processes can see: rank ``LOCAL_RANK`` takes
+    ``cuda:LOCAL_RANK``, so a fifth rank on a 4-GPU node would fail inside every multi-process trial (or two ranks
+    share a device, which NCCL refuses). On the CPU gloo runs any number of ranks. Raises ConfigError before anything
+    is written or launched; asking torch for the count does not create a CUDA context in this process."""
+    if device.type != "cuda" or nproc <= 1:
+        return
+    visible = torch.cuda.device_count()
+    if nproc > visible:
+        shown = os.environ.get("CUDA_VISIBLE_DEVICES")
+        where = f" (CUDA_VISIBLE_DEVICES={shown})" if shown is not None else ""
+        raise ConfigError(f"--nproc {nproc} needs {nproc} CUDA devices on each node, but torch sees {visible}{where}: "
+                          f"use --nproc {visible} or fewer, or --device cpu to run the ranks with gloo")
 
 
 def available_packages() -> frozenset[str]:

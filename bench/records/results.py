@@ -127,7 +127,9 @@ class SpeedResult:
     achieved_flops: float | None = doc("flops_per_step * steps / window_s: the same clock as samples_per_s")
     compute_dtype: str = doc("the dtype matmuls run in: float32, tfloat32, bfloat16, float16")
     peak_flops: float | None = doc("this machine's calibrated matmul peak for compute_dtype at this trial's thread "
-                                   "count (times the ranks on CUDA, where each rank has a device)")
+                                   "count; several CUDA ranks: the sum of each device's own calibrated peak (an "
+                                   "env.json without per-device peaks: the first device's times the ranks); several "
+                                   "CPU ranks: the one-thread peak times the ranks")
     peak_source: str | None = doc("which calibration gave peak_flops")
     mfu: float | None = doc("achieved_flops / peak_flops (PaLM's model FLOPs utilisation)")
     datasheet_peak_flops: float | None = doc("the GPU datasheet's dense peak for compute_dtype (GPUs only)")
@@ -136,6 +138,10 @@ class SpeedResult:
                                           "the CPUs (at most budget.contention_retries, after a pause)", factory=list)
     shapes: dict[str, int] | None = doc("input shape -> steps, when the window's steps had other shapes than the "
                                         "workload's batch (sequence-length curriculum, ...)", None)
+    mfu_by_device: dict[str, float] | None = doc("several CUDA ranks: each device's MFU, an equal share of "
+                                                 "achieved_flops (achieved_flops / world size, exact for data "
+                                                 "parallelism, an estimate for pipeline stages of unequal work) over "
+                                                 "that device's own calibrated peak; mfu is the aggregate", None)
 
 
 @dataclass(frozen=True)

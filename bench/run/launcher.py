@@ -18,6 +18,7 @@ import json
 import logging
 import math
 import os
+import shlex
 import signal
 import subprocess
 import sys
@@ -30,16 +31,17 @@ import psutil
 import torch
 
 from bench import reference as reference_mod
-from bench.core.files import write_atomic
-from bench.measure import env as envmod
+from bench.core.files import REPO_DIR, write_atomic
 from bench.plan.config import ConfigError, SweepConfig
-from bench.plan.planner import Trial, reference_key
+from bench.plan.planner import Trial, check_nproc, reference_key, world_size_for
 from bench.records.results import TrialRecord, memory_exhausted
 from bench.run import sweepdir
 from bench.trial import TrialSpec
 from techniques.base import set_kind
 
 log = logging.getLogger(__name__)
+
+ENV_TIMEOUT_S = 120.0  # per calibration (thread count or device) in the environment's child process (about 3 s each)
 
 
 @dataclass(frozen=True)
@@ -75,6 +77,10 @@ class TrialLauncher:
     code_dir: Path  # the checkout whose code trial processes run (their cwd): see SweepRunner
     launch: Launch = field(default_factory=Launch)
 
+    def __post_init__(self) -> None:
+        if self.device is not None:  # also where a batch job resolves the device on its node
+            check_nproc(self.device, self.cfg.nproc)
+
     @property
     def config_hash(self) -> str:
         return sweepdir.settings_hash(self.cfg)
@@ -91,9 +97,22 @@ class TrialLauncher:
             counts.append(self.cfg.threads or 1)
         return list(dict.fromkeys(counts))
 
+    def calibrated_devices(self) -> list[str]:
+        """The CUDA devices the trials use, each calibrated on its own: the one-process trials' device first, then
+        ``cuda:LOCAL_RANK`` of every rank when a set runs on several processes (none on the CPU)."""
+        if self.device.type != "cuda":
+            return []
+        devices = [f"cuda:{self.device.index or 0}"]
+        if any(world_size_for(t, self.cfg.world_size) > 1 for t in self.cfg.techniques):
+            devices += [f"cuda:{i}" for i in range(self.cfg.nproc)]
+        return list(dict.fromkeys(devices))
+
     def environment(self, command: str, resume: bool) -> dict:
         """env.json: this machine's fingerprint and matmul peaks calibrated for each thread count the trials run
-        with; written once, reused when resuming."""
+        with (on CUDA, for each device they use); written once, reused when resuming.
+
+        Measured in a child process (``python -m bench.measure.env``): this process launches the trials and must
+        not hold a CUDA context, nor calibration tensors, on the devices they train on."""
         env_path = self.out_dir / "env.json"
         if resume and env_path.exists():
             try:
@@ -101,15 +120,36 @@ class TrialLauncher:
             except (json.JSONDecodeError, UnicodeDecodeError):
                 raise ConfigError(f"--resume: {env_path} is not valid JSON; the sweep's environment record is "
                                   "damaged (restore it, or start a new --out)") from None
-        log.info("measuring peak matmul FLOP/s on %s", self.device)
-        env = envmod.fingerprint(self.code_dir)
+        log.info("measuring peak matmul FLOP/s on %s (in a child process)", self.device)
+        env = self._measured_environment()
         env["device"] = str(self.device)
-        by_threads = {str(n): envmod.calibrate_peaks(self.device, threads=n) for n in self.thread_counts()}
-        env["peak_flops"] = next(iter(by_threads.values()))  # at the one-process trials' thread count
-        env["peak_flops_by_threads"] = by_threads
         env["command"] = command
         write_atomic(env_path, json.dumps(env, indent=2, sort_keys=True, default=str))
         return env
+
+    def _measured_environment(self) -> dict:
+        """``bench.measure.env.measure_environment`` run in a child process (this checkout's code; the git commit
+        recorded is the trials' checkout's)."""
+        devices = self.calibrated_devices()
+        with tempfile.TemporaryDirectory(prefix=sweepdir.temp_prefix()) as tmp:
+            out = Path(tmp) / "env.json"
+            cmd = [sys.executable, "-m", "bench.measure.env", str(out), "--device", str(self.device),
+                   "--threads", ",".join(map(str, self.thread_counts())), "--repo", str(self.code_dir)]
+            if devices:
+                cmd += ["--devices", ",".join(devices)]
+            timeout = ENV_TIMEOUT_S * max(len(devices), len(self.thread_counts()), 1)
+            try:
+                proc = subprocess.run(cmd, cwd=REPO_DIR, capture_output=True, text=True, timeout=timeout)
+            except subprocess.TimeoutExpired:
+                raise RuntimeError(f"measuring the environment took longer than {timeout:g} s: "
+                                   f"{shlex.join(cmd)}") from None
+            for line in proc.stderr.splitlines():  # its warnings (devices whose peaks disagree) reach the user
+                if line.startswith("WARNING"):
+                    log.warning("%s", line.partition(": ")[2] or line)
+            if proc.returncode != 0 or not out.exists():
+                tail = " | ".join(proc.stderr.strip().splitlines()[-5:])
+                raise RuntimeError(f"measuring the environment failed (exit {proc.returncode}): {tail}"[:1000])
+            return json.loads(out.read_text())
 
     def prepare_references(self, trials: list[Trial]) -> None:
         """Compute, in one child process, the parity references these trials need and the cache lacks."""
@@ -135,14 +175,28 @@ class TrialLauncher:
         return record
 
     def _peaks(self, trial: Trial, env: dict) -> tuple[dict[str, float], str | None]:
-        """Calibrated peaks at the thread count this trial runs with."""
+        """Calibrated peaks at the thread count this trial runs with; on CUDA its device's (a GPU's matmul peak does
+        not depend on the host's threads; several ranks: ``_device_peaks``)."""
+        if self.device is not None and self.device.type == "cuda":
+            source = ("calibrated on this machine, each device on its own" if env.get("peak_flops_by_device") else
+                      "calibrated on this machine's first device, assumed for every rank's (an env.json from before "
+                      "per-device peaks)" if trial.world_size > 1 else "calibrated on this machine's device")
+            return _flops(env.get("peak_flops") or {}), source
         threads = self.thread_counts()[-1] if trial.world_size > 1 else self.thread_counts()[0]
         by_threads = env.get("peak_flops_by_threads") or {}
         peaks = by_threads.get(str(threads))
         source = f"calibrated on this machine with {threads} thread(s)"
         if peaks is None:  # env.json of an older sweep (resumed): one calibration at the runner's threads
             peaks, source = env.get("peak_flops") or {}, "calibrated on this machine (runner's threads)"
-        return {k: v["flops"] for k, v in peaks.items() if v.get("flops")}, source
+        return _flops(peaks), source
+
+    def _device_peaks(self, trial: Trial, env: dict) -> dict[str, dict[str, float]]:
+        """Each of this node's devices' calibrated peaks, for a trial on several CUDA ranks (``cuda:LOCAL_RANK``);
+        empty otherwise, and for an env.json from before per-device peaks."""
+        by_device = env.get("peak_flops_by_device") or {}
+        if trial.world_size == 1 or not by_device:
+            return {}
+        return {d: _flops(by_device.get(d) or {}) for d in (f"cuda:{i}" for i in range(self.cfg.nproc))}
 
     def _spec(self, trial: Trial, env: dict) -> TrialSpec:
         peaks, source = self._peaks(trial, env)
@@ -158,6 +212,7 @@ class TrialLauncher:
             budget=dataclasses.asdict(self.cfg.budget),
             peaks=peaks,
             peak_source=source,
+            device_peaks=self._device_peaks(trial, env),
             world_size=trial.world_size,
             threads=self.cfg.threads,
             mode=trial.mode or self.cfg.mode,
@@ -263,6 +318,11 @@ class TrialLauncher:
                                     f"killed at timeout_s={timeout:g}; the measurements were complete")
                 return record
         return self.bare_record(trial, "timeout", f"trial ran longer than timeout_s={timeout:g}")
+
+
+def _flops(peaks: dict) -> dict[str, float]:
+    """A calibration's FLOP/s by dtype (the dtypes that ran)."""
+    return {k: v["flops"] for k, v in peaks.items() if v.get("flops")}
 
 
 def _first_rank_error(tmp_path: Path) -> dict | None:

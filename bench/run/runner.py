@@ -21,7 +21,7 @@ import torch
 
 from bench.core.files import REPO_DIR, write_atomic
 from bench.plan.config import ConfigError, SweepConfig, check_shard
-from bench.plan.planner import Trial
+from bench.plan.planner import Trial, check_nproc
 from bench.records.results import ResultStore, TrialRecord
 from bench.run import adaptive, nodes, sweepdir
 from bench.run.continuation import continuation_trials
@@ -62,6 +62,8 @@ class SweepRunner:
         self.command = command  # how to reproduce, recorded in env.json
         self.out_dir = Path(out_dir)
         self.device = device  # None until a batch job has resolved it on the nodes (bench.run.executors)
+        if device is not None:  # before the directory is claimed: a refused sweep leaves nothing behind
+            check_nproc(device, cfg.nproc)
         self.resume = resume
         self.executor = executor or LocalExecutor()
         self.store = ResultStore(self.out_dir / "results.jsonl")
