@@ -153,8 +153,8 @@ def diagnose(share: dict[str, float], names: Sequence[str] = (), device: str = "
     if explained(Bottleneck.COMPUTE, compute):
         return explained(Bottleneck.COMPUTE, compute)  # type: ignore[return-value]
     if on_gpu and busy is None:
-        return (f"forward and backward take {compute}% of the step by host-side phase shares only; device busy "
-                f"unknown, so not called compute-bound (`bench profile` measures it); {fix}")
+        return (f"forward and backward take {compute}% of the step (host-side phase shares; device busy unknown: "
+                f"`bench profile` measures it); {fix}")
     if on_gpu:
         return f"compute-bound: the GPU is busy {_pct(busy)} of the step, forward and backward {compute}%; {fix}"
     return f"compute-bound: {compute}% of the step is forward and backward; {fix}"
