@@ -144,31 +144,35 @@ def device_busy_pass(step: Callable[[], object], device: torch.device, steps: in
 
     Only the device's activity is traced (``torch.profiler`` with ``ProfilerActivity.CUDA``: CUPTI records each
     kernel, copy and memset; no CPU operator is recorded, so the host is not slowed the way a full trace slows it),
-    no region is synchronised, and the device is synchronised only at the pass's edges, as in the timed window. The
-    busy fraction is the union of the device's ops over the pass's host wall time. None when the profiler saw no
+    no region is synchronised, and the device is synchronised only at the pass's edges, as in the timed window. One
+    more step runs first as the profiler's warm-up (CUPTI set up, nothing kept). The busy fraction is the union of
+    the device's ops over the pass's host wall time. None when the profiler cannot trace the device or saw no
     device op (it then logs why nothing is claimed)."""
     import torch
     from torch.profiler import ProfilerActivity
 
-    prof = torch.profiler.profile(activities=[ProfilerActivity.CUDA])
-    try:
-        prof.start()
-    except (RuntimeError, AssertionError) as exc:  # a torch without CUDA activity (no CUPTI): say it, claim nothing
-        log.warning("the profiler cannot trace CUDA activity here (%s): device busy not measured", exc)
-        return None
-    try:
-        torch.cuda.synchronize(device)  # nothing launched before the pass runs inside it
-        t0 = time.perf_counter()
-        for _ in range(steps):
-            step()
-        torch.cuda.synchronize(device)  # everything the pass launched ran inside it
-        wall = time.perf_counter() - t0
-    finally:
-        prof.stop()
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "busy.json"
-        prof.export_chrome_trace(str(path))
-        busy = trace_mod.from_activity(trace_mod.load(path), wall, steps)
+        prof = torch.profiler.profile(
+            activities=[ProfilerActivity.CUDA], schedule=torch.profiler.schedule(wait=0, warmup=1, active=1),
+            on_trace_ready=lambda p: p.export_chrome_trace(str(path)))
+        try:
+            prof.start()
+        except (RuntimeError, AssertionError) as exc:  # a torch without CUDA activity (no CUPTI): claim nothing
+            log.warning("the profiler cannot trace CUDA activity here (%s): device busy not measured", exc)
+            return None
+        try:
+            step()  # the profiler's warm-up
+            torch.cuda.synchronize(device)  # nothing launched before the pass runs inside it
+            prof.step()  # recording from here
+            t0 = time.perf_counter()
+            for _ in range(steps):
+                step()
+            torch.cuda.synchronize(device)  # everything the pass launched ran inside it
+            wall = time.perf_counter() - t0
+        finally:
+            prof.stop()  # the trace is written here
+        busy = trace_mod.from_activity(trace_mod.load(path), wall, steps) if path.exists() else None
     if busy is None:
         log.warning("the device-busy pass traced no kernel on %s: device busy not measured", device)
     return busy
