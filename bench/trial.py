@@ -68,7 +68,7 @@ from bench.measure.memory import (
     return_freed_memory_to_os,
     trim_heap,
 )
-from bench.measure.phases import PhaseClock, summarize_phases
+from bench.measure.phases import PhaseClock, device_busy_pass, summarize_phases
 from bench.measure.timing import (
     ContentionResult,
     CpuContention,
@@ -77,6 +77,7 @@ from bench.measure.timing import (
     host_barrier,
     summarize,
 )
+from bench.measure.trace import DeviceBusy
 from bench.plan import plugins, user_models
 from bench.plan.config import Budget, TechniqueSet, TechniqueSpec
 from bench.plan.planner import ReferenceKey
@@ -828,10 +829,29 @@ def phase_pass(session: Session, steps: int = PHASE_STEPS) -> PhaseResult:
         session.loop.time_phases(None)
     _check_finite(loss, session.steps_done)
     stats = summarize_phases(clock.steps)
+    busy = _device_busy(session)
+    device: dict[str, Any] = {} if busy is None else {
+        "device_busy": busy.fraction, "device_busy_s": busy.busy_s, "device_ops_per_step": busy.ops_per_step,
+        "device_op_s": busy.mean_op_s, "device_source": busy.source}
     names = tuple(t.name for t in session.techs)
     return PhaseResult(steps=stats.steps, step_s=stats.step_s, mean_s=stats.mean_s, median_s=stats.median_s,
                        iqr_s=stats.iqr_s, share=stats.share,
-                       diagnosis=diagnose(stats.share, names, session.device.type, session.spec.peaks))
+                       diagnosis=diagnose(stats.share, names, session.device.type, session.spec.peaks,
+                                          busy=device.get("device_busy"), op_s=device.get("device_op_s")),
+                       **device)
+
+
+def _device_busy(session: Session) -> DeviceBusy | None:
+    """On a GPU, how busy the device is over a few more steps (``bench.measure.phases.device_busy_pass``: the host
+    phase times cannot say); on CPU execution is synchronous and the phases say it all."""
+    if session.device.type != "cuda":
+        return None
+
+    def step() -> None:
+        session.loop.step(next(session.batches))
+        session.steps_done += 1
+
+    return device_busy_pass(step, session.device)
 
 
 # ---- stage: memory ----------------------------------------------------------------------------------------------

@@ -154,13 +154,15 @@ class Claim:
 
 
 class Bottleneck(enum.StrEnum):
-    """What a training step is bound by, as ``bench.analyze.bottleneck`` reads it off the step's phase shares (and the
-    memory categories the findings read off the tensor peak)."""
+    """What a training step is bound by, as ``bench.analyze.bottleneck`` reads it off the step's phase shares and, on a
+    GPU, the device's busy time (and the memory categories the findings read off the tensor peak)."""
 
     INPUT = "input"  # the step waits for data
     COPY = "copy"  # host-to-device copies of the inputs
     OPTIMIZER = "optimizer"  # the optimizer step
     OVERHEAD = "overhead"  # time outside the labelled regions: Python, kernel launches
+    LAUNCH = "launch"  # a GPU left idle between many short kernels: the host cannot launch them fast enough
+    HOST = "host"  # a GPU left idle while the host works (Python, data, synchronisations), its kernels not short
     COMPUTE = "compute"  # the forward and backward math
     ACTIVATIONS = "activations"  # activations dominate the tensor peak
 

@@ -93,6 +93,16 @@ class Compile(Technique):
     remedies = (
         Remedy(Bottleneck.OVERHEAD, why="fewer Python and kernel-launch costs", again="look at the trace's top operators"),
         Remedy(Bottleneck.COMPUTE, why="fuses small ops"),
+        # CUDA graphs: the whole step's kernels are recorded once and replayed with one launch, so a GPU no longer
+        # waits for the host to launch each short kernel (torch.compile docs, mode="reduce-overhead")
+        Remedy(Bottleneck.LAUNCH, say="compile:mode=reduce-overhead", device="cuda",
+               why="CUDA graphs: the step's kernels replayed with one launch",
+               again="compile:mode=reduce-overhead where compile runs another mode (CUDA graphs replay the step's "
+                     "kernels with one launch)"),
+        Remedy(Bottleneck.HOST, say="compile:mode=reduce-overhead", device="cuda",
+               why="CUDA graphs: the step replayed without its Python",
+               again="compile:mode=reduce-overhead where compile runs another mode (CUDA graphs replay the step "
+                     "without its Python)"),
     )
 
     @classmethod

@@ -81,7 +81,11 @@ class FusedAdamW(Technique):
     hides_tensors = False
     tune_options = ("",)
     slot = "optimizer"
-    remedies = (Remedy(Bottleneck.OPTIMIZER, again="a ZeRO set spreads it over ranks"),)
+    remedies = (
+        Remedy(Bottleneck.OPTIMIZER, again="a ZeRO set spreads it over ranks"),
+        Remedy(Bottleneck.LAUNCH, device="cuda", why="one kernel for the optimizer's update, not several per "
+                                                      "parameter tensor"),
+    )
 
     def check(self, ctx: Context) -> str | None:
         devices = fused_devices()

@@ -1,17 +1,20 @@
 """Where a step's time goes: the phase clock's arithmetic, labels that cover the step, the trial's phase pass, the
-diagnosis of injected bottlenecks, and the report's table."""
+diagnosis of injected bottlenecks (a GPU left idle among them), and the report's table."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import time
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 
-from bench.analyze.bottleneck import diagnose
+from bench.analyze.bottleneck import BUSY_BOUND, SHORT_OP_S, diagnose
+from bench.measure import phases as phases_mod
 from bench.measure.phases import PHASES, PhaseClock, summarize_phases
 from bench.records.results import PhaseResult, ResultStore, TrialRecord
 from bench.report import build, markdown
@@ -20,6 +23,9 @@ from techniques.base import Kind, Technique
 from tests.helpers import build_loop
 from tests.records import record
 from tests.test_trial import registered, spec  # noqa: F401  (the fixture)
+
+REPO = Path(__file__).resolve().parent.parent
+H200_SWEEP = REPO / "reports" / "example-h200-first"
 
 
 class FakeClock:
@@ -250,3 +256,152 @@ def test_the_reports_diagnosis_knows_the_sweeps_loader_and_the_machines_peaks(tm
     assert "try loader" not in base
     loader = rows.loc["loader:workers=2", "phase_diagnosis"]
     assert loader.startswith("compute-bound") and "not bf16" in loader
+
+
+# ---- a GPU left idle -----------------------------------------------------------------------------------------
+
+_GPU_STEP = {"data": 0.08, "h2d": 0.01, "forward": 0.29, "backward": 0.48, "optimizer": 0.12, "other": 0.02}
+
+
+@pytest.mark.parametrize(("busy", "op_s", "start"), [
+    (0.43, 20e-6, "launch-bound: the GPU is busy 43% of the step, its kernels average 20 us"),
+    (0.43, 400e-6, "host-bound: the GPU is busy 43% of the step, its kernels average 400 us, not short"),
+    (0.43, None, "host- or launch-bound: the GPU is busy 43% of the step"),
+    (0.79, SHORT_OP_S, "host-bound: the GPU is busy 79%"),  # the thresholds: busy < 80%, ops < 50 us
+    (BUSY_BOUND, 20e-6, "compute-bound: the GPU is busy 80% of the step, forward and backward 77%"),
+])
+def test_a_gpu_busy_less_than_four_fifths_of_the_step_is_host_or_launch_bound(busy, op_s, start):
+    line = diagnose(_GPU_STEP, ("bf16",), "cuda", busy=busy, op_s=op_s)
+    assert line.startswith(start), line
+    if not start.startswith("compute-bound"):
+        assert "a larger batch" in line and "compile:mode=reduce-overhead" in line
+
+
+def test_the_idle_gpu_advice_follows_the_set():
+    launch = diagnose(_GPU_STEP, ("bf16",), "cuda", busy=0.3, op_s=10e-6)
+    assert "fused_adamw (one kernel for the optimizer's update" in launch
+    host = diagnose(_GPU_STEP, ("bf16",), "cuda", busy=0.3, op_s=1e-3)
+    assert "fused_adamw" not in host  # a fused optimizer saves launches, not the host's other work
+    held = diagnose(_GPU_STEP, ("bf16", "compile", "fused_adamw"), "cuda", busy=0.3, op_s=10e-6)
+    assert held.endswith("try a larger batch (more work per kernel and per host step); compile:mode=reduce-overhead "
+                         "where compile runs another mode (CUDA graphs replay the step's kernels with one launch)")
+    # a data wait is still named first: its fix is cheaper, and it is one reason the device waits
+    assert diagnose({**_GPU_STEP, "data": 0.3}, (), "cuda", busy=0.3, op_s=10e-6).startswith("input-bound")
+
+
+def test_a_gpu_step_without_busy_data_is_not_called_compute_bound():
+    """Host-side phase times on a GPU hold launch and wait alike: without the device's busy time the line says
+    what it knows and what it does not."""
+    line = diagnose(_GPU_STEP, ("bf16",), "cuda")
+    assert line.startswith("forward and backward take 77% of the step (host-side phase shares; device busy "
+                           "unknown: `bench profile` measures it); try compile"), line
+    assert "compute-bound" not in line
+    assert diagnose(_GPU_STEP, ("bf16",), "cpu").startswith("compute-bound: 77%")  # the CPU is synchronous
+
+
+def test_the_recorded_h200_sweep_makes_no_compute_bound_claim_without_busy_data():
+    """The first H200 sweep's phase passes measured no device-busy time: its report called every set
+    compute-bound, bf16 (31 ms steps, 17% of the datasheet peak) and eager fp8 (181 ms) alike. Rendered again,
+    no set is called compute-bound and each line says the device's busy time is unknown."""
+    records = [TrialRecord.from_dict(json.loads(line)) for line in (H200_SWEEP / "results.jsonl").open()]
+    assert all(r.phases.device_busy is None for r in records if r.phases)  # old records load, busy unknown
+    analysis, _ = build([H200_SWEEP], with_figures=False)
+    rows = analysis.configs.set_index("technique")
+    assert {"bf16", "bf16+fp8", "bf16+compile", "tf32", "baseline"} <= set(rows.index)
+    for technique, line in rows["phase_diagnosis"].items():
+        assert "compute-bound" not in line and "device busy unknown" in line, (technique, line)
+    assert rows.loc["bf16+fp8", "phase_diagnosis"].startswith("forward and backward take 9")
+
+
+def test_the_report_reads_the_trials_busy_fraction(tmp_path):
+    store = ResultStore(tmp_path / "results.jsonl")
+    for seed in range(3):
+        rec = _with_phases(record("baseline", seed, workload="gpt"), _GPU_STEP, 0.04)
+        rec.device = "cuda"
+        rec.phases = dataclasses.replace(rec.phases, device_busy=0.40 + 0.01 * seed, device_op_s=20e-6)
+        store.append(rec)
+    analysis, _ = build([tmp_path], with_figures=False)
+    row = analysis.configs.set_index("technique").loc["baseline"]
+    assert row["phase_device_busy"] == pytest.approx(0.41)  # the median over seeds
+    assert row["phase_diagnosis"].startswith("launch-bound: the GPU is busy 41% of the step")
+    found = [f.text for f in analysis.findings if f.topic == "bottleneck"]  # "What to try next" says it too
+    assert any("is launch-bound: the GPU is busy 41%" in text for text in found), found
+
+
+def test_the_device_busy_pass_claims_nothing_where_it_cannot_trace_the_device(caplog):
+    """This CPU build of torch has no CUDA activity to trace: the pass says so and runs no step, never "idle"."""
+    calls = []
+    with caplog.at_level("WARNING", logger="bench.measure.phases"):
+        assert phases_mod.device_busy_pass(lambda: calls.append(1), torch.device("cpu"), steps=3) is None
+    assert calls == [] and "device busy not measured" in caplog.text
+
+
+def test_the_device_busy_pass_claims_nothing_when_the_profiler_saw_no_device_op(monkeypatch, caplog):
+    """A profiler that traced no kernel (CUPTI missing them) gives no figure rather than a busy time of 0."""
+
+    class Blind:
+        def __init__(self, activities, schedule, on_trace_ready):
+            self.ready, self.steps = on_trace_ready, 0
+
+        def start(self):
+            pass
+
+        def step(self):
+            self.steps += 1
+
+        def stop(self):
+            self.ready(self)
+
+        def export_chrome_trace(self, path):
+            Path(path).write_text(json.dumps({"traceEvents": [{"ph": "X", "cat": "cpu_op", "name": "aten::mm",
+                                                               "ts": 0, "dur": 5}]}))
+
+    monkeypatch.setattr(torch.profiler, "profile", Blind)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: None)
+    calls = []
+    with caplog.at_level("WARNING", logger="bench.measure.phases"):
+        assert phases_mod.device_busy_pass(lambda: calls.append(1), torch.device("cpu"), steps=3) is None
+    assert calls == [1, 1, 1, 1] and "traced no kernel" in caplog.text  # the profiler's warm-up step, then 3
+
+
+@pytest.mark.gpu
+def test_the_device_busy_pass_tells_an_idle_gpu_from_a_busy_one():
+    """Not yet run on a GPU. The same kernels, with the host sleeping between them or not: wide bounds on the
+    busy fraction (a ratio, not a time)."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    device = torch.device("cuda")
+    a = torch.randn(4096, 4096, device=device, dtype=torch.bfloat16)
+
+    def busy_step():
+        for _ in range(8):
+            a @ a
+
+    def idle_step():
+        busy_step()
+        torch.cuda.synchronize(device)
+        time.sleep(0.05)  # the host works while the device waits
+
+    busy_step()
+    busy = phases_mod.device_busy_pass(busy_step, device)
+    idle = phases_mod.device_busy_pass(idle_step, device)
+    assert busy is not None and idle is not None
+    assert busy.fraction > 0.8 and idle.fraction < 0.5 and busy.ops_per_step >= 8
+    assert busy.mean_op_s > SHORT_OP_S  # 4096^3 bf16 products: long kernels
+
+
+@pytest.mark.gpu
+def test_a_cuda_trial_records_its_device_busy_time(spec):  # noqa: F811
+    """Not yet run on a GPU."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    rec = run(dataclasses.replace(spec(mode="speed"), device="cuda"))
+    assert rec.status == "ok", rec.reason
+    ph = rec.phases
+    assert 0.0 < ph.device_busy <= 1.0 and ph.device_ops_per_step > 0 and ph.device_op_s > 0
+    assert not ph.diagnosis.startswith("forward and backward take")
+
+
+def test_a_cpu_trial_records_no_device_busy_time(spec):  # noqa: F811
+    rec = run(spec(mode="speed"))
+    assert rec.status == "ok" and rec.phases.device_busy is None and rec.phases.device_source is None

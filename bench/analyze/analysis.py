@@ -82,7 +82,7 @@ RECORD_COLUMNS = [
     "stopped_by", "curve", "curve_extra", "samples_to_target", "steps_to_target", "time_to_target_s", "time_to_target_one_off_s",
     "parity_kind", "parity_ok", "parity_loss_diff", "parity_start_diff", "parity_distance_diff", "parity_loss_tol",
     "parity_distance_tol", "parity_note", "energy_j", "technique_results",
-    "phase_step_s", *(f"phase_{p}_share" for p in PHASES),
+    "phase_step_s", *(f"phase_{p}_share" for p in PHASES), "phase_device_busy", "phase_device_op_s",
     *DISTRIBUTED_COLUMNS,
     "continues", "continuation",
 ]
@@ -134,6 +134,8 @@ def _record_row(r: TrialRecord, source: str, machine: str, max_looks: int | None
         "technique_results": r.technique_results,
         "phase_step_s": r.phases.step_s if r.phases else None,
         **{f"phase_{name}_share": r.phases.share.get(name) if r.phases else None for name in PHASES},
+        "phase_device_busy": r.phases.device_busy if r.phases else None,
+        "phase_device_op_s": r.phases.device_op_s if r.phases else None,
         "n_params": b.n_params if b else wl.get("n_params"),
         **_distributed_fields(r.world_size, s, m),
         "continues": r.continues,
@@ -469,9 +471,12 @@ def _phases(ok: pd.DataFrame, device: str) -> dict[str, Any]:
     row: dict[str, Any] = {f"phase_{name}_share": v for name, v in shares.items()}
     row["phase_step_s"] = _median(ok["phase_step_s"])
     row["phase_device"] = device
+    # a GPU's busy fraction and mean kernel time (None where not measured: the diagnosis then says so)
+    row["phase_device_busy"], row["phase_device_op_s"] = _median(ok["phase_device_busy"]), _median(ok["phase_device_op_s"])
     names = tuple(ok["names"].iloc[0]) if len(ok) else ()
     complete = all(v is not None for v in shares.values())
-    row["phase_diagnosis"] = bottleneck.diagnose(shares, names, device) if complete else None  # type: ignore[arg-type]
+    row["phase_diagnosis"] = bottleneck.diagnose(  # type: ignore[arg-type]
+        shares, names, device, busy=row["phase_device_busy"], op_s=row["phase_device_op_s"]) if complete else None
     return row
 
 
@@ -499,7 +504,9 @@ def with_diagnoses(configs: pd.DataFrame, machines: Mapping[str, dict[str, Any]]
                     and r.speedup_verdict in findings.NOT_FASTER]
             if sets:
                 refuted[kind] = ", ".join(sets)
-        out.at[i, "phase_diagnosis"] = bottleneck.diagnose(shares, tuple(c.names), c.phase_device, peaks, refuted)
+        busy, op_s = (v if _ok(v) else None for v in (c.phase_device_busy, c.phase_device_op_s))
+        out.at[i, "phase_diagnosis"] = bottleneck.diagnose(shares, tuple(c.names), c.phase_device, peaks, refuted,
+                                                           busy=busy, op_s=op_s)
     return out
 
 

@@ -1,5 +1,6 @@
 """Phases of a training step and the bottleneck their shares point to. The phases are timed by
-``bench.measure.phases``; the rules are documented in docs/profiling.md.
+``bench.measure.phases``; on a GPU, where the phases are host-side times, the device's busy time
+(``bench.measure.trace``) says whether the device worked or waited. The rules are documented in docs/profiling.md.
 
 What to try against a bottleneck is the techniques' own word (``Technique.remedies`` and ``Technique.explains``,
 techniques/base.py): this module reads them off the registry and names no technique. Importing it stays torch-free
@@ -26,6 +27,13 @@ INPUT_BOUND = 0.2  # a fifth of the step waiting for data is worth a loader
 COPY_BOUND = 0.15
 OPTIMIZER_BOUND = 0.25
 OVERHEAD_BOUND = 0.25
+# A GPU busy less than this share of the step leaves a fifth of it idle (the same "a fifth is worth a fix" as the
+# data wait): the step is host- or launch-bound, whatever its phase shares. A rule of thumb, not a measurement.
+BUSY_BOUND = 0.8
+# Device ops shorter than this on average finish before eager PyTorch issues the next one: launch-bound. An
+# estimate from the committed H200 trace (tests/fixtures/h200-profile): the unprofiled forward region took 11.9 ms
+# (synchronised at its edges) for the 287 kernels it launched, about 42 us each, while they ran about 17 us each.
+SHORT_OP_S = 50e-6
 
 # What helps against a bottleneck whatever the techniques: the advice once the techniques' remedies are spent.
 INPUT_ALTERNATIVES = "cache the transformed batches or make the transform cheaper"
@@ -89,22 +97,27 @@ def _compute_fix(offered: Sequence[tuple[type[Technique], Remedy]], peaks: Mappi
 
 def diagnose(share: dict[str, float], names: Sequence[str] = (), device: str = "cpu",
              peaks: Mapping[str, float | None] | None = None,
-             refuted: Mapping[Bottleneck, str] | None = None) -> str:
+             refuted: Mapping[Bottleneck, str] | None = None,
+             busy: float | None = None, op_s: float | None = None) -> str:
     """One line naming the bottleneck of a step from its phase shares, and the technique to try next.
 
     The thresholds are rules of thumb (documented in docs/profiling.md), checked in order of how cheap the fix is:
-    data, host-to-device copies, the optimizer, overhead outside the labelled regions; otherwise the model's math.
-    The advice is the techniques' (``remedies``: what to try, or what to say when the set ``names`` already holds
-    it; ``explains``: a set member that shapes the phase itself has the line). What is known here narrows it:
-    ``peaks`` (this machine's calibrated matmul peaks by dtype: a lower precision is suggested only where it beats
-    fp32) and ``refuted`` (per bottleneck, the sets of this sweep holding a remedy for it that measured no faster,
-    e.g. "loader:workers=2 0.74x"), so a line never suggests what the measurements beside it refute.
+    data, host-to-device copies, a GPU left idle, the optimizer, overhead outside the labelled regions; otherwise
+    the model's math. On a GPU the phase shares are host-side times: whether the device was busy is ``busy`` (its
+    busy time over the step's wall time) with ``op_s`` (the mean duration of its kernels, copies and memsets); a
+    GPU step without them is never called compute-bound. The advice is the techniques' (``remedies``: what to try,
+    or what to say when the set ``names`` already holds it; ``explains``: a set member that shapes the phase itself
+    has the line). What is known here narrows it: ``peaks`` (this machine's calibrated matmul peaks by dtype: a
+    lower precision is suggested only where it beats fp32) and ``refuted`` (per bottleneck, the sets of this sweep
+    holding a remedy for it that measured no faster, e.g. "loader:workers=2 0.74x"), so a line never suggests what
+    the measurements beside it refute.
     """
     from techniques.base import Bottleneck
 
     known = _registry()
     held = [known[n] for n in names if n in known]
     pct = {k: round(100 * v) for k, v in share.items()}
+    on_gpu = device.split(":")[0] != "cpu"
 
     def explained(bottleneck: Bottleneck, value: int) -> str | None:
         line = next((t.explains[bottleneck] for t in held if bottleneck in t.explains), None)
@@ -123,6 +136,8 @@ def diagnose(share: dict[str, float], names: Sequence[str] = (), device: str = "
         fix = _again(Bottleneck.COPY, held) or _try(remedies(Bottleneck.COPY, device)) or COPY_FALLBACK
         return explained(Bottleneck.COPY, pct["h2d"]) or \
             f"copy-bound: {pct['h2d']}% of the step copies inputs to the device; {fix}"
+    if on_gpu and busy is not None and busy < BUSY_BOUND:
+        return idle_line(busy, op_s, held, device)
     if share.get("optimizer", 0.0) >= OPTIMIZER_BOUND:
         fix = _again(Bottleneck.OPTIMIZER, held) or _try(remedies(Bottleneck.OPTIMIZER, device)) or \
             "look at the trace's top operators"
@@ -134,11 +149,62 @@ def diagnose(share: dict[str, float], names: Sequence[str] = (), device: str = "
         return explained(Bottleneck.OVERHEAD, pct["other"]) or \
             f"overhead-bound: {pct['other']}% of the step is outside the labelled phases; {fix}"
     compute = pct.get("forward", 0) + pct.get("backward", 0)
-    # never "try bf16" on the bf16 set's own line: the remedies it already holds are not offered again
+    fix = _compute_advice(held, device, peaks)
+    if explained(Bottleneck.COMPUTE, compute):
+        return explained(Bottleneck.COMPUTE, compute)  # type: ignore[return-value]
+    if on_gpu and busy is None:
+        return (f"forward and backward take {compute}% of the step (host-side phase shares; device busy unknown: "
+                f"`bench profile` measures it); {fix}")
+    if on_gpu:
+        return f"compute-bound: the GPU is busy {_pct(busy)} of the step, forward and backward {compute}%; {fix}"
+    return f"compute-bound: {compute}% of the step is forward and backward; {fix}"
+
+
+def _pct(fraction: float | None) -> str:
+    return f"{100 * (fraction or 0.0):.0f}%"
+
+
+def _compute_advice(held: Sequence[type[Technique]], device: str, peaks: Mapping[str, float | None] | None) -> str:
+    """What to try for a step bound by its math: never "try bf16" on the bf16 set's own line (the remedies it
+    already holds are not offered again), a lower precision only where its calibrated peak beats fp32's."""
+    from techniques.base import Bottleneck
+
     offered = [(t, r) for t, r in remedies(Bottleneck.COMPUTE, device) if t not in held]
     lower_held = any(r.if_dtype_faster for t in held for r in t.remedies if r.bottleneck == Bottleneck.COMPUTE)
-    fix = _again(Bottleneck.COMPUTE, held) or (
+    return _again(Bottleneck.COMPUTE, held) or (
         _try([(t, r) for t, r in offered if not r.if_dtype_faster]) if lower_held else
         _compute_fix(offered, peaks) if offered else None) or "look at the trace's top operators"
-    return explained(Bottleneck.COMPUTE, compute) or \
-        f"compute-bound: {compute}% of the step is forward and backward; {fix}"
+
+
+BIGGER_BATCH = "a larger batch (more work per kernel and per host step)"
+
+
+def idle_line(busy: float, op_s: float | None, held: Sequence[type[Technique]], device: str = "cuda") -> str:
+    """The line for a GPU busy less than ``BUSY_BOUND`` of the step: launch-bound where its ops are short on
+    average (the host cannot issue them as fast as the device runs them), host-bound where they are not (the device
+    waits while the host runs Python, fetches data or synchronises); host- or launch-bound where ``op_s`` is
+    unknown. Then what helps: a larger batch first (no technique needed), the techniques' remedies, and what to do
+    with one the set holds already."""
+    from techniques.base import Bottleneck
+
+    if op_s is None:
+        kinds, name = (Bottleneck.LAUNCH, Bottleneck.HOST), "host- or launch-bound"
+        why = "it waits on the host"
+    elif op_s < SHORT_OP_S:
+        kinds, name = (Bottleneck.LAUNCH,), "launch-bound"
+        why = (f"its kernels average {op_s * 1e6:.0f} us, shorter than the host takes to launch one "
+               f"(< {SHORT_OP_S * 1e6:.0f} us)")
+    else:
+        kinds, name = (Bottleneck.HOST,), "host-bound"
+        why = (f"its kernels average {op_s * 1e6:.0f} us, not short: it waits on the host (Python, data, "
+               "synchronisations)")
+    offered, again = [], []
+    for kind in kinds:
+        for t, r in remedies(kind, device):
+            if t in held:
+                again.extend([r.again] if r.again and r.again not in again else [])
+            elif (t, r.say) not in [(o[0], o[1].say) for o in offered]:
+                offered.append((t, r))
+    fixes = [BIGGER_BATCH, *(say(t, r) for t, r in offered)]
+    advice = "try " + ", ".join(fixes[:-1]) + f" or {fixes[-1]}" if len(fixes) > 1 else f"try {fixes[0]}"
+    return f"{name}: the GPU is busy {_pct(busy)} of the step, {why}; {advice}" + "".join(f"; {a}" for a in again)

@@ -244,7 +244,8 @@ def _reference_findings(c: Any) -> list[tuple[str, str]]:
                                 "a model this small; a larger batch or model, or torch.compile (fuses ops), shows "
                                 "technique effects closer to published ones"))
     diagnosis = getattr(c, "phase_diagnosis", None)
-    if diagnosis and diagnosis.split(":")[0] in ("copy-bound", "optimizer-bound", "overhead-bound"):
+    if diagnosis and diagnosis.split(":")[0] in ("copy-bound", "optimizer-bound", "overhead-bound", "launch-bound",
+                                                 "host-bound", "host- or launch-bound"):
         # input-bound has its own finding from the timed window's data wait; compute-bound is no news
         out.append(("bottleneck", f"{c.workload}'s step at {c.technique} is {diagnosis}"))
     peak = c.peak_bytes

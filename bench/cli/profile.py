@@ -57,11 +57,18 @@ def _print_profile(result: Profile, out_dir: Path) -> None:
     for row in profile_mod.phase_rows(result.phases):
         table.add_row(*row)
     out.print(table)
-    ops = Table(title=f"Top operators by {result.self_time_by} self time ({result.profiled_steps} profiled steps)")
-    for col in ("operator", "calls", "self ms/step", "share"):
-        ops.add_column(col, justify="left" if col == "operator" else "right", overflow="fold")
-    for op in result.top_ops[:10]:
-        ops.add_row(op.name, str(op.calls), f"{op.per_step_s * 1e3:.3f}", f"{100 * op.share:.1f}%")
-    out.print(ops)
+    rows = {"host operators by self CPU time": [(o.name, o.calls, o.per_step_s, o.share) for o in result.top_ops],
+            "device kernels by device time": [(k.short, k.calls, k.per_step_s, k.share) for k in result.top_kernels]}
+    for title, found in rows.items():  # one kind of event per table: no time counted twice
+        if not found:
+            continue
+        ops = Table(title=f"Top {title} ({result.profiled_steps} profiled steps)")
+        for col in ("name", "calls", "ms/step", "share"):
+            ops.add_column(col, justify="left" if col == "name" else "right", overflow="fold")
+        for name, calls, per_step, share in found[:10]:
+            ops.add_row(name, str(calls), f"{per_step * 1e3:.3f}", f"{100 * share:.1f}%")
+        out.print(ops)
+    if (busy := profile_mod.busy_line(result.phases)) is not None:
+        out.print(busy, markup=False, highlight=False)
     out.print(f"diagnosis: {result.phases.diagnosis}", markup=False, highlight=False)
     out.print(f"trace: {result.trace}; profile.md and profile.json in {out_dir}", markup=False, highlight=False)

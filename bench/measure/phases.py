@@ -12,18 +12,29 @@ device the clock calls are kept out of the hot path. On CPU the regions are exac
 GPU the step is a little slower than in the window, and the report says which pass the shares come from.
 
 With ``label=True`` each region is also a ``torch.profiler.record_function`` range, so a profiler trace shows the
-phases (``bench profile``).
+phases (``bench profile``); ``sync=False`` leaves the regions unsynchronised there, so the trace shows the step as
+the timed window runs it (the host ahead of the device) while still labelling where each kernel was launched.
+
+Whether a GPU was busy is not in the host-side phase times: ``device_busy_pass`` measures it, a few more steps with
+only the device's activity traced (``bench.measure.trace`` reads the trace).
 """
 
 from __future__ import annotations
 
 import contextlib
+import logging
+import tempfile
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import numpy as np
+
+from bench.measure import trace as trace_mod
+
+log = logging.getLogger(__name__)
 
 # The phases of a step, in step order; "other" is the remainder. The analysis, the report and the diagnosis read
 # these names, so this module imports torch only when a clock runs (reading records stays torch-free).
@@ -44,17 +55,18 @@ def no_region(name: str) -> contextlib.AbstractContextManager[None]:
 class PhaseClock:
     """Accumulates the time of labelled regions per step: ``with clock.step(): ... with clock.region(name): ...``.
 
-    ``clock`` is injectable so the arithmetic can be tested with a fake clock.
+    ``clock`` is injectable so the arithmetic can be tested with a fake clock. ``sync=False`` (with ``label``, for
+    a trace) leaves the regions' edges unsynchronised: their host times are then launch times, not the phases'.
     """
 
     def __init__(self, device: torch.device | str, label: bool = False,
-                 clock: Callable[[], float] = time.perf_counter) -> None:
+                 clock: Callable[[], float] = time.perf_counter, sync: bool = True) -> None:
         import torch
 
         self.device = torch.device(device)
         self.label = label
         self.clock = clock
-        self._cuda = self.device.type == "cuda"
+        self._cuda = self.device.type == "cuda" and sync
         self.steps: list[dict[str, float]] = []  # per step: phase -> seconds, "other" included, and "step"
         self._current: dict[str, float] | None = None
 
@@ -121,3 +133,46 @@ def summarize_phases(steps: list[dict[str, float]]) -> PhaseStats:
         mean[phase], median[phase], iqr[phase] = float(values.mean()), float(q50), float(q75 - q25)
         share[phase] = float(values.sum() / step.sum()) if step.sum() > 0 else 0.0
     return PhaseStats(len(steps), float(step.mean()), mean, median, iqr, share)
+
+
+BUSY_STEPS = 5  # steps of the device-busy pass: a few hundred milliseconds on a GPU-sized step
+
+
+def device_busy_pass(step: Callable[[], object], device: torch.device, steps: int = BUSY_STEPS
+                     ) -> trace_mod.DeviceBusy | None:
+    """How busy a CUDA device is while ``step`` (one training step, data fetch included) runs ``steps`` times.
+
+    Only the device's activity is traced (``torch.profiler`` with ``ProfilerActivity.CUDA``: CUPTI records each
+    kernel, copy and memset; no CPU operator is recorded, so the host is not slowed the way a full trace slows it),
+    no region is synchronised, and the device is synchronised only at the pass's edges, as in the timed window. One
+    more step runs first as the profiler's warm-up (CUPTI set up, nothing kept). The busy fraction is the union of
+    the device's ops over the pass's host wall time. None when the profiler cannot trace the device or saw no
+    device op (it then logs why nothing is claimed)."""
+    import torch
+    from torch.profiler import ProfilerActivity
+
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "busy.json"
+        prof = torch.profiler.profile(
+            activities=[ProfilerActivity.CUDA], schedule=torch.profiler.schedule(wait=0, warmup=1, active=1),
+            on_trace_ready=lambda p: p.export_chrome_trace(str(path)))
+        try:
+            prof.start()
+        except (RuntimeError, AssertionError) as exc:  # a torch without CUDA activity (no CUPTI): claim nothing
+            log.warning("the profiler cannot trace CUDA activity here (%s): device busy not measured", exc)
+            return None
+        try:
+            step()  # the profiler's warm-up
+            torch.cuda.synchronize(device)  # nothing launched before the pass runs inside it
+            prof.step()  # recording from here
+            t0 = time.perf_counter()
+            for _ in range(steps):
+                step()
+            torch.cuda.synchronize(device)  # everything the pass launched ran inside it
+            wall = time.perf_counter() - t0
+        finally:
+            prof.stop()  # the trace is written here
+        busy = trace_mod.from_activity(trace_mod.load(path), wall, steps) if path.exists() else None
+    if busy is None:
+        log.warning("the device-busy pass traced no kernel on %s: device busy not measured", device)
+    return busy

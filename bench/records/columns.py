@@ -42,7 +42,8 @@ COLUMN_DTYPES: dict[str, str] = {
                    "data_wait_frac contention_frac achieved_flops peak_flops mfu mfu_datasheet target final "
                    "train_time_s time_to_target_s time_to_target_one_off_s parity_loss_diff parity_start_diff "
                    "parity_distance_diff parity_loss_tol parity_distance_tol energy_j phase_step_s phase_data_share phase_h2d_share "
-                   "phase_forward_share phase_backward_share phase_optimizer_share phase_other_share "
+                   "phase_forward_share phase_backward_share phase_optimizer_share phase_other_share phase_device_busy "
+                   "phase_device_op_s "
                    "samples_per_s_per_device zero_formula_bytes wall_s margin"),
 }
 

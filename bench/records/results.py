@@ -273,6 +273,13 @@ class PhaseResult:
     share: dict[str, float] = doc("phase -> its share of the pass's step time (the shares add up to 1)")
     diagnosis: str = doc("the bottleneck these shares point to, and the technique to try (rules in "
                          "docs/profiling.md)")
+    device_busy: float | None = doc("GPU only: the device's busy time over the wall time of a step (the union of its "
+                                    "kernels, copies and memsets), from a short pass with CUDA activity traced and no "
+                                    "region synced; None on CPU or where not measured", None)
+    device_busy_s: float | None = doc("GPU only: the device's busy seconds per step in that pass", None)
+    device_ops_per_step: float | None = doc("GPU only: kernels, copies and memsets per step in that pass", None)
+    device_op_s: float | None = doc("GPU only: their mean duration in seconds", None)
+    device_source: str | None = doc("what the device-busy figures were measured over", None)
 
 
 # ---- the record -----------------------------------------------------------------------------------------------
