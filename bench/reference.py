@@ -9,7 +9,7 @@ process, the default AdamW) for ``steps`` optimizer steps on the same batches a 
   (measured on the three tiny workloads: 0.100-0.103), where reduced precision moves it by at most 0.4% and exact
   techniques by about 1e-7. The losses of the first few steps move by only ~1e-3 for the same bug.
 - the model FLOPs of one optimizer step (``FlopCounterMode``), the same for every technique of the workload;
-- the same steps three more times, to calibrate the loss tolerance and test its power (``perturbed``): from initial
+- the same steps three more times, to calibrate the tolerances and test their power (``perturbed``): from initial
   weights jittered by a harmless amount for each kind (``PARITY_HARMLESS``: about one fp32 ulp for exact sets,
   TF32's rounding unit for numeric ones), and with the learning rate x 1.1, the known bug. ``judge`` turns a
   trial's first steps and these into its parity answer: ok, mismatch or inconclusive.
@@ -183,17 +183,17 @@ def rel_drift(values: Sequence[float], reference: Sequence[float]) -> float:
 
 def judge(kind: str, losses: list[float], distances: list[float], ref: ReferenceResult,
           note: str | None = None) -> ParityResult:
-    """A trial's first steps against the reference: the loss tolerance of ``kind`` calibrated on the reference's
-    harmless run (``PARITY_K_TOL`` times its drift, never below the kind's fixed value), the distance tolerance
-    fixed, and each check's power from the bug's run (``parity_answer``)."""
+    """A trial's first steps against the reference: each tolerance of ``kind`` calibrated on the reference's
+    harmless run (``PARITY_K_TOL`` times its drift, never below the kind's fixed value), and each check's power
+    from the bug's run (``parity_answer``)."""
     k = len(losses)
     ref_l, ref_d = ref.losses[:k], ref.distances[:k]
     loss_diff, dist_diff = rel_drift(losses, ref_l), rel_drift(distances, ref_d)
-    floor, dist_tol = PARITY_TOLERANCES[kind]
+    floor, dist_floor = PARITY_TOLERANCES[kind]
     harmless, bug = ref.perturbed[kind], ref.perturbed[BUG]
     h_loss, h_dist = rel_drift(harmless["losses"][:k], ref_l), rel_drift(harmless["distances"][:k], ref_d)
     b_loss, b_dist = rel_drift(bug["losses"][:k], ref_l), rel_drift(bug["distances"][:k], ref_d)
-    loss_tol = max(floor, PARITY_K_TOL * h_loss)
+    loss_tol, dist_tol = max(floor, PARITY_K_TOL * h_loss), max(dist_floor, PARITY_K_TOL * h_dist)
     name, scale = PARITY_HARMLESS[kind]
     return ParityResult(
         kind=kind, steps=k, ok=loss_diff <= loss_tol and dist_diff <= dist_tol, loss_rel_diff=loss_diff,

@@ -42,13 +42,14 @@ LR warm-up (``lr_warmup_steps``): ``gpt2-124m`` warms its learning rate up linea
 steps (LR x (step + 1) / 100, then the constant 6e-4), as real GPT-2 training does. Without it, on the first H200
 sweep (reports/example-h200-first, 2026-12-04), the fp32 reference's loss rose from 5.1-5.4 to 7.2-9.4 within its
 first 3 steps on all three seeds, and parity's loss check failed on seed 1 for bf16, bf16+compile and bf16+fp8
-(tf32 drifted 2.0e-2 there, within 5e-2). 100 steps is nanoGPT's warm-up for its character-level model (``config/train_shakespeare_char.py``:
-``warmup_iters = 100`` at 64 x 256 tokens per step; this size trains 8 x 1024): 10% of the quality budget.
-GPT-2 124M on 0.5M-token batches warms up longer (nanoGPT ``train.py`` 2000 steps, llm.c 700; GPT-3 over 375M
-tokens), which at this size's batch would outlast its 1000-step budget. Not yet run on a GPU with the warm-up.
-``tiny`` and ``small`` have none: their losses do not spike in their first 8 steps (``scripts/parity_calibration.py
---spikes``, seeds 0-2 on CPU: no loss more than 9% above the one before it), and their targets were calibrated
-without one.
+(tf32 drifted 2.0e-2 there, within 5e-2). 100 steps is nanoGPT's warm-up for its character-level model
+(``config/train_shakespeare_char.py``: ``warmup_iters = 100`` at 64 x 256 tokens per step; this size trains
+8 x 1024): 10% of the quality budget. GPT-2 124M on 0.5M-token batches warms up longer (nanoGPT ``train.py`` 2000
+steps, llm.c 700; GPT-3 over 375M tokens), which at this size's batch would outlast its 1000-step budget. Not yet
+run on a GPU with the warm-up.
+``tiny`` and ``small`` have none: their losses do not spike in their first 8 steps (seeds 0-2 on CPU: no loss more
+than 8.4% above the one before it; ``scripts/parity_calibration.py --spikes``, reports/parity-calibration-cpu), and
+their targets were calibrated without one.
 """
 
 from __future__ import annotations
