@@ -190,16 +190,20 @@ def judge(kind: str, losses: list[float], distances: list[float], ref: Reference
     ref_l, ref_d = ref.losses[:k], ref.distances[:k]
     loss_diff, dist_diff = rel_drift(losses, ref_l), rel_drift(distances, ref_d)
     floor, dist_floor = PARITY_TOLERANCES[kind]
+    fixed = dict(kind=kind, steps=k, loss_rel_diff=loss_diff, distance_rel_diff=dist_diff, losses=losses,
+                 reference_losses=ref_l, distances=distances, reference_distances=ref_d, note=note, reference=ref.key)
+    if kind not in ref.perturbed or BUG not in ref.perturbed:  # a reference made without calibration runs (a
+        # test's, a user's): the fixed tolerances, and the record says it was not calibrated (``harmless`` None)
+        return ParityResult(ok=loss_diff <= floor and dist_diff <= dist_floor, loss_tolerance=floor,
+                            distance_tolerance=dist_floor, **fixed)
     harmless, bug = ref.perturbed[kind], ref.perturbed[BUG]
     h_loss, h_dist = rel_drift(harmless["losses"][:k], ref_l), rel_drift(harmless["distances"][:k], ref_d)
     b_loss, b_dist = rel_drift(bug["losses"][:k], ref_l), rel_drift(bug["distances"][:k], ref_d)
     loss_tol, dist_tol = max(floor, PARITY_K_TOL * h_loss), max(dist_floor, PARITY_K_TOL * h_dist)
     name, scale = PARITY_HARMLESS[kind]
     return ParityResult(
-        kind=kind, steps=k, ok=loss_diff <= loss_tol and dist_diff <= dist_tol, loss_rel_diff=loss_diff,
-        distance_rel_diff=dist_diff, loss_tolerance=loss_tol, distance_tolerance=dist_tol, losses=losses,
-        reference_losses=ref_l, distances=distances, reference_distances=ref_d, note=note, reference=ref.key,
-        answer=parity_answer([(loss_diff, loss_tol, b_loss), (dist_diff, dist_tol, b_dist)]),
+        ok=loss_diff <= loss_tol and dist_diff <= dist_tol, loss_tolerance=loss_tol, distance_tolerance=dist_tol,
+        **fixed, answer=parity_answer([(loss_diff, loss_tol, b_loss), (dist_diff, dist_tol, b_dist)]),
         harmless=f"initial weights x (1 + 2^{math.log2(scale):.0f} u), u ~ U[-1, 1]: {name}",
         harmless_loss_drift=h_loss, harmless_distance_drift=h_dist, bug_loss_drift=b_loss,
         bug_distance_drift=b_dist, k_tol=PARITY_K_TOL)

@@ -85,6 +85,13 @@ def test_exact_sets_keep_their_tight_floor_and_are_calibrated_on_an_ulp():
     assert result.answer == "mismatch" and "ulp" in result.harmless
 
 
+def test_a_reference_without_calibration_runs_is_judged_with_the_fixed_tolerances_and_says_so():
+    ref = ReferenceResult("k", [2.0, 1.9], [1.0, 2.0], 1, "t", 0.0)  # no ``perturbed`` (a test's or a user's)
+    result = judge("numeric", [2.0, 1.9 * 1.06], [1.0, 2.0], ref)
+    assert (result.loss_tolerance, result.distance_tolerance) == PARITY_TOLERANCES["numeric"]
+    assert result.harmless is None and result.answer is None and result.verdict == "mismatch"
+
+
 @pytest.mark.parametrize(("checks", "expected"), [
     ([(0.01, 0.05, 0.2), (0.001, 0.02, 0.1)], "ok"),
     ([(0.06, 0.05, 0.2), (0.001, 0.02, 0.1)], "mismatch"),
