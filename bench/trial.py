@@ -15,7 +15,7 @@ clean and a crash takes down one trial, not the sweep. Two questions, two measur
 4. ``speed_window`` (modes speed, both): how fast a step is. Warm-up, then a timed window with a device sync only
    at its edges; FLOPs and MFU on the window's own clock;
 5. ``parity``: the first optimizer steps of whichever stage ran first against the reference: losses and the
-   parameter-distance trajectory; the loss tolerance calibrated on the reference's harmless run, the answer ok,
+   parameter-distance trajectory; the tolerances calibrated on the reference's harmless run, the answer ok,
    mismatch or inconclusive (``bench.reference.judge``);
 6. ``memory``: the window's peaks, then a clean RSS pass (malloc set to return freed memory; it slows steps and
    stays set, so it comes last), then one step under the tensor tracker.
