@@ -12,6 +12,12 @@ One call of ``TrainLoop.step`` is one optimizer step:
     optimizer step                               (the step owner, e.g. the loss scaler, or optimizer.step())
     after-step hooks of every subscriber         (LR schedules), then ctx.step += 1
 
+A workload size may warm its learning rate up (``lr_warmup``: GPT-2-class models spike without one): during the
+loop's first ``lr_warmup`` optimizer steps every parameter group's LR is multiplied by (step + 1) / lr_warmup for
+that step only, and restored before the after-step hooks, so a technique's own schedule (``after_step``) composes
+with it. The count is the loop's own optimizer steps, not ``ctx.step`` (which a speed-only trial moves past the
+quality plan), so the parity reference and every stage of a trial warm up alike from their first step.
+
 The loop counts what it trained: ``tokens`` (real tokens, so a shortened sequence counts as short) and
 ``shapes`` (optimizer steps per distinct input shape, so FLOPs can follow the shapes actually trained).
 The returned loss is a detached tensor (no ``.item()``: that would sync the device every step).
@@ -25,6 +31,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import math
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -53,12 +60,15 @@ class TrainLoop:
         ctx: Context,
         micro_batches: int = 1,
         tokens_per_sample: int = 0,
+        lr_warmup: int = 0,
     ) -> None:
         self.model = model
         self.optimizer = optimizer
         self.loss_fn = loss_fn
         self.ctx = ctx
         self.micro_batches = micro_batches
+        self.lr_warmup = lr_warmup
+        self.optimizer_steps = 0  # what the LR warm-up counts
         self.device = ctx.device
         self.techniques = tuple(techniques)
         self._context_techs = [t for t in techniques if overrides(t, "forward_context")]
@@ -140,13 +150,26 @@ class TrainLoop:
                 detached = loss.detach()
                 total = detached if total is None else total + detached
         with region("optimizer"):
+            restore = self._warm_up_lr() if self.optimizer_steps < self.lr_warmup else None
             if self._step_owner is None or not self._step_owner.optimizer_step(self.optimizer, self.ctx):
                 self.optimizer.step()
+            if restore is not None:
+                for group, lr in zip(self.optimizer.param_groups, restore, strict=True):
+                    group["lr"] = lr
             for tech in self._after_techs:
                 tech.after_step(self.optimizer, self.ctx)
+        self.optimizer_steps += 1
         self.ctx.step += 1
         assert total is not None
         return total / n if n > 1 else total
+
+    def _warm_up_lr(self) -> list[Any]:
+        """Scale every group's LR by this step's warm-up factor; the LRs to restore after the step."""
+        factor = (self.optimizer_steps + 1) / self.lr_warmup
+        saved = [group["lr"] for group in self.optimizer.param_groups]
+        for group, lr in zip(self.optimizer.param_groups, saved, strict=True):
+            group["lr"] = lr * factor  # a new value: an LR held as a tensor is not changed in place
+        return saved
 
     def count_flops(self, batch: tuple[torch.Tensor, torch.Tensor]) -> int:
         """Model FLOPs of one step on the model as trained now (a set with ``own_flops``: a leaner or pruned model,
@@ -207,12 +230,24 @@ def default_optimizer(lr: float, weight_decay: float = 0.0) -> Callable[..., tor
     return make
 
 
-def plain_loop(built: Any, lr: float, device: torch.device, micro_batches: int = 1) -> TrainLoop:
+def plain_loop(built: Any, lr: float, device: torch.device, micro_batches: int = 1, lr_warmup: int = 0
+               ) -> TrainLoop:
     """A loop with no techniques and the default optimizer on a built workload's model (a
-    ``bench.workloads.BuiltWorkload``): what references, probes and FLOP counts run."""
+    ``bench.workloads.BuiltWorkload``): what references, probes and FLOP counts run. ``lr_warmup``: the parity
+    reference passes the workload's (``lr_warmup_steps``); probes and FLOP counts train at the given LR."""
     optimizer = default_optimizer(lr)(built.model.parameters())
     return TrainLoop(built.model, optimizer, built.loss_fn, [], Context(device=device), micro_batches,
-                     built.tokens_per_sample)
+                     built.tokens_per_sample, lr_warmup)
+
+
+def lr_warmup_steps(built: Any, batch_size: int) -> int:
+    """The optimizer steps of a built workload's LR warm-up at a global batch of ``batch_size``: the size's
+    ``lr_warmup_steps`` (stated at its own batch) over the same samples, so a set that changes the batch warms up
+    over as much data (0: no warm-up)."""
+    steps = getattr(built, "lr_warmup_steps", 0)
+    if not steps:
+        return 0
+    return max(1, math.ceil(steps * built.batch_size / batch_size))
 
 
 def build_optimizer(

@@ -15,7 +15,8 @@ clean and a crash takes down one trial, not the sweep. Two questions, two measur
 4. ``speed_window`` (modes speed, both): how fast a step is. Warm-up, then a timed window with a device sync only
    at its edges; FLOPs and MFU on the window's own clock;
 5. ``parity``: the first optimizer steps of whichever stage ran first against the reference: losses and the
-   parameter-distance trajectory, with per-kind tolerances (``bench.records.results.PARITY_TOLERANCES``);
+   parameter-distance trajectory; the tolerances calibrated on the reference's harmless run, the answer ok,
+   mismatch or inconclusive (``bench.reference.judge``);
 6. ``memory``: the window's peaks, then a clean RSS pass (malloc set to return freed memory; it slows steps and
    stays set, so it comes last), then one step under the tensor tracker.
 
@@ -55,7 +56,7 @@ from bench import workloads
 from bench.analyze.bottleneck import diagnose
 from bench.core.files import write_atomic
 from bench.core.structure import describe
-from bench.loop import TrainLoop, build_optimizer, overrides, plain_loop, single_owner
+from bench.loop import TrainLoop, build_optimizer, lr_warmup_steps, overrides, plain_loop, single_owner
 from bench.measure import energy as energy_mod
 from bench.measure.energy import EnergyMeter
 from bench.measure.env import datasheet_peak
@@ -82,7 +83,6 @@ from bench.plan import plugins, user_models
 from bench.plan.config import Budget, TechniqueSet, TechniqueSpec
 from bench.plan.planner import ReferenceKey
 from bench.records.results import (
-    PARITY_TOLERANCES,
     BuildInfo,
     Contention,
     ContinuationResult,
@@ -221,7 +221,8 @@ def build(spec: TrialSpec, budget: Budget, device: torch.device) -> Session:
     batches = _noting_first(loaded if loaded is not None else built.batches(cfg.batch_size, spec.seed), full)
     for tech in techs:
         batches = tech.wrap_data(batches, ctx)
-    loop = TrainLoop(model, optimizer, built.loss_fn, techs, ctx, cfg.micro_batches, built.tokens_per_sample)
+    loop = TrainLoop(model, optimizer, built.loss_fn, techs, ctx, cfg.micro_batches, built.tokens_per_sample,
+                     lr_warmup_steps(built, cfg.batch_size))
     return Session(spec, budget, built, techs, ctx, cfg, model, optimizer, loop, batches, set_kind(techs),
                    probe_s=probe_s, full_batch=full, n_params=n_params, trained_params=trained_params)
 
@@ -328,6 +329,10 @@ def reference(session: Session) -> ReferenceResult:
     if found.dataset and dataset and found.dataset != dataset:
         raise RuntimeError(f"the parity reference {reference_mod.path_of(cache, key)} was computed on other data "
                            f"(sha256 {found.dataset[:12]}, this trial's {dataset[:12]}): delete it to recompute")
+    if found.lr_warmup_steps != session.loop.lr_warmup:
+        raise RuntimeError(f"the parity reference {reference_mod.path_of(cache, key)} warmed its LR up over "
+                           f"{found.lr_warmup_steps} steps, this trial over {session.loop.lr_warmup}: delete it to "
+                           "recompute")
     return found
 
 
@@ -364,23 +369,16 @@ class ParityProbe:
 
 
 def parity(session: Session, ref: ReferenceResult) -> ParityResult | None:
-    """The first steps against the reference, judged with the tolerances of the set's kind."""
+    """The first steps against the reference, with the set kind's loss tolerance calibrated on the reference's
+    harmless run and the answer ok, mismatch or inconclusive (``bench.reference.judge``)."""
     probe = session.probe
     if probe is None or probe.active:
         return None
-    k = probe.steps
     losses = [float(x) for x in _mean_over_ranks(torch.stack(probe.losses))]
-    ref_l, ref_d = ref.losses[:k], ref.distances[:k]
-    loss_diff = max(abs(a - b) / max(abs(b), 1e-12) for a, b in zip(losses, ref_l, strict=True))
-    dist_diff = max(abs(a - b) / max(abs(b), 1e-12) for a, b in zip(probe.distances, ref_d, strict=True))
-    loss_tol, dist_tol = PARITY_TOLERANCES[session.kind.value]
     note = None
     if session.cfg.micro_batches > 1 and session.ctx.has_batchnorm:
         note = "expected mismatch: BatchNorm computes statistics per micro-batch, so accumulation is not exact"
-    return ParityResult(kind=session.kind.value, steps=k, ok=loss_diff <= loss_tol and dist_diff <= dist_tol,
-                        loss_rel_diff=loss_diff, distance_rel_diff=dist_diff, loss_tolerance=loss_tol,
-                        distance_tolerance=dist_tol, losses=losses, reference_losses=ref_l,
-                        distances=probe.distances, reference_distances=ref_d, note=note, reference=ref.key)
+    return reference_mod.judge(session.kind.value, losses, list(probe.distances), ref, note)
 
 
 # ---- stage: quality run -----------------------------------------------------------------------------------------

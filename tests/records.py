@@ -6,6 +6,8 @@ from __future__ import annotations
 from typing import Any
 
 from bench.records.results import (
+    PARITY_K_TOL,
+    PARITY_TOLERANCES,
     BuildInfo,
     Contention,
     MemoryResult,
@@ -14,6 +16,7 @@ from bench.records.results import (
     SpeedResult,
     StepStats,
     TrialRecord,
+    parity_answer,
 )
 
 IDLE = Contention(other_cpu_s=0.0, window_s=1.0, ncpu=2, fraction=0.0)
@@ -25,6 +28,22 @@ def parity(kind: str = "exact", loss: float = 0.0, distance: float = 0.0, tol: t
                         distance_rel_diff=distance, loss_tolerance=tol[0], distance_tolerance=tol[1],
                         losses=[2.0] * steps, reference_losses=[2.0] * steps, distances=[0.1] * steps,
                         reference_distances=[0.1] * steps, note=note, reference="ref")
+
+
+def calibrated(kind: str = "numeric", loss: float = 0.0, distance: float = 0.0, harmless: float = 1e-3,
+               bug: tuple[float, float] = (0.2, 0.1), steps: int = 8) -> ParityResult:
+    """A parity result judged as ``bench.reference.judge`` judges one: tolerances k_tol x the harmless drifts
+    (``harmless`` for the loss, a tenth of it for the distance) above the kind's floors, and the bug's drifts."""
+    floor, dist_floor = PARITY_TOLERANCES[kind]
+    tol, dist_tol = max(floor, PARITY_K_TOL * harmless), max(dist_floor, PARITY_K_TOL * harmless / 10)
+    return ParityResult(kind=kind, steps=steps, ok=loss <= tol and distance <= dist_tol, loss_rel_diff=loss,
+                        distance_rel_diff=distance, loss_tolerance=tol, distance_tolerance=dist_tol,
+                        losses=[2.0] * steps, reference_losses=[2.0] * steps, distances=[0.1] * steps,
+                        reference_distances=[0.1] * steps, note=None, reference="ref",
+                        answer=parity_answer([(loss, tol, bug[0]), (distance, dist_tol, bug[1])]),
+                        harmless="initial weights x (1 + 2^-11 u)", harmless_loss_drift=harmless,
+                        harmless_distance_drift=harmless / 10, bug_loss_drift=bug[0], bug_distance_drift=bug[1],
+                        k_tol=PARITY_K_TOL)
 
 
 def curve_of(final: float, start: float, budget_samples: int, batch: int, train_time_s: float, points: int = 2

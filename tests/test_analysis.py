@@ -14,7 +14,7 @@ from bench.records import reader
 from bench.records.reader import InputError, Source, Sweep
 from bench.records.results import ResultStore, TrialRecord
 from techniques.base import Claim
-from tests.records import curve_of, parity, record
+from tests.records import calibrated, curve_of, parity, record
 
 
 def configs_of(records: list[TrialRecord], baseline: str = "baseline"):
@@ -249,6 +249,30 @@ def test_parity_is_ok_only_when_every_trial_matched():
     ga = configs_of(records).loc["grad_accum"]
     assert ga["parity_ok"] is False and ga["parity_loss_diff"] == 2e-2 and ga["parity_distance_diff"] == 0.1
     assert ga["parity_loss_tol"] == 1e-3
+
+
+def test_a_set_s_parity_is_its_worst_trial_s_answer_with_that_trial_s_calibration():
+    records = [record(seed=0), record("bf16", seed=0, parity_result=calibrated(loss=0.1, harmless=0.03)),
+               record("bf16", seed=1, parity_result=calibrated(loss=0.3, harmless=0.08, bug=(0.3, 0.01))),
+               record("bf16", seed=2, parity_result=calibrated(loss=1e-3))]
+    frame = analysis.records_frame(records)
+    assert list(frame["parity_answer"]) == [None, "ok", "inconclusive", "ok"]
+    assert list(frame["parity_ok"]) == [None, True, None, True]  # inconclusive is neither a match nor a mismatch
+    bf = configs_of(records).loc["bf16"]
+    assert bf["parity_answer"] == "inconclusive" and bf["parity_ok"] is None
+    assert bf["parity_answers"] == {"inconclusive": 1, "ok": 2}
+    assert (bf["parity_loss_diff"], bf["parity_loss_tol"]) == (0.3, pytest.approx(0.4))  # the deciding trial's
+    assert (bf["parity_harmless_drift"], bf["parity_bug_loss_drift"], bf["parity_k_tol"]) == (0.08, 0.3, 5.0)
+    assert "parity" not in {f.topic for f in findings.diagnose(configs_of(records).reset_index(drop=True))}
+    records.append(record("bf16", seed=3, parity_result=calibrated(loss=0.2, harmless=0.01)))
+    bf = configs_of(records).loc["bf16"]
+    assert bf["parity_answer"] == "mismatch" and bf["parity_ok"] is False and bf["parity_loss_diff"] == 0.2
+
+
+def test_records_before_calibration_keep_their_fixed_tolerance_answer():
+    records = [record(seed=0), record("bf16", seed=0, parity_result=parity("numeric", loss=0.06, tol=(5e-2, 2e-2)))]
+    row = analysis.records_frame(records).iloc[1]
+    assert row["parity_answer"] == "mismatch" and row["parity_ok"] is False and row["parity_harmless_drift"] is None
 
 
 def test_another_reference_set_can_be_chosen():

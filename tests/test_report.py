@@ -26,6 +26,8 @@ from bench.analyze import summary
 from bench.records.reader import load
 from bench.records.results import MemoryResult, ResultStore, TrialRecord
 from bench.report import InputError, build, markdown, parse_formats, write_report
+from tests.conftest import REPO
+from tests.records import calibrated, parity
 from tests.records import record as make_record
 
 FIXTURE = Path(__file__).resolve().parent / "fixtures" / "report"
@@ -374,3 +376,43 @@ def test_a_ratio_beside_one_but_not_clear_of_the_threshold_says_which_side_it_is
     assert ratio_cell(0.97, 0.96, 0.98, stats.EQUIVALENT).text == "0.97x [0.96, 0.98] equivalent"
     assert ratio_cell(1.01, 0.90, 1.10, stats.INCONCLUSIVE).text == "1.01x [0.90, 1.10] inconclusive"
     assert ratio_cell(1.30, 1.10, 1.50, "faster").text == "1.30x [1.10, 1.50] faster"
+
+
+def _parity_cell(text: str, label: str) -> str:
+    row = next(line for line in text.splitlines() if line.startswith(f"| {label} | "))
+    return row.split(" | ")[-2]  # parity is the column before status
+
+
+def test_the_parity_cell_says_the_answer_its_checks_and_how_the_tolerances_were_set(tmp_path):
+    out = tmp_path / "parity"
+    out.mkdir()
+    shutil.copy(FIXTURE / "env.json", out / "env.json")
+    store = ResultStore(out / "results.jsonl")
+    cases = {"bf16": calibrated(loss=0.1, harmless=0.03),  # beyond the old 5e-2, within 5 x 3e-2
+             "tf32": calibrated(loss=0.3, harmless=0.08, bug=(0.3, 0.01)),  # the bug stays within both
+             "fp16": calibrated(loss=0.2, harmless=0.01),
+             "compile": parity("exact", loss=2e-3, tol=(1e-3, 1e-3))}  # a record written before calibration
+    for seed in range(3):
+        store.append(make_record(seed=seed, final=0.8))
+        for label, result in cases.items():
+            store.append(make_record(label, seed, final=0.8, parity_result=result))
+    text = _markdown([out])
+    assert _parity_cell(text, "bf16") == ("ok (loss 1.0e-01 ≤ 1.5e-01; distance 0.0e+00 ≤ 2.0e-02; tolerances 5 x a "
+                                          "harmless jitter's drift (loss 3.0e-02), at least 5e-02, 2e-02)")
+    assert _parity_cell(text, "tf32").startswith("inconclusive (loss 3.0e-01 ≤ 4.0e-01 (a 10% LR bug: 3.0e-01, no "
+                                                 "power); distance 0.0e+00 ≤ 4.0e-02 (a 10% LR bug: 1.0e-02, no power)")
+    assert _parity_cell(text, "tf32").endswith("the check cannot tell a 10% learning-rate bug from harmless drift here")
+    assert _parity_cell(text, "fp16").startswith("MISMATCH (loss 2.0e-01 > 5.0e-02;")
+    assert _parity_cell(text, "compile") == ("MISMATCH (loss 2.0e-03 > 1.0e-03; distance 0.0e+00 ≤ 1.0e-03; fixed "
+                                             "tolerances, not calibrated)")
+    summary_rows = {r.techniques: r.parity for r in summary.summarize(store.read())}
+    assert summary_rows == {"baseline": "-", "bf16": "ok", "tf32": "inconclusive", "fp16": "MISMATCH",
+                            "compile": "MISMATCH"}
+
+
+def test_the_h200_records_say_their_parity_used_the_fixed_tolerances():
+    text = _markdown([REPO / "reports" / "example-h200-first"])
+    cells = [_parity_cell(text, label) for label in ("bf16", "tf32", "bf16+fp8")]
+    assert all(cell.endswith("fixed tolerances, not calibrated)") for cell in cells)
+    assert cells[0].startswith("MISMATCH in 1 of 2 trials (loss 6.5e-02 > 5.0e-02;")  # seed 1, in the spike
+    assert cells[1].startswith("ok (loss 2.0e-02 ≤ 5.0e-02;")

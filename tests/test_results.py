@@ -90,3 +90,14 @@ def test_the_records_documentation_is_generated_from_the_dataclasses():
     assert records_doc.main(["--check"]) == 0, "docs/records.md is out of date: run python -m bench.records.schema_doc"
     text = records_doc.render()
     assert "## QualityResult" in text and "| `time_to_target_with_one_off_s` |" in text
+
+
+def test_a_parity_section_written_before_calibration_still_loads_and_keeps_its_answer():
+    old = json.loads(record("bf16", parity_result=None).to_json())
+    old["parity"] = {"kind": "numeric", "steps": 2, "ok": False, "loss_rel_diff": 0.065, "distance_rel_diff": 3e-3,
+                     "loss_tolerance": 0.05, "distance_tolerance": 0.02, "losses": [5.3, 6.2],
+                     "reference_losses": [5.3, 6.2], "distances": [5.5, 8.7], "reference_distances": [5.5, 8.7],
+                     "note": None, "reference": "gpt-gpt2-124m-seed1-b8-k2"}  # the H200 sweep's fields
+    parity = TrialRecord.from_dict(old).parity
+    assert parity.answer is None and parity.harmless is None and parity.verdict == "mismatch"
+    assert TrialRecord.from_dict({**old, "parity": {**old["parity"], "ok": True}}).parity.verdict == "ok"

@@ -99,6 +99,10 @@ def test_a_size_refuses_unknown_keys_and_bad_values_saying_what_is_valid():
         with pytest.raises(WorkloadError, match=re.escape(words)):
             GptSize.of({**p, key: value})
     assert GptSize.of({**p, "vocab_size": 99}) == GptSize.of(p)  # what the build adds (derived) is dropped
+    with pytest.raises(WorkloadError, match=re.escape("lr_warmup_steps must be a whole number >= 0, got -1")):
+        GptSize.of({**p, "lr_warmup_steps": -1})
+    without = {k: v for k, v in p.items() if k != "lr_warmup_steps"}  # a size written before the warm-up existed
+    assert GptSize.of(without).lr_warmup_steps == 0 == p["lr_warmup_steps"]
     assert CnnSize.of(workloads.get("cnn").size_params("tiny")).widths == (8, 16, 32)
     with pytest.raises(WorkloadError, match="widths must be a non-empty list of whole numbers >= 1"):
         CnnSize.of({**workloads.get("cnn").size_params("tiny"), "widths": []})

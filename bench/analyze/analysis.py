@@ -81,7 +81,8 @@ RECORD_COLUMNS = [
     "metric", "higher_is_better", "target", "budget_samples", "samples_trained", "final", "train_time_s", "cut",
     "stopped_by", "curve", "curve_extra", "samples_to_target", "steps_to_target", "time_to_target_s", "time_to_target_one_off_s",
     "parity_kind", "parity_ok", "parity_loss_diff", "parity_start_diff", "parity_distance_diff", "parity_loss_tol",
-    "parity_distance_tol", "parity_note", "energy_j", "technique_results",
+    "parity_distance_tol", "parity_note", "parity_answer", "parity_harmless_drift", "parity_bug_loss_drift",
+    "parity_bug_distance_drift", "parity_k_tol", "energy_j", "technique_results",
     "phase_step_s", *(f"phase_{p}_share" for p in PHASES), "phase_device_busy", "phase_device_op_s",
     *DISTRIBUTED_COLUMNS,
     "continues", "continuation",
@@ -125,11 +126,14 @@ def _record_row(r: TrialRecord, source: str, machine: str, max_looks: int | None
         "steps_to_target": q.steps_to_target if q else None,
         "time_to_target_s": q.time_to_target_s if q else None,
         "time_to_target_one_off_s": q.time_to_target_with_one_off_s if q else None,
-        "parity_kind": p.kind if p else None, "parity_ok": p.ok if p else None,
+        "parity_kind": p.kind if p else None, "parity_ok": _PARITY_OK[p.verdict] if p else None,
         "parity_loss_diff": p.loss_rel_diff if p else None, "parity_start_diff": _start_diff(p),
         "parity_distance_diff": p.distance_rel_diff if p else None,
         "parity_loss_tol": p.loss_tolerance if p else None, "parity_distance_tol": p.distance_tolerance if p else None,
-        "parity_note": p.note if p else None,
+        "parity_note": p.note if p else None, "parity_answer": p.verdict if p else None,
+        "parity_harmless_drift": p.harmless_loss_drift if p else None,
+        "parity_bug_loss_drift": p.bug_loss_drift if p else None,
+        "parity_bug_distance_drift": p.bug_distance_drift if p else None, "parity_k_tol": p.k_tol if p else None,
         "energy_j": r.energy.joules if r.energy else None,
         "technique_results": r.technique_results,
         "phase_step_s": r.phases.step_s if r.phases else None,
@@ -759,20 +763,31 @@ def _start_diff(p: Any) -> float | None:
     return abs(a - b) / max(abs(b), 1e-12)
 
 
+# A trial's parity answer as the frame's parity_ok: inconclusive is neither a match nor a mismatch.
+_PARITY_OK = {"ok": True, "mismatch": False, "inconclusive": None}
+_PARITY_RANK = {"mismatch": 0, "inconclusive": 1, "ok": 2}  # the set's answer is its worst trial's
+PARITY_COLUMNS = ("parity_loss_diff", "parity_distance_diff", "parity_loss_tol", "parity_distance_tol",
+                  "parity_harmless_drift", "parity_bug_loss_drift", "parity_bug_distance_drift", "parity_k_tol")
+
+
 def _parity(ok: pd.DataFrame) -> dict[str, Any]:
-    oks = [o for o in ok["parity_ok"] if o is not None]
-    loss, distance = _values(ok["parity_loss_diff"]), _values(ok["parity_distance_diff"])
+    """The set's parity: its worst trial's answer (mismatch, then inconclusive, then ok), and that trial's drifts
+    and tolerances (calibrated per reference, so they differ by seed); the answers' counts beside it."""
+    rows = [r for r in ok.to_dict("records") if r["parity_answer"]]
     start = _values(ok["parity_start_diff"])
-    return {
-        "parity_kind": next((k for k in ok["parity_kind"] if k), None),
-        "parity_ok": all(oks) if oks else None,
-        "parity_loss_diff": max(loss) if loss else None,
-        "parity_start_diff": max(start) if start else None,
-        "parity_distance_diff": max(distance) if distance else None,
-        "parity_loss_tol": next((t for t in ok["parity_loss_tol"] if t is not None), None),
-        "parity_distance_tol": next((t for t in ok["parity_distance_tol"] if t is not None), None),
-        "parity_note": next((n for n in ok["parity_note"] if n), None),
-    }
+    out: dict[str, Any] = dict.fromkeys(PARITY_COLUMNS)
+    out.update(parity_kind=next((k for k in ok["parity_kind"] if k), None), parity_ok=None, parity_answer=None,
+               parity_answers={}, parity_start_diff=max(start) if start else None,
+               parity_note=next((n for n in ok["parity_note"] if n), None))
+    if not rows:
+        return out
+    worst = min(rows, key=lambda r: (_PARITY_RANK[r["parity_answer"]],
+                                     -(r["parity_loss_diff"] or 0.0) / max(r["parity_loss_tol"] or 1.0, 1e-300)))
+    answers = [r["parity_answer"] for r in rows]
+    out.update({c: worst[c] for c in PARITY_COLUMNS})
+    out.update(parity_answer=worst["parity_answer"], parity_ok=_PARITY_OK[worst["parity_answer"]],
+               parity_answers={a: answers.count(a) for a in _PARITY_RANK if a in answers})
+    return out
 
 
 def _distributed(g: pd.DataFrame, ok: pd.DataFrame) -> dict[str, Any]:

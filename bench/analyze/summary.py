@@ -142,6 +142,8 @@ def ttt_text(c: Any) -> str:
 
 
 def parity_text(c: Any) -> str:
+    if c.parity_answer == "inconclusive":
+        return "inconclusive"
     if c.parity_ok is None:
         return "n/a" if c.kind == "algorithmic" else "-"
     if c.parity_ok:

@@ -15,7 +15,7 @@ from typing import Any
 
 import pandas as pd
 
-from bench.records.results import STATUSES
+from bench.records.results import PARITY_ANSWERS, STATUSES
 
 FLOAT, INT, BOOL, CATEGORY, TEXT, TIME, OBJECT = (
     "float64", "Int64", "boolean", "category", "string", "datetime64[us, UTC]", "object")
@@ -27,7 +27,7 @@ def _each(dtype: str, names: str) -> dict[str, str]:
 
 COLUMN_DTYPES: dict[str, str] = {
     **_each(CATEGORY, "source machine sweep_id workload technique kind mode device status compute_dtype metric "
-                      "parity_kind"),
+                      "parity_kind parity_answer"),
     **_each(TEXT, "trial_id reason breakdown_skipped cut stopped_by parity_note zero_note added_by continues"),
     **_each(TIME, "timestamp_utc"),
     # Nested values (tuples, lists, dicts) stay Python objects: there is no flat dtype for a curve.
@@ -44,13 +44,14 @@ COLUMN_DTYPES: dict[str, str] = {
                    "parity_distance_diff parity_loss_tol parity_distance_tol energy_j phase_step_s phase_data_share phase_h2d_share "
                    "phase_forward_share phase_backward_share phase_optimizer_share phase_other_share phase_device_busy "
                    "phase_device_op_s "
-                   "samples_per_s_per_device zero_formula_bytes wall_s margin"),
+                   "samples_per_s_per_device zero_formula_bytes wall_s margin parity_harmless_drift "
+                   "parity_bug_loss_drift parity_bug_distance_drift parity_k_tol"),
 }
 
 # Categories in a fixed order where the values are known (a status count shows every status), else in order of
 # first appearance (the run order, so the baseline usually comes first).
 _KNOWN_CATEGORIES = {"status": list(STATUSES), "mode": ["speed", "quality", "both"],
-                     "kind": ["exact", "numeric", "algorithmic"]}
+                     "kind": ["exact", "numeric", "algorithmic"], "parity_answer": list(PARITY_ANSWERS)}
 
 
 def typed(frame: pd.DataFrame) -> pd.DataFrame:

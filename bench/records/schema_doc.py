@@ -7,6 +7,7 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 import sys
 import types
 import typing
@@ -78,7 +79,13 @@ def render() -> str:
               f"- statuses: {', '.join(f'`{s}`' for s in results.STATUSES)}",
               f"- modes: {', '.join(f'`{m}`' for m in results.MODES)}",
               "- parity tolerances (loss, parameter distance) by kind: " + "; ".join(
-                  f"{kind} {loss:g}, {dist:g}" for kind, (loss, dist) in results.PARITY_TOLERANCES.items()), ""]
+                  f"{kind} {loss:g}, {dist:g}" for kind, (loss, dist) in results.PARITY_TOLERANCES.items())
+              + f"; both are calibrated per reference to {results.PARITY_K_TOL:g} x the drift of a "
+              "harmless jitter of the initial weights (" + "; ".join(
+                  f"{kind}: {name}, scale 2^{math.log2(scale):.0f}" for kind, (name, scale) in results.PARITY_HARMLESS.items())
+              + "), never below the values above",
+              f"- parity's known bug: the learning rate x {results.PARITY_BUG_LR_FACTOR:g}; answers: "
+              + ", ".join(f"`{a}`" for a in results.PARITY_ANSWERS), ""]
     return "\n".join(lines)
 
 

@@ -204,6 +204,9 @@ class BuiltWorkload:
     batch_size: int  # default samples per optimizer step for this size
     tokens_per_sample: int = 0  # sequence length for language models, 0 otherwise
     lr: float = 1e-3
+    lr_warmup_steps: int = 0  # a linear LR warm-up over this many optimizer steps at ``batch_size`` (the loop's
+    # ``lr_warmup``; the trial, its quality run and the parity reference all apply it): 0, none, on every size that
+    # does not spike without one
     target: float | None = None  # the size's validation target on ``metric`` (documented in the workload)
     quality_steps: int = 0  # the size's quality budget in optimizer steps at ``batch_size`` (what the target is for)
     # The smallest difference of ``metric`` at equal samples that counts: a set whose whole interval lies within

@@ -35,7 +35,21 @@ and the worst seed's best evaluation, from ``scripts/calibrate_targets.py`` on t
 - ``small``: 300 steps, 10 evaluations; seeds 0-4 at step 210: 2.407, 2.607, 2.429, 2.299, 2.364 (median 2.407);
   their best evaluations 2.163-2.280. Target 2.41.
 - ``gpt2-124m``: no target yet: calibrating it needs a GPU (run ``scripts/calibrate_targets.py --workloads
-  gpt:gpt2-124m`` there); until then its time-to-target is not measured.
+  gpt:gpt2-124m`` there), and it waits for that run with the warm-up below; until then its time-to-target is not
+  measured.
+
+LR warm-up (``lr_warmup_steps``): ``gpt2-124m`` warms its learning rate up linearly over its first 100 optimizer
+steps (LR x (step + 1) / 100, then the constant 6e-4), as real GPT-2 training does. Without it, on the first H200
+sweep (reports/example-h200-first, 2026-12-04), the fp32 reference's loss rose from 5.1-5.4 to 7.2-9.4 within its
+first 3 steps on all three seeds, and parity's loss check failed on seed 1 for bf16, bf16+compile and bf16+fp8
+(tf32 drifted 2.0e-2 there, within 5e-2). 100 steps is nanoGPT's warm-up for its character-level model
+(``config/train_shakespeare_char.py``: ``warmup_iters = 100`` at 64 x 256 tokens per step; this size trains
+8 x 1024): 10% of the quality budget. GPT-2 124M on 0.5M-token batches warms up longer (nanoGPT ``train.py`` 2000
+steps, llm.c 700; GPT-3 over 375M tokens), which at this size's batch would outlast its 1000-step budget. Not yet
+run on a GPU with the warm-up.
+``tiny`` and ``small`` have none: their losses do not spike in their first 8 steps (seeds 0-2 on CPU: no loss more
+than 8.4% above the one before it; ``scripts/parity_calibration.py --spikes``, reports/parity-calibration-cpu), and
+their targets were calibrated without one.
 """
 
 from __future__ import annotations
@@ -46,7 +60,7 @@ import os
 import sys
 import sysconfig
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
@@ -379,7 +393,7 @@ class GptSize(Size):
     """A ``gpt`` size: the decoder's shape, the batch and AdamW's LR, the corpus, and the quality budget and target
     (docstring)."""
 
-    may_be_zero = ("corpus_mb",)
+    may_be_zero = ("corpus_mb", "lr_warmup_steps")
     derived = ("vocab_size",)  # the corpus's characters: set by the build, recorded in its params
 
     n_layer: int
@@ -393,6 +407,9 @@ class GptSize(Size):
     target: float | None  # validation loss; None: not calibrated
     quality_steps: int
     eval_points: int
+    # linear LR warm-up over the first optimizer steps (docstring); 0: none. Keyword-only, so a subclass's sizes
+    # (``PrefSize``) add their own fields after it
+    lr_warmup_steps: int = field(default=0, kw_only=True)
 
     def problem(self) -> str | None:
         if self.d_model % self.n_head:
@@ -410,7 +427,8 @@ class GPTChars(Workload):
         "small": GptSize(n_layer=4, n_head=4, d_model=256, seq_len=128, batch_size=32, lr=1e-3, corpus_mb=4,
                          eval_windows=64, target=2.41, quality_steps=300, eval_points=10),
         "gpt2-124m": GptSize(n_layer=12, n_head=12, d_model=768, seq_len=1024, batch_size=8, lr=6e-4, corpus_mb=16,
-                             eval_windows=32, target=None, quality_steps=1000, eval_points=10),
+                             eval_windows=32, target=None, quality_steps=1000, eval_points=10,
+                             lr_warmup_steps=100),
     }
 
     def build_from(self, params: dict[str, Any], seed: int, device: torch.device) -> BuiltWorkload:
@@ -425,7 +443,7 @@ class GPTChars(Workload):
         model = GPT(cfg).to(device)
 
         return lm_workload(model, train, (x_eval, y_eval), p, record, structure=self.structure_from(p),
-                           source_task=lambda: stdlib_source_task(p, vocab))
+                           source_task=lambda: stdlib_source_task(p, vocab), lr_warmup_steps=p["lr_warmup_steps"])
 
     def structure_from(self, params: dict[str, Any]) -> ModelStructure:
         return gpt_structure(params["n_layer"], params["n_head"], params["d_model"])
