@@ -16,7 +16,7 @@ Method card
 - Measurement: every trial runs in its own process. The first trial of a workload and set compiles from an empty
   ``TORCHINDUCTOR_CACHE_DIR`` of its own, so its one-off cost is a cold-cache figure; the set's later trials share
   that cache (``bench.run.launcher``: repeats and speed-only pairs load what it compiled), their records say
-  ``caches.compile: warm``, and the analysis reports the cold trials' one-off cost for the set. The tensor-level
+  ``caches.inductor: warm``, and the analysis reports the cold trials' one-off cost for the set. The tensor-level
   memory tracker cannot see inside compiled graphs: compiled trials report RSS (and CUDA allocator peaks) only.
 - Sources: Ansel et al., "PyTorch 2: Faster Machine Learning Through Dynamic Python Bytecode Transformation and
   Graph Compilation", ASPLOS 2024; PyTorch 2.0 announcement (+21% fp32 / +51% AMP training on A100, 163 models).

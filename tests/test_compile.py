@@ -59,7 +59,7 @@ def test_a_set_that_compiled_nothing_is_flagged_in_the_analysis():
 
 
 @pytest.mark.slow
-def test_a_trial_that_finds_its_sets_compile_cache_warm_trains_the_same(tmp_path):
+def test_a_trial_that_finds_its_sets_inductor_cache_warm_trains_the_same(tmp_path):
     """The same compiled trial twice in one sweep: the first compiles from an empty cache (cold), the second loads
     what it compiled (warm), and trains the same losses; the sweep's one-off cost is the cold trial's."""
     from bench.analyze import analysis
@@ -80,7 +80,7 @@ def test_a_trial_that_finds_its_sets_compile_cache_warm_trains_the_same(tmp_path
     finally:
         runner.close()
     assert (cold.status, warm.status) == ("ok", "ok"), (cold.reason, warm.reason)
-    assert cold.caches["compile"] == "cold" and warm.caches["compile"] == "warm"
+    assert cold.caches["inductor"] == "cold" and warm.caches["inductor"] == "warm"
     assert warm.parity.losses == cold.parity.losses
     assert [row[3] for row in warm.quality.curve] == [row[3] for row in cold.quality.curve]  # training losses
     assert [row[4] for row in warm.quality.curve] == pytest.approx([row[4] for row in cold.quality.curve], rel=1e-6)

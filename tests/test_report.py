@@ -386,12 +386,12 @@ def test_where_the_sweeps_time_went_adds_up_the_trials_stages(tmp_path):
             rec = make_record(label, seed, final=0.5, sweep_id="t", one_off=one_off)
             rec.stages = {**stages, "one_off": one_off} if one_off else dict(stages)
             rec.wall_s = round(sum(rec.stages.values()), 6)
-            rec.caches = {"compile": cache} if cache else None
+            rec.caches = {"inductor": cache} if cache else None
             store.append(rec)
     text = _markdown([out])
     section = text.split("## Where the sweep's time went", 1)[1].split("\n## ", 1)[0]
     assert "4 trials took 36.0 s: 6.00 s (17%) in measured steps, 30.0 s of fixed cost, 7.50 s per trial." in section
-    assert "1 trial(s) compiled from an empty cache (cold), 1 loaded" in section
+    assert "TorchInductor caches: 1 trial(s) compiled from an empty cache (cold), 1 loaded" in section
     rows = {line.split(" | ")[0].strip("| "): line.split(" | ")[1:4] for line in section.splitlines()
             if line.startswith("| ") and not line.startswith("| stage")}
     assert rows["imports"] == ["6.00 s", "16.7%", "1.50 s"]

@@ -183,7 +183,7 @@ def test_a_cold_trial_that_failed_leaves_nothing_and_the_next_is_cold_again(tmp_
     again.close(ok=True)
 
 
-def test_a_trial_that_compiled_nothing_has_no_compile_cache_state(tmp_path):
+def test_a_trial_that_compiled_nothing_has_no_inductor_cache_state(tmp_path):
     cache = CompileCache.open(tmp_path / "inductor", _trial("baseline"), tmp_path / "private")
     cache.path.mkdir(parents=True)  # an empty directory is not a compilation
     assert cache.close(ok=True) is None
@@ -206,7 +206,7 @@ def test_a_set_whose_cache_another_process_holds_compiles_into_a_private_cold_on
 def test_warm_trials_take_their_sets_one_off_cost_from_the_cold_trials():
     def trial(seed: int, cache: str | None, one_off: float, ttt: float | None = 2.0):
         rec = record("compile", seed, one_off=one_off, ttt=ttt, target=0.5, final=0.6)
-        rec.caches = {"compile": cache} if cache else None
+        rec.caches = {"inductor": cache} if cache else None
         return rec
 
     records = [trial(0, "cold", 20.0), trial(1, "warm", 3.0), trial(2, "warm", 2.0, ttt=None),
@@ -216,7 +216,7 @@ def test_warm_trials_take_their_sets_one_off_cost_from_the_cold_trials():
     assert list(compiled["one_off_s"]) == [20.0, 20.0, 20.0]
     assert compiled.at[1, "time_to_target_one_off_s"] == pytest.approx(2.0 + 20.0)
     assert compiled.at[2, "time_to_target_one_off_s"] is None  # a miss stays a miss
-    assert list(compiled["compile_cache"]) == ["cold", "warm", "warm"]
+    assert list(compiled["inductor_cache"]) == ["cold", "warm", "warm"]
     base = frame[frame["technique"] == "baseline"]
     assert list(base["one_off_s"]) == [0.01, 0.02]  # no cache state: as measured
     # without a cold trial of the set (a resumed sweep lost it), warm trials keep their own

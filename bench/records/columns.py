@@ -27,7 +27,7 @@ def _each(dtype: str, names: str) -> dict[str, str]:
 
 COLUMN_DTYPES: dict[str, str] = {
     **_each(CATEGORY, "source machine sweep_id workload technique kind mode device status compute_dtype metric "
-                      "parity_kind compile_cache"),
+                      "parity_kind inductor_cache"),
     **_each(TEXT, "trial_id reason breakdown_skipped cut stopped_by parity_note zero_note added_by continues"),
     **_each(TIME, "timestamp_utc"),
     # Nested values (tuples, lists, dicts) stay Python objects: there is no flat dtype for a curve.

@@ -321,7 +321,7 @@ class TrialRecord:
         "trial's fixed cost", None)
     caches: dict[str, str] | None = doc(
         "what the trial found in the sweep's caches: dataset: read (decoded by an earlier process of the sweep, "
-        "references/datasets/) or decoded; compile: cold (a TorchInductor cache of the set's own that nothing had "
+        "references/datasets/) or decoded; inductor: cold (a TorchInductor cache of the set's own that nothing had "
         "filled: the one-off cost measured in full) or warm (filled by an earlier trial of the same workload and "
         "set: the first step's one-off is smaller, and the analysis takes the set's one-off cost from its cold "
         "trials); absent: not used", None)

@@ -1075,7 +1075,7 @@ def time_section(analysis: Analysis) -> Section | None:
     """Where the sweep's time went: every trial's stages (``TrialRecord.stages``) added up, the measured steps apart
     from the fixed cost. None when no trial ran."""
     frames = [f for f in (analysis.frame, analysis.continuations) if f is not None and not f.empty]
-    rows = [row for f in frames for row in zip(f["wall_s"], f["stages"], f["compile_cache"], strict=True)]
+    rows = [row for f in frames for row in zip(f["wall_s"], f["stages"], f["inductor_cache"], strict=True)]
     spent = time_spent.time_spent((wall, stages) for wall, stages, _ in rows)
     if spent is None or not spent.trials:  # nothing ran, or only older trials without stage times
         return None
@@ -1087,7 +1087,7 @@ def time_section(analysis: Analysis) -> Section | None:
                  f"{fmt_secs(spent.fixed_s / spent.trials)} per trial.")
     caches = [c for _, _, c in rows if c]
     if caches:
-        lines.append(f"Compile caches: {caches.count('cold')} trial(s) compiled from an empty cache (cold), "
+        lines.append(f"TorchInductor caches: {caches.count('cold')} trial(s) compiled from an empty cache (cold), "
                      f"{caches.count('warm')} loaded what an earlier trial of their set compiled (warm); the one-off "
                      "cost in the tables is the cold trials'.")
     if spent.unbroken:

@@ -10,7 +10,7 @@ parent and slowed training 3x on a 2-core machine).
 TorchInductor's caches (``TORCHINDUCTOR_CACHE_DIR``: the FX graph, AOTAutograd and kernel caches) are shared by the
 trials of one workload and technique set (``OUT/cache/inductor/``): the first trial of a set compiles from an empty
 cache, so its one-off cost is the cold one, and the set's later trials (repeats, speed-only pairs) load what it
-compiled instead of compiling again. The record says which (``caches.compile``: cold or warm); the analysis takes a
+compiled instead of compiling again. The record says which (``caches.inductor``: cold or warm); the analysis takes a
 set's one-off cost from its cold trials. A cold trial that did not finish leaves no cache behind, so the next trial
 of its set is cold again; a set whose cache another process holds (concurrent batch jobs) compiles into a private,
 cold one, as every trial did before the caches were shared.
@@ -159,7 +159,7 @@ class TrialLauncher:
         return record
 
     @property
-    def compile_cache_dir(self) -> Path:
+    def inductor_cache_dir(self) -> Path:
         """Where the sets' shared TorchInductor caches live (one directory per workload and set)."""
         return self.out_dir / "cache" / "inductor"
 
@@ -223,14 +223,14 @@ class TrialLauncher:
         times = LaunchTimes()
         with tempfile.TemporaryDirectory(prefix=sweepdir.temp_prefix()) as tmp:
             tmp_path = Path(tmp)
-            cache = CompileCache.open(self.compile_cache_dir, trial, tmp_path / "inductor")
+            cache = CompileCache.open(self.inductor_cache_dir, trial, tmp_path / "inductor")
             record = None
             try:
                 record = self._process(trial, env, tmp_path, cache.path, times)
             finally:
                 state = cache.close(ok=record is not None and record.status == "ok")
             if state is not None:
-                record.caches = {**(record.caches or {}), "compile": state}
+                record.caches = {**(record.caches or {}), "inductor": state}
         return record, times
 
     def _process(self, trial: Trial, env: dict, tmp_path: Path, inductor: Path, times: LaunchTimes) -> TrialRecord:
@@ -365,7 +365,7 @@ class CompileCache:
         except OSError as exc:  # held by a concurrent job of the same set, or no locks on this filesystem
             if lock is not None:
                 lock.close()
-            log.info("compile cache %s not shared with this trial (%s): a private, cold one", path, exc)
+            log.info("TorchInductor cache %s not shared with this trial (%s): a private, cold one", path, exc)
             return cls(private, False)
         warm = (path / COMPILED_MARK).is_file()
         if not warm and path.exists():  # a cold trial that did not finish filled it in part: start cold again
