@@ -975,7 +975,7 @@ def _stages(spec: TrialSpec, head: dict[str, Any], out: dict[str, Any], own_proc
     if own_process:
         # What is alive now (torch's and TorchDynamo's modules, the model) lives to the end: out of the cyclic
         # collector's view, each later gc.collect() (before the window, in the memory passes) scans only what the
-        # trial made since instead of the whole heap of imports, which cost tenths of a second a call here. Nothing
+        # trial made since instead of the whole heap of imports (a full collection's cost grows with it). Nothing
         # measured changes: the collector is off inside the timed window either way.
         gc.freeze()
     if CACHE_EVENTS:  # the dataset came from the sweep's cache or was decoded here (and cached for the next)
