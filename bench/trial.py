@@ -26,6 +26,11 @@ first; the speed window does not care what the weights are.
 
 from __future__ import annotations
 
+# ruff: noqa: E402 (the clock is read before the imports below, which are a stage of the trial's own)
+import time
+
+FIRST_LINE = (time.time(), time.perf_counter())  # the trial process's first line: where its imports start
+
 import atexit
 import collections
 import contextlib
@@ -40,7 +45,6 @@ import os
 import shutil
 import sys
 import tempfile
-import time
 import traceback
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -54,6 +58,7 @@ from torch import nn
 from bench import reference as reference_mod
 from bench import workloads
 from bench.analyze.bottleneck import diagnose
+from bench.core.data import CACHE_EVENTS
 from bench.core.files import write_atomic
 from bench.core.structure import describe
 from bench.loop import TrainLoop, build_optimizer, lr_warmup_steps, overrides, plain_loop, single_owner
@@ -70,6 +75,7 @@ from bench.measure.memory import (
     trim_heap,
 )
 from bench.measure.phases import PhaseClock, device_busy_pass, summarize_phases
+from bench.measure.stages import StageClock, split_measured
 from bench.measure.timing import (
     ContentionResult,
     CpuContention,
@@ -183,6 +189,7 @@ class Session:
     n_params: int = 0  # the whole model's, counted before techniques shard it or cut it into stages
     trained_params: int = 0  # after the techniques' model surgery (leaner architecture, extra heads)
     curve_extra: dict[str, list[float | None]] = field(default_factory=dict)  # the workload's curve_metrics
+    clock: StageClock = field(default_factory=StageClock)  # the trial's stage times (``bench.measure.stages``)
 
     @property
     def device(self) -> torch.device:
@@ -608,7 +615,8 @@ def speed_window(session: Session, ref: ReferenceResult) -> tuple[SpeedResult, W
     # techniques that change the step over the plan (a sequence-length warm-up) are then at their final shapes,
     # so mode=speed and mode=both time the same step.
     session.ctx.step = max(session.ctx.step, session.ctx.total_steps)
-    warmup_times = _warm_up(session)
+    with session.clock.stage("warmup"):
+        warmup_times = _warm_up(session)
     gc.collect()
     rss = PeakRss()
     rss.reset()
@@ -641,7 +649,8 @@ def speed_window(session: Session, ref: ReferenceResult) -> tuple[SpeedResult, W
     dtype = set_compute_dtype(session.techs)
     peak, by_device, peak_source = trial_peak(spec, dtype)
     ranks = spec.world_size
-    flops_per_step, shape_steps = window_flops(session, ref.flops_per_step, shapes)
+    with session.clock.stage("flops"):
+        flops_per_step, shape_steps = window_flops(session, ref.flops_per_step, shapes)
     achieved = flops_per_step * window.n_steps / window.total_s if flops_per_step else None
     sheet = datasheet_peak(torch.cuda.get_device_name(device), dtype) if device.type == "cuda" else None
     result = SpeedResult(
@@ -951,12 +960,15 @@ def _per_rank_memory(session: Session, peaks: WindowPeaks, clean_rss: dict[str, 
 # ---- the trial --------------------------------------------------------------------------------------------------
 
 
-def run(spec: TrialSpec, own_process: bool = False) -> TrialRecord:
+def run(spec: TrialSpec, own_process: bool = False, clock: StageClock | None = None) -> TrialRecord:
     """Run the trial's stages; any error becomes a record with a status and reason (stages that finished stay).
 
     ``own_process``: this process exists for this trial alone (``main``), so the clean RSS pass may change
     process-wide malloc settings for good; called in-process (tests), that pass is skipped with a reason.
+    ``clock``: the process's stage clock, already holding its start and imports (``main``); the record's ``stages``
+    are its times, the launcher adds its own and the remainder.
     """
+    clock = clock or StageClock()
     started = dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
     label = TechniqueSet(tuple(TechniqueSpec.parse(t) for t in spec.techniques)).label
     head: dict[str, Any] = dict(sweep_id=spec.sweep_id, trial_id=spec.trial_id,
@@ -967,7 +979,7 @@ def run(spec: TrialSpec, own_process: bool = False) -> TrialRecord:
     sections: dict[str, Any] = {}
     status, reason = "ok", None
     try:
-        _stages(spec, head, sections, own_process)
+        _stages(spec, head, sections, own_process, clock)
     except Diverged as exc:
         status, reason = "diverged", str(exc)
     except torch.OutOfMemoryError as exc:
@@ -977,24 +989,54 @@ def run(spec: TrialSpec, own_process: bool = False) -> TrialRecord:
         reason = f"{type(exc).__name__}: {exc}".splitlines()[0][:500]
         log.error("trial %s failed:\n%s", spec.trial_id, traceback.format_exc())
         sections["error"] = traceback.format_exc(limit=8)[-4000:]
+    sections["stages"] = _stage_times(clock, sections)
     return TrialRecord(status=status, reason=reason, **head, **sanitize(sections))
 
 
-def _stages(spec: TrialSpec, head: dict[str, Any], out: dict[str, Any], own_process: bool) -> None:
-    budget = Budget(**spec.budget)
-    device = _rank_device(spec.device)
-    if spec.threads:
-        torch.set_num_threads(spec.threads)
-    workloads.use_artefact_dir(spec.reference_dir)  # what workloads build once per sweep (a starting policy)
-    session = build(spec, budget, device)
+def _stage_times(clock: StageClock, sections: dict[str, Any]) -> dict[str, float]:
+    """The clock's stages with the measured steps cut out by the trial's own numbers (``split_measured``)."""
+    quality, speed, build = sections.get("quality"), sections.get("speed"), sections.get("build")
+    continued = quality.continuation if quality is not None else None
+    return split_measured(
+        clock.seconds, train_s=quality.train_time_s if quality is not None else None,
+        continued_s=continued.train_time_s - quality.train_time_s if continued is not None else None,
+        one_off_s=build.one_off_s if build is not None else None,
+        one_off_in="quality" if quality is not None else "warmup",
+        window_s=speed.window_s if speed is not None else None,
+        probe_s=build.probe_s if build is not None else None)
+
+
+def _stages(spec: TrialSpec, head: dict[str, Any], out: dict[str, Any], own_process: bool,
+            clock: StageClock) -> None:
+    with clock.stage("setup"):
+        budget = Budget(**spec.budget)
+        device = _rank_device(spec.device)
+        if spec.threads:
+            torch.set_num_threads(spec.threads)
+        # what workloads build once per sweep (decoded datasets, a starting policy), beside the references
+        workloads.use_artefact_dir(spec.reference_dir)
+    with clock.stage("data"):
+        workloads.get(spec.workload).load_data(spec.size)
+    with clock.stage("build"):
+        session = build(spec, budget, device)
+    if own_process:
+        # What is alive now (torch's and TorchDynamo's modules, the model) lives to the end: out of the cyclic
+        # collector's view, each later gc.collect() (before the window, in the memory passes) scans only what the
+        # trial made since instead of the whole heap of imports (a full collection's cost grows with it). Nothing
+        # measured changes: the collector is off inside the timed window either way.
+        gc.freeze()
+    if CACHE_EVENTS:  # the dataset came from the sweep's cache or was decoded here (and cached for the next)
+        out["caches"] = {"dataset": "read" if set(CACHE_EVENTS.values()) == {"read"} else "decoded"}
+    session.clock = clock
     try:
         _measure(spec, head, out, own_process, budget, session)
     finally:  # also after a failure: techniques release what they hold (a loader's worker processes)
-        for tech in session.techs:
-            try:
-                tech.finalize(session.model, session.ctx)
-            except Exception:  # a failed trial's own error is the one to report
-                log.exception("finalize of %s failed", tech.name)
+        with clock.stage("finalize"):
+            for tech in session.techs:
+                try:
+                    tech.finalize(session.model, session.ctx)
+                except Exception:  # a failed trial's own error is the one to report
+                    log.exception("finalize of %s failed", tech.name)
 
 
 def _measure(spec: TrialSpec, head: dict[str, Any], out: dict[str, Any], own_process: bool, budget: Budget,
@@ -1009,20 +1051,28 @@ def _measure(spec: TrialSpec, head: dict[str, Any], out: dict[str, Any], own_pro
                             tokens_per_sample=built.tokens_per_sample, target=built.target,
                             n_params=session.n_params)
     out["build"] = build_info(session)
-    ref = reference(session)
+    clock = session.clock
+    with clock.stage("reference"):
+        ref = reference(session)
     if session.kind != Kind.ALGORITHMIC and budget.parity_steps > 0:
         session.probe = ParityProbe(session.model, budget.parity_steps)
     if spec.mode in ("quality", "both"):
-        out["quality"] = quality_run(session)
+        with clock.stage("quality"):  # split into training, one-off and evaluation by ``_stage_times``
+            out["quality"] = quality_run(session)
         out["build"] = build_info(session)
     if spec.mode in ("speed", "both"):
-        out["speed"], peaks, out["energy"] = speed_window(session, ref)
-        out["phases"] = phase_pass(session)
+        with clock.stage("speed"):  # warm-up and FLOP counting nested; the rest is the window and its retries
+            out["speed"], peaks, out["energy"] = speed_window(session, ref)
+        with clock.stage("phases"):
+            out["phases"] = phase_pass(session)
         out["build"] = build_info(session)
-    out["parity"] = parity(session, ref)
+    with clock.stage("parity"):
+        out["parity"] = parity(session, ref)
     if spec.mode in ("speed", "both"):
-        out["memory"] = memory(session, peaks, own_process)
-    out["technique_results"] = {t.name: found for t in session.techs if (found := t.results(session.ctx))}
+        with clock.stage("memory"):
+            out["memory"] = memory(session, peaks, own_process)
+    with clock.stage("finalize"):
+        out["technique_results"] = {t.name: found for t in session.techs if (found := t.results(session.ctx))}
 
 
 # ---- multi-process trials (torchrun) ------------------------------------------------------------------------
@@ -1156,7 +1206,27 @@ def end_rank(code: int) -> None:
     os._exit(code)
 
 
-def main(argv: list[str] | None = None) -> int:
+LAUNCHED_AT = "TRAINBENCH_LAUNCHED_AT"  # the launcher's time.time() just before it started this process
+
+
+def _process_clock(started: tuple[float, float] | None) -> StageClock:
+    """The stage clock of a trial process started at ``started`` (``FIRST_LINE``): its imports so far, and the gap
+    since the launcher started it when the launcher said when (``LAUNCHED_AT``)."""
+    clock = StageClock(start=started[1] if started else None)
+    if started is None:
+        return clock
+    clock.mark("imports")
+    try:
+        launched = float(os.environ[LAUNCHED_AT])
+    except (KeyError, ValueError):  # started by hand, or by another launcher
+        return clock
+    clock.add("start", max(started[0] - launched, 0.0))
+    return clock
+
+
+def main(argv: list[str] | None = None, started: tuple[float, float] | None = None) -> int:
+    """``started``: (time.time(), time.perf_counter()) at the process's first line, when this is its entry point."""
+    clock = _process_clock(started)
     argv = sys.argv[1:] if argv is None else argv
     if len(argv) != 2:
         print("usage: python -m bench.trial SPEC.json RECORD.json", file=sys.stderr)
@@ -1168,7 +1238,8 @@ def main(argv: list[str] | None = None) -> int:
         spec.reference_dir = str(Path(argv[1]).resolve().parent / "references")
     if spec.world_size == 1:
         user_models.load_plugins(spec.plugins)  # users' models and techniques, as the sweep registered them
-        record = run(spec, own_process=True)
+        clock.mark("setup")
+        record = run(spec, own_process=True, clock=clock)
         write_atomic(argv[1], record.to_json() + "\n")  # the runner reads a whole record or none
         return 0
     # Under torchrun: rank 0 writes the record. A rank whose trial failed writes its error beside it and exits
@@ -1183,7 +1254,8 @@ def main(argv: list[str] | None = None) -> int:
                 while True:
                     time.sleep(60)
             raise RuntimeError(f"injected fault on rank {rank} (TRAINBENCH_FAULT_RANK)")
-        record = run(spec, own_process=True)
+        clock.mark("setup")
+        record = run(spec, own_process=True, clock=clock)
         if record.status != "ok":
             _write_rank_error(argv[1], rank, record.status, record.reason)
         else:
@@ -1197,5 +1269,15 @@ def main(argv: list[str] | None = None) -> int:
     return code  # not reached: _end_rank exits
 
 
+def leave(code: int) -> None:
+    """End this trial process once its record is on disk, without the interpreter's finalization (tearing down
+    torch's modules and heap, which the launcher otherwise waits for: the ``teardown`` stage). atexit handlers still
+    run: logging's flush, multiprocessing's daemonic children, inductor's worker pools and cache writes."""
+    atexit._run_exitfuncs()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    leave(main(started=FIRST_LINE))

@@ -13,9 +13,11 @@ Method card
   no graph at all (Dynamo does not trace ``nn.LSTM`` by default and skips the frame), so its "compiled" trials ran
   eager: one-off 0.32 s, curves bit-identical to the baseline, 1.05x [0.61, 1.82] inconclusive
   (reports/example-cpu-user-models).
-- Measurement: every trial runs in its own process with a fresh ``TORCHINDUCTOR_CACHE_DIR`` so compile time is a
-  cold-cache figure. The tensor-level memory tracker cannot see inside compiled graphs: compiled trials report RSS
-  (and CUDA allocator peaks) only.
+- Measurement: every trial runs in its own process. The first trial of a workload and set compiles from an empty
+  ``TORCHINDUCTOR_CACHE_DIR`` of its own, so its one-off cost is a cold-cache figure; the set's later trials share
+  that cache (``bench.run.launcher``: repeats and speed-only pairs load what it compiled), their records say
+  ``caches.inductor: warm``, and the analysis reports the cold trials' one-off cost for the set. The tensor-level
+  memory tracker cannot see inside compiled graphs: compiled trials report RSS (and CUDA allocator peaks) only.
 - Sources: Ansel et al., "PyTorch 2: Faster Machine Learning Through Dynamic Python Bytecode Transformation and
   Graph Compilation", ASPLOS 2024; PyTorch 2.0 announcement (+21% fp32 / +51% AMP training on A100, 163 models).
 

@@ -1,5 +1,6 @@
 """torch.compile: same losses as eager (exact kind, within float tolerance)."""
 
+import pytest
 import torch
 
 from techniques.compile import Compile
@@ -55,3 +56,33 @@ def test_a_set_that_compiled_nothing_is_flagged_in_the_analysis():
     assert "ran eager" in _caveats(eager)[0]
     some = pd.DataFrame({"technique_results": [{"compile": {"graphs": 0}}, {"compile": {"graphs": 2}}]})
     assert _caveats(some) == () and _caveats(pd.DataFrame({"technique_results": [{}, None]})) == ()
+
+
+@pytest.mark.slow
+def test_a_trial_that_finds_its_sets_inductor_cache_warm_trains_the_same(tmp_path):
+    """The same compiled trial twice in one sweep: the first compiles from an empty cache (cold), the second loads
+    what it compiled (warm), and trains the same losses; the sweep's one-off cost is the cold trial's."""
+    from bench.analyze import analysis
+    from bench.plan.config import build_config
+    from bench.plan.planner import plan
+    from bench.run.runner import SweepRunner
+
+    cpu = torch.device("cpu")
+    cfg = build_config("smoke", {"workloads": "mlp", "techniques": "compile", "repeats": 1,
+                                 "budget": {"memory": False}})
+    runner = SweepRunner(cfg, tmp_path / "sweep", cpu)
+    runner.claim()
+    try:
+        env = runner.prepare()
+        (trial,) = [t for t in plan(cfg, cpu) if t.techniques.label == "compile"]
+        runner.launcher.prepare_references([trial])
+        cold, warm = (runner.launcher.run(trial, env) for _ in range(2))
+    finally:
+        runner.close()
+    assert (cold.status, warm.status) == ("ok", "ok"), (cold.reason, warm.reason)
+    assert cold.caches["inductor"] == "cold" and warm.caches["inductor"] == "warm"
+    assert warm.parity.losses == cold.parity.losses
+    assert [row[3] for row in warm.quality.curve] == [row[3] for row in cold.quality.curve]  # training losses
+    assert [row[4] for row in warm.quality.curve] == pytest.approx([row[4] for row in cold.quality.curve], rel=1e-6)
+    frame = analysis.records_frame([cold, warm])
+    assert list(frame["one_off_s"]) == [cold.build.one_off_s] * 2

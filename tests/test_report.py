@@ -416,3 +416,35 @@ def test_the_h200_records_say_their_parity_used_the_fixed_tolerances():
     assert all(cell.endswith("fixed tolerances, not calibrated)") for cell in cells)
     assert cells[0].startswith("MISMATCH in 1 of 2 trials (loss 6.5e-02 > 5.0e-02;")  # seed 1, in the spike
     assert cells[1].startswith("ok (loss 2.0e-02 ≤ 5.0e-02;")
+
+
+def test_where_the_sweeps_time_went_adds_up_the_trials_stages(tmp_path):
+    out = tmp_path / "timed"
+    out.mkdir()
+    shutil.copy(FIXTURE / "env.json", out / "env.json")
+    store = ResultStore(out / "results.jsonl")
+    stages = {"start": 0.2, "imports": 1.5, "build": 0.3, "quality_train": 1.0, "evaluation": 0.2, "window": 0.5,
+              "phases": 0.1, "teardown": 0.1, "unaccounted": 0.1}  # 4.0 s, 1.5 s of it measured
+    for seed in (0, 1):
+        for label, one_off, cache in (("baseline", 0.0, None), ("compile", 10.0, "cold" if seed == 0 else "warm")):
+            rec = make_record(label, seed, final=0.5, sweep_id="t", one_off=one_off)
+            rec.stages = {**stages, "one_off": one_off} if one_off else dict(stages)
+            rec.wall_s = round(sum(rec.stages.values()), 6)
+            rec.caches = {"inductor": cache} if cache else None
+            store.append(rec)
+    text = _markdown([out])
+    section = text.split("## Where the sweep's time went", 1)[1].split("\n## ", 1)[0]
+    assert "4 trials took 36.0 s: 6.00 s (17%) in measured steps, 30.0 s of fixed cost, 7.50 s per trial." in section
+    assert "TorchInductor caches: 1 trial(s) compiled from an empty cache (cold), 1 loaded" in section
+    rows = {line.split(" | ")[0].strip("| "): line.split(" | ")[1:4] for line in section.splitlines()
+            if line.startswith("| ") and not line.startswith("| stage")}
+    assert rows["imports"] == ["6.00 s", "16.7%", "1.50 s"]
+    assert rows["window (measured)"] == ["2.00 s", "5.6%", "0.50 s"]
+    assert rows["one_off"] == ["20.0 s", "55.6%", "5.00 s"]
+    assert list(rows)[:3] == ["start", "imports", "build"]  # the stages in the order a trial meets them
+    # the summary's line reads the same totals; a sweep without stage times (the fixture) has no such section
+    from bench.analyze import time_spent
+
+    line = time_spent.summary_line(time_spent.of_records(store.read()))
+    assert line.startswith("Where the time went: 4 trials took 36 s, 17% of it in measured steps")
+    assert "## Where the sweep's time went" not in _markdown([FIXTURE])

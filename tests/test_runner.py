@@ -54,8 +54,11 @@ def test_resume_skips_finished_trials_and_loses_none(tmp_path, monkeypatch, fini
     assert len(records) == 4 and records[0] == first[0]
     assert len({r.config_hash for r in records}) == 1 and records[0].config_hash
     # the references the plan needed were computed once, in their own process, and kept for the resume
-    assert sorted(p.name for p in (out / "references").iterdir()) == [
+    assert sorted(p.name for p in (out / "references").glob("*.json")) == [
         "mlp-tiny-seed0-b64-k4.json", "mlp-tiny-seed1-b64-k4.json"]
+    # ... and the dataset they decoded first, which every trial read back instead of generating it again
+    assert [p.name.split("-")[0] for p in (out / "references" / "datasets").iterdir()] == ["mnist1d"]
+    assert [r.caches for r in records if r.status == "ok"] == [{"dataset": "read"}] * 2
     skipped = [r for r in records if r.technique_label == "grad_accum:steps=7"]
     assert all(r.status == "skipped" and "not divisible" in r.reason for r in skipped)
     assert "grad_accum:steps=7" in (out / "sweep.toml").read_text()  # the sweep is now the union
@@ -86,3 +89,25 @@ def test_a_trial_past_its_timeout_is_killed_and_recorded(tmp_path):
     records = SweepRunner(config(budget={"timeout_s": 0.5, "max_train_seconds": 0.4}), tmp_path / "s", CPU).run()
     assert [r.status for r in records] == ["timeout"]
     assert "timeout_s=0.5" in records[0].reason
+
+
+def test_a_trial_records_where_its_wall_time_went(finished):
+    """A real trial process: every stage it passed through is in its record, none negative, the measured ones equal
+    to the record's own window and training clock, and together (with ``unaccounted``) they are its wall time."""
+    from bench.measure.stages import MEASURED, STAGES
+
+    (rec,) = ResultStore(finished / "results.jsonl").read()
+    stages = rec.stages
+    expected = {"launch", "start", "imports", "setup", "data", "build", "reference", "quality_train", "evaluation",
+                "warmup", "window", "window_retries", "phases", "parity", "finalize", "teardown", "collect",
+                "unaccounted"}
+    assert expected <= set(stages) <= set(STAGES)
+    assert "process" not in stages  # the trial wrote its own stages: the launcher did not fall back to one block
+    assert all(v >= 0 for k, v in stages.items() if k != "unaccounted"), stages
+    assert sum(stages.values()) == pytest.approx(rec.wall_s, abs=0.01)
+    assert abs(stages["unaccounted"]) <= 0.1 * rec.wall_s  # the stages cover the trial, not just add up to it
+    assert stages["window"] == pytest.approx(rec.speed.window_s, abs=1e-3)
+    assert stages["quality_train"] == pytest.approx(rec.quality.train_time_s, abs=1e-3)
+    assert stages.get("one_off", 0.0) == pytest.approx(rec.build.one_off_s, abs=1e-3)
+    measured = sum(stages.get(k, 0.0) for k in MEASURED)
+    assert 0 < measured < rec.wall_s

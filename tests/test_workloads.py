@@ -225,3 +225,88 @@ def test_gpt2_124m_preset_has_85m_non_embedding_parameters():
     with torch.device("meta"):
         model = gpt_chars.GPT(cfg)
     assert model.num_params(non_embedding=True) == pytest.approx(85e6, rel=0.01)
+
+
+# ---- decoded datasets, once per sweep (bench.core.data.cached_arrays) ------------------------------------------
+
+
+def _loaders() -> dict:
+    """Each built-in dataset loader, as a workload's build calls it; the process's own memo cleared first."""
+    d = cnn_fashion.data_dir()
+    return {
+        "gpt": lambda: gpt_chars.load_corpus(0.0),
+        "mlp": lambda: mlp_mnist1d._dataset(),
+        "cnn": lambda: cnn_fashion.fashion_subset(d, 6000, 1000),
+    }
+
+
+def _fresh(name: str):
+    for f in (gpt_chars.load_corpus, mlp_mnist1d._dataset, cnn_fashion.fashion_subset):
+        f.cache_clear()
+    return _loaders()[name]()
+
+
+def _same(a, b) -> None:
+    if isinstance(a, dict):
+        assert a.keys() == b.keys()
+        for k in a:
+            _same(a[k], b[k])
+    elif isinstance(a, tuple | list) and not isinstance(a, str):
+        assert len(a) == len(b)
+        for x, y in zip(a, b, strict=True):
+            _same(x, y)
+    elif isinstance(a, np.ndarray):
+        assert a.dtype == b.dtype and np.array_equal(a, b)
+    else:
+        assert a == b
+
+
+@pytest.mark.parametrize("name", ["gpt", "mlp", "cnn"])
+def test_a_dataset_read_from_the_sweeps_cache_is_the_one_decoded(name, tmp_path):
+    from bench.core.data import CACHE_EVENTS
+
+    if name == "cnn" and cnn_fashion.missing_reason(cnn_fashion.data_dir()):
+        pytest.skip("Fashion-MNIST is not installed")
+    try:
+        workloads.use_artefact_dir(None)
+        CACHE_EVENTS.clear()
+        plain = _fresh(name)  # outside a sweep: decoded, nothing written
+        assert set(CACHE_EVENTS.values()) == {"decoded"}
+        workloads.use_artefact_dir(tmp_path)
+        first = _fresh(name)  # the sweep's first process: decodes and caches
+        assert set(CACHE_EVENTS.values()) == {"decoded"} and len(list((tmp_path / "datasets").iterdir())) == 1
+        second = _fresh(name)  # any later one: reads it back
+        assert set(CACHE_EVENTS.values()) == {"read"}
+        _same(plain, first)
+        _same(plain, second)
+    finally:
+        workloads.use_artefact_dir(None)
+        _fresh(name)
+
+
+def test_a_corrupt_or_foreign_cache_file_is_decoded_again_never_used(tmp_path):
+    from bench.core.data import CACHE_EVENTS, cached_arrays
+
+    calls = []
+
+    def build():
+        calls.append(1)
+        return {"x": np.arange(1000, dtype=np.int64)}, {"note": "built"}
+
+    arrays, meta = cached_arrays(tmp_path, "toy", "k1", build)
+    (path,) = tmp_path.iterdir()
+    path.write_bytes(path.read_bytes()[:-200])  # cut short: the zip's directory is gone
+    again, _ = cached_arrays(tmp_path, "toy", "k1", build)
+    assert CACHE_EVENTS["toy"] == "decoded" and len(calls) == 2 and np.array_equal(again["x"], arrays["x"])
+    data = bytearray(path.read_bytes())
+    data[data.index(b"\x00\x00\x00\x00\x00\x00\x00\x00", 200) + 8] ^= 0xFF  # one flipped byte inside the array
+    path.write_bytes(bytes(data))
+    cached_arrays(tmp_path, "toy", "k1", build)
+    assert len(calls) == 3  # zip's CRC caught it
+    cached_arrays(tmp_path, "toy", "k1", build)
+    assert CACHE_EVENTS["toy"] == "read" and len(calls) == 3  # the rebuilt file reads back
+    other = tmp_path / path.name.replace("k1", "k2")
+    other.write_bytes(path.read_bytes())  # a file under another key's name holds k1's arrays
+    _, meta2 = cached_arrays(tmp_path, "toy", "k2", build)
+    assert len(calls) == 4 and meta2 == meta
+    assert cached_arrays(None, "toy", "k1", build)[1] == {"note": "built"} and len(calls) == 5  # no directory

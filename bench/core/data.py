@@ -20,13 +20,22 @@ The key orders reproduce the workloads' own fast paths draw for draw: ``classifi
 from __future__ import annotations
 
 import functools
+import hashlib
+import json
+import logging
+import os
+import zipfile
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset
 from torch.utils.data._utils.collate import default_collate
+
+log = logging.getLogger(__name__)
 
 Batch = tuple[torch.Tensor, torch.Tensor]
 Key = tuple[int, int]  # a classifier's sample: (index into the training set, seed of its augmentation draws)
@@ -234,3 +243,66 @@ def dataloader_order(n: int, batch_size: int, seed: int) -> Iterator[list[int]]:
 def dataset_pipeline(dataset: Dataset) -> Pipeline:
     """A user's map-style Dataset of (input, target) items, in a shuffling DataLoader's order, default-collated."""
     return Pipeline(dataset, functools.partial(dataloader_order, len(dataset)), collate=collate_pairs)
+
+
+# ---- decoded datasets, once per sweep ----------------------------------------------------------------------------
+
+CACHE_FORMAT = 1  # the cache file's layout: a file of another format is rebuilt
+CACHE_EVENTS: dict[str, str] = {}  # dataset name -> "read" (from the cache) or "decoded", in this process
+
+
+def digest(*parts: Any) -> str:
+    """A cache key: the sha256 of ``parts`` (bytes as they are, anything else as JSON)."""
+    h = hashlib.sha256()
+    for part in parts:
+        h.update(part if isinstance(part, bytes) else json.dumps(part, sort_keys=True).encode())
+        h.update(b"\0")
+    return h.hexdigest()
+
+
+def cached_arrays(directory: Path | None, name: str, key: str,
+                  build: Callable[[], tuple[dict[str, np.ndarray], dict[str, Any]]]
+                  ) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
+    """``build()``'s arrays and JSON meta, read from ``directory`` when a process of the sweep already built them
+    under ``key``, else built here and saved there (whole or not at all) for the next.
+
+    ``key`` must change whenever the result would: the dataset's own hash, the parameters it is cut with, and the
+    code that decodes it. A file that does not read back exactly (truncated or corrupt: zip's CRC check; another key
+    or format in its header) is rebuilt and replaced, never used. Without a directory (a trial outside a sweep) the
+    arrays are built in this process. ``CACHE_EVENTS`` says which happened."""
+    path = directory / f"{name}-{key[:32]}.npz" if directory is not None else None
+    found = _read_cached(path, key) if path is not None and path.is_file() else None
+    if found is not None:
+        CACHE_EVENTS[name] = "read"
+        return found
+    arrays, meta = build()
+    CACHE_EVENTS[name] = "decoded"
+    if path is not None:
+        _write_cached(path, key, arrays, meta)
+    return arrays, meta
+
+
+def _read_cached(path: Path, key: str) -> tuple[dict[str, np.ndarray], dict[str, Any]] | None:
+    try:
+        with np.load(path, allow_pickle=False) as npz:
+            header = json.loads(bytes(npz["__header__"]).decode())
+            if header.get("key") != key or header.get("format") != CACHE_FORMAT:
+                raise ValueError(f"it holds key {str(header.get('key'))[:12]}, format {header.get('format')}")
+            arrays = {k: npz[k] for k in header["arrays"]}  # each member read whole: zip checks its CRC
+        return arrays, header["meta"]
+    except (OSError, ValueError, KeyError, TypeError, AttributeError, EOFError, zipfile.BadZipFile) as exc:
+        log.warning("the dataset cache %s is unusable (%s): decoding the dataset again", path, exc)
+        return None
+
+
+def _write_cached(path: Path, key: str, arrays: dict[str, np.ndarray], meta: dict[str, Any]) -> None:
+    header = {"key": key, "format": CACHE_FORMAT, "arrays": sorted(arrays), "meta": meta}
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with open(tmp, "wb") as fh:  # uncompressed: reading it back must cost far less than decoding
+            np.savez(fh, __header__=np.frombuffer(json.dumps(header).encode(), dtype=np.uint8), **arrays)
+        os.replace(tmp, path)  # whole or not at all: another process may be reading it
+    except OSError as exc:  # a full or read-only disk: this process has its arrays; the next decodes again
+        tmp.unlink(missing_ok=True)
+        log.warning("could not cache the dataset in %s: %s", path, exc)

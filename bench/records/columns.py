@@ -27,11 +27,12 @@ def _each(dtype: str, names: str) -> dict[str, str]:
 
 COLUMN_DTYPES: dict[str, str] = {
     **_each(CATEGORY, "source machine sweep_id workload technique kind mode device status compute_dtype metric "
-                      "parity_kind parity_answer"),
+                      "parity_kind parity_answer inductor_cache"),
     **_each(TEXT, "trial_id reason breakdown_skipped cut stopped_by parity_note zero_note added_by continues"),
     **_each(TIME, "timestamp_utc"),
     # Nested values (tuples, lists, dicts) stay Python objects: there is no flat dtype for a curve.
-    **_each(OBJECT, "key names components notes contention_retries curve curve_extra mem_held technique_results rank_peak_rss_bytes continuation"),
+    **_each(OBJECT, "key names components notes contention_retries curve curve_extra mem_held technique_results rank_peak_rss_bytes continuation "
+                    "stages"),
     **_each(BOOL, "contended higher_is_better parity_ok"),
     **_each(INT, "seed repeat position batch_size window_steps flops_per_step peak_bytes peak_rss_bytes "
                  "mem_params_bytes mem_grads_bytes mem_optimizer_bytes mem_activations_bytes mem_other_bytes "

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.core.text import shown
+from bench.measure.stages import MEASURED, STAGES
 
 log = logging.getLogger(__name__)
 
@@ -379,6 +380,17 @@ class TrialRecord:
                                "while the configuration's speed or memory verdict was open; 'continuation': a "
                                "time-budgeted continuation of a quality run (see continues); 'tune': a trial "
                                "of `bench tune`'s search", None)
+    stages: dict[str, float] | None = doc(
+        "where the trial's wall_s went, in seconds, stage by stage, each timed by the process that ran it; they add "
+        "up to wall_s, unaccounted holding the rest. Stages: " + ", ".join(STAGES) + " (docs/methodology.md, 'A "
+        f"trial's stages', says what each holds). The measured steps are {', '.join(MEASURED)}; the rest is the "
+        "trial's fixed cost", None)
+    caches: dict[str, str] | None = doc(
+        "what the trial found in the sweep's caches: dataset: read (decoded by an earlier process of the sweep, "
+        "references/datasets/) or decoded; inductor: cold (a TorchInductor cache of the set's own that nothing had "
+        "filled: the one-off cost measured in full) or warm (filled by an earlier trial of the same workload and "
+        "set: the first step's one-off is smaller, and the analysis takes the set's one-off cost from its cold "
+        "trials); absent: not used", None)
     continues: str | None = doc("the trial_id of the trial whose quality run this one continues past its budget "
                                 "(a time-budgeted continuation, quality.continuation); such records are kept out of "
                                 "every statistic but quality at equal time", None)

@@ -16,10 +16,11 @@ import numpy as np
 import pandas as pd
 
 import techniques
-from bench.analyze import cost, mfu, stats, summary
+from bench.analyze import cost, mfu, stats, summary, time_spent
 from bench.analyze.analysis import BREAKDOWN, EXACT_CURVE_RTOL, EXACT_QUALITY, MULTIPLY, Analysis
 from bench.core.text import fmt_bytes, fmt_secs
 from bench.measure.phases import PHASES
+from bench.measure.stages import MEASURED, STAGES
 from bench.records.results import PARITY_HARMLESS, PARITY_K_TOL, PARITY_TOLERANCES
 from techniques.base import Technique
 
@@ -112,6 +113,7 @@ class Report:
     energy: Section | None = None  # joules per sample and to the target, or why energy was not measured
     cost: Section | None = None  # only with a price per machine-hour
     decisions: list[str] = field(default_factory=list)  # how many verdicts the data decided, above the summary
+    time_spent: Section | None = None  # where the sweep's time went: its trials' stages added up
     tuning_figures: list[str] = field(default_factory=list)  # the techniques' result curves, under their table
 
 
@@ -1017,6 +1019,7 @@ def build(analysis: Analysis, figures: dict[str, Figure] | None = None, input_no
         energy=energy_section(analysis, names),
         cost=cost_section(analysis, names, price),
         decisions=decisions(analysis),
+        time_spent=time_section(analysis),
         tuning_figures=[t.result_curve.name for t in techniques.registry().values() if t.result_curve],
     )
 
@@ -1136,6 +1139,35 @@ def energy_section(analysis: Analysis, names: dict[str, str]) -> Section | None:
         lines.append(f"energy: unavailable ({reason})" + (f" for {', '.join(where)}" if partial else ""))
     table = Table(["workload", "set", "energy per sample", "energy to target", "counter"], rows) if rows else None
     return Section("Energy", "energy", lines, table)
+
+
+def time_section(analysis: Analysis) -> Section | None:
+    """Where the sweep's time went: every trial's stages (``TrialRecord.stages``) added up, the measured steps apart
+    from the fixed cost. None when no trial ran."""
+    frames = [f for f in (analysis.frame, analysis.continuations) if f is not None and not f.empty]
+    rows = [row for f in frames for row in zip(f["wall_s"], f["stages"], f["inductor_cache"], strict=True)]
+    spent = time_spent.time_spent((wall, stages) for wall, stages, _ in rows)
+    if spent is None or not spent.trials:  # nothing ran, or only older trials without stage times
+        return None
+    lines = ["Each trial's wall time split into the stages its process and its launcher timed (the records' stages; "
+             "docs/methodology.md, 'A trial's stages'). The measured steps are the timed windows and the quality "
+             "runs' training; the rest is what the trials cost besides them."]
+    lines.append(f"{spent.trials} trials took {fmt_secs(spent.wall_s)}: {fmt_secs(spent.measured_s)} "
+                 f"({spent.share(spent.measured_s):.0%}) in measured steps, {fmt_secs(spent.fixed_s)} of fixed cost, "
+                 f"{fmt_secs(spent.fixed_s / spent.trials)} per trial.")
+    caches = [c for _, _, c in rows if c]
+    if caches:
+        lines.append(f"TorchInductor caches: {caches.count('cold')} trial(s) compiled from an empty cache (cold), "
+                     f"{caches.count('warm')} loaded what an earlier trial of their set compiled (warm); the one-off "
+                     "cost in the tables is the cold trials'.")
+    if spent.unbroken:
+        lines.append(f"{spent.unbroken} trial(s) ({fmt_secs(spent.unbroken_s)}) recorded no stage times (an older "
+                     "trainbench): they are not in the table.")
+    table = Table(["stage", "seconds", "share", "per trial", "what"], [
+        [Cell(name + (" (measured)" if name in MEASURED else "")), Cell(fmt_secs(seconds)),
+         Cell(f"{spent.share(seconds):.1%}"), Cell(fmt_secs(seconds / spent.trials)), Cell(STAGES.get(name, ""))]
+        for name, seconds in spent.stages.items()], wrap=(4,))
+    return Section("Where the sweep's time went", "time", lines, table)
 
 
 def _joules(j: float) -> str:

@@ -120,7 +120,7 @@ def _optional_sections(report: Report) -> list[str]:
         out += ["## Data-parallel and sharded trials", ""]
         out += table(report.distributed) + [""]
         out += [escape(n) + "\n" for n in report.distributed_notes]
-    for extra in (report.energy, report.cost):
+    for extra in (report.energy, report.cost, report.time_spent):
         out += extra_section(extra)
     return out
 

@@ -5,20 +5,34 @@ node (``bench.run.executors``), so a trial is launched, killed and recorded the 
 here is picklable: a job receives the launcher itself.
 
 The launching process never spins: it blocks in ``Popen.wait`` (a peer harness measured here busy-waited in its
-parent and slowed training 3x on a 2-core machine). Each trial gets a fresh TorchInductor cache so compile time is
-cold.
+parent and slowed training 3x on a 2-core machine).
+
+TorchInductor's caches (``TORCHINDUCTOR_CACHE_DIR``: the FX graph, AOTAutograd and kernel caches) are shared by the
+trials of one workload and technique set (``OUT/cache/inductor/``): the first trial of a set compiles from an empty
+cache, so its one-off cost is the cold one, and the set's later trials (repeats, speed-only pairs) load what it
+compiled instead of compiling again. The record says which (``caches.inductor``: cold or warm); the analysis takes a
+set's one-off cost from its cold trials. A cold trial that did not finish leaves no cache behind, so the next trial
+of its set is cold again; a set whose cache another process holds (concurrent batch jobs) compiles into a private,
+cold one, as every trial did before the caches were shared.
+
+The trial's stages (``bench.measure.stages``): the launcher passes the time it starts the process
+(``TRAINBENCH_LAUNCHED_AT``), the trial records its own stages, and the launcher adds what it alone sees (the launch,
+the process's exit after the record, reading the record) and the remainder, ``unaccounted``.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import datetime as dt
+import fcntl
 import hashlib
 import json
 import logging
 import math
 import os
+import re
 import shlex
+import shutil
 import signal
 import subprocess
 import sys
@@ -26,22 +40,25 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import psutil
 import torch
 
 from bench import reference as reference_mod
 from bench.core.files import REPO_DIR, write_atomic
+from bench.measure import stages as stages_mod
 from bench.plan.config import ConfigError, SweepConfig
 from bench.plan.planner import Trial, check_nproc, reference_key, world_size_for
 from bench.records.results import TrialRecord, memory_exhausted
 from bench.run import sweepdir
-from bench.trial import TrialSpec
+from bench.trial import LAUNCHED_AT, TrialSpec
 from techniques.base import set_kind
 
 log = logging.getLogger(__name__)
 
 ENV_TIMEOUT_S = 120.0  # per calibration (thread count or device) in the environment's child process (about 3 s each)
+COMPILED_MARK = ".complete"  # in a set's compile cache: a trial finished with it, so the next one finds it warm
 
 
 @dataclass(frozen=True)
@@ -164,15 +181,26 @@ class TrialLauncher:
             log.warning("parity references could not be computed up front: %s", exc)
 
     def run(self, trial: Trial, env: dict) -> TrialRecord:
-        """One trial's record (skipped, or measured in its own process), stamped with the sweep's settings hash."""
+        """One trial's record (skipped, or measured in its own process), stamped with the sweep's settings hash and,
+        when it ran, its wall time and stages (``bench.measure.stages``)."""
         started = time.perf_counter()
-        record = self._skipped(trial) if trial.skip_reason else self._launch(trial, env)
+        if trial.skip_reason:
+            record = self._skipped(trial)
+        else:
+            record, times = self._launch(trial, env)
         record.config_hash = self.config_hash
         record.added_by = trial.added_by
         if not trial.skip_reason:
-            record.wall_s = round(time.perf_counter() - started, 3)
+            wall = time.perf_counter() - started
+            record.wall_s = round(wall, 3)
+            record.stages = times.stages(record.stages, started, wall)
         record.continues = trial.continues  # how the analysis tells a continuation from a planned trial
         return record
+
+    @property
+    def inductor_cache_dir(self) -> Path:
+        """Where the sets' shared TorchInductor caches live (one directory per workload and set)."""
+        return self.out_dir / "cache" / "inductor"
 
     def _peaks(self, trial: Trial, env: dict) -> tuple[dict[str, float], str | None]:
         """Calibrated peaks at the thread count this trial runs with; on CUDA its device's (a GPU's matmul peak does
@@ -244,36 +272,54 @@ class TrialLauncher:
             timestamp_utc=dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
         )
 
-    def _launch(self, trial: Trial, env: dict) -> TrialRecord:
-        timeout = self.cfg.budget.timeout_s
+    def _launch(self, trial: Trial, env: dict) -> tuple[TrialRecord, LaunchTimes]:
+        """The trial in its own process, with its set's compile cache; the record and the launcher's clock."""
+        times = LaunchTimes()
         with tempfile.TemporaryDirectory(prefix=sweepdir.temp_prefix()) as tmp:
             tmp_path = Path(tmp)
-            spec_path, record_path, log_path = tmp_path / "spec.json", tmp_path / "record.json", tmp_path / "stderr"
-            spec_path.write_text(self._spec(trial, env).to_json())
-            child_env = dict(os.environ, PYTHONUNBUFFERED="1", TORCHINDUCTOR_CACHE_DIR=str(tmp_path / "inductor"))
-            cmd = [sys.executable, "-m", "bench.trial", str(spec_path), str(record_path)]
-            if trial.world_size > 1:
-                # The same id on every node (a stable digest: Python's hash() differs between processes).
-                rdzv_id = "trainbench-" + hashlib.sha1(f"{self.cfg.name}/{trial.trial_id}".encode()).hexdigest()[:16]
-                cmd = [*self.launch.torchrun_args(trial.world_size // self.launch.nnodes, rdzv_id),
-                       "-m", "bench.trial", str(spec_path), str(record_path)]
-            cmd = [sys.executable, "-m", "bench.guard", str(os.getpid()), *cmd]  # dies with this process
-            oom_before = oom_kills()
-            with open(log_path, "wb") as err:
-                # A new session makes the child a process group we can kill whole (compile workers included).
-                proc = subprocess.Popen(cmd, cwd=self.code_dir, env=child_env, stdout=err, stderr=err,
-                                        start_new_session=True)
-                try:
-                    rc = proc.wait(timeout=timeout)
-                except subprocess.TimeoutExpired:
-                    _kill_group(proc)
-                    return self._after_timeout(trial, record_path, timeout)
-                except BaseException:
-                    _kill_group(proc)
-                    raise
-            oom_after = oom_kills()
-            oom_killed = None if oom_before is None or oom_after is None else oom_after > oom_before
-            return self._outcome(trial, rc, tmp_path, oom_killed)
+            cache = CompileCache.open(self.inductor_cache_dir, trial, tmp_path / "inductor")
+            record = None
+            try:
+                record = self._process(trial, env, tmp_path, cache.path, times)
+            finally:
+                state = cache.close(ok=record is not None and record.status == "ok")
+            if state is not None:
+                record.caches = {**(record.caches or {}), "inductor": state}
+        return record, times
+
+    def _process(self, trial: Trial, env: dict, tmp_path: Path, inductor: Path, times: LaunchTimes) -> TrialRecord:
+        """The trial's process, from its spec to its record (or a record of how it ended), timed in ``times``."""
+        timeout = self.cfg.budget.timeout_s
+        spec_path, record_path, log_path = tmp_path / "spec.json", tmp_path / "record.json", tmp_path / "stderr"
+        spec_path.write_text(self._spec(trial, env).to_json())
+        child_env = dict(os.environ, PYTHONUNBUFFERED="1", TORCHINDUCTOR_CACHE_DIR=str(inductor))
+        cmd = [sys.executable, "-m", "bench.trial", str(spec_path), str(record_path)]
+        if trial.world_size > 1:
+            # The same id on every node (a stable digest: Python's hash() differs between processes).
+            rdzv_id = "trainbench-" + hashlib.sha1(f"{self.cfg.name}/{trial.trial_id}".encode()).hexdigest()[:16]
+            cmd = [*self.launch.torchrun_args(trial.world_size // self.launch.nnodes, rdzv_id),
+                   "-m", "bench.trial", str(spec_path), str(record_path)]
+        cmd = [sys.executable, "-m", "bench.guard", str(os.getpid()), *cmd]  # dies with this process
+        oom_before = oom_kills()
+        with open(log_path, "wb") as err:
+            times.popen = time.perf_counter()
+            child_env[LAUNCHED_AT] = repr(time.time())
+            # A new session makes the child a process group we can kill whole (compile workers included).
+            proc = subprocess.Popen(cmd, cwd=self.code_dir, env=child_env, stdout=err, stderr=err,
+                                    start_new_session=True)
+            try:
+                rc = proc.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                _kill_group(proc)
+                times.exited(record_path)
+                return self._after_timeout(trial, record_path, timeout)
+            except BaseException:
+                _kill_group(proc)
+                raise
+        times.exited(record_path)
+        oom_after = oom_kills()
+        oom_killed = None if oom_before is None or oom_after is None else oom_after > oom_before
+        return self._outcome(trial, rc, tmp_path, oom_killed)
 
     def _outcome(self, trial: Trial, rc: int, tmp_path: Path, oom_killed: bool | None) -> TrialRecord:
         """The trial's record, or a record of how its process ended when it wrote none."""
@@ -323,6 +369,80 @@ class TrialLauncher:
 def _flops(peaks: dict) -> dict[str, float]:
     """A calibration's FLOP/s by dtype (the dtypes that ran)."""
     return {k: v["flops"] for k, v in peaks.items() if v.get("flops")}
+@dataclass
+class LaunchTimes:
+    """The launcher's clock around one trial process: perf_counter, except the epoch times the child's shares."""
+
+    popen: float | None = None  # just before the process started
+    exit: float | None = None  # when its exit (or kill) was seen
+    exit_epoch: float | None = None  # the same moment, time.time()
+    written_epoch: float | None = None  # the record file's modification time
+
+    def exited(self, record_path: Path) -> None:
+        self.exit, self.exit_epoch = time.perf_counter(), time.time()
+        try:
+            self.written_epoch = record_path.stat().st_mtime
+        except OSError:  # no record: the process died first
+            self.written_epoch = None
+
+    def stages(self, child: dict[str, float] | None, started: float, wall: float) -> dict[str, float]:
+        """The record's stages: the child's own, with the launch before it, the teardown after its record (that
+        file's time to the exit), reading the record, and ``unaccounted``. A process that left no stage times of
+        its own (it crashed, or runs older trial code) is one stage, ``process``."""
+        popen = self.popen if self.popen is not None else started
+        end = self.exit if self.exit is not None else popen
+        out = {"launch": popen - started}
+        if child and self.written_epoch is not None and self.exit_epoch is not None:
+            out |= child
+            out["teardown"] = max(self.exit_epoch - self.written_epoch, 0.0)
+        else:
+            out["process"] = end - popen
+        out["collect"] = started + wall - end
+        return stages_mod.close(out, wall)
+
+
+@dataclass
+class CompileCache:
+    """One trial's TorchInductor cache directory: its workload and set's shared one (held under an exclusive lock
+    while the trial runs), or a private one when another process holds it or the lock cannot be taken."""
+
+    path: Path
+    warm: bool  # a trial of the set finished with it: what it compiled is there
+    lock: Any = None  # the open lock file (None: a private cache)
+
+    @classmethod
+    def open(cls, root: Path, trial: Trial, private: Path) -> CompileCache:
+        label = f"{trial.workload.label}-{trial.techniques.label}-np{trial.world_size}"
+        name = re.sub(r"[^A-Za-z0-9_.=-]+", "_", label)[:80] + "-" + hashlib.sha1(label.encode()).hexdigest()[:8]
+        path, lock = root / name, None
+        try:
+            root.mkdir(parents=True, exist_ok=True)
+            lock = open(root / f"{name}.lock", "w")  # held until close()
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as exc:  # held by a concurrent job of the same set, or no locks on this filesystem
+            if lock is not None:
+                lock.close()
+            log.info("TorchInductor cache %s not shared with this trial (%s): a private, cold one", path, exc)
+            return cls(private, False)
+        warm = (path / COMPILED_MARK).is_file()
+        if not warm and path.exists():  # a cold trial that did not finish filled it in part: start cold again
+            shutil.rmtree(path, ignore_errors=True)
+        return cls(path, warm, lock)
+
+    def close(self, ok: bool) -> str | None:
+        """``cold`` or ``warm`` when the trial compiled (it wrote or found files in the cache), else None. A cold
+        shared cache is marked warm after a trial that finished (``ok``) and removed after one that did not."""
+        try:
+            used = self.path.is_dir() and any(p.is_file() and p.name != COMPILED_MARK for p in self.path.rglob("*"))
+            if self.lock is not None and not self.warm:
+                if used and ok:
+                    (self.path / COMPILED_MARK).touch()
+                else:
+                    shutil.rmtree(self.path, ignore_errors=True)
+        finally:
+            if self.lock is not None:
+                self.lock.close()  # releases the flock
+        return ("warm" if self.warm else "cold") if used else None
 
 
 def _first_rank_error(tmp_path: Path) -> dict | None:

@@ -5,6 +5,11 @@ cached in ``OUT/references/``) and matmul peaks are calibrated for each thread c
 machine the trials run on. How a trial is launched, killed and recorded is ``bench.run.launcher``; where it runs is the
 executor's (``bench.run.executors``: this machine, one trial after another, by default; Slurm jobs through submitit).
 
+Work done once per sweep rather than once per trial lives beside the records: the parity references and the decoded
+datasets (``OUT/references/``, ``OUT/references/datasets/``) and each technique set's TorchInductor cache
+(``OUT/cache/inductor/``, ``bench.run.launcher``); docs/methodology.md ("A trial's stages") says why none of it
+changes a measurement.
+
 Multi-node sweeps run the same command on every node; before the first trial the nodes agree on the trials already
 done (``bench.run.nodes``), so a resumed sweep launches the same trials, in the same order, on every node.
 """

@@ -276,6 +276,12 @@ class Workload(abc.ABC):
         """The structure of the model built from ``params`` (a size's own, or a scaled teacher's)."""
         return None
 
+    def load_data(self, size: str) -> None:
+        """Load ``size``'s dataset into this process (decoded, or read from the sweep's dataset cache:
+        ``dataset_cache``), so that ``build`` finds it loaded; the trial times it as its own stage. Nothing by
+        default: the data then loads in ``build``."""
+        return None
+
     def build(self, size: str, seed: int, device: torch.device) -> BuiltWorkload:
         """Build model, data, loss and evaluation for ``size``, seeded by ``seed``."""
         return self.build_from(self.size_params(size), seed, device)
@@ -302,6 +308,13 @@ def artefact_dir() -> Path | None:
         return None
     _ARTEFACT_DIR[0].mkdir(parents=True, exist_ok=True)
     return _ARTEFACT_DIR[0]
+
+
+def dataset_cache() -> Path | None:
+    """Where workloads keep their decoded datasets for the sweep's other processes (``bench.core.data.cached_arrays``):
+    ``datasets/`` in the artefact directory; None outside a sweep (each process decodes its own)."""
+    where = artefact_dir()
+    return where / "datasets" if where is not None else None
 
 
 _REGISTRY: dict[str, type[Workload]] = {}

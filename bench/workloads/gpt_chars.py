@@ -70,17 +70,18 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from bench.core.data import window_pipeline
+from bench.core.data import cached_arrays, digest, window_pipeline
 from bench.core.structure import MLP as MLPPart
 from bench.core.structure import Attention, ModelStructure, Scaling
 from bench.core.structure import Block as BlockPart
-from bench.workloads.base import Batch, BuiltWorkload, Size, SourceTask, Workload, register
+from bench.workloads.base import Batch, BuiltWorkload, Size, SourceTask, Workload, dataset_cache, register
 
 TRAIN_FRACTION = 0.9
 _SKIP_DIRS = {"site-packages", "dist-packages", "__pycache__", "test", "tests", "idle_test"}
 SOURCE_TASK = "stdlib_chars"  # the source task the model's description declares (``ModelStructure.source_task``)
 SOURCE_CHARS = 2_000_000  # characters of stdlib sources in the source task
 EXCLUDED_DIRS = ("pydoc_data",)  # stdlib files holding the pydoc topics, the corpus itself: never in the source
+_CODE_SHA = hashlib.sha256(Path(__file__).read_bytes()).hexdigest()  # in the dataset cache's key: how it decodes
 
 
 @dataclass(frozen=True)
@@ -219,7 +220,10 @@ def _stdlib_sources(max_chars: int) -> str:
 
 @lru_cache(maxsize=4)
 def load_corpus(corpus_mb: float = 0.0) -> tuple[np.ndarray, list[str], dict[str, Any]]:
-    """(token ids int64, vocabulary, dataset record): pydoc topics plus ``corpus_mb`` M chars of stdlib sources."""
+    """(token ids int64, vocabulary, dataset record): pydoc topics plus ``corpus_mb`` M chars of stdlib sources.
+
+    The text is read every time (its hash is the cache's key); its encoding, a sort of every character, is read
+    from the sweep's dataset cache when a process of the sweep has done it (``cached_arrays``)."""
     from pydoc_data.topics import topics
 
     text = "".join(v for _, v in sorted(topics.items()))
@@ -228,21 +232,20 @@ def load_corpus(corpus_mb: float = 0.0) -> tuple[np.ndarray, list[str], dict[str
     if corpus_mb > 0:
         text += _stdlib_sources(int(corpus_mb * 1e6))
         source += f" + stdlib .py sources (sorted, first {corpus_mb:g}M chars)"
-    codes = np.frombuffer(text.encode("utf-32-le"), dtype=np.uint32)
-    uniq, ids = np.unique(codes, return_inverse=True)
-    n_train = int(len(ids) * TRAIN_FRACTION)
-    record = {
-        "name": "python-chars",
-        "source": source,
-        "sha256": hashlib.sha256(text.encode("utf-8")).hexdigest(),
-        "pydoc_topics_sha256": topics_sha,
-        "python_version": sys.version.split()[0],
-        "unit": "characters",
-        "n_train": n_train,
-        "n_eval": len(ids) - n_train,
-        "vocab_size": len(uniq),
-    }
-    return ids.astype(np.int64), [chr(c) for c in uniq], record
+    sha = hashlib.sha256(text.encode("utf-8")).hexdigest()
+    head = {"name": "python-chars", "source": source, "sha256": sha, "pydoc_topics_sha256": topics_sha,
+            "python_version": sys.version.split()[0], "unit": "characters"}
+
+    def encode_all() -> tuple[dict[str, np.ndarray], dict[str, Any]]:
+        codes = np.frombuffer(text.encode("utf-32-le"), dtype=np.uint32)
+        uniq, ids = np.unique(codes, return_inverse=True)
+        n_train = int(len(ids) * TRAIN_FRACTION)
+        record = {**head, "n_train": n_train, "n_eval": len(ids) - n_train, "vocab_size": len(uniq)}
+        small = np.uint16 if len(uniq) <= 1 << 16 else np.uint32  # a quarter of int64's bytes on disk
+        return {"ids": ids.astype(small), "vocab": uniq}, {"record": record}
+
+    arrays, meta = cached_arrays(dataset_cache(), "gpt-corpus", digest(sha, corpus_mb, _CODE_SHA), encode_all)
+    return arrays["ids"].astype(np.int64), [chr(c) for c in arrays["vocab"]], meta["record"]
 
 
 def corpus_split(corpus_mb: float, seq_len: int, eval_windows: int
@@ -430,6 +433,9 @@ class GPTChars(Workload):
                              eval_windows=32, target=None, quality_steps=1000, eval_points=10,
                              lr_warmup_steps=100),
     }
+
+    def load_data(self, size: str) -> None:
+        load_corpus(self.size_params(size)["corpus_mb"])
 
     def build_from(self, params: dict[str, Any], seed: int, device: torch.device) -> BuiltWorkload:
         p = GptSize.of(params).params()

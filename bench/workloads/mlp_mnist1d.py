@@ -29,6 +29,7 @@ import hashlib
 from collections.abc import Iterator
 from dataclasses import dataclass
 from functools import lru_cache
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -36,11 +37,20 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from bench.core.data import classifier_pipeline
+from bench.core.data import cached_arrays, classifier_pipeline, digest
 from bench.core.structure import Channels, Cut, ModelStructure, Scaling
-from bench.workloads.base import ACCURACY_MARGIN, Batch, BuiltWorkload, Size, Workload, register
+from bench.workloads.base import (
+    ACCURACY_MARGIN,
+    Batch,
+    BuiltWorkload,
+    Size,
+    Workload,
+    dataset_cache,
+    register,
+)
 
 DATASET_SEED = 0
+_CODE_SHA = hashlib.sha256(Path(__file__).read_bytes()).hexdigest()  # in the dataset cache's key: how it generates
 N_TRAIN, N_EVAL = 4000, 1000
 SEQ_LEN, N_CLASSES = 40, 10
 
@@ -116,9 +126,16 @@ def make_mnist1d(n: int = N_TRAIN + N_EVAL, seed: int = DATASET_SEED) -> tuple[n
 
 @lru_cache(maxsize=2)
 def _dataset(seed: int = DATASET_SEED) -> tuple[np.ndarray, np.ndarray, str]:
-    x, y = make_mnist1d(N_TRAIN + N_EVAL, seed)
-    sha = hashlib.sha256(x.tobytes() + y.tobytes()).hexdigest()
-    return x, y, sha
+    """The generated set and its sha256, read from the sweep's dataset cache when a process of the sweep has
+    generated it (``cached_arrays``: keyed by the seed, the size and this module's code)."""
+
+    def generate() -> tuple[dict[str, np.ndarray], dict[str, Any]]:
+        x, y = make_mnist1d(N_TRAIN + N_EVAL, seed)
+        return {"x": x, "y": y}, {"sha256": hashlib.sha256(x.tobytes() + y.tobytes()).hexdigest()}
+
+    key = digest(seed, N_TRAIN + N_EVAL, _CODE_SHA)
+    arrays, meta = cached_arrays(dataset_cache(), "mnist1d", key, generate)
+    return arrays["x"], arrays["y"], meta["sha256"]
 
 
 class Block(nn.Module):
@@ -209,6 +226,9 @@ class MLPMnist1D(Workload):
                          eval_points=12),
         "large": MlpSize(width=4096, depth=4, batch_size=256, lr=3e-4, target=0.449, quality_steps=60, eval_points=6),
     }
+
+    def load_data(self, size: str) -> None:
+        _dataset()
 
     def build_from(self, params: dict[str, Any], seed: int, device: torch.device) -> BuiltWorkload:
         p = MlpSize.of(params).params()
