@@ -84,13 +84,14 @@ fi
 PLAN=$("$PY" -m bench.plan.gpu --left-s "$(( $(left) ))") || echo "gpu_check: the estimate says the planned trials \
 do not fit the $(left)s left; the cap keeps what finishes, and running the script again resumes"
 eval "$PLAN"
+[ -n "${CHECK_WORKLOADS:-}" ] || die "could not plan the sweep: python -m bench.plan.gpu failed (its lines above)" 1
 SWEEP_S=$(( $(left) - REPORT_S ))
 [ "$SWEEP_S" -gt 60 ] || die "too little time left for the sweep (${SWEEP_S}s)" 124
 echo "gpu_check: [2/2] sweep -> $OUT (at most ${SWEEP_S}s; sequential phase ${CHECK_DECIDE_WITHIN}s)"
 # SIGINT at the cap: the sweep stops like Ctrl-C, keeping every finished trial.
 timeout -k 30 -s INT "$SWEEP_S" "$PY" -m bench sweep --preset gpu --device cuda --workloads "$CHECK_WORKLOADS" \
   --techniques "$CHECK_TECHNIQUES" --mode "$CHECK_MODE" --repeats auto --decide-within "$CHECK_DECIDE_WITHIN" \
-  --out "$OUT" "${RESUME[@]}"
+  --out "$OUT" ${RESUME[@]+"${RESUME[@]}"}
 sweep_rc=$?
 mark "sweep"
 if [ $sweep_rc -ne 0 ] && [ -e "$OUT/results.jsonl" ]; then  # cut or failed: the report of what finished
@@ -102,7 +103,7 @@ mark "report"
 
 # ---- where the time went; the directory kept small enough to come back whole ------------------------------------
 if [ -d "$OUT" ]; then
-  "$PY" -m bench.report.gpu_check times "$OUT" "${STAGES[@]}" | tee "$OUT/gpu-check.txt"
+  "$PY" -m bench.report.gpu_check times "$OUT" ${STAGES[@]+"${STAGES[@]}"} | tee "$OUT/gpu-check.txt"
   "$PY" -m bench.report.gpu_check keep "$OUT" --limit-mib "$LIMIT_MIB"
 fi
 case $sweep_rc in

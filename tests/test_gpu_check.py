@@ -76,6 +76,47 @@ def test_a_gpu_that_torch_cannot_use_exits_3_with_one_line(tmp_path):
     assert "CUDA build" in result.stderr
 
 
+STUB_PYTHON = """#!/usr/bin/env bash
+# Stands in for the interpreter where a GPU would be needed; the planner and the report helpers run for real.
+case "$*" in
+  -c*) echo "torch 2.11.0+cu130, CUDA 13.0, NVIDIA H200, compute capability (9, 0)" ;;
+  "-m pytest"*) echo "10 passed in 31.73s" ;;
+  "-m bench sweep"*) echo "$*" > "$STUB_LOG"; out="${@: -1}"; [ "$out" = --resume ] && out="${@: -2:1}"
+                     mkdir -p "$out" && cp "$H200"/results.jsonl "$H200"/env.json "$H200"/sweep.toml "$out"/
+                     head -c 3000000 /dev/zero > "$out/cache.bin" ;;
+  "-m bench report"*) ;;
+  *) exec "$REAL_PYTHON" "$@" ;;
+esac
+"""
+
+
+def test_the_scripts_stages_run_in_order_with_stubbed_gpu_tools(tmp_path):
+    """The script's plumbing (the plan read from bench.plan.gpu, the sweep's flags, where the time went, the size
+    kept, a second run resuming) with the GPU's tools stubbed; what the stubs stand for needs a GPU."""
+    path = _fake_nvidia_smi(tmp_path, 'echo "NVIDIA H200, 143771 MiB, 580.159.04"')
+    stub = tmp_path / "python"
+    stub.write_text(STUB_PYTHON)
+    stub.chmod(0o755)
+    env = {**os.environ, "PATH": path, "PYTHON": str(stub), "REAL_PYTHON": sys.executable, "H200": str(H200),
+           "STUB_LOG": str(tmp_path / "sweep-args"), "GPU_CHECK_LIMIT_MIB": "1", "PYTHONPATH": str(REPO),
+           "GPU_CHECK_OUT": str(tmp_path / "example-h200")}
+    first = subprocess.run(["bash", str(SCRIPT)], env=env, capture_output=True, text=True, timeout=300, cwd=REPO)
+    assert first.returncode == 0, first.stdout + first.stderr
+    out = tmp_path / "example-h200"
+    args = (tmp_path / "sweep-args").read_text()
+    assert "--preset gpu --device cuda --workloads gpt:gpt2-124m-b32" in args and "--repeats auto" in args
+    assert "--techniques baseline,tf32,bf16,bf16+compile,bf16+compile+fused_adamw --mode speed" in args
+    assert "--resume" not in args
+    assert "gpu_check: checks " in first.stdout and "13 trials" in first.stdout
+    assert (out / "pytest-m-gpu.txt").read_text() == "10 passed in 31.73s\n"
+    assert (out / "gpu-check.txt").exists() and not (out / "cache.bin").exists()  # moved: over 1 MiB
+    assert (tmp_path / "example-h200.overflow" / "cache.bin").exists()
+    second = subprocess.run(["bash", str(SCRIPT)], env=env, capture_output=True, text=True, timeout=300,
+                            cwd=REPO)
+    assert second.returncode == 0, second.stdout + second.stderr
+    assert "--resume" in (tmp_path / "sweep-args").read_text() and "resuming the run in" in second.stdout
+
+
 def test_the_script_parses_and_takes_its_plan_from_the_planner():
     assert subprocess.run(["bash", "-n", str(SCRIPT)], capture_output=True).returncode == 0
     text = SCRIPT.read_text()
