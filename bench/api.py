@@ -41,7 +41,7 @@ def sweep(
     models: str | Sequence[str] | None = None,
     blocks: str | None = None,
     technique_plugins: str | Sequence[str] | None = None,
-    preset: str = "quick",
+    preset: str | None = None,
     config: str | Path | None = None,
     out: str | Path | None = None,
     resume: bool = False,
@@ -153,6 +153,6 @@ def _listed(value: str | Sequence[str] | None) -> str | list[str] | None:
     return list(value)
 
 
-def _call_text(overrides: dict[str, Any], preset: str) -> str:
-    given = {k: v for k, v in overrides.items() if v is not None}
-    return ", ".join([f"preset={preset!r}", *(f"{k}={v!r}" for k, v in given.items())])
+def _call_text(overrides: dict[str, Any], preset: str | None) -> str:
+    given = {"preset": preset, **overrides}  # no preset: the device's default (build_config), as the call said
+    return ", ".join(f"{k}={v!r}" for k, v in given.items() if v is not None)

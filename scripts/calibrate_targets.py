@@ -28,14 +28,14 @@ from bench.plan.config import ConfigError, parse_workloads  # noqa: E402
 from bench.trial import TrialSpec, run  # noqa: E402
 
 
-def calibrate(workload: str, size: str, seeds: int, fraction: float, reference_dir: str) -> None:
+def calibrate(workload: str, size: str, seeds: int, fraction: float, reference_dir: str, device: str = "cpu") -> None:
     budget = {"train_steps": 0, "eval_points": 0, "parity_steps": 0, "max_train_seconds": 1e9, "timeout_s": 2e9,
               "memory": False}
     at_fraction, best, higher = [], [], True
     print(f"\n## {workload}:{size}\n")
     for seed in range(seeds):
         spec = TrialSpec(sweep_id="calibrate", trial_id=f"{workload}:{size}/baseline/seed{seed}", workload=workload,
-                         size=size, techniques=[], seed=seed, repeat=seed, device="cpu", budget=budget,
+                         size=size, techniques=[], seed=seed, repeat=seed, device=device, budget=budget,
                          mode="quality", reference_dir=reference_dir)
         rec = run(spec)
         if rec.status != "ok":
@@ -69,6 +69,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--workloads", default="mlp:tiny,gpt:tiny,cnn:tiny", help="comma list of name:size")
     parser.add_argument("--seeds", type=int, default=5, help="baseline runs per workload size (default 5)")
     parser.add_argument("--fraction", type=float, default=0.7, help="where in the budget the target sits")
+    parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
+                        help="where the baseline trains (cuda: the GPU sizes, e.g. gpt:gpt2-124m-b32)")
     args = parser.parse_args(argv)
     try:
         specs = parse_workloads(args.workloads)
@@ -77,7 +79,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     with tempfile.TemporaryDirectory(prefix="trainbench-calibrate-") as refs:
         for spec in specs:
-            calibrate(spec.name, spec.size, args.seeds, args.fraction, refs)
+            calibrate(spec.name, spec.size, args.seeds, args.fraction, refs, args.device)
     return 0
 
 

@@ -52,9 +52,14 @@ def test_workloads_parse_sizes_and_reject_unknown():
         parse_workloads("mlp:huge")
 
 
+def _on_its_device(name: str) -> dict | None:
+    """The gpu preset's own workloads need a CUDA device (config only: nothing runs)."""
+    return {"device": "cuda"} if name == "gpu" else None
+
+
 def test_presets_build_and_cli_overrides_win(tmp_path: Path):
     for name in PRESETS:
-        assert build_config(name).name == name
+        assert build_config(name, _on_its_device(name)).name == name
     toml = tmp_path / "sweep.toml"
     toml.write_text('preset = "smoke"\nrepeats = 2\ntechniques = ["bf16"]\n[budget]\nmin_steps = 7\n')
     cfg = build_config("quick", {"repeats": 5, "budget": {"train_steps": 11}}, toml)
@@ -79,7 +84,7 @@ def test_resolved_config_round_trips_through_toml(tmp_path: Path):
         ("repeats = [", "malformed TOML"),
         ("repeat = 3", "unknown key(s) in"),
         ("[budget]\nwarmup = 3", "unknown budget key(s) 'warmup'"),
-        ('preset = "huge"', "unknown preset 'huge' (valid presets: smoke, quick, standard)"),
+        ('preset = "huge"', "unknown preset 'huge' (valid presets: smoke, quick, gpu, standard)"),
         ("repeats = 0", "repeats must be >= 1"),
         ('device = "tpu"', "device must be one of auto, cpu, cuda"),
     ],
@@ -111,4 +116,43 @@ def test_the_quality_safety_cap_must_come_before_the_trial_timeout():
     with pytest.raises(ConfigError, match=r"budget.max_train_seconds \(300\) must be below budget.timeout_s \(300\)"):
         Budget(max_train_seconds=300.0, timeout_s=300.0)
     for preset in PRESETS:
-        build_config(preset)  # every preset is consistent
+        build_config(preset, _on_its_device(preset))  # every preset is consistent
+
+
+def test_without_a_preset_the_device_chooses_gpu_on_cuda_and_quick_elsewhere(monkeypatch, tmp_path: Path):
+    monkeypatch.setattr("torch.cuda.is_available", lambda: False)
+    assert build_config().name == "quick" and build_config(None, {"device": "cpu"}).name == "quick"
+    assert build_config(None, {"device": "cuda"}).name == "gpu"  # said so: a batch executor's nodes have the GPU
+    toml = tmp_path / "sweep.toml"
+    toml.write_text('device = "cuda"\n')
+    assert build_config(None, None, toml).name == "gpu"
+    assert build_config(None, {"device": "cpu"}, toml).name == "quick"  # the flag beats the file
+    monkeypatch.setattr("torch.cuda.is_available", lambda: True)
+    cfg = build_config()
+    assert cfg.name == "gpu" and [w.label for w in cfg.workloads] == PRESETS["gpu"]["workloads"]
+    assert build_config(None, {"device": "cpu"}).name == "quick"
+    assert build_config("quick").name == "quick"  # a named preset stays
+
+
+def test_the_gpu_preset_refuses_its_gpu_sizes_on_a_cpu_and_takes_named_workloads(monkeypatch):
+    monkeypatch.setattr("torch.cuda.is_available", lambda: False)
+    for device in ("cpu", None):  # explicit, or auto on a machine without CUDA
+        with pytest.raises(ConfigError) as info:
+            build_config("gpu", {"device": device})
+        text = str(info.value)
+        assert "sized for a datacenter GPU" in text and "--device cuda" in text and "--preset quick" in text
+        assert "\n" not in text
+    cfg = build_config("gpu", {"device": "cpu", "workloads": "gpt:tiny", "repeats": 1})
+    assert [w.label for w in cfg.workloads] == ["gpt:tiny"] and len(cfg.techniques) == 13
+
+
+def test_the_gpu_preset_measures_the_sets_gpu_users_ask_about():
+    cfg = build_config("gpu", {"device": "cuda"})
+    labels = [t.label for t in cfg.techniques]
+    for wanted in ("tf32", "bf16", "fp16", "bf16+compile", "bf16+compile+fused_adamw", "bf16+fp8+compile",
+                   "bf16+sparse24", "bf16+checkpointing", "bf16+sdpa_backend:backend=flash"):
+        assert wanted in labels
+    assert {"flash", "efficient", "cudnn", "math"} == {t.specs[-1].options[0][1] for t in cfg.techniques
+                                                       if t.names[-1:] == ("sdpa_backend",)}
+    assert cfg.sequential and cfg.repeats == 3  # --repeats auto: verdicts, not one repeat
+    assert [w.label for w in cfg.workloads] == ["gpt:gpt2-124m-b32", "llama:180m", "cnn:resnet18"]

@@ -245,6 +245,13 @@ ALLOWED: dict[tuple[str, str], str] = {
     ("bench.plan.config", "grad_accum"): _PRESET,
     ("bench.plan.config", "checkpointing"): _PRESET,
     ("bench.plan.config", "compile"): _PRESET,
+    ("bench.plan.config", "tf32"): _PRESET,
+    ("bench.plan.config", "fused_adamw"): _PRESET,
+    ("bench.plan.config", "fp8"): _PRESET,
+    ("bench.plan.config", "sparse24"): _PRESET,
+    ("bench.plan.config", "sdpa_backend"): _PRESET,
+    ("bench.plan.gpu", "bf16"): "the set whose step time `bench list` gives each GPU size beside fp32's: the "
+                                "precision a GPU trains in",
     ("bench.measure.env", "bf16"): _DTYPE,
     ("bench.measure.env", "fp16"): _DTYPE,
     ("bench.measure.env", "tf32"): _DTYPE + "; and whether TF32 matmuls were on during a calibration",

@@ -10,7 +10,7 @@ import torch
 from torch import nn
 
 from bench import workloads
-from bench.workloads import cnn_fashion, gpt_chars, mlp_mnist1d
+from bench.workloads import cnn_fashion, gpt_chars, llama_chars, mlp_mnist1d
 from bench.workloads.base import Size, WorkloadError
 from bench.workloads.cnn_fashion import CnnSize
 from bench.workloads.gpt_chars import GptSize
@@ -310,3 +310,98 @@ def test_a_corrupt_or_foreign_cache_file_is_decoded_again_never_used(tmp_path):
     _, meta2 = cached_arrays(tmp_path, "toy", "k2", build)
     assert len(calls) == 4 and meta2 == meta
     assert cached_arrays(None, "toy", "k1", build)[1] == {"note": "built"} and len(calls) == 5  # no directory
+
+
+# ---- the GPU sizes (bench/plan/config.py's gpu preset): what can be checked without a GPU ----------------------
+
+
+def test_gpt2_124m_b32_is_gpt2_124m_at_batch_32_with_its_warm_up_over_the_same_tokens():
+    sizes = workloads.get("gpt").sizes
+    base, b32 = sizes["gpt2-124m"], sizes["gpt2-124m-b32"]
+    changed = {f.name for f in dataclasses.fields(GptSize) if getattr(base, f.name) != getattr(b32, f.name)}
+    assert changed <= {"batch_size", "quality_steps", "eval_points", "lr_warmup_steps"}
+    assert (b32.batch_size, b32.quality_steps) == (32, 120)
+    warmup = getattr(base, "lr_warmup_steps", 0)  # the loop's LR warm-up, where gpt2-124m declares one
+    assert getattr(b32, "lr_warmup_steps", 0) * b32.batch_size == warmup * base.batch_size
+    wider = gpt_chars.at_batch(dataclasses.replace(sizes["tiny"]), 64)
+    assert wider.batch_size == 64 and getattr(wider, "lr_warmup_steps", 0) == 0  # no warm-up stays none
+
+
+def test_cnn_resnet18_is_resnet_18_shaped_with_about_11m_parameters():
+    p = workloads.get("cnn").size_params("resnet18")
+    with torch.device("meta"):
+        model = cnn_fashion.ResNet(p["widths"], p["blocks_per_stage"], p["stem_stride"])
+    assert sum(x.numel() for x in model.parameters()) == pytest.approx(11.2e6, rel=0.01)
+    s = workloads.get("cnn").structure("resnet18")
+    assert (s.n_blocks, len(s.channels)) == (4, 8)  # four stages of two basic blocks, each a channel group
+    assert (p["n_train"], p["batch_size"], p["target"]) == (60000, 512, None)
+
+
+def test_llama_180m_has_llama_parts_and_about_180m_parameters():
+    p = {**workloads.get("llama").size_params("180m"), "vocab_size": 224}
+    with torch.device("meta"):
+        model = llama_chars.Llama(llama_chars.config_of(p))
+    assert sum(x.numel() for x in model.parameters()) == pytest.approx(181e6, rel=0.01)
+    s = model.trainbench_structure()
+    assert s == workloads.get("llama").structure("180m")
+    a = s.attention
+    assert (a.heads, a.kv_heads, a.head_dim, a.rotary, a.projections) == (16, 4, 64, True, "separate")
+    assert s.mlp.gate and s.mlp.hidden == 2816 and not s.tied and s.block_inputs == () and s.causal
+    assert all(isinstance(m, nn.RMSNorm) for n, m in model.named_modules() if n.endswith("norm"))
+
+
+def test_llama_sizes_refuse_heads_that_do_not_group():
+    p = workloads.get("llama").size_params("tiny")
+    for key, value, words in (("n_kv_head", 3, "does not divide n_head 4"), ("d_model", 66, "not a whole number"),
+                              ("d_model", 60, "head dimension 15 is odd")):
+        with pytest.raises(WorkloadError, match=re.escape(words)):
+            llama_chars.LlamaSize.of({**p, key: value})
+
+
+def _reference_attention(attn: llama_chars.Attention, x: torch.Tensor) -> torch.Tensor:
+    """The Llama attention written out: projections, rotation of each (even, odd) half pair by position x angle,
+    every query head attending with key/value head h // groups, causal softmax of q.k / sqrt(d)."""
+    B, T, _ = x.shape
+    d = attn.head_dim
+    q, k, v = (p(x).view(B, T, -1, d).transpose(1, 2) for p in (attn.q, attn.k, attn.v))
+    inv = 10000.0 ** (-torch.arange(0, d, 2).float() / d)
+    angle = torch.arange(T).float()[:, None] * inv  # (T, d/2)
+    cos, sin = angle.cos(), angle.sin()
+
+    def rot(t: torch.Tensor) -> torch.Tensor:
+        a, b = t[..., : d // 2], t[..., d // 2:]
+        return torch.cat((a * cos - b * sin, a * sin + b * cos), dim=-1)
+
+    q, k = rot(q), rot(k)
+    groups = q.shape[1] // k.shape[1]
+    k, v = (t[:, [h // groups for h in range(q.shape[1])]] for t in (k, v))
+    scores = q @ k.transpose(-1, -2) / math.sqrt(d)
+    scores = scores.masked_fill(torch.ones(T, T, dtype=torch.bool).triu(1), float("-inf"))
+    return attn.o((scores.softmax(-1) @ v).transpose(1, 2).reshape(B, T, -1))
+
+
+def test_llama_attention_is_rotary_grouped_causal_attention():
+    built = build("llama")
+    attn = built.model.blocks[0].attn
+    x = torch.randn(2, 12, built.model.cfg.d_model, generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        assert torch.allclose(attn(x), _reference_attention(attn, x), atol=1e-5)
+        # causal: the first positions do not see what follows them
+        y = x.clone()
+        y[:, 6:] += 1.0
+        assert torch.equal(attn(x)[:, :6], attn(y)[:, :6])
+
+
+def test_llama_is_planned_for_tensor_and_pipeline_parallelism_and_checkpointing():
+    """The described structure carries what tp (separate q, k, v and whole key/value heads per rank), pp (blocks
+    that take the hidden state alone) and checkpointing (the blocks) ask for; pp's own check runs its stages."""
+    from bench.plan.config import TechniqueSet, WorkloadSpec
+    from bench.plan.planner import incompatibility
+    from techniques import pp
+
+    spec = WorkloadSpec("llama", "tiny")
+    for label, world in (("tp", 2), ("pp", 2), ("checkpointing", 1)):
+        assert incompatibility(TechniqueSet.parse(label), spec, CPU, world) is None, label
+    built = build("llama")
+    x = next(built.batches(2, 0))[0]
+    pp.check_decomposition(built.model, built.structure, x)  # raises when the stages are not the model

@@ -29,6 +29,7 @@ def cmd_list(args: argparse.Namespace) -> int:
         sizes = "; ".join(_size_text(size, wl.size_params(size)) for size in cls.sizes)
         wl_table.add_row(name, sizes, "yes" if reason is None else f"no: {reason}", cls.summary)
     out.print(wl_table)
+    out.print(_gpu_sizes_table())
 
     ctx = Context(device=device, available_packages=available_packages())
     t_table = Table(title=f"Techniques (availability on {device})")
@@ -47,6 +48,19 @@ def _size_text(size: str, params: dict) -> str:
         if params.get("quality_steps") else "no budget"
     target = f"target {params['target']:g}" if params.get("target") is not None else "no target yet"
     return f"{size} ({budget}, {target})"
+
+
+def _gpu_sizes_table() -> Table:
+    """The gpu preset's sizes with their expected step time on one H200: estimates from FLOPs and the first H200
+    run's throughput (bench.plan.gpu, docs/gpu.md), not measurements."""
+    from bench.plan import gpu
+
+    table = Table(title="GPU sizes (the gpu preset's) on one H200: estimates, not measured (docs/gpu.md)")
+    for col in gpu.SIZE_COLUMNS:
+        table.add_column(col, overflow="fold")
+    for row in gpu.size_rows():
+        table.add_row(*row)
+    return table
 
 
 def cmd_env(args: argparse.Namespace) -> int:

@@ -19,7 +19,8 @@ def _add_sweep(sub: argparse._SubParsersAction) -> None:
         description="Run a sweep. Settings come from the preset, then --config, then the flags given here.",
     )
     p.add_argument("--preset", default=None, choices=list(PRESETS),
-                   help="starting settings (default: quick; smoke takes about a minute, standard is for a laptop)")
+                   help="starting settings (default: gpu where the trials run on CUDA, else quick; smoke takes "
+                        "about a minute, standard is for a laptop; docs/gpu.md)")
     p.add_argument("--config", type=Path, help="TOML file with the same fields as the flags (see docs/commands.md)")
     p.add_argument("--workloads", help="comma list of name[:size], e.g. mlp,gpt:small (see `python -m bench list`)")
     p.add_argument("--techniques",

@@ -11,7 +11,14 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    TextColumn,
+    TimeElapsedColumn,
+    TimeRemainingColumn,
+)
 from rich.table import Table
 
 from bench.analyze import cost
@@ -71,7 +78,7 @@ def sweep_config_from_args(args: argparse.Namespace, resume_dir: Path | None) ->
         "instance": args.instance,
         "shard": args.shard,
     }
-    return build_config(args.preset or "quick", overrides, config_path)
+    return build_config(args.preset, overrides, config_path)  # no --preset: gpu on CUDA, else quick
 
 
 def cmd_sweep(args: argparse.Namespace) -> int:
@@ -95,9 +102,11 @@ def _sweep(args: argparse.Namespace) -> int:
 
 @contextmanager
 def _progress_bar() -> Iterator[Callable[[int, int, str], None]]:
-    """A bar of trials on stderr; yields ``show(total, done, last line)``."""
+    """A bar of trials on stderr, with the time taken and rich's estimate of the time left (from the pace of the
+    trials so far); yields ``show(total, done, last line)``."""
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                  TextColumn("{task.fields[last]}"), console=err, transient=False) as bar:
+                  TextColumn("left"), TimeRemainingColumn(), TextColumn("{task.fields[last]}"), console=err,
+                  transient=False) as bar:
         task = bar.add_task("trials", total=None, last="measuring peak FLOP/s...")
         yield lambda total, done, last: bar.update(task, total=total, completed=done, last=last)
 

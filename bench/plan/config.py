@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import tomli_w
+import torch
 
 import techniques
 from bench import workloads
@@ -386,6 +387,23 @@ PRESETS: dict[str, dict[str, Any]] = {
         "budget": {"warmup_steps": 3, "min_steps": 15, "min_seconds": 0.5, "max_seconds": 4.0,
                    "max_train_seconds": 120.0, "timeout_s": 300.0},
     },
+    # One datacenter GPU (the default where the device is CUDA; docs/gpu.md): workloads that keep it busy and the
+    # sets GPU users ask about. The SDPA kernels and checkpointing run beside bf16, the precision a GPU trains in
+    # (the flash kernel takes no fp32). Each size's quality budget takes about a minute in fp32 on an H200 (an
+    # estimate: bench.plan.gpu); scripts/gpu_check.sh runs the core sets (GPU_CHECK) in speed mode.
+    "gpu": {
+        "workloads": ["gpt:gpt2-124m-b32", "llama:180m", "cnn:resnet18"],
+        "techniques": ["baseline", "tf32", "bf16", "fp16", "bf16+compile", "bf16+compile+fused_adamw",
+                       "bf16+fp8+compile", "bf16+sparse24", "bf16+checkpointing", "bf16+sdpa_backend:backend=flash",
+                       "bf16+sdpa_backend:backend=efficient", "bf16+sdpa_backend:backend=cudnn",
+                       "bf16+sdpa_backend:backend=math"],
+        "repeats": "auto",
+        # A GPU's step varies little from process to process (the first H200 run: tf32 2.59x [2.58, 2.61] faster
+        # over 3 seeds), so a 2 s window of at least 10 steps suffices; the fp32 baseline's 0.5 s steps make 10
+        # steps the longer bound there.
+        "budget": {"warmup_steps": 3, "min_steps": 10, "min_seconds": 2.0, "max_seconds": 10.0,
+                   "max_train_seconds": 150.0, "timeout_s": 420.0},
+    },
     # A laptop: small sizes with their documented budgets. Hours on 2 CPU cores; minutes on a GPU.
     "standard": {
         "workloads": ["mlp:small", "gpt:small", "cnn:small"],
@@ -396,20 +414,38 @@ PRESETS: dict[str, dict[str, Any]] = {
     },
 }
 
+# What scripts/gpu_check.sh measures in its 8 minutes: the gpu preset's transformer and the sets that reach its
+# datasheet peak, from tf32 up to the bare loop's recipe (bf16, compile and fused AdamW), in speed mode at --repeats
+# auto. bench.plan.gpu.check_plan sizes it; tests/test_gpu_check.py holds it to the time budget.
+GPU_CHECK: dict[str, Any] = {
+    "workloads": ["gpt:gpt2-124m-b32"],
+    "techniques": ["baseline", "tf32", "bf16", "bf16+compile", "bf16+compile+fused_adamw"],
+    "mode": "speed",
+}
+
 SWEEP_KEYS = ("preset", "workloads", "techniques", "repeats", "max_repeats", "decide_within", "seed", "device", "nproc", "nnodes", "threads", "mode",
               "budget", "models", "blocks", "technique_plugins", "price_per_hour", "instance", "prices", "shard")
 RECORDED_KEYS = ("sources_sha256",)  # written into sweep.toml by the harness; not settings a user gives
 
 
+def default_preset(device: str) -> str:
+    """The preset a sweep starts from when none is named: ``gpu`` where its trials run on CUDA (``--device cuda``, or
+    ``auto`` on a machine whose torch sees a GPU), else ``quick``."""
+    return "gpu" if device == "cuda" or (device == "auto" and torch.cuda.is_available()) else "quick"
+
+
 def build_config(
-    preset: str = "quick", overrides: dict[str, Any] | None = None, toml_path: Path | None = None
+    preset: str | None = None, overrides: dict[str, Any] | None = None, toml_path: Path | None = None
 ) -> SweepConfig:
-    """Preset, then the TOML file, then CLI overrides (highest priority)."""
+    """Preset, then the TOML file, then CLI overrides (highest priority). No preset named (here or in the file):
+    ``default_preset`` of the device the file or the overrides give."""
     layers: list[dict[str, Any]] = []
     file_data: dict[str, Any] = {}
     if toml_path is not None:
         file_data = load_toml(toml_path)
         preset = file_data.pop("preset", None) or preset
+    if preset is None:
+        preset = default_preset((overrides or {}).get("device") or file_data.get("device") or "auto")
     if not isinstance(preset, str) or preset not in PRESETS:
         raise ConfigError(f"unknown preset {shown(preset)} (valid presets: {', '.join(PRESETS)})")
     layers = [PRESETS[preset], file_data, {k: v for k, v in (overrides or {}).items() if v is not None}]
@@ -445,6 +481,7 @@ def build_config(
         named = {x.strip().partition(":")[0] for x in labels}
         labels += [m.name for m in models if m.name not in named]
         merged["workloads"] = labels
+    _check_gpu_sizes_have_a_gpu(preset, merged)
     valid_budget = {f.name for f in dataclasses.fields(Budget)}
     unknown = set(budget) - valid_budget
     if unknown:
@@ -471,6 +508,19 @@ def build_config(
         prices=tuple(sorted(merged.get("prices", {}).items())),
         shard=parse_shard(merged["shard"]) if merged.get("shard") is not None else None,
     )
+
+
+def _check_gpu_sizes_have_a_gpu(preset: str, merged: dict[str, Any]) -> None:
+    """The gpu preset's own workloads on a CPU would take hours a trial: refused with what to run instead. Its sets on
+    workloads the user names (``--workloads gpt:tiny``) run anywhere, the CUDA-only ones skipped with their reasons."""
+    device = merged.get("device", "auto")
+    on_cpu = device == "cpu" or (device == "auto" and not torch.cuda.is_available())
+    if preset == "gpu" and on_cpu and merged.get("workloads") == PRESETS["gpu"]["workloads"]:
+        raise ConfigError(f"the gpu preset's workloads ({', '.join(PRESETS['gpu']['workloads'])}) are sized for a "
+                          "datacenter GPU and this sweep runs on the CPU, where each of their trials would take "
+                          "hours; use --device cuda on a GPU machine (also when a batch executor "
+                          "sends the trials to one), --preset quick here, or name small workloads, e.g. --preset gpu "
+                          "--workloads gpt:tiny")
 
 
 def _repeats(repeats: Any, max_repeats: Any) -> dict[str, Any]:

@@ -37,6 +37,7 @@ import pandas as pd
 import techniques
 from bench.analyze import analysis, mfu, stats
 from bench.core.files import REPO_DIR
+from bench.measure.env import datasheet_peak
 from bench.records import reader
 from bench.report import content, frontier
 from bench.report.content import fmt_bytes, fmt_num, fmt_pct, fmt_secs
@@ -196,6 +197,33 @@ def front_page(a: analysis.Analysis) -> list[str]:
         last = c.workload
     return _table(["workload", "set", "samples/s", "speedup [95% CI]", "peak memory", "quality at equal samples",
                    "time to target", "one-off"], rows)
+
+
+def gpu_front_page(a: analysis.Analysis) -> list[str]:
+    """README: a GPU sweep's sets against the reference, led by the machine's fingerprint from its env.json (so the
+    line cannot go stale): samples/s, the speedup with its interval and verdict, the achieved FLOP/s and their
+    share of the GPU's dense bf16 datasheet peak (the denominator torchtitan's and llm.c's MFU use)."""
+    env = a.sweep.sources[0].env
+    gpu, peaks = env.get("gpu") or {}, env.get("peak_flops") or {}
+    sheet = datasheet_peak(str(gpu.get("name", "")), "bfloat16")
+    calibrated = ", ".join(f"{d} {v['flops'] / 1e12:,.0f}" for d, v in peaks.items() if v.get("flops"))
+    when = str(env.get("timestamp_utc", ""))[:10]
+    lines = [f"Machine (env.json): one {gpu.get('name', 'unknown GPU')} ({gpu.get('memory_bytes', 0) / 2**30:,.0f} "
+             f"GiB, compute capability {gpu.get('capability', '?')}), torch {env.get('torch', '?')}, {when}; "
+             f"calibrated matmul peaks {calibrated} TFLOP/s"
+             + (f"; datasheet dense bfloat16 {sheet / 1e12:,.1f} TFLOP/s." if sheet else "."), ""]
+    achieved = a.frame[a.frame["status"] == "ok"].groupby(["workload", "technique"])["achieved_flops"].median()
+    rows, last = [], None
+    for c in _rows(a).itertuples():
+        speed = "reference" if c.is_reference else _ratio(c.speedup, c.speedup_lo, c.speedup_hi, c.speedup_verdict,
+                                                          c.speedup_why)
+        flops = achieved.get((c.workload, c.technique))
+        share = fmt_pct(flops / sheet) if _ok(flops) and sheet else "-"
+        rows.append([c.workload if c.workload != last else "", c.technique, f"{c.n_ok}", fmt_num(c.sps_median),
+                     speed, f"{flops / 1e12:,.0f}" if _ok(flops) else "-", share])
+        last = c.workload
+    return lines + _table(["workload", "set", "trials", "samples/s", "speedup [95% CI]", "achieved TFLOP/s",
+                           "of the datasheet's bfloat16 peak"], rows)
 
 
 def claims_check(a: analysis.Analysis) -> list[str]:
@@ -396,6 +424,7 @@ def findings_table(_: analysis.Analysis | None = None) -> list[str]:
 
 TABLES: dict[str, Spec] = {
     "readme-example-cpu-auto": Spec("README.md", "reports/example-cpu-auto", front_page),
+    "readme-example-h200-first": Spec("README.md", "reports/example-h200-first", gpu_front_page),
     "model-techniques-gpt": Spec("docs/model-techniques.md", "reports/example-cpu-model-techniques/gpt",
                                  model_techniques),
     "model-techniques-cnn": Spec("docs/model-techniques.md", "reports/example-cpu-model-techniques/cnn",

@@ -8,6 +8,9 @@ Nothing is downloaded: the files come from ``apt-get install dataset-fashion-mni
 The model is a ResNet (He et al. 2016, "Deep Residual Learning for Image Recognition", arXiv:1512.03385) cut down
 to three stages of basic blocks with BatchNorm; the stages are ``model.blocks``. ``tiny`` trains on the first
 6,000 training images and reports accuracy on the first 1,000 test images; ``small`` uses the full sets.
+``resnet18`` is the GPU size (the ``gpu`` preset's): ResNet-18's four stages of two basic blocks (widths 64-512,
+about 11M parameters) with a 3x3 stem of stride 1, as ResNet-18 is adapted to 32x32 CIFAR images, on the full sets
+at batch 512.
 
 Source task (``fashion_classes``, ``BuiltWorkload.source_task``: what transfer learning pretrains on): the images of
 classes 0-4 (``SOURCE_CLASSES``) among the training images the size does not train on (index >= ``n_train``;
@@ -27,6 +30,10 @@ crossing counts.
 - ``small``: 200 steps, 8 evaluations; seeds 0-4 at step 150: 0.783, 0.736, 0.829, 0.771, 0.816 (median 0.7825);
   their best evaluations 0.816-0.848. Target 0.782. (Each evaluation covers all 10,000 test images: on 2 CPU cores
   a seed took 4-7 minutes, most of it evaluation.)
+- ``resnet18``: 470 steps (4 epochs of the 60,000 images at batch 512), 8 evaluations; no target yet: calibrating
+  it needs a GPU (``scripts/calibrate_targets.py --workloads cnn:resnet18`` there). The budget is meant to take about
+  a minute on an H200 in fp32; an estimate from FLOPs (docs/gpu.md) says less, but convolutions over 28x28 images
+  run far below a GPU's matmul rate, so that estimate is a lower bound.
 """
 
 from __future__ import annotations
@@ -245,6 +252,8 @@ class CNNFashion(Workload):
                         n_eval=1000, target=0.72, quality_steps=150, eval_points=10),
         "small": CnnSize(widths=(32, 64, 128), blocks_per_stage=2, stem_stride=1, batch_size=128, lr=1e-3,
                          n_train=60000, n_eval=10000, target=0.782, quality_steps=200, eval_points=8),
+        "resnet18": CnnSize(widths=(64, 128, 256, 512), blocks_per_stage=2, stem_stride=1, batch_size=512, lr=1e-3,
+                            n_train=60000, n_eval=10000, target=None, quality_steps=470, eval_points=8),
     }
     size_type: ClassVar[type[CnnSize]] = CnnSize  # what ``build_from`` checks its parameters against (cnn_aug: its own)
 

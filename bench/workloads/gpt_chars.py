@@ -23,7 +23,14 @@ the size's ``seq_len`` windows. Same model, same vocabulary: every weight carrie
 
 ``gpt2-124m`` is GPT-2-124M-class in shape (12 layers, 12 heads, d_model 768, context 1024: about 85M parameters
 outside the embeddings) but not in vocabulary: GPT-2 uses 50257 BPE tokens, this model a few hundred characters.
-It is meant for a GPU.
+It is meant for a GPU. ``gpt2-124m-b32`` is the same model, LR and corpus at batch 32 (32 x 1024 tokens a step),
+the batch at which an independent hand-written loop on an H200 reached 42.5% of the datasheet's dense bf16 peak with
+bf16, torch.compile and fused AdamW (reports/example-h200-first/bare-loop.jsonl; batch 8 leaves the GPU mostly
+idle): the ``gpu`` preset's transformer. It is ``gpt2-124m`` changed by ``at_batch``, so it keeps whatever
+``gpt2-124m`` declares (an LR warm-up included, over the same number of tokens: a quarter of the steps). Its
+quality budget, 120 steps with 10 evaluations, is sized so that the slowest set, the fp32 baseline, trains it in
+about a minute on an H200 (an estimate from FLOPs and the first H200 run's fp32 throughput: docs/gpu.md); no target
+yet, as for ``gpt2-124m``.
 
 Quality budgets and validation targets (``quality_steps`` at ``batch_size``; see docs/methodology.md): each target is
 the less demanding of the median over seeds of the baseline's val_loss at the evaluation nearest 70% of the budget
@@ -54,6 +61,7 @@ their targets were calibrated without one.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import math
 import os
@@ -420,6 +428,15 @@ class GptSize(Size):
         return None
 
 
+def at_batch(base: GptSize, batch_size: int, **changes: Any) -> GptSize:
+    """``base`` at another batch: the same model, LR and corpus, ``changes`` applied; an LR warm-up, where the size
+    declares one, over the same number of tokens (its steps scaled by the batches' ratio)."""
+    warmup = getattr(base, "lr_warmup_steps", 0)  # a field of sizes that spike without a warm-up
+    if warmup:
+        changes.setdefault("lr_warmup_steps", max(1, round(warmup * base.batch_size / batch_size)))
+    return dataclasses.replace(base, batch_size=batch_size, **changes)
+
+
 @register
 class GPTChars(Workload):
     name = "gpt"
@@ -433,6 +450,7 @@ class GPTChars(Workload):
                              eval_windows=32, target=None, quality_steps=1000, eval_points=10,
                              lr_warmup_steps=100),
     }
+    sizes["gpt2-124m-b32"] = at_batch(sizes["gpt2-124m"], 32, quality_steps=120)  # the gpu preset's
 
     def load_data(self, size: str) -> None:
         load_corpus(self.size_params(size)["corpus_mb"])
