@@ -146,11 +146,12 @@ def units(text: str, first_line: int = 1) -> Iterator[Unit]:
 
 
 def sentences(text: str) -> list[str]:
-    """``text`` cut into sentences: at a full stop, question or exclamation mark followed by a space and a capital,
-    a backtick or a bracket; never inside an abbreviation."""
+    """``text`` cut into sentences: at a full stop, question or exclamation mark or a semicolon (the items of a list
+    in one sentence each need their verdict) followed by a space and a capital, a backtick or a bracket; never
+    inside an abbreviation."""
     for i, abbr in enumerate(ABBREVIATIONS):
         text = text.replace(abbr, f"\x00{i}\x00")
-    parts = re.split(r"(?<=[.!?:;])\s+(?=[A-Z`\[(*])", text)
+    parts = re.split(r"(?<=[.!?;])\s+(?=[A-Z`\[(*])", text)
     out = []
     for part in parts:
         for i, abbr in enumerate(ABBREVIATIONS):
