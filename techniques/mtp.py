@@ -71,8 +71,8 @@ Method card
   ran on T - d positions; not re-measured since):
   independent heads, n=2: 0.57x [0.31, 1.06] samples/s, inconclusive (1.52x the FLOPs), 1.49x memory (more),
   val_loss +0.22 [+0.02, +0.42] at equal samples, inconclusive (p = 0.040 alone, not after Holm's correction over
-  the report's 10 comparisons), and 3/3 missed the target: consistent with the small-model result Gloeckle et al.
-  report, not a confirmation of it. Sequential (DeepSeek-V3, lambda 0.3): 0.47x [0.27, 0.80] slower, 1.63x memory
+  the report's 10 comparisons), and 3/3 missed the target: inconclusive, so it neither confirms nor contradicts the
+  small-model result Gloeckle et al. report. Sequential (DeepSeek-V3, lambda 0.3): 0.47x [0.27, 0.80] slower, 1.63x memory
   (more), -0.124 [-0.411, +0.162] at equal samples and +0.086 [-0.274, +0.446] at equal time (both inconclusive),
   the target in 3.08 s against the baseline's 2.71 s (1.27x [0.53, 3.05], inconclusive).
 - Sources: Gloeckle, Youbi Idrissi, Roziere, Lopez-Paz, Synnaeve, "Better & Faster Large Language Models via

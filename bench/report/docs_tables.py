@@ -201,7 +201,7 @@ def machine_name(env: dict[str, Any]) -> str:
     elif "avx512_bf16" in flags:
         isa = "AVX-512, avx512_bf16"
     elif "avx512f" in flags:
-        isa = "AVX-512, no bf16 instructions"
+        isa = "AVX-512, no avx512_bf16"
     elif "avx2" in flags:
         isa = "AVX2 only"
     else:
