@@ -227,7 +227,7 @@ class SweepConfig:
     seed: int = 0
     device: str = "auto"  # auto | cpu | cuda
     nproc: int = 1  # processes per node for trials of data-parallel / sharding techniques
-    nnodes: int = 1  # nodes taking part in those trials (see README: multi-node)
+    nnodes: int = 1  # nodes taking part in those trials (see docs/distributed.md: several nodes)
     threads: int = 0  # torch intra-op threads in each trial (0: torch's default)
     mode: str = "both"  # speed (timed window, memory) | quality (quality run) | both
     budget: Budget = field(default_factory=Budget)

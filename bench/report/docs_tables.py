@@ -445,7 +445,7 @@ def _registered(reference: str = analysis.BASELINE) -> list[type[Technique]]:
 
 
 def technique_table(_: analysis.Analysis | None = None) -> list[str]:
-    """README: every registered technique, its kind, options and summary (``bench list`` says which run here)."""
+    """docs/techniques.md: every registered technique, its kind, options and summary (``bench list`` says which run here)."""
     rows = [[f"`{t.name}`", t.kind.value, _options(t), t.summary] for t in _registered()]
     return _table(["name", "kind", "options", "what"], rows)
 
