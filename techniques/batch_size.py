@@ -24,9 +24,9 @@ Method card
   The probes run the plain fp32 model without the set's other techniques: the memory mode sizes the batch for
   plain training (with checkpointing or bf16 in the set, a larger batch would fit), and the throughput mode times
   plain steps. A failed noise estimate (the averaged |G|^2 not positive) keeps the workload's batch.
-- Measured, mode=noise (2-core AMD EPYC, tiny workloads, 5 seeds, 30 evaluations; reports/example-cpu-convergence): B_simple
+- Measured, mode=noise (AMD EPYC (AVX2 only), tiny workloads, 5 seeds, 30 evaluations; reports/example-cpu-convergence): B_simple
   per seed 90-202 (cnn, median 188), 104-381 (mlp, median 176) and 3-79 (gpt: unstable even with 16 repeats); the
-  batches chosen (cnn 64-256 against 32, mlp 128-512 against 64) train 2-8x fewer steps on the same samples; at
+  batches chosen (cnn 64-256 against 32, mlp 128-512 against 64) train 2 to 8 times fewer steps on the same samples; at
   these budgets their runs missed the target in cnn 4/5, gpt 2/5, mlp 1/5 (the baseline's in none), and the final
   metric's differences are inconclusive (cnn accuracy -0.089 [-0.202, +0.024], gpt val_loss +0.25 [-0.28, +0.77],
   mlp accuracy -0.027 [-0.083, +0.030]). The probe cost 2.2-3.3 s per trial.

@@ -5,11 +5,17 @@ Method card
   bf16 keeps fp32's exponent range, so no loss scaling is needed (unlike fp16).
 - When it helps: on hardware with fast bf16 matrix units (NVIDIA Ampere and newer; CPUs with AVX512-BF16 or AMX).
   On a CPU without them autocast adds casts and can be slower.
-- Measured here (2-core AMD EPYC VM, AVX2 only: no avx512_bf16/AMX; torch 2.13 CPU; reports/example-cpu, 3
-  repeats): bf16 is slower: mlp:tiny 0.10x [0.07, 0.15], gpt:tiny 0.09x [0.06, 0.14], cnn:tiny 0.29x [0.16, 0.52]
-  of fp32's samples/s, each "slower", because bf16 matmul peaks at about 17 GFLOP/s here against 146 for fp32 (the
-  report's calibrated peaks). DESIGN.md's probe machine (with avx512_bf16) gave 1.7-1.9x: an estimate from its
-  probes, with no committed report behind it.
+- Measured here, on four machines (committed reports; machines named as in docs/examples.md):
+  - AMD EPYC (AVX2 only: no avx512_bf16 or AMX), reports/example-cpu, 3 repeats: slower everywhere, mlp:tiny 0.10x
+    [0.07, 0.15], gpt:tiny 0.09x [0.06, 0.14], cnn:tiny 0.29x [0.16, 0.52] of fp32's samples/s, each "slower":
+    its calibrated bf16 matmul peak is about 17 GFLOP/s against fp32's 146.
+  - AMD EPYC (AVX-512, avx512_bf16), reports/example-cpu-auto: gpt:tiny 0.78x [0.58, 1.06], mlp:tiny 0.86x
+    [0.65, 1.15], cnn:tiny 0.93x [0.68, 1.27], each inconclusive, although bf16's calibrated peak is above
+    fp32's: the tiny steps are spent in casts, small kernels and the optimizer.
+  - Intel Xeon (AMX), reports/example-cpu-bf16: gpt:small 1.66x [1.60, 1.72] faster, within the published
+    1.5-2x; gpt:tiny 0.59x [0.44, 0.80] and mlp:tiny 0.82x [0.81, 0.83], both slower.
+  - One NVIDIA H200, reports/example-h200-first: gpt:gpt2-124m at batch 8, 3.79x [3.20, 4.49] of fp32's
+    samples/s with no verdict (2 pairs: a verdict needs 3).
 - Sources: Micikevicius et al., "Mixed Precision Training", ICLR 2018; Kalamkar et al., "A Study of BFLOAT16 for
   Deep Learning Training", arXiv:1905.12322; PyTorch AMP docs.
 

@@ -21,22 +21,17 @@ Method card
   description (``bench.core.structure``: declared by the built-in workloads, derived for Hugging Face models, inferred
   from a user's modules by the check that builds it before the sweep) and refuses one without Conv2d at plan time;
   where that is not known the trial checks the model it transforms: a ValueError saying it has no nn.Conv2d.
-- Kind ``numeric`` (measured, not assumed): on this CPU (torch 2.13, oneDNN, 2-core AMD EPYC, AVX2) the NHWC
+- Kind ``numeric`` (measured, not assumed: a deterministic probe, not a report): on the AMD EPYC (AVX2 only)
+  (torch 2.13, oneDNN) the NHWC
   convolution and BatchNorm kernels sum in another order. cnn:tiny, seed 0, 2 threads, against the baseline: the
   first forward's logits differ by up to 3.1e-6, every parameter's first gradient by 1e-7 to 6e-7 (relative
   1e-6 to 1e-5); the losses of steps 1-3 happened to be bit-equal, step 4 differs by 5.1e-5 (2.2e-5 relative), and
   over 8 steps by up to 6.8e-4 (3.5e-4 relative), the parameters by up to 1.2e-3. The harness's parity check (8
   steps, numeric tolerance) passes. cuDNN's NHWC kernels are other kernels again: on a GPU expect a difference of
   the same kind (not bit-equality), with its own size.
-- Measured (this CPU, torch 2.13, cnn:tiny at batch 32, seed 0): step time in one process with
-  ``torch.set_num_threads(2)``, baseline and channels_last interleaved (order alternating per repeat), each repeat 5
-  warm-up steps then 30 timed ``TrainLoop.step`` calls (``perf_counter``; CPU, so no sync), the median per repeat
-  and the median over repeats (IQR over repeats), machine load about 1 (no other work running). Run 1, 5 repeats:
-  baseline 14.08 ms (IQR 12.86-15.18), channels_last 13.52 ms (12.85-14.00), 1.04x. Run 2, 7 repeats: 14.32 ms
-  (14.14-14.46) against 13.48 ms (12.90-13.96), 1.06x: estimates from one process, with no interval and no
-  verdict. The committed sweep (reports/example-cpu-bottleneck, 5 repeats) gives 1.01x [0.85, 1.19] on cnn:tiny and
+- Measured (reports/example-cpu-bottleneck, AMD EPYC (AVX2 only), 5 repeats): 1.01x [0.85, 1.19] on cnn:tiny and
   1.03x [0.86, 1.23] on cnn_aug:tiny, both inconclusive: 28 x 28 images with 8-32 channels likely leave oneDNN
-  little reordering to save. Not measured on a GPU.
+  little reordering to save. Not yet run on a GPU.
 - Sources: PyTorch tutorial, "Channels Last Memory Format in PyTorch" (Fedyunin;
   pytorch.org/tutorials/intermediate/memory_format_tutorial.html), its "Performance Gains" section; NVIDIA,
   "Convolutional Layers User's Guide" (Deep Learning Performance documentation), "Tensor Layouts In Memory: NCHW vs

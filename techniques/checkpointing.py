@@ -11,7 +11,7 @@ Method card
   losses matched exactly). The recomputation here holds BatchNorm's running statistics still (momentum 0 and the
   batch counter restored), so checkpointing stays exact for BatchNorm models too.
 - Functional form: ``apply_checkpointing(model)``.
-- Measured here (reports/example-cpu, 2-core AMD EPYC, 3 repeats): gpt:tiny 0.61x [0.50, 0.74] slower at 0.64x
+- Measured here (reports/example-cpu, AMD EPYC (AVX2 only), 3 repeats): gpt:tiny 0.61x [0.50, 0.74] slower at 0.64x
   the tensor peak (less), cnn:tiny 0.53x [0.41, 0.69] slower at 0.81x (less); mlp:tiny 0.42x [0.17, 1.04]
   inconclusive, its tensor peak 1.00x (equivalent).
 - Sources: Chen et al., "Training Deep Nets with Sublinear Memory Cost", arXiv:1604.06174; torch.utils.checkpoint docs.

@@ -18,7 +18,7 @@ Method card
   whether this harness sees a difference on its workloads.
 - Costs: the scorer's training time is reported (``scorer_train_s``) and paid once per sweep (cached), not by each
   trial. Compare at equal samples: a length warm-up trains fewer tokens in the same samples, which is its point.
-- Measured (2-core AMD EPYC, tiny workloads, 5 seeds, 30 evaluations; reports/example-cpu-convergence): the
+- Measured (AMD EPYC (AVX2 only), tiny workloads, 5 seeds, 30 evaluations; reports/example-cpu-convergence): the
   length warm-up on gpt trained 85% of the plan's tokens; its val_loss difference, +0.134 [+0.028, +0.239], is
   inconclusive (p = 0.024 alone, not after Holm's correction over the report's 27 quality comparisons), and its
   median time to target was 2.10 s against 1.11 s with 2/5 runs missing it (no ratio: misses on one side). With the

@@ -9,15 +9,12 @@ Method card
   ``gradient_as_bucket_view``, the ``bucket_view=true`` option). On one CPU, several ranks only split the same
   cores: expect no gain there.
 - With gradient accumulation the micro-batches before the last run under ``no_sync``: gradients accumulate
-  locally and are all-reduced once per optimizer step (a test counts the bucket reductions). Measured against
-  all-reducing every micro-batch (A/B, 2 gloo ranks, grad_accum:steps=4, 2 repeats): mlp:large 55 -> 68 samples/s
-  (1.25x), gpt:tiny 274 -> 370 (1.35x), memory unchanged: estimates with no verdict (2 repeats, no committed
-  report).
-- Measured (2 gloo ranks x 1 thread vs 1 process x 2 threads, the 2-core CPU CI machine, reports/example-cpu-2rank):
+  locally and are all-reduced once per optimizer step (a test counts the bucket reductions). Its speed against
+  all-reducing every micro-batch is in no committed report.
+- Measured (2 gloo ranks x 1 thread vs 1 process x 2 threads, AMD EPYC (AVX2 only), reports/example-cpu-2rank):
   mlp:large 0.79x [0.62, 1.01], gpt:tiny 0.67x [0.46, 0.97], no verdict (2 repeats: a verdict needs 3); per-rank
   model state 771 MiB for mlp:large, the formula exactly (exact byte counts), and the clean RSS at rest 1.26 GiB
-  (the buckets add 193 MiB). With ``bucket_view=true`` (one repeat, no verdict): 1.07 GiB at rest and 1.24 GiB
-  timed-window peak per rank, against 1.26 / 1.44 GiB without.
+  (the buckets add 193 MiB). ``bucket_view=true`` drops that copy; its saving is in no committed report.
 - Sources: Li et al., "PyTorch Distributed: Experiences on Accelerating Data Parallel Training", VLDB 2020;
   torch.nn.parallel.DistributedDataParallel docs.
 """

@@ -55,14 +55,14 @@ Method card
   pretrained or downloaded teacher, precomputed teacher logits, teachers of another family, more than one process
   (each rank would train and write the teacher), a user's model with neither a ``teacher_size`` nor ``scaling``
   (its build's size parameters are opaque to the harness).
-- Measured (2-core AMD EPYC, AVX2; tiny sizes, `--preset quick`, 3 seeds; reports/example-cpu-model-techniques):
+- Measured (AMD EPYC (AVX2 only); tiny sizes, `--preset quick`, 3 seeds; reports/example-cpu-model-techniques):
   the teacher's forward every step cost samples/s on gpt (0.57x [0.45, 0.73] slower); on cnn (0.75x [0.54, 1.03])
   and mlp (0.48x [0.19, 1.24]) inconclusive; memory 1.55x, 1.74x, 1.78x (more: its weights are in the breakdown).
   At equal samples cnn's accuracy difference, +0.036 [+0.015, +0.058] (teacher 0.801 against the baseline student's
   0.718), is inconclusive (p = 0.019 alone, not after Holm's correction over the report's 8 comparisons); gpt (+0.13
   val_loss [-0.25, +0.51]) and mlp (-0.000 [-0.054, +0.054]) inconclusive. At equal time no gain was shown: gpt
   +0.48 [+0.03, +0.94] val_loss (inconclusive after Holm), mlp -0.111 [-0.229, +0.006], cnn -0.000
-  [-0.026, +0.025], all inconclusive. The teachers (2x width) trained once in 15.7 s (gpt), 8.8 s (cnn) and 3.5 s
+  [-0.026, +0.025], all inconclusive. The teachers (twice the width) trained once in 15.7 s (gpt), 8.8 s (cnn) and 3.5 s
   (mlp).
 - Sources: Hinton, Vinyals, Dean, "Distilling the Knowledge in a Neural Network", 2015 (arXiv:1503.02531); Beyer,
   Zhai, Royer, Markeeva, Anil, Kolesnikov, "Knowledge distillation: A good teacher is patient and consistent",

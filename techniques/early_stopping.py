@@ -14,7 +14,7 @@ Method card
   faster and cannot reach a target sooner than the same run without it: its saving is the budget after the stop.
   On the tiny CPU workloads (150 steps, 10 evaluations) the metric still improves at the end of the budget for
   most seeds, so expect it to stop rarely, or to stop on noise and give up quality: the numbers say which.
-- Measured (2-core AMD EPYC, tiny workloads, 5 seeds, 30 evaluations; reports/example-cpu-convergence): with
+- Measured (AMD EPYC (AVX2 only), tiny workloads, 5 seeds, 30 evaluations; reports/example-cpu-convergence): with
   the default patience of 3 evaluations (15 steps apart) it stopped 5/5 cnn and 5/5 mlp runs, saving 13-70% of the
   steps; the accuracy at the stop against the full run of the same seed is inconclusive (cnn -0.034 [-0.092,
   +0.025], mlp -0.076 [-0.191, +0.039]), and 4/5 cnn runs stopped before the target. The tiny curves are noisy

@@ -44,9 +44,9 @@ Method card
   multiply-adds per token and block out of the block's ``12 d^2`` (plus attention): for MQA on gpt:tiny 7.8%
   of the counted forward FLOPs and 7.5% of the parameters (``results``); the attention itself (QK^T, AV) still
   runs for all ``n_head`` query heads. Depthwise-separable convs cut a 3x3 conv's FLOPs to
-  ``1 / c_out + 1 / 9`` of them (8-9x fewer at MobileNet's widths; 4-7x at cnn:tiny's 8-32 channels;
-  cnn:tiny's whole forward 4.5x fewer, its parameters 4.5x fewer).
-- Sources and their numbers: Ainslie, Lee-Thorp, de Jong, Zemlyanskiy, Lebron, Sanghai, "GQA: Training
+  ``1 / c_out + 1 / 9`` of them (8 to 9 times fewer at MobileNet's widths, 4 to 7 times at cnn:tiny's 8-32
+  channels; cnn:tiny's whole forward and its parameters 4.5 times fewer: counts, exact).
+- Sources and their published numbers: Ainslie, Lee-Thorp, de Jong, Zemlyanskiy, Lebron, Sanghai, "GQA: Training
   Generalized Multi-Query Transformer Models from Multi-Head Checkpoints", EMNLP 2023 (arXiv:2305.13245):
   uptrained T5-XXL with GQA-8 reaches quality close to multi-head attention (47.1 against 47.2 average over
   their tasks) at a decoding time per sample close to MQA's (0.28 s against 0.24 s MQA and 1.51 s MHA, TPUv4).
@@ -54,7 +54,7 @@ Method card
   about 12x faster per token than MHA (incremental decoding on TPUv2) at a small quality loss. Howard et al.,
   "MobileNets: Efficient Convolutional Neural Networks for Mobile Vision Applications", 2017
   (arXiv:1704.04861): depthwise-separable 3x3 convolutions use 8-9x fewer computations than standard ones at a
-  small accuracy cost; MobileNet reaches VGG16's ImageNet accuracy within 0.9% (70.6% against 71.5%) with 27x
+  small accuracy cost; published: MobileNet reaches VGG16's ImageNet accuracy within 0.9% (70.6% against 71.5%) with 27x
   fewer mult-adds (569M against 15300M) and 32x fewer parameters. PyTorch docs:
   ``torch.nn.functional.scaled_dot_product_attention`` (``enable_gqa``),
   ``torch.utils.flop_counter.FlopCounterMode``.
@@ -80,7 +80,7 @@ Method card
   with the part named; ``nn.MultiheadAttention`` (its projections are parameters inside its forward) is refused; no
   sliding-window or latent attention, no inverted residuals (MobileNetV2), no width multiplier. Refused with ``tp``
   (it shards the fused ``qkv`` by head) and ``pp`` (its stages would receive the FLOP count's whole-model input).
-- Measured (2-core AMD EPYC, AVX2; tiny sizes, `--preset quick`, 3 seeds; reports/example-cpu-model-techniques;
+- Measured (AMD EPYC (AVX2 only); tiny sizes, `--preset quick`, 3 seeds; reports/example-cpu-model-techniques;
   before the port to the model description, with a ``GroupedQueryAttention`` module drawn afresh and SDPA's
   ``enable_gqa``: the parameter and FLOP counts are the same now, the speed and quality not re-measured):
   gpt with multi-query attention (1 KV head for 2): 102,464 parameters (-7.5%), forward FLOPs x0.922, 0.92x
@@ -88,7 +88,7 @@ Method card
   token 1,024 -> 512 bytes. cnn depthwise-separable: 4,394 parameters (0.22x) and x0.222 FLOPs, yet 0.78x samples/s
   (no verdict: one window contended, 2 pairs left), 1.46x memory (more: more, smaller activations), MFU 1.0% against
   6.2%, accuracy -0.085 [-0.129, -0.041] (inconclusive: p = 0.014 alone, not after Holm's correction over the
-  report's 8 comparisons) and 3/3 missed the target: fewer FLOPs did not buy time on this CPU.
+  report's 8 comparisons) and 3/3 missed the target: whether fewer FLOPs buy time on this CPU is not decided.
 """
 
 from __future__ import annotations

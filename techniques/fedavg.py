@@ -31,7 +31,7 @@ Method card
   cost at equal samples and the rounds it needs, IID against non-IID (McMahan et al.: 10-100x fewer rounds than
   FedSGD on IID data; Zhao et al. 2018 and Hsu et al. 2019: accuracy drops sharply as alpha goes to 0).
 - Measured (mlp:tiny, 2 gloo ranks, 4 clients, E = 5, 15 rounds in the 150-step budget, 3 seeds;
-  docs/parallelism.md): accuracy at equal samples -0.073 [-0.201, +0.055] inconclusive with IID clients and
+  reports/example-cpu-parallelism/mlp, on the AMD EPYC (AVX2 only)): accuracy at equal samples -0.073 [-0.201, +0.055] inconclusive with IID clients and
   -0.235 [-0.448, -0.022] with Dirichlet(0.1) (label skew 0.60 against 0.03), inconclusive too (p = 0.042 alone,
   not after Holm's correction over the report's 6 comparisons; at equal time -0.242 [-0.265, -0.219] worse); both
   missed the target in 3/3 runs, which centralised training reaches in 105 steps; 2.31 MB down and as much up per

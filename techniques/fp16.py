@@ -5,9 +5,10 @@ Method card
   so small gradients do not flush to zero, gradients are unscaled before the step, and steps with inf/NaN
   gradients are skipped while the scale backs off (Micikevicius et al. 2018).
 - When it helps: GPUs with fp16 tensor cores (Volta and newer). On GPUs with bf16 prefer bf16 (no scaler).
-  On CPUs there is usually no fast fp16 matmul: a probe on this project's 2-core CI CPU measured fp16 matmul at
-  ~2.7 GFLOP/s against ~210 for fp32 (the committed reports' calibration on the AMD EPYC VM: 19.6 against 144.5), so
-  fp16 autocast should run several times slower here: an estimate from the peaks, since no committed report
+  On CPUs there is usually no fast fp16 matmul: the calibrated matmul peaks put fp16 at 23 GFLOP/s against fp32's
+  146 on the AMD EPYC (AVX2 only) of reports/example-cpu and 48 against 392 on the AMD EPYC (AVX-512, avx512_bf16)
+  of reports/example-cpu-auto (321 against 333 on the Intel Xeon (AMX) of reports/example-cpu-bf16), so fp16
+  autocast should run several times slower on the EPYCs: an estimate from the peaks, since no committed report
   measured fp16. It runs and is measured as it is; the report shows the slowdown rather than hiding it.
 - Sources: Micikevicius et al., "Mixed Precision Training", ICLR 2018 (arXiv:1710.03740); PyTorch AMP docs.
 

@@ -33,7 +33,7 @@ Method card
   shows; on a CPU the step time follows the FLOPs closely, on a GPU small models are launch-bound and gain less.
 - Not implemented: gradual unfreezing (ULMFiT's schedule), FreezeOut's per-layer learning-rate annealing to zero,
   freezing parameters registered directly on the model (outside child modules).
-- Measured (2-core AMD EPYC, AVX2; tiny sizes, `--preset quick`, 3 seeds; reports/example-cpu-model-techniques):
+- Measured (AMD EPYC (AVX2 only); tiny sizes, `--preset quick`, 3 seeds; reports/example-cpu-model-techniques):
   after `transfer`, freezing block 0 and the input layers ran 1.33x [0.98, 1.79] (gpt) and 1.37x [1.03, 1.81]
   (cnn) the samples/s, both inconclusive (cnn's whole interval above 1, not clear of 5%), at 0.59x / 0.58x the peak
   memory (less); its quality differences are inconclusive (gpt val_loss -0.057 [-0.315, +0.202], cnn +0.043

@@ -11,14 +11,10 @@ Method card
 - When it helps: when the optimizer step is a visible part of the step time: many parameter tensors, small
   models or small batches, and on GPUs where per-op launch overhead dominates the update. With a large batch the
   forward and backward dominate and the gain shrinks toward zero.
-- Measured here (2-core AMD EPYC without AVX-512, torch 2.13 CPU, interleaved in one process, medians):
-  ``optimizer.step()`` alone 0.37 ms fused against 0.97 ms for the default per-parameter loop on the tiny MLP (145k
-  parameters in 8 tensors), 0.52 against 1.99 ms on the tiny GPT (111k in 28 tensors). Whole training steps:
-  1.27x on mlp:tiny (2.06 -> 1.63 ms), 1.10x on gpt:tiny (18.4 -> 16.8 ms), 1.14x on cnn:tiny (16.3 -> 14.3 ms):
-  estimates from medians in one process, with no interval and no verdict. A smoke sweep with 3 repeats
-  (``--window-seconds 1``, not committed) gave 1.54x [1.19, 2.67] on mlp:tiny, faster under the verdict rule, with a
-  13% lower tensor peak (no per-parameter temporaries), and left gpt:tiny and cnn:tiny undecided (process-to-process
-  noise of ~20% on that machine hides a 10% effect at 3 repeats). Parity: losses equal to the baseline's within 1e-7.
+- Measured here: no committed report yet. Probes on a 2-core AMD EPYC (not committed) found the optimizer step
+  shorter fused than in the default per-parameter loop on the tiny workloads; a sweep with an interval, e.g.
+  ``python -m bench sweep --workloads mlp:tiny,gpt:tiny,cnn:tiny --techniques fused_adamw --mode speed``, is what
+  would say whether whole steps are faster. Parity: the exact tolerance holds (``tests/test_fused_adamw.py``).
 - Availability: ``fused=True`` exists for CUDA, CPU (torch 2.4 and newer), MPS and XPU tensors; ``check`` says when
   this torch or device has no fused kernel.
 - Sources: PyTorch ``torch.optim.AdamW`` docs (the ``fused`` and ``foreach`` arguments; "fused > foreach >

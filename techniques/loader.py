@@ -20,18 +20,9 @@ Method card
   global batch and keeps its shard, as with the workload's own batches.
 - On CPU: ``pin_memory=true`` is refused (pinned memory only speeds host-to-CUDA copies; torch warns and ignores it
   without an accelerator). Workers run with one intra-op thread each (torch sets it).
-- Measured (2-core AMD EPYC, torch 2.13 CPU, seed 0, one speed window of at least 3 s per set, other processes
-  using 1-4% of the cores; single windows, so estimates with no interval and no verdict): ``cnn_aug:tiny``'s
-  baseline waits for data
-  59% of the window (median step 31.6 ms, 963 samples/s). ``loader:workers=2`` cuts the wait to 12%, but its
-  workers take the cores the step's two threads used: the median step grows to 41.5 ms and throughput falls to 734
-  samples/s (0.76x); ``workers=1``: wait 18%, 794 samples/s. On ``cnn:tiny`` (wait 0.9%) ``workers=2`` only adds
-  inter-process copies: wait 12%, 1937 against 2026 samples/s. So on this 2-core host the technique moves the
-  augmentation's cost instead of hiding it; it pays where cores are idle (a GPU host). Under heavy load from other
-  processes (60-70% of the cores) the in-process augmentation slowed several-fold (two OpenMP threads on tiny
-  per-image ops) and ``workers=2`` gave 2.7x the baseline's samples/s (65 against 24), but those windows were
-  contended, which the analysis keeps out of speed verdicts.
-- Measured with intervals (``reports/example-cpu-bottleneck/``, 5 repeats, paired 95% t intervals): cnn_aug:tiny
+- Measured (``reports/example-cpu-bottleneck/``, AMD EPYC (AVX2 only), 5 repeats, paired 95% t intervals): on a
+  2-core host the workers take the cores the step's two threads used, so the technique moves the augmentation's
+  cost instead of hiding it; it pays where cores are idle (a GPU host). cnn_aug:tiny
   ``workers=2`` 0.77x [0.70, 0.84] and ``workers=1`` 0.76x [0.65, 0.89] of the baseline's samples/s, both slower,
   the data wait down from 59% to 11-13% of the step; on cnn:tiny and gpt:tiny (data wait about 1%) inconclusive:
   cnn 0.74x [0.58, 0.96] and 0.78x [0.63, 0.96] (whole intervals below 1, not clear of 5%), gpt 0.85x [0.75, 0.95]

@@ -23,7 +23,7 @@ Method card
   post-local SGD reaching the large-batch accuracy with H = 16 on 16-32 GPUs; Ortiz et al. (2021) find the
   quality cost grows with H and the learning rate. On one CPU host with gloo the all-reduce is cheap, so the
   saving is small; the quality cost is what to look at.
-- Measured (2 gloo ranks, 2-core AMD EPYC, 3 seeds, 150 steps with the 10-step warm-up; docs/parallelism.md):
+- Measured (2 gloo ranks, AMD EPYC (AVX2 only), 3 seeds, 150 steps with the 10-step warm-up; reports/example-cpu-parallelism, read in docs/parallelism.md):
   bytes per sample 100% / 30% / 12.7% of DDP's for H = 1 / 4 / 16 (exact counts); quality at equal samples
   inconclusive (mlp accuracy -0.002, -0.004, -0.017; gpt val_loss -0.058, -0.059, -0.001; every interval includes 0,
   none lies within the workload's margin); mlp samples/s 9,154 / 14,522 / 17,912 (medians; DDP's 7,886, one

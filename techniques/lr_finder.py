@@ -17,14 +17,14 @@ Method card
   is amortised over many runs: the report shows both clocks.
 - The probe runs in fp32 without the set's other techniques: the LR it finds is the model's, not a precision's.
   The record keeps the whole curve (LR, raw and smoothed loss) and both rules' suggestions; the report plots it.
-- Measured (2-core AMD EPYC, tiny workloads, 5 seeds, 30 evaluations; reports/example-cpu-convergence): the
+- Measured (AMD EPYC (AVX2 only), tiny workloads, 5 seeds, 30 evaluations; reports/example-cpu-convergence): the
   100-step sweep cost 2.0-3.8 s per trial (the training runs take 0.2-1.4 s to target), so with the probe counted
   every median time to target is later than the baseline's (e.g. cnn valley 4.17 s against 1.34 s; the report
   tests no ratio with the one-off cost included). Chosen LRs against the workloads' tuned defaults: steepest
-  0.027-0.046 for cnn (default 0.002: 15x), 0.0025-0.0033 for gpt (0.003), 0.0029-0.0057 for mlp (0.002); valley
+  0.027-0.046 for cnn (default 0.002, about 15 times lower), 0.0025-0.0033 for gpt (0.003), 0.0029-0.0057 for mlp (0.002); valley
   0.0043-0.0115, 0.0012-0.0022, 0.0005-0.0029. Both rules' final metric differences are inconclusive on every
   workload; steepest missed the cnn target in 1 of 5 runs and valley the mlp target in 2 of 5 (its LRs there are
-  3x below the default).
+  about 3 times below the default).
 - Sources: Smith, "Cyclical Learning Rates for Training Neural Networks", WACV 2017 (arXiv:1506.01186), the LR
   range test; fastai ``LRFinder`` (``valley``, ``steep`` suggestions); PyTorch Lightning ``Tuner.lr_find``.
 """

@@ -18,7 +18,7 @@ Method card
   the end lowers the loss the run finishes at. Neither makes a step faster: judge it by time-to-target and the
   metric at equal samples. On the tiny CPU workloads the runs are short (150 steps), so the decay's benefit shows
   mostly in the final metric, and a warm-up can delay the target: the report shows which.
-- Measured (2-core AMD EPYC, tiny workloads, 5 seeds, 30 evaluations; reports/example-cpu-convergence): no
+- Measured (AMD EPYC (AVX2 only), tiny workloads, 5 seeds, 30 evaluations; reports/example-cpu-convergence): no
   schedule was shown to reach a target sooner. Time-to-target medians against the constant-LR baseline:
   warmup_cosine 1.47 s vs 1.34 s (cnn), 1.71 vs 1.11 s (gpt), 0.27 vs 0.23 s (mlp); one_cycle 1.81, 1.75, 0.25 s,
   each with a miss in 1 of 5 runs on cnn and gpt (so no ratio there); on mlp 1.15x [0.74, 1.79] and 1.16x [0.92,

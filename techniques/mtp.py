@@ -43,8 +43,8 @@ Method card
 - Costs: (n - 1) extra transformer blocks of parameters (plus, sequential, a 2d x d projection and two RMSNorms
   each), their forward and backward on all T positions (the logits are then cut to the T - d with a target), and n - 1
   more unembeddings and cross-entropies. Counted on gpt:tiny (2 blocks, 103-character vocabulary; FlopCounterMode,
-  forward + backward): heads n = 2 1.53x the baseline's FLOPs per step, sequential n = 2 1.61x, heads n = 4 2.59x
-  (before the port, on T - d positions: 1.52x, 1.60x, 2.54x). The record's FLOPs per step count the
+  forward + backward; counts, exact): heads n = 2 1.53 times the baseline's FLOPs per step, sequential n = 2 1.61
+  times, heads n = 4 2.59 times (before the port, on T - d positions: 1.52, 1.60, 2.54 times). The record's FLOPs per step count the
   added modules (``own_flops``). All n logits tensors are kept for one backward (Gloeckle et al.'s memory-efficient
   order, a forward and backward per head, is not implemented: with a character vocabulary the logits are small).
 - What the papers report, on GPUs: Gloeckle et al. (Meta, 2024): at 13B parameters on code, 4-token prediction
@@ -53,7 +53,7 @@ Method card
   about 1-3B parameters on), and their comparisons hold the parameter count fixed (n - 1 trunk layers removed for
   the n - 1 added heads), unlike this technique, which adds the heads to the workload's model. A 7B byte-level
   model with 8-byte prediction solved 67% more MBPP problems (the character-level setting here is the closest to
-  it). DeepSeek-V3 (D = 1): MTP improved most benchmarks in ablations on 15.7B and 228.7B-parameter MoE models; the
+  it). DeepSeek-V3 (D = 1), published: MTP improved most benchmarks in ablations on 15.7B and 228.7B-parameter MoE models; the
   MTP module is discarded at inference or drives speculative decoding (85-90% acceptance of the second token,
   1.8x tokens per second).
 - What to expect here: the models here are tiny (about 0.1M parameters): by the papers' scaling, MTP may well make
@@ -66,13 +66,13 @@ Method card
   conflict; with several processes only ddp is accepted), per-block transforms of the added blocks (checkpointing
   wraps ``model.blocks`` only).
 - Functional form: ``apply_mtp(model, variant, n, seed)`` and ``mtp_losses(aux_logits, y)``.
-- Measured (2-core AMD EPYC, AVX2; tiny sizes, `--preset quick`, 3 seeds; reports/example-cpu-model-techniques;
+- Measured (AMD EPYC (AVX2 only); tiny sizes, `--preset quick`, 3 seeds; reports/example-cpu-model-techniques;
   before the port to the model description, when the new blocks had GPT-2's initialisation and the extra depths
   ran on T - d positions; not re-measured since):
   independent heads, n=2: 0.57x [0.31, 1.06] samples/s, inconclusive (1.52x the FLOPs), 1.49x memory (more),
   val_loss +0.22 [+0.02, +0.42] at equal samples, inconclusive (p = 0.040 alone, not after Holm's correction over
-  the report's 10 comparisons), and 3/3 missed the target: consistent with the small-model result Gloeckle et al.
-  report, not a confirmation of it. Sequential (DeepSeek-V3, lambda 0.3): 0.47x [0.27, 0.80] slower, 1.63x memory
+  the report's 10 comparisons), and 3/3 missed the target: inconclusive, so it neither confirms nor contradicts the
+  small-model result Gloeckle et al. report. Sequential (DeepSeek-V3, lambda 0.3): 0.47x [0.27, 0.80] slower, 1.63x memory
   (more), -0.124 [-0.411, +0.162] at equal samples and +0.086 [-0.274, +0.446] at equal time (both inconclusive),
   the target in 3.08 s against the baseline's 2.71 s (1.27x [0.53, 3.05], inconclusive).
 - Sources: Gloeckle, Youbi Idrissi, Roziere, Lopez-Paz, Synnaeve, "Better & Faster Large Language Models via

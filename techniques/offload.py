@@ -7,7 +7,7 @@ Method card
   for device memory (ZeRO-Offload reports 10B+ parameter models on one GPU).
 - On a CPU-only machine the "device" already is host memory: the policy runs (without pinned memory, which needs an
   accelerator) and what it measures is its bookkeeping overhead, not a memory saving. The report says so.
-- Measured (2 gloo ranks, 2-core CPU, reports/example-cpu-2rank): zero3+offload on mlp:large 0.34x [0.23, 0.48]
+- Measured (2 gloo ranks, AMD EPYC (AVX2 only), reports/example-cpu-2rank): zero3+offload on mlp:large 0.34x [0.23, 0.48]
   against zero3's 0.36x [0.01, 10.13], both no verdict (2 repeats: a verdict needs 3); median steps 3.59 s against
   3.38 s (6% longer, an estimate); the same 386 MiB of model state per rank and 712 MiB clean RSS at rest.
 - Sources: Ren et al., "ZeRO-Offload: Democratizing Billion-Scale Model Training", USENIX ATC 2021;

@@ -53,7 +53,7 @@ Method card
   implemented), ``tp``, ``local_sgd``, ``fedavg``. Dropout > 0 would draw other random numbers than one process (the
   built-in workloads' default is 0). Parity's parameter distance counts each stage's parameters once over the ranks
   (they are marked ``held_by_one_rank``; the tied copy is counted on stage 0).
-- Measured (2 gloo ranks, 2-core AMD EPYC, gpt:tiny, m = 4, 3 seeds; docs/parallelism.md): gpipe 0.53x
+- Measured (2 gloo ranks, AMD EPYC (AVX2 only), gpt:tiny, m = 4, 3 seeds; reports/example-cpu-parallelism/gpt): gpipe 0.53x
   [0.42, 0.67] slower and 1f1b 0.55x (no verdict: one window contended, 2 pairs left) of one process's samples/s,
   exact (parity ok), 948 KiB of model state per rank; the measured bubble 0.40-0.49 (stage 0) and 0.31-0.42
   (stage 1) against the formula's 0.20: micro-batches of 4 sequences take well under a millisecond, so the sends

@@ -45,7 +45,7 @@ Method card
   trained model (``own_flops``): dense for masks (honest: the dense matmuls run), the shrunk model's for structured.
 - Not implemented: pruning embeddings, attention heads or the residual width; iterative structured pruning; rewinding
   (lottery tickets); sparse kernels; ``compile`` (the mask hooks and changing shapes) and more than one process.
-- Measured (2-core AMD EPYC, AVX2; tiny sizes, `--preset quick`, 3 seeds; reports/example-cpu-model-techniques):
+- Measured (AMD EPYC (AVX2 only); tiny sizes, `--preset quick`, 3 seeds; reports/example-cpu-model-techniques):
   unstructured 50% was not shown faster (gpt 0.95x [0.38, 2.34], cnn 0.87x [0.72, 1.06], mlp 0.88x [0.53, 1.46],
   all inconclusive; the masks cost 1.06-1.40x memory, more), and its quality differences are inconclusive (+0.020
   val_loss, +0.006, -0.002 accuracy). Structured, half the hidden channels removed at 25% of the plan: gpt 1.28x

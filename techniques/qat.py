@@ -58,14 +58,14 @@ Method card
   embedding quantization, QAT for only part of training (torchao's ``disable_linear_fake_quant``), the speed of an
   int8 kernel.
 - Functional form: ``apply_qat(model, weight_granularity, group_size)`` returns the targeted and the left-out layers.
-- Measured (2-core AMD EPYC, AVX2; tiny sizes, `--preset quick`, 3 seeds; reports/example-cpu-model-techniques):
+- Measured (AMD EPYC (AVX2 only); tiny sizes, `--preset quick`, 3 seeds; reports/example-cpu-model-techniques):
   fake quantization cost gpt 0.49x [0.30, 0.79] and mlp 0.26x [0.17, 0.38] of the samples/s (slower) and 1.51x /
   1.32x the memory (more) (cnn: 0.83x [0.47, 1.47], inconclusive; only its head is a Linear); its quality
   differences at equal samples are inconclusive (gpt -0.005 val_loss, cnn -0.007, mlp -0.002), and so are those at
   equal time (gpt +0.34 [+0.11, +0.57], mlp -0.16 [-0.29, -0.02]: p = 0.024 and 0.038 alone, not after Holm's
   correction over each report's comparisons). The int8-converted models
   matched the fake-quantized ones to three digits (gpt val_loss 2.22, 2.38, 2.33 both), with the quantized layers'
-  weights 3.8x smaller (gpt 384 KiB -> 102 KiB).
+  weights 3.8 times smaller (gpt 384 KiB -> 102 KiB: exact byte counts).
 - Sources: Jacob et al., "Quantization and Training of Neural Networks for Efficient Integer-Arithmetic-Only
   Inference", CVPR 2018 (arXiv:1712.05877); Or, Zhang, Smothers, Khandelwal, Rao, "Quantization-Aware Training for
   Large Language Models with PyTorch", PyTorch blog 2024 (pytorch.org/blog/quantization-aware-training: QAT recovered

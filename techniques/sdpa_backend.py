@@ -13,7 +13,7 @@ Method card
   fp16/bf16) and the one the method's paper describes, so the bare label means "force FlashAttention"; ``math`` is
   the reference the fused kernels are judged against.
 - When it helps: on GPUs, pinning the kernel a model should get (flash for long sequences in bf16), or showing what
-  the fused kernels save by forcing ``math``. FlashAttention's paper reports end-to-end training 15% faster than the
+  the fused kernels save by forcing ``math``. FlashAttention's paper reports (published) end-to-end training 15% faster than the
   MLPerf 1.1 BERT-large record (sequence 512) and 3x faster GPT-2 (sequence 1K) than Hugging Face's, with memory
   linear instead of quadratic in the sequence length. With a short sequence (gpt:tiny: 64) the attention is a small
   part of the step, so little changes.
@@ -32,18 +32,10 @@ Method card
   ``flash`` bit-identical (the same kernel), ``math`` up to 7.2e-7 apart (2.0e-7 relative); the harness's parity
   check passes. On a GPU the default choice is another kernel (flash, efficient or cudnn by device and dtype), so
   there ``flash`` may differ from the baseline too.
-- Measured (this CPU, gpt:tiny: batch 16, sequence 64, 2 layers, 2 heads of dim 32, seed 0): step time in one
-  process with ``torch.set_num_threads(2)``, baseline, math and flash interleaved (order alternating per repeat),
-  each repeat 5 warm-up steps then 30 timed ``TrainLoop.step`` calls, the median per repeat and the median over
-  repeats (IQR over repeats), load about 1. Run 1, 5 repeats: baseline 19.32 ms (IQR 18.64-20.84), math 20.35 ms
-  (19.43-22.96) 0.95x, flash 20.24 ms (17.68-20.87) 0.96x. Run 2, 7 repeats: baseline 17.68 ms (16.73-20.38),
-  math 19.73 ms (19.09-20.78) 0.90x, flash 18.67 ms (17.85-19.86) 0.95x: estimates from one process, with no
-  interval and no verdict. Flash is the baseline's own kernel, so its 4-5% gap is this machine's noise; math's
-  0.90-0.95x is near that noise, and the committed sweep (reports/example-cpu-bottleneck, 5 repeats) gives it
-  0.90x [0.72, 1.11] on gpt:tiny, inconclusive. The attention alone (forward and
-  backward, causal, interleaved, 5 repeats of 200 calls) shows the kernels apart: (16, 2, 64, 32) math 3.38 ms,
-  flash 1.95 ms (1.7x); (8, 4, 512, 64) 175 ms against 92 ms (1.9x). At sequence 64 attention is a small part of
-  the step. Not measured on a GPU.
+- Measured (reports/example-cpu-bottleneck, AMD EPYC (AVX2 only), gpt:tiny: batch 16, sequence 64, 2 layers, 2
+  heads of dim 32, 5 repeats): ``backend=math`` 0.90x [0.72, 1.11] of the baseline's samples/s, inconclusive. At
+  sequence 64 attention is a small part of the step; probes of the attention alone (not committed) found the fused
+  kernel quicker at longer sequences. Not yet run on a GPU.
 - Sources: Dao, Fu, Ermon, Rudra and Re, "FlashAttention: Fast and Memory-Efficient Exact Attention with
   IO-Awareness", NeurIPS 2022 (arXiv:2205.14135); PyTorch docs, ``torch.nn.functional.scaled_dot_product_attention``
   and ``torch.nn.attention.sdpa_kernel``.

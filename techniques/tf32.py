@@ -12,16 +12,18 @@ Method card
 - Combining: it has no slot and combines with ``bf16``/``fp16``, as common recipes do (nanoGPT sets both), but under
   autocast most matmuls already run in 16 bits, so the combination adds little beyond the ops autocast keeps in fp32.
 - When it helps: NVIDIA Ampere (compute capability 8.0) and newer, fp32 training dominated by matmuls: the A100's
-  dense TF32 peak is 156 TFLOP/s against 19.5 for plain FP32 (8x); PyTorch's docs time a 10240^2 matmul ~7x faster.
+  dense TF32 peak is 156 TFLOP/s against 19.5 for plain FP32 (published: 8x); PyTorch's docs time a 10240^2 matmul
+  about 7 times faster (published).
   End-to-end gains are smaller (memory-bound ops do not change).
 - On CPU: ``check`` refuses. torch maps ``set_float32_matmul_precision("high")`` to oneDNN's
-  ``fp32_precision="tf32"`` on CPU, but on this project's CPU (2-core AMD EPYC, no AMX; torch 2.13) that left
+  ``fp32_precision="tf32"`` on CPU, but on an AMD EPYC without AMX (a probe, torch 2.13; not a report) that left
   ``torch.mm``, ``nn.Linear`` and ``nn.Conv2d`` results bit-identical and their speed within noise (and
   ``"medium"``, oneDNN bf16, was bit-identical too), so a CPU trial would only measure the baseline again. The CUDA
   switch used here does not touch the CPU path at all.
-- Measured: not on this project's CPU machine (see above); ``scripts/gpu_check.sh`` sweeps it on a GPU. MFU of a
-  tf32 trial is computed against the calibrated fp32 peak, measured with TF32 off, so it overstates utilisation.
-- Sources: NVIDIA, "TensorFloat-32 in the A100 GPU Accelerates AI Training, HPC up to 20x" (blogs.nvidia.com, 2020);
+- Measured on one NVIDIA H200 (reports/example-h200-first, speed only, 3 repeats): gpt:gpt2-124m at batch 8
+  2.59x [2.58, 2.61] the fp32 baseline's samples/s, faster. Not on a CPU (see above). MFU of a tf32 trial is
+  against the calibrated tfloat32 peak (measured with TF32 on; docs/methodology.md).
+- Sources (published): NVIDIA, "TensorFloat-32 in the A100 GPU Accelerates AI Training, HPC up to 20x" (blogs.nvidia.com, 2020);
   NVIDIA A100 datasheet; PyTorch docs, CUDA semantics, "TensorFloat-32 (TF32) on Ampere (and later) devices".
 
 In your own training loop (plain PyTorch: ``model``, ``optimizer``, ``loss_fn``, ``batches`` and ``device``

@@ -44,10 +44,10 @@ Method card
   might skip a step on one rank only). No sequence parallelism (it needs reduce-scatter, which gloo lacks).
   ``results`` records the bytes this rank passes to collectives per training step, counted from the tensor shapes
   the sharded layers see (not a formula), and the per-rank parameter bytes.
-- Measured (2 gloo ranks x 1 thread against 1 process x 2 threads, 2-core AMD EPYC, gpt:tiny, 3 seeds;
-  docs/parallelism.md): 0.29x [0.16, 0.52] of the baseline's samples/s (slower), exact (parity ok, curves match),
-  model state per rank 956 KiB against DDP's 1.7 MiB, 131 kB all-reduced per sample per rank (4.7x DDP's gradient
-  bytes).
+- Measured (2 gloo ranks x 1 thread against 1 process x 2 threads, AMD EPYC (AVX2 only), gpt:tiny, 3 seeds;
+  reports/example-cpu-parallelism/gpt): 0.29x [0.16, 0.52] of the baseline's samples/s (slower), exact (parity ok, curves match),
+  model state per rank 956 KiB against DDP's 1.7 MiB, 131 kB all-reduced per sample per rank (4.7 times DDP's gradient
+  bytes: exact counts).
 - Sources: Shoeybi et al., "Megatron-LM: Training Multi-Billion Parameter Language Models Using Model
   Parallelism", arXiv:1909.08053 (2019), sec. 3; torchtitan (pytorch/torchtitan, ``parallelize.py``,
   ``apply_tp``); torch.distributed.tensor.parallel docs (``parallelize_module``, ``ColwiseParallel``,

@@ -51,7 +51,7 @@ Method card
   (``transfer+mtp``, not ``mtp+transfer``, which fails with that reason); ``freeze`` works in either order.
 - Not implemented: discriminative (per-layer) learning rates and slanted triangular schedules (ULMFiT), multi-process
   runs (every rank would write the cache: refused), source tasks for models that declare none (give ``init``).
-- Measured (2-core AMD EPYC, AVX2; tiny sizes, `--preset quick`, 3 seeds; reports/example-cpu-model-techniques):
+- Measured (AMD EPYC (AVX2 only); tiny sizes, `--preset quick`, 3 seeds; reports/example-cpu-model-techniques):
   gpt, pretrained 150 steps on stdlib sources once (4.8 s): val_loss -0.339 [-0.593, -0.085] at equal samples,
   inconclusive (p = 0.029 alone, not after Holm's correction over the report's 10 comparisons; the same at equal
   time, where its 3 faster runs are scored where they ended: no continuation recorded), the target 0.12x [0.03,

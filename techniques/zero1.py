@@ -7,13 +7,12 @@ Method card
 - Caveat: torch assigns whole parameter tensors to ranks (greedily by size), so the optimizer shard is only
   approximately 1/N of the state when parameter sizes are uneven; the record shows measured bytes beside the
   formula.
-- Measured (2 gloo ranks, 2-core CPU, reports/example-cpu-2rank): mlp:large 0.87x [0.27, 2.81], no verdict (2
+- Measured (2 gloo ranks, AMD EPYC (AVX2 only), reports/example-cpu-2rank): mlp:large 0.87x [0.27, 2.81], no verdict (2
   repeats: a verdict needs 3), 642 MiB model state per rank against the formula's 579 MiB (uneven whole-tensor split;
   the ranks' peak RSS differ by 170 MiB); gpt:tiny 0.40x [0.28, 0.57], no verdict.
-- With gradient accumulation, DDP's ``no_sync`` holds the all-reduce until the last micro-batch, as in ``ddp``:
-  measured (A/B, 2 gloo ranks, grad_accum:steps=4) mlp:large 56 -> 76 samples/s (1.37x), gpt:tiny 234 -> 263
-  (1.12x): estimates with no verdict (no committed report).
-- When it helps: optimizer state dominates memory (Adam: 2x the parameters in fp32) and several devices are there.
+- With gradient accumulation, DDP's ``no_sync`` holds the all-reduce until the last micro-batch, as in ``ddp``
+  (its speed against all-reducing every micro-batch is in no committed report).
+- When it helps: optimizer state dominates memory (Adam's two moments: twice the parameters' bytes in fp32) and several devices are there.
 - Sources: Rajbhandari et al., "ZeRO: Memory Optimizations Toward Training Trillion Parameter Models", SC 2020;
   torch.distributed.optim.ZeroRedundancyOptimizer docs.
 """

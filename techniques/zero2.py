@@ -8,7 +8,7 @@ Method card
   communication pattern (one all-gather per step), but at rest the parameters are sharded as in ZeRO-3. So the
   per-rank model state measured between steps is 16/N bytes per parameter (ZeRO-3's figure), while the peak during
   a step carries the full parameters (ZeRO-2's). The record shows both the formula for stage 2 and what was measured.
-- Measured (2 gloo ranks, 2-core CPU, reports/example-cpu-2rank): mlp:large 0.57x [0.52, 0.64], no verdict (2
+- Measured (2 gloo ranks, AMD EPYC (AVX2 only), reports/example-cpu-2rank): mlp:large 0.57x [0.52, 0.64], no verdict (2
   repeats: a verdict needs 3), with 386 MiB model state per rank at rest (ZeRO-3's figure, the ZeRO-2 formula says
   482 MiB) and 712 MiB clean RSS at rest vs DDP's 1.26 GiB; its median step was shorter than zero3's (2.10 vs 3.38 s,
   an estimate: one all-gather per step fewer); gpt:tiny 0.30x [0.24, 0.36], no verdict.

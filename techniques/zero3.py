@@ -6,7 +6,7 @@ Method card
   AdamW: 16/N bytes per parameter.
 - When it helps: models whose state does not fit one device. Costs an extra all-gather per block in backward
   compared with zero2; on a single CPU host with gloo it is pure overhead.
-- Measured (2 gloo ranks, 2-core CPU, reports/example-cpu-2rank): mlp:large 0.36x [0.01, 10.13], no verdict (2
+- Measured (2 gloo ranks, AMD EPYC (AVX2 only), reports/example-cpu-2rank): mlp:large 0.36x [0.01, 10.13], no verdict (2
   repeats: a verdict needs 3), model state per rank 386 MiB = the formula's 16/N exactly, clean RSS at rest 712 MiB
   vs DDP's 1.26 GiB; gpt:tiny 0.27x [0.08, 0.93], no verdict.
 - Combines with bf16, fp16, grad_accum, checkpointing, offload and compile (compiled block by block before

@@ -56,7 +56,7 @@ CASES: dict[str, tuple[Case, str]] = {
     "toml workloads a table": (lambda r: ["--config", str(_toml(r, "[workloads]\nmlp = 1"))],
                                "workloads must be a comma-separated string or an array of strings"),
     "toml repeats a fraction": (lambda r: ["--config", str(_toml(r, "repeats = 2.7"))],
-                                "repeats must be a whole number or \"auto\", got 2.7"),
+                                "repeats must be a whole number of at least 1, or \"auto\"; got 2.7"),
     "toml memory a number": (lambda r: ["--config", str(_toml(r, "[budget]\nmemory = 1"))],
                              "budget.memory must be true or false, got 1 (int)"),
     "config a directory": (lambda r: ["--config", str(r)], "is a directory; give a TOML file"),

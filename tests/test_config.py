@@ -85,7 +85,7 @@ def test_resolved_config_round_trips_through_toml(tmp_path: Path):
         ("repeat = 3", "unknown key(s) in"),
         ("[budget]\nwarmup = 3", "unknown budget key(s) 'warmup'"),
         ('preset = "huge"', "unknown preset 'huge' (valid presets: smoke, quick, gpu, standard)"),
-        ("repeats = 0", "repeats must be >= 1"),
+        ("repeats = 0", "repeats must be a whole number of at least 1"),
         ('device = "tpu"', "device must be one of auto, cpu, cuda"),
     ],
 )

@@ -91,7 +91,7 @@ def test_a_raising_rank_becomes_a_failed_record(tmp_path, monkeypatch):
     assert _trial_processes() == []
 
 
-# Each sharding technique with the single-process techniques it must combine with (the README's promise).
+# Each sharding technique with the single-process techniques it must combine with (docs/distributed.md's promise).
 COMBINATIONS = ["ddp+bf16", "zero1+grad_accum:steps=2", "zero2+checkpointing", "zero3+bf16+checkpointing",
                 "zero3+grad_accum:steps=2", "zero3+compile"]
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
+import re
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -227,7 +228,7 @@ class SweepConfig:
     seed: int = 0
     device: str = "auto"  # auto | cpu | cuda
     nproc: int = 1  # processes per node for trials of data-parallel / sharding techniques
-    nnodes: int = 1  # nodes taking part in those trials (see README: multi-node)
+    nnodes: int = 1  # nodes taking part in those trials (see docs/distributed.md: several nodes)
     threads: int = 0  # torch intra-op threads in each trial (0: torch's default)
     mode: str = "both"  # speed (timed window, memory) | quality (quality run) | both
     budget: Budget = field(default_factory=Budget)
@@ -254,7 +255,7 @@ class SweepConfig:
             _check_type("instance", self.instance, "str")
         cost.resolve(self.price_per_hour, self.instance, dict(self.prices))  # an unknown instance: an error now
         if self.repeats < 1:
-            raise ConfigError(f"repeats must be >= 1 or \"auto\", got {self.repeats}")
+            raise ConfigError(repeats_error(self.repeats))
         if self.max_repeats and (self.max_repeats < self.repeats or self.repeats < MIN_SEQUENTIAL_START):
             raise ConfigError(f"max_repeats ({self.max_repeats}) must be at least repeats ({self.repeats}), and a "
                               f"sequential design starts from at least {MIN_SEQUENTIAL_START} repeats (the fewest "
@@ -530,11 +531,16 @@ def _repeats(repeats: Any, max_repeats: Any) -> dict[str, Any]:
         _check_type("max_repeats", max_repeats, "int")
     if repeats == "auto":
         return {"repeats": MIN_SEQUENTIAL_START, "max_repeats": max_repeats or DEFAULT_MAX_REPEATS}
-    if isinstance(repeats, str) and repeats.strip().isdigit():
-        repeats = int(repeats)
-    if not isinstance(repeats, int) or isinstance(repeats, bool):
-        raise ConfigError(f"repeats must be a whole number or \"auto\", got {shown(repeats)}")
+    if isinstance(repeats, str) and re.fullmatch(r"[+-]?\d+", repeats.strip()):
+        repeats = int(repeats)  # "-1" too, so that it is refused as 0 is, with the same words
+    if not isinstance(repeats, int) or isinstance(repeats, bool) or repeats < 1:
+        raise ConfigError(repeats_error(repeats))
     return {"repeats": repeats, "max_repeats": max_repeats or 0}
+
+
+def repeats_error(value: Any) -> str:
+    """One message for every bad ``repeats`` (0, -1, 2.7, "abc"): what is valid, then what was given."""
+    return f"repeats must be a whole number of at least 1, or \"auto\"; got {shown(value)}"
 
 
 def parse_shard(text: Any) -> tuple[int, int]:

@@ -22,6 +22,7 @@ from bench.core.text import fmt_bytes, fmt_secs
 from bench.measure.phases import PHASES
 from bench.measure.stages import MEASURED, STAGES
 from bench.records.results import PARITY_HARMLESS, PARITY_K_TOL, PARITY_TOLERANCES
+from bench.report import reproduce as reproduce_mod
 from techniques.base import Technique
 
 # ---- data ---------------------------------------------------------------------------------------------------
@@ -971,7 +972,8 @@ def build(analysis: Analysis, figures: dict[str, Figure] | None = None, input_no
         else:
             merge_note = (f"This report merges {len(sweep.sources)} sweeps ({dirs}) from the same machine and "
                           "software; their trials are pooled as repeats.")
-    reproduce = list(dict.fromkeys(s.env.get("command") for s in sweep.sources if s.env.get("command")))
+    made = (reproduce_mod.command(s.env.get("command"), s.path, s.settings) for s in sweep.sources)
+    reproduce = list(dict.fromkeys(line for line in made if line))
     reproduce.append("python -m bench report DIR" + (" DIR2 ..." if len(sweep.sources) > 1 else "")
                      + (f" --baseline {analysis.baseline}" if analysis.baseline != "baseline" else "")
                      + "   # re-renders this report from results.jsonl and env.json")

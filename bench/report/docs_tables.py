@@ -14,15 +14,18 @@ and is rendered from that report's ``results.jsonl`` through the analysis (``ben
 with the report's own cell wording (``bench.report.content``): every comparison carries the verdict word
 ``bench.analyze.stats.verdict`` gave it (faster/slower, equivalent, inconclusive, no verdict), and a quality verdict that
 did not survive Holm's correction over the report's comparisons says so. Two tables come from the technique registry
-instead of a report, so a new technique cannot be missing from them: the README's technique table (name, kind,
+instead of a report, so a new technique cannot be missing from them: docs/techniques.md's table (name, kind,
 options, summary) and docs/commands.md's table of what each technique's row in "What the techniques found" says
-(its ``summarize`` docstring). Only the block's body is rewritten; the prose around it is the author's.
+(its ``summarize`` docstring); one from the committed reports' env.json files: docs/examples.md's machines, each
+named by its fingerprint (``machine_name``). The README's result tables open with their machine's fingerprint line.
+Only the block's body is rewritten; the prose around it is the author's.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import inspect
+import json
 import math
 import re
 import sys
@@ -182,11 +185,75 @@ def _step(s: Any) -> str:
     return f"{s * 1000:.1f} ms" if _ok(s) and s < 1 else fmt_secs(s)
 
 
+# ---- machines -------------------------------------------------------------------------------------------------
+
+
+def machine_name(env: dict[str, Any]) -> str:
+    """A machine named by what it is, from its env.json: the GPU, or the CPU model with the instruction sets that
+    decide its low-precision speed ("AMD EPYC (AVX2 only)", "AMD EPYC (AVX-512, avx512_bf16)", "Intel Xeon (AMX)").
+    Every doc names a machine this way; "the project's 2-core VM" has been three different CPUs."""
+    gpu = env.get("gpu") or {}
+    if gpu.get("name"):
+        return f"{gpu.get('count', 1)} x {gpu['name']}"
+    model = re.sub(r"\((?:R|TM)\)|\bProcessor\b|\bCPU\b", "", str(env.get("cpu_model") or "unknown CPU"))
+    flags = {f for f, on in (env.get("cpu_flags") or {}).items() if on}
+    if "amx_bf16" in flags:
+        isa = "AMX"
+    elif "avx512_bf16" in flags:
+        isa = "AVX-512, avx512_bf16"
+    elif "avx512f" in flags:
+        isa = "AVX-512, no avx512_bf16"
+    elif "avx2" in flags:
+        isa = "AVX2 only"
+    else:
+        isa = str(env.get("cpu_capability") or "ISA unknown")
+    return f"{' '.join(model.split())} ({isa})"
+
+
+def _peaks(env: dict[str, Any]) -> str:
+    """The calibrated matmul peaks, largest first: TFLOP/s on a GPU, GFLOP/s on a CPU."""
+    peaks = {d: p["flops"] for d, p in (env.get("peak_flops") or {}).items() if isinstance(p, dict) and p.get("flops")}
+    unit, scale = ("TFLOP/s", 1e12) if (env.get("gpu") or {}).get("name") else ("GFLOP/s", 1e9)
+    return ", ".join(f"{d} {v / scale:,.0f}" for d, v in sorted(peaks.items(), key=lambda kv: -kv[1])) + f" {unit}"
+
+
+def fingerprint(env: dict[str, Any]) -> str:
+    """One line naming the machine a report ran on: what it is, its cores or memory, the software, the date and the
+    calibrated matmul peaks (at the trials' thread count), all from env.json."""
+    gpu = env.get("gpu") or {}
+    size = (f"{gpu['memory_bytes'] / 2**30:,.0f} GiB, compute capability {gpu.get('capability', '?')}"
+            if gpu.get("memory_bytes") else f"{env.get('cpu_logical', '?')} cores")
+    when = str(env.get("timestamp_utc", ""))[:10]
+    threads = "" if gpu.get("name") else f" at {env.get('torch_threads', '?')} threads"
+    return (f"Machine (env.json): {machine_name(env)}, {size}; torch {env.get('torch', '?')}; {when}; calibrated "
+            f"matmul peaks{threads}: {_peaks(env)}.")
+
+
+def machines(_: analysis.Analysis | None = None, root: Path | None = None) -> list[str]:
+    """docs/examples.md: every committed example report with the machine it ran on (its env.json's fingerprint),
+    so a doc that quotes a report can say which machine it was. A report of several sweeps (one per workload) has a
+    row each; one of many runs (the A/A gates' sides) is named by its folder, from its first env.json."""
+    root = root or ROOT
+    rows = []
+    for top in sorted(d for d in (root / "reports").iterdir() if d.is_dir()):
+        if (top / "env.json").is_file():
+            found = [top / "env.json"]
+        else:
+            found = sorted(e for e in top.glob("*/env.json")) or sorted(top.rglob("env.json"))[:1]
+        for env_path in found:
+            d = env_path.parent if env_path.parent.parent == top or env_path.parent == top else top
+            env = json.loads(env_path.read_text())
+            rel = d.relative_to(root)
+            rows.append([f"[`{rel.relative_to('reports')}`](../{rel}/)", str(env.get("timestamp_utc", ""))[:10],
+                         machine_name(env), _peaks(env)])
+    return _table(["report", "date", "machine (env.json)", "calibrated matmul peaks"], rows)
+
+
 # ---- the tables ---------------------------------------------------------------------------------------------
 
 
 def front_page(a: analysis.Analysis) -> list[str]:
-    """README: the default sweep, one row per workload x set."""
+    """README: a sweep's machine (its fingerprint, so the line cannot go stale), then one row per workload x set."""
     rows, last = [], None
     for c in _rows(a).itertuples():
         speed = "reference" if c.is_reference else _ratio(c.speedup, c.speedup_lo, c.speedup_hi, c.speedup_verdict,
@@ -195,8 +262,9 @@ def front_page(a: analysis.Analysis) -> list[str]:
         rows.append([c.workload if c.workload != last else "", c.technique, fmt_num(c.sps_median), speed, memory,
                      _quality(c, 3), _ttt(c), _one_off(c)])
         last = c.workload
-    return _table(["workload", "set", "samples/s", "speedup [95% CI]", "peak memory", "quality at equal samples",
-                   "time to target", "one-off"], rows)
+    return [fingerprint(a.sweep.sources[0].env), ""] + _table(
+        ["workload", "set", "samples/s", "speedup [95% CI]", "peak memory", "quality at equal samples",
+         "time to target", "one-off"], rows)
 
 
 def gpu_front_page(a: analysis.Analysis) -> list[str]:
@@ -405,7 +473,7 @@ def _registered(reference: str = analysis.BASELINE) -> list[type[Technique]]:
 
 
 def technique_table(_: analysis.Analysis | None = None) -> list[str]:
-    """README: every registered technique, its kind, options and summary (``bench list`` says which run here)."""
+    """docs/techniques.md: every registered technique, its kind, options and summary (``bench list`` says which run here)."""
     rows = [[f"`{t.name}`", t.kind.value, _options(t), t.summary] for t in _registered()]
     return _table(["name", "kind", "options", "what"], rows)
 
@@ -436,8 +504,9 @@ TABLES: dict[str, Spec] = {
     "distributed-mlp-large": Spec("docs/distributed.md", "reports/example-cpu-2rank", distributed("mlp:large")),
     "distributed-gpt-tiny": Spec("docs/distributed.md", "reports/example-cpu-2rank", distributed("gpt:tiny")),
     "preference": Spec("docs/preference.md", "reports/example-cpu-preference", preference),
-    "readme-bf16-claim": Spec("README.md", "reports/example-cpu-bf16", claims_check),
-    "readme-techniques": Spec("README.md", None, technique_table),
+    "examples-bf16-claim": Spec("docs/examples.md", "reports/example-cpu-bf16", claims_check),
+    "examples-machines": Spec("docs/examples.md", None, machines),
+    "techniques": Spec("docs/techniques.md", None, technique_table),
     "commands-findings": Spec("docs/commands.md", None, findings_table),
 }
 
