@@ -18,7 +18,7 @@ Method card
   or K <= 1024, ...); on this project's workloads up to gpt:small that leaves nothing, which is an error.
 - When it helps: large matmuls on GPUs with fp8 tensor cores (NVIDIA Ada and Hopper, compute capability 8.9+; twice
   the bf16 peak on H100). The scaling and casting add memory-bound passes (amax reductions, casts), which only large
-  M, K, N amortise; torchao's README puts small shapes (M, K, N = 1024, 2048, 1024) at 0.80x and large ones (4096,
+  M, K, N amortise; torchao's README has published its own benchmark: small shapes (M, K, N = 1024, 2048, 1024) ran at 0.80x and large ones (4096,
   8192, 16384) at 1.39x of bf16 on an H100. torchao and torchtitan say float8 training needs ``torch.compile`` to
   fuse the scaling and casting kernels: eager fp8 is not what fp8 is meant to cost, and the report says so beside
   every set that holds fp8 without ``compile`` (``setting_caveat``). Compare ``bf16+fp8+compile`` with

@@ -37,7 +37,7 @@ Method card
   on mlp ``layers=all`` takes the 256x256 (tiny) or 1024x1024 (small) hidden layers. cnn's convolutions are never
   sparsified.
 - When it helps: large MLP matmuls on Ampere and newer GPUs (compute capability 8.0+). The per-step pruning and
-  compression cost time of their own, which only large matmuls amortise; the README measured 1.24x and 1.27x on the
+  compression cost time of their own, which only large matmuls amortise; the README's published figures are 1.24x and 1.27x on the
   two ViT-L MLP linear shapes (13008 x 1024 x 4096, A100, fp16) but 1.06x end to end (ViT-L, 304M parameters,
   forward + backward, torch.compile, fp16), and memory slightly up (58.5 to 59.4 GB). Expect a slowdown on the
   small workloads here. Where the sweep also ran the set without it (``bf16`` beside ``bf16+sparse24``), the claims

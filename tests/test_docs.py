@@ -9,12 +9,6 @@ from pathlib import Path
 
 from bench.report import docs_check
 
-# Method cards another branch is rewriting now, checked once it is merged (drop an entry then).
-REWRITTEN_ELSEWHERE = {
-    "techniques/fp8.py": "its card is rewritten on the sparse24/fp8 branch (issue 39)",
-    "techniques/sparse24.py": "its card is rewritten on the sparse24/fp8 branch (issue 39)",
-}
-
 CARD = '''"""A technique.
 
 Method card
@@ -38,7 +32,7 @@ def _repo(tmp_path: Path) -> Path:
 
 
 def test_the_docs_say_no_more_than_the_data():
-    found = docs_check.problems(skip=REWRITTEN_ELSEWHERE)
+    found = docs_check.problems()
     assert found == [], "\n".join(map(str, found)) + "\n(python -m bench.report.docs_check lists them)"
 
 
