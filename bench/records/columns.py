@@ -27,8 +27,9 @@ def _each(dtype: str, names: str) -> dict[str, str]:
 
 COLUMN_DTYPES: dict[str, str] = {
     **_each(CATEGORY, "source machine sweep_id workload technique kind mode device status compute_dtype metric "
-                      "parity_kind parity_answer inductor_cache"),
-    **_each(TEXT, "trial_id reason breakdown_skipped cut stopped_by parity_note zero_note added_by continues"),
+                      "parity_kind parity_answer"),
+    **_each(TEXT, "trial_id reason breakdown_skipped cut stopped_by parity_note zero_note added_by continues "
+                  "inductor_cache"),  # cold | warm | None: text, since most sweeps hold no value (no category)
     **_each(TIME, "timestamp_utc"),
     # Nested values (tuples, lists, dicts) stay Python objects: there is no flat dtype for a curve.
     **_each(OBJECT, "key names components notes contention_retries curve curve_extra mem_held technique_results rank_peak_rss_bytes continuation "
