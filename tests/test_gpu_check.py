@@ -12,7 +12,6 @@ import shutil
 import statistics
 import subprocess
 import sys
-import types
 from pathlib import Path
 
 import pytest
@@ -274,8 +273,7 @@ def test_where_the_time_went_splits_the_first_h200_runs_records():
 
 def test_where_the_time_went_sums_recorded_stage_times_where_records_have_them():
     records = reader.read_records(H200 / "results.jsonl")[:2]
-    staged = [types.SimpleNamespace(**{f.name: getattr(r, f.name) for f in dataclasses.fields(r)},
-                                    stages={"imports": 2.0, "window": 2.0, "unaccounted": 0.5}) for r in records]
+    staged = [dataclasses.replace(r, stages={"imports": 2.0, "window": 2.0, "unaccounted": 0.5}) for r in records]
     lines = gpu_check.time_lines(staged)
     assert "stage times recorded by every trial" in lines[0]
     assert lines[1:4] == ["  imports: 4 s (7%)", "  window: 4 s (7%)", "  unaccounted: 1 s (2%)"]

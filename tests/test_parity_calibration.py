@@ -120,10 +120,12 @@ def test_the_loop_warms_the_learning_rate_up_for_the_step_only():
     assert seen == [0.1, 0.2, 0.3, 0.4, 0.4, 0.4]  # lr x (step + 1) / 4, then the LR itself
 
 
-def test_only_gpt2_124m_warms_up_and_a_changed_batch_warms_up_over_the_same_samples():
+def test_only_the_gpu_sized_decoders_warm_up_and_a_changed_batch_warms_up_over_the_same_samples():
     sizes = {(name, size): p.get("lr_warmup_steps", 0) for name, cls in workloads.registry().items()
              for size, p in ((s, cls().size_params(s)) for s in cls.sizes)}
-    assert {k: v for k, v in sizes.items() if v} == {("gpt", "gpt2-124m"): 100}
+    # the same tokens each: 100 x 8, 25 x 32 and 50 x 16 sequences of 1024
+    assert {k: v for k, v in sizes.items() if v} == {("gpt", "gpt2-124m"): 100, ("gpt", "gpt2-124m-b32"): 25,
+                                                     ("llama", "180m"): 50}
     built = dataclasses.replace(workloads.get("mlp").build("tiny", 0, CPU), lr_warmup_steps=100)  # batch 64
     assert [lr_warmup_steps(built, b) for b in (64, 128, 32, 100)] == [100, 50, 200, 64]
     assert lr_warmup_steps(workloads.get("mlp").build("tiny", 0, CPU), 32) == 0

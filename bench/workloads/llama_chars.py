@@ -45,7 +45,7 @@ the budget and the worst seed's best evaluation, from ``scripts/calibrate_target
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -201,7 +201,7 @@ class LlamaSize(Size):
     """A ``llama`` size: the decoder's shape, the batch and AdamW's LR, the corpus, and the quality budget and
     target (docstring)."""
 
-    may_be_zero = ("corpus_mb",)
+    may_be_zero = ("corpus_mb", "lr_warmup_steps")
     derived = ("vocab_size",)  # the corpus's characters: set by the build, recorded in its params
 
     n_layer: int
@@ -217,6 +217,9 @@ class LlamaSize(Size):
     target: float | None  # validation loss; None: not calibrated
     quality_steps: int
     eval_points: int
+    # A linear LR warm-up over this many optimizer steps (the loop's; 0: none). 180m warms up over the tokens
+    # gpt2-124m does (50 steps of 16 x 1024 = 100 of 8 x 1024), a spike at a constant LR being the larger model's risk
+    lr_warmup_steps: int = field(default=0, kw_only=True)
 
     def problem(self) -> str | None:
         if self.d_model % self.n_head:
@@ -239,7 +242,7 @@ class LlamaChars(Workload):
                           lr=3e-3, corpus_mb=0, eval_windows=32, target=2.12, quality_steps=150, eval_points=10),
         "180m": LlamaSize(n_layer=16, n_head=16, n_kv_head=4, d_model=1024, ffn_hidden=2816, seq_len=1024,
                           batch_size=16, lr=3e-4, corpus_mb=16, eval_windows=32, target=None, quality_steps=120,
-                          eval_points=10),
+                          eval_points=10, lr_warmup_steps=50),
     }
 
     def build_from(self, params: dict[str, Any], seed: int, device: torch.device) -> BuiltWorkload:
@@ -249,7 +252,7 @@ class LlamaChars(Workload):
         torch.manual_seed(seed)
         model = Llama(config_of(p)).to(device)
         return lm_workload(model, train, held_out, p, record, structure=self.structure_from(p),
-                           source_task=lambda: stdlib_source_task(p, vocab))
+                           source_task=lambda: stdlib_source_task(p, vocab), lr_warmup_steps=p["lr_warmup_steps"])
 
     def structure_from(self, params: dict[str, Any]) -> ModelStructure:
         p = params
