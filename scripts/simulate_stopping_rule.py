@@ -3,9 +3,11 @@
     .venv/bin/python scripts/simulate_stopping_rule.py [--sims 2000] [--cap 20]
 
 Each row: 2,000 simulated configurations with log-normal per-trial noise (the CV given, on both sides of a pair) and
-a true ratio; pairs are added from 3 until the verdict is decided or the cap is reached (``bench.analyze.sequential.simulate``,
-the verdict rule of ``bench.analyze.stats`` on the design's repeated interval). Beside it, the same data read by a fixed-n
-t interval at every look ("stopping once significant"), the rule the design replaces.
+a true ratio; pairs are added from 3 until the verdict is decided, the configuration is futile (a sweep's futility
+stopping, ``bench.analyze.sequential.futile``) or the cap is reached (``bench.analyze.sequential.simulate``, the verdict rule
+of ``bench.analyze.stats`` on the design's repeated interval). Beside it, the same data without futility stopping (as
+``sweep --ab`` adds pairs), and read by a fixed-n t interval at every look ("stopping once significant"), the rule the
+design replaces.
 """
 
 from __future__ import annotations
@@ -45,14 +47,17 @@ def main() -> None:
     parser.add_argument("--sims", type=int, default=2000)
     parser.add_argument("--cap", type=int, default=20)
     args = parser.parse_args()
-    print("| true ratio | CV per trial | faster | slower | equivalent | inconclusive at the cap | mean pairs | "
+    print("| true ratio | CV per trial | faster | slower | equivalent | inconclusive | mean pairs | "
+          "without futility stopping: faster / slower / equivalent, mean pairs | "
           "fixed t read at every look: faster / slower / equivalent |")
-    print("|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|")
     for i, (effect, cv) in enumerate(SCENARIOS):
         out = sequential.simulate(effect, cv, args.cap, sims=args.sims, seed=100 + i)
+        full = sequential.simulate(effect, cv, args.cap, sims=args.sims, seed=100 + i, futility=False)
         nv = naive(effect, cv, args.cap, args.sims, seed=100 + i)
         print(f"| {effect:.2f} | {cv:.0%} | {out['faster']:.1%} | {out['slower']:.1%} | {out['equivalent']:.1%} | "
               f"{out['inconclusive']:.1%} | {out['mean_pairs']:.1f} | "
+              f"{full['faster']:.1%} / {full['slower']:.1%} / {full['equivalent']:.1%}, {full['mean_pairs']:.1f} | "
               f"{nv['faster']:.1%} / {nv['slower']:.1%} / {nv['equivalent']:.1%} |")
 
 

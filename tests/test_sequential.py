@@ -94,3 +94,38 @@ def test_the_default_cap_keeps_the_error_rates_and_calls_a_quiet_null_equivalent
         out = sequential.simulate(1.0, cv, DEFAULT_MAX_REPEATS, sims=2000, seed=7 + int(cv * 100))
         assert out["faster"] <= 0.025 and out["slower"] <= 0.025
     assert sequential.simulate(1.0, 0.02, DEFAULT_MAX_REPEATS, seed=8)["equivalent"] >= 0.8
+
+
+def test_futility_stopping_costs_at_most_a_few_points_of_power_and_saves_pairs_on_hopeless_configurations():
+    """A sweep adds no pairs to a configuration its cap could not decide even on an optimistic reading
+    (``sequential.futile``). It may only turn a would-be verdict into "inconclusive": false verdicts never rise,
+    decisions fall by little, and a no-effect configuration at 10% CV stops long before the cap."""
+    for effect, cv, seed in ((1.2, 0.10, 3), (1.1, 0.05, 9), (1.0, 0.02, 2), (0.97, 0.02, 10)):
+        plain = sequential.simulate(effect, cv, CAP, seed=seed, futility=False)
+        stopped = sequential.simulate(effect, cv, CAP, seed=seed)
+        for word in ("faster", "slower", "equivalent"):
+            assert stopped[word] <= plain[word] and plain[word] - stopped[word] <= 0.04, (effect, cv, word)
+    null = sequential.simulate(1.0, 0.10, CAP, seed=11)
+    assert null["faster"] <= 0.025 and null["slower"] <= 0.025
+    assert null["mean_pairs"] < 0.6 * sequential.simulate(1.0, 0.10, CAP, seed=11, futility=False)["mean_pairs"]
+
+
+def test_a_report_reads_futility_with_the_simulations_rule():
+    """The verdict a sweep's rounds read (``stats.verdict`` on the repeated interval) marks futile exactly what the
+    simulation stops: the rule is one function for both."""
+    rng = np.random.default_rng(12)
+    seen = set()
+    for _ in range(200):
+        n = int(rng.integers(3, 8))
+        logs = rng.normal(rng.uniform(-0.1, 0.1), rng.uniform(0.01, 0.3), size=n)
+        est = stats.ratio({s: 100.0 * math.exp(v) for s, v in enumerate(logs)}, {s: 100.0 for s in range(n)},
+                          max_looks=CAP)
+        v = stats.verdict(est, 0.05, "faster", "slower")
+        if v.word != stats.INCONCLUSIVE:
+            continue
+        mean = logs.mean()
+        bound = -math.log(0.95) if mean < 0 else math.log(1.05)
+        expect = sequential.futile(n, logs.std(ddof=1), abs(abs(mean) - bound), CAP)
+        assert v.futile == expect
+        seen.add(expect)
+    assert seen == {True, False}  # both answers were exercised

@@ -277,11 +277,11 @@ def _compare(prefix: str, mine: Mapping[Any, float], ref: Mapping[Any, float], l
     it was judged at, how many pairs would decide it)."""
     if not mine or not ref:
         return {**_estimate_cols(prefix, None, None), f"{prefix}_p": None, f"{prefix}_threshold": threshold,
-                f"{prefix}_needed": None}
+                f"{prefix}_needed": None, f"{prefix}_futile": False}
     est = stats.ratio(mine, ref, max_looks) if log else stats.difference(mine, ref)
     v = stats.verdict(est, threshold, *words)
     return {**_estimate_cols(prefix, est, v), f"{prefix}_p": stats.p_value(est, threshold, v.word, *words),
-            f"{prefix}_threshold": threshold, f"{prefix}_needed": v.needed}
+            f"{prefix}_threshold": threshold, f"{prefix}_needed": v.needed, f"{prefix}_futile": v.futile}
 
 
 def _rows(frame: pd.DataFrame, mask: Sequence[bool]) -> pd.DataFrame:

@@ -91,6 +91,7 @@ class Verdict:
     word: str
     why: str | None = None
     needed: int | None = None
+    futile: bool = False  # a sweep's cap could not decide it even on an optimistic reading (sequential.futile)
 
     @property
     def decided(self) -> bool:
@@ -211,7 +212,8 @@ def _inconclusive(est: Estimate, threshold: float) -> Verdict:
         why = f"its interval reaches beyond the {band} threshold"
     more = (f"; about {needed} {unit} would decide it at this spread" if needed is not None else
             "; the estimate sits on the threshold, so more repeats may not decide it")
-    return Verdict(INCONCLUSIVE, why + more, needed)
+    return Verdict(INCONCLUSIVE, why + more, needed,
+                   futile=bool(est.max_looks) and sequential.futile(est.n, sd, wanted, est.max_looks))
 
 
 def claim_verdict(value: float | None, lo: float | None, hi: float | None, n: int | None, low: float, high: float,

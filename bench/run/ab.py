@@ -328,7 +328,8 @@ def open_configurations(cfg: SweepConfig, records: dict[str, list[TrialRecord]],
             continue
         if adaptive.exhausted(cfg, max(row.n_base_total, row.n_new_total)):
             continue
-        verdicts = [(name, q.verdict, q.estimate.n if q.estimate else None, q.needed)
+        # never futile here: the gate's overall verdict pools every configuration's pairs
+        verdicts = [(name, q.verdict, q.estimate.n if q.estimate else None, q.needed, False)
                     for name, q in (("speed", row.throughput), ("memory", row.memory))]
         cost = sum(adaptive.trial_cost(records[side], key.workload, key.techniques) for side in SIDES)
         found += adaptive.open_of(verdicts, cfg.max_repeats, workloads[key.workload], sets[key.techniques],

@@ -7,8 +7,11 @@ after round, until no configuration is open, the cap is reached or the time budg
   repeated intervals of the sweep's sequential design): a speed or memory verdict that is inconclusive (or has
   fewer pairs than a verdict needs) with fewer than ``max_repeats`` pairs.
 - **Most informative first**: the configurations closest to a decision (the fewest pairs ``needed`` at the spread
-  seen) go first; those that would need more pairs than the cap allows go last, so the shared budget is spent where
-  it can still decide something.
+  seen) go first. Those the cap could not decide even on an optimistic reading get none in a sweep (``next_round``:
+  futility stopping, ``bench.analyze.sequential.futile``; it can only turn a would-be verdict into "inconclusive",
+  never make a false one): on the default quick sweep they were near-1 effects that stayed inconclusive after every
+  pair the cap allowed. A larger ``--max-repeats`` makes room for them. ``sweep --ab`` keeps giving them pairs, last
+  (a regression gate also reads the overall verdict, which pools its configurations).
 - **Speed-only, paired, ABBA**: each round adds one trial of every chosen configuration beside one trial of its
   workload's reference set, with the same seed (the speed window does not depend on the weights, and a seed the
   sweep already has reuses its cached parity reference); the order alternates between rounds (reference first, then
@@ -53,11 +56,12 @@ class Open:
     needed: int | None  # about how many pairs would decide it at the spread seen (None: unknown)
     what: str  # "speed", "memory" or "speed and memory"
     cost_s: float  # the estimated wall time of one more speed-only trial of it
+    futile: bool = False  # every open verdict is futile (bench.analyze.sequential.futile): the cap cannot decide it
 
     @property
     def hopeful(self) -> bool:
-        """Whether the cap leaves room for the pairs it needs."""
-        return self.needed is not None
+        """Whether the cap may still decide it."""
+        return not self.futile
 
 
 def budget_s(cfg: SweepConfig, records: list[TrialRecord]) -> float:
@@ -95,35 +99,39 @@ def open_configurations(cfg: SweepConfig, records: list[TrialRecord]) -> list[Op
         if exhausted(cfg, int(c.n_total)):
             continue
         verdicts = [(name, getattr(c, f"{prefix}_verdict"), getattr(c, f"{prefix}_n"),
-                     getattr(c, f"{prefix}_needed", None)) for name, prefix in (("speed", "speedup"), ("memory", "mem_ratio"))]
+                     getattr(c, f"{prefix}_needed", None), bool(getattr(c, f"{prefix}_futile", False)))
+                    for name, prefix in (("speed", "speedup"), ("memory", "mem_ratio"))]
         found += open_of(verdicts, cfg.max_repeats, workloads[c.workload], sets[c.technique],
                          int(c.world_size or 1), trial_cost(records, c.workload, c.technique))
     return informative_first(found)
 
 
-def open_of(verdicts: list[tuple[str, str | None, Any, Any]], max_repeats: int, workload: WorkloadSpec,
+def open_of(verdicts: list[tuple[str, str | None, Any, Any, bool]], max_repeats: int, workload: WorkloadSpec,
             techniques: TechniqueSet, world_size: int, cost_s: float) -> list[Open]:
-    """``[Open]`` when any of ``verdicts`` = [(what, verdict word, pairs, pairs needed), ...] is still open: undecided
-    (inconclusive, or no verdict for want of pairs) with fewer than ``max_repeats`` pairs; else ``[]``. The pairs it
-    needs: the inconclusive verdict's estimate, or the fewest that give a verdict; None when more than the cap."""
-    what, pairs, needed = [], [], []
-    for name, word, n, want in verdicts:
+    """``[Open]`` when any of ``verdicts`` = [(what, verdict word, pairs, pairs needed, futile), ...] is still open:
+    undecided (inconclusive, or no verdict for want of pairs) with fewer than ``max_repeats`` pairs; else ``[]``. The
+    pairs it needs: the inconclusive verdict's estimate, or the fewest that give a verdict; None when more than the
+    cap. It is futile when every open verdict is."""
+    what, pairs, needed, futile = [], [], [], []
+    for name, word, n, want, hopeless in verdicts:
         if n is None or word is None or word not in stats.UNDECIDED or n >= max_repeats:
             continue
         what.append(name)
         pairs.append(int(n))
+        futile.append(word == stats.INCONCLUSIVE and hopeless)
         want = want if word == stats.INCONCLUSIVE else stats.MIN_REPEATS
         needed.append(int(want) if want is not None and not math.isnan(want) and want <= max_repeats else None)
     if not what:
         return []
     known = [x for x in needed if x is not None]
     return [Open(workload, techniques, world_size, min(pairs), min(known) if known else None, " and ".join(what),
-                 cost_s)]
+                 cost_s, all(futile))]
 
 
 def informative_first(found: list[Open]) -> list[Open]:
-    """The closest to a decision first (the fewest pairs needed); those the cap leaves no room for last."""
-    return sorted(found, key=lambda o: (not o.hopeful, o.needed or 0, o.pairs))
+    """The closest to a decision first (the fewest pairs needed); those the cap leaves no room for, then the futile,
+    last."""
+    return sorted(found, key=lambda o: (not o.hopeful, o.needed is None, o.needed or 0, o.pairs))
 
 
 def next_repeat(records: list[TrialRecord], workload: str) -> int:
@@ -157,6 +165,11 @@ def next_round(cfg: SweepConfig, records: list[TrialRecord], budget_left: float)
     chosen: dict[WorkloadSpec, list[Open]] = {}
     cost = 0.0
     for o in open_configurations(cfg, records):
+        if not o.hopeful:  # futility stopping: its pairs are better spent elsewhere, or not at all
+            log.info("sequential phase: %s %s could not be decided within the cap of %d pairs even on an optimistic "
+                     "reading; none added (a larger --max-repeats makes room)", o.workload.label, o.techniques.label,
+                     cfg.max_repeats)
+            continue
         extra = o.cost_s + (0.0 if o.workload in chosen else trial_cost(records, o.workload.label,
                                                                          analysis.BASELINE))
         if cost + extra > budget_left:
