@@ -28,6 +28,7 @@ def test_the_kl_formula_is_the_limit_of_the_exact_kl(n):
     assert exact <= best_of_n_kl(n) + 1e-9  # an upper bound (Beirami et al. 2024)
 
 
+@pytest.mark.slow  # generates and scores on the preference workload (16 s on 2 cores)
 def test_it_trains_nothing_and_evaluates_the_best_of_n():
     loop, batches, built = build_loop("pref", "best_of_n:n=4", budget=Budget(train_steps=3))
     before = [p.detach().clone() for p in loop.model.parameters()]

@@ -51,7 +51,9 @@ def single_process_params():
     return {k: v.detach().clone() for k, v in built.model.named_parameters()}
 
 
-@pytest.mark.parametrize("technique", ["ddp", "zero1", "zero3"])
+# ddp runs in the default suite; the ZeRO stages (5 s each through torchrun) with the end-to-end tests
+@pytest.mark.parametrize("technique", ["ddp", pytest.param("zero1", marks=pytest.mark.slow),
+                                       pytest.param("zero3", marks=pytest.mark.slow)])
 def test_parameters_match_a_single_process(technique, tmp_path, single_process_params):
     torchrun(technique, str(tmp_path))
     params = torch.load(tmp_path / "params.pt")

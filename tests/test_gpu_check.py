@@ -89,6 +89,7 @@ esac
 """
 
 
+@pytest.mark.slow  # the whole script end to end (its sweep and tests run on the CPU)
 def test_the_scripts_stages_run_in_order_with_stubbed_gpu_tools(tmp_path):
     """The script's plumbing (the plan read from bench.plan.gpu, the sweep's flags, where the time went, the size
     kept, a second run resuming) with the GPU's tools stubbed; what the stubs stand for needs a GPU."""

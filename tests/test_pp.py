@@ -139,6 +139,7 @@ def test_each_rank_holds_only_its_stage(two_ranks):
 
 
 @pytest.mark.distributed
+@pytest.mark.slow  # end to end through torchrun
 def test_a_llama_style_decoder_is_split_from_its_description(tmp_path):
     losses, expected, val_loss = _train_in_one_process(decoders.workload().build("default", 0, CPU))
     _, ranks, (first, last), results = run_workers("1f1b", tmp_path, "build")

@@ -32,6 +32,7 @@ def copy_of(finished, tmp_path):
     return shutil.copytree(finished, tmp_path / "sweep")
 
 
+@pytest.mark.slow  # a sweep interrupted and resumed end to end
 def test_resume_skips_finished_trials_and_loses_none(tmp_path, monkeypatch, finished):
     out = copy_of(finished, tmp_path)
     first = ResultStore(out / "results.jsonl").read()
@@ -85,6 +86,7 @@ def test_existing_results_are_not_overwritten(tmp_path, finished):
     assert len(ResultStore(out / "results.jsonl").read()) == 1
 
 
+@pytest.mark.slow  # waits out a real timeout
 def test_a_trial_past_its_timeout_is_killed_and_recorded(tmp_path):
     records = SweepRunner(config(budget={"timeout_s": 0.5, "max_train_seconds": 0.4}), tmp_path / "s", CPU).run()
     assert [r.status for r in records] == ["timeout"]

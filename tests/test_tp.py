@@ -261,7 +261,7 @@ def test_communication_is_what_torch_all_reduced(tp_run):
 
 
 @distributed
-@pytest.mark.parametrize("label", ["tp+checkpointing", "tp+bf16"])
+@pytest.mark.parametrize("label", ["tp+checkpointing", pytest.param("tp+bf16", marks=pytest.mark.slow)])
 def test_communication_follows_what_runs(label, tmp_path):
     """Counted from what runs, not a formula: checkpointing's recompute all-reduces attention's output again (not the
     MLP's: the recompute stops once it has what backward needs), and under bf16 autocast the forward all-reduces

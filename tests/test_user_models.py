@@ -255,6 +255,7 @@ def test_a_notebook_registers_an_edited_or_other_model_again(tmp_path):
     assert other.origin.file == str(second)
 
 
+@pytest.mark.slow  # sweeps end to end
 def test_resume_refuses_an_edited_model_file_and_extend_adds_a_model(tmp_path):
     from bench.core.files import write_atomic
     from bench.run import sweepdir
