@@ -99,3 +99,15 @@ def test_a_configuration_whose_added_trials_keep_failing_is_closed_at_last():
                                          mode="speed"), added_by="sequential", wall_s=1.0) for r in range(3, 7)]
     assert adaptive.open_configurations(cfg, records)  # 3 trials, 3 pairs: open
     assert adaptive.open_configurations(cfg, records + failed[:1]) == []  # 4 trials = the cap: no more rounds
+
+
+def test_the_report_counts_the_undecided_configurations_the_cap_could_not_decide():
+    """The committed default sweep of example-cpu-trial-cost stopped 5 configurations as futile; its summary says
+    how many of the undecided are, so a reader knows more of the same pairs would not have decided them."""
+    from bench.analyze.analysis import analyze
+    from bench.core.files import REPO_DIR
+    from bench.records.reader import load
+    from bench.report import content
+
+    line = content.decisions(analyze(load([REPO_DIR / "reports" / "example-cpu-trial-cost" / "default-after"])))[0]
+    assert "5 of the 5 undecided are futile" in line and "--max-repeats" in line
