@@ -112,7 +112,8 @@ def pairs_needed(n: int, sd: float, wanted: float, max_n: int | None = None, con
 FUTILITY_MARGIN = 1.5  # standard errors of optimism: see futile
 
 
-def futile(n: int, sd, wanted, max_n: int | None, confidence: float = 0.95, margin: float = FUTILITY_MARGIN):
+def futile(n: int, sd, wanted, max_n: int | None, confidence: float = 0.95, margin: float = FUTILITY_MARGIN
+           ) -> np.ndarray:
     """Whether an inconclusive estimate could not be decided within ``max_n`` pairs even on an optimistic reading:
     the estimate ``margin`` standard errors (``sd / sqrt(n)``) farther past the threshold it must clear than the
     ``wanted`` distance seen, at the spread seen. A sweep then adds no pairs to it (futility stopping: it can only
@@ -123,12 +124,12 @@ def futile(n: int, sd, wanted, max_n: int | None, confidence: float = 0.95, marg
     cap of 20, a 20% effect at 10% CV per trial was called faster 54% of the time instead of 93%. With a margin of 1.5
     the answers stay within a point of the rule without futility in every scenario of docs/methodology.md, and a
     no-effect configuration at 10% CV gets about half the pairs (``scripts/simulate_stopping_rule.py``).
-    Works elementwise on numpy arrays of ``sd`` and ``wanted`` (the simulation) as on floats (a report)."""
+    Elementwise over arrays of ``sd`` and ``wanted`` (the simulation); a 0-d array for floats (a report)."""
+    sd = np.asarray(sd, dtype=float)
     if not max_n or n >= max_n:
-        return np.zeros_like(np.asarray(sd), dtype=bool) if np.ndim(sd) else False
-    reach = np.asarray(wanted) + margin * np.asarray(sd) / math.sqrt(n)
-    out = np.isfinite(sd) & (multiplier(max_n, max_n, confidence) * np.asarray(sd) / math.sqrt(max_n) > reach)
-    return out if np.ndim(out) else bool(out)
+        return np.zeros(sd.shape, dtype=bool)
+    reach = np.asarray(wanted) + margin * sd / math.sqrt(n)
+    return np.isfinite(sd) & (multiplier(max_n, max_n, confidence) * sd / math.sqrt(max_n) > reach)
 
 
 def simulate(effect: float, cv: float, max_n: int, threshold: float = 0.05, sims: int = 2000, seed: int = 0,

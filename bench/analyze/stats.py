@@ -213,7 +213,7 @@ def _inconclusive(est: Estimate, threshold: float) -> Verdict:
     more = (f"; about {needed} {unit} would decide it at this spread" if needed is not None else
             "; the estimate sits on the threshold, so more repeats may not decide it")
     return Verdict(INCONCLUSIVE, why + more, needed,
-                   futile=bool(est.max_looks) and sequential.futile(est.n, sd, wanted, est.max_looks))
+                   futile=bool(est.max_looks and sequential.futile(est.n, sd, wanted, est.max_looks)))
 
 
 def claim_verdict(value: float | None, lo: float | None, hi: float | None, n: int | None, low: float, high: float,

@@ -725,10 +725,10 @@ def decisions(analysis: Analysis) -> list[str]:
         if caps:
             line += (f"; a sequential design (--repeats auto, up to {max(caps)} pairs) added {added} speed-only "
                      f"pair(s) to {int(sum(int(n or 0) > 0 for n in speed['n_added']))} configuration(s)")
-            futile = int(sum(bool(f) for f in speed.get("speedup_futile", pd.Series(dtype=object)) if _ok(f)))
+            futile = int(sum(bool(f) for f in speed["speedup_futile"] if _ok(f)))
             if futile:
                 undecided = int(sum(w in stats.UNDECIDED for w in speed["speedup_verdict"]))
-                line += (f"; {futile} of the {undecided} undecided are futile: even on an optimistic reading, the "
+                line += (f"; {futile} of the {undecided} undecided {'is' if futile == 1 else 'are'} futile: even on an optimistic reading, the "
                          f"cap's pairs would not decide them at the spread seen (a larger --max-repeats or a quieter "
                          f"machine might)")
         widths = [float(h) / float(lo) for lo, h in zip(speed["speedup_lo"], speed["speedup_hi"], strict=True)

@@ -58,11 +58,6 @@ class Open:
     cost_s: float  # the estimated wall time of one more speed-only trial of it
     futile: bool = False  # every open verdict is futile (bench.analyze.sequential.futile): the cap cannot decide it
 
-    @property
-    def hopeful(self) -> bool:
-        """Whether the cap may still decide it."""
-        return not self.futile
-
 
 def budget_s(cfg: SweepConfig, records: list[TrialRecord]) -> float:
     """The sequential phase's time budget: ``decide_within``, or a share of the planned trials' wall time."""
@@ -118,7 +113,7 @@ def open_of(verdicts: list[tuple[str, str | None, Any, Any, bool]], max_repeats:
             continue
         what.append(name)
         pairs.append(int(n))
-        futile.append(word == stats.INCONCLUSIVE and hopeless)
+        futile.append(hopeless)  # only an inconclusive verdict can be futile (stats.verdict)
         want = want if word == stats.INCONCLUSIVE else stats.MIN_REPEATS
         needed.append(int(want) if want is not None and not math.isnan(want) and want <= max_repeats else None)
     if not what:
@@ -131,7 +126,7 @@ def open_of(verdicts: list[tuple[str, str | None, Any, Any, bool]], max_repeats:
 def informative_first(found: list[Open]) -> list[Open]:
     """The closest to a decision first (the fewest pairs needed); those the cap leaves no room for, then the futile,
     last."""
-    return sorted(found, key=lambda o: (not o.hopeful, o.needed is None, o.needed or 0, o.pairs))
+    return sorted(found, key=lambda o: (o.futile, o.needed is None, o.needed or 0, o.pairs))
 
 
 def next_repeat(records: list[TrialRecord], workload: str) -> int:
@@ -165,7 +160,7 @@ def next_round(cfg: SweepConfig, records: list[TrialRecord], budget_left: float)
     chosen: dict[WorkloadSpec, list[Open]] = {}
     cost = 0.0
     for o in open_configurations(cfg, records):
-        if not o.hopeful:  # futility stopping: its pairs are better spent elsewhere, or not at all
+        if o.futile:  # futility stopping: its pairs are better spent elsewhere, or not at all
             log.info("sequential phase: %s %s could not be decided within the cap of %d pairs even on an optimistic "
                      "reading; none added (a larger --max-repeats makes room)", o.workload.label, o.techniques.label,
                      cfg.max_repeats)
