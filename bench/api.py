@@ -63,6 +63,7 @@ def sweep(
     from bench.plan.config import build_config
     from bench.plan.planner import resolve_device
     from bench.report import write_report
+    from bench.report.summary import write_summary
     from bench.run.runner import SweepRunner, default_out_dir
 
     budget = {BUDGET_ARGS[k]: options.pop(k) for k in list(options) if k in BUDGET_ARGS}
@@ -99,24 +100,6 @@ def sweep(
     frame = load(out_dir)
     frame.attrs["out"] = str(out_dir)
     return frame
-
-
-def write_summary(out_dir: Path, records: list, wall_s: float, name: str, price_per_hour: float | None = None
-                  ) -> list:
-    """summary.md beside the records (with cost amounts when a price is known); returns the summary rows (the CLI
-    prints them)."""
-    from bench.analyze import summary as summary_mod
-    from bench.analyze import time_spent
-    from bench.core.files import write_atomic
-
-    rows = summary_mod.summarize(records, max_looks=summary_mod.design_of(Path(out_dir)),
-                                 env=summary_mod.env_of(Path(out_dir)))
-    md = summary_mod.to_markdown(rows, title=f"Sweep '{name}' summary", price_per_hour=price_per_hour)
-    md += f"\nWall time of this invocation: {wall_s:.0f} s. Records: {len(records)} in results.jsonl.\n"
-    spent = time_spent.summary_line(time_spent.of_records(records))
-    md += f"\n{spent}\n" if spent else ""
-    write_atomic(Path(out_dir) / "summary.md", md)
-    return rows
 
 
 def load(*dirs: str | Path) -> pd.DataFrame:

@@ -4,7 +4,7 @@
 # bf16, bf16+compile and bf16+compile+fused_adamw against fp32) in speed mode at --repeats auto, so its comparisons
 # reach verdicts, writes records, report and figures into reports/example-<gpu>/ (reports/example-h200/ on an
 # H200), and prints where the time went. Sized for 8 minutes on one H200, so a 15-minute slot can run it twice; the
-# sizing is an estimate (python -m bench.plan.gpu prints it). A cap stops the sweep at the slot's end in any case,
+# sizing is an estimate (python -m bench.dev.gpu_plan prints it). A cap stops the sweep at the slot's end in any case,
 # keeping every finished trial, and running the script again resumes there: no trial is measured twice.
 #
 #   bash scripts/setup.sh --test && bash scripts/gpu_check.sh      # on the GPU machine
@@ -77,14 +77,14 @@ if [ -e "$OUT/sweep.toml" ]; then
     mv "$OUT" "$PREV" && echo "gpu_check: moved the previous $OUT to $PREV"
   else
     RESUME=(--resume)
-    "$PY" -m bench.report.gpu_check restore "$OUT"
+    "$PY" -m bench.dev.gpu_check restore "$OUT"
     echo "gpu_check: resuming the run in $OUT (its finished trials are kept; GPU_CHECK_FRESH=1 starts anew)"
   fi
 fi
-PLAN=$("$PY" -m bench.plan.gpu --left-s "$(( $(left) ))") || echo "gpu_check: the estimate says the planned trials \
+PLAN=$("$PY" -m bench.dev.gpu_plan --left-s "$(( $(left) ))") || echo "gpu_check: the estimate says the planned trials \
 do not fit the $(left)s left; the cap keeps what finishes, and running the script again resumes"
 eval "$PLAN"
-[ -n "${CHECK_WORKLOADS:-}" ] || die "could not plan the sweep: python -m bench.plan.gpu failed (its lines above)" 1
+[ -n "${CHECK_WORKLOADS:-}" ] || die "could not plan the sweep: python -m bench.dev.gpu_plan failed (its lines above)" 1
 SWEEP_S=$(( $(left) - REPORT_S ))
 [ "$SWEEP_S" -gt 60 ] || die "too little time left for the sweep (${SWEEP_S}s)" 124
 echo "gpu_check: [2/2] sweep -> $OUT (at most ${SWEEP_S}s; sequential phase ${CHECK_DECIDE_WITHIN}s)"
@@ -103,8 +103,8 @@ mark "report"
 
 # ---- where the time went; the directory kept small enough to come back whole ------------------------------------
 if [ -d "$OUT" ]; then
-  "$PY" -m bench.report.gpu_check times "$OUT" ${STAGES[@]+"${STAGES[@]}"} | tee "$OUT/gpu-check.txt"
-  "$PY" -m bench.report.gpu_check keep "$OUT" --limit-mib "$LIMIT_MIB"
+  "$PY" -m bench.dev.gpu_check times "$OUT" ${STAGES[@]+"${STAGES[@]}"} | tee "$OUT/gpu-check.txt"
+  "$PY" -m bench.dev.gpu_check keep "$OUT" --limit-mib "$LIMIT_MIB"
 fi
 case $sweep_rc in
   0) ;;

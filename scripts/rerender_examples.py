@@ -1,7 +1,7 @@
 """Re-render every committed example report (report.md, report.html, figures, summary.md) from its results.jsonl,
 after a change to the analysis or the report; no trial is run. Then refresh the docs tables quoted from them.
 
-    .venv/bin/python scripts/rerender_examples.py && .venv/bin/python -m bench.report.docs_tables
+    .venv/bin/python scripts/rerender_examples.py && .venv/bin/python -m bench.dev.docs_tables
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The docs say no more than the data (bench.report.docs_check): every ratio or interval in README.md, docs/*.md and
+"""The docs say no more than the data (bench.dev.docs_check): every ratio or interval in README.md, docs/*.md and
 the method cards carries its verdict word or is called an estimate, a method card's numbers name their committed
 report, and every link or backticked repository path resolves. The generated tables' staleness is
 tests/test_docs_tables.py's; the docs' commands are tests/test_doc_commands.py's."""
@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from bench.report import docs_check
+from bench.dev import docs_check
 
 CARD = '''"""A technique.
 
@@ -33,7 +33,7 @@ def _repo(tmp_path: Path) -> Path:
 
 def test_the_docs_say_no_more_than_the_data():
     found = docs_check.problems()
-    assert found == [], "\n".join(map(str, found)) + "\n(python -m bench.report.docs_check lists them)"
+    assert found == [], "\n".join(map(str, found)) + "\n(python -m bench.dev.docs_check lists them)"
 
 
 def test_a_clean_repository_passes(tmp_path):

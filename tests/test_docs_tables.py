@@ -1,4 +1,4 @@
-"""The docs tables that quote measured numbers are generated from the committed reports (bench.report.docs_tables)."""
+"""The docs tables that quote measured numbers are generated from the committed reports (bench.dev.docs_tables)."""
 
 import re
 import shutil
@@ -6,7 +6,7 @@ import shutil
 import pytest
 
 from bench.analyze import stats
-from bench.report import docs_tables
+from bench.dev import docs_tables
 
 # A ratio ("0.53x [0.41, 0.69]") or a difference ("+0.0133 [-0.0322, +0.0589]") with its interval.
 COMPARISON = re.compile(r"(?:\d+\.\d+x|[+-]\d+\.\d+) \[[^\]]+\]")
@@ -21,7 +21,7 @@ def bodies():
 
 def test_the_docs_tables_are_generated_from_the_committed_reports(bodies):
     found, _ = docs_tables.problems(bodies)
-    assert found == [], "\n".join(found) + "\nrun: python -m bench.report.docs_tables"
+    assert found == [], "\n".join(found) + "\nrun: python -m bench.dev.docs_tables"
 
 
 def test_every_quoted_comparison_carries_its_verdict_word(bodies):
@@ -44,7 +44,7 @@ def test_a_stale_missing_or_misnamed_block_is_caught_and_a_stale_one_rewritten(b
                                  "freeze:blocks=1 | 1,220 (1.47x faster)"))
     found, rewritten = docs_tables.problems(bodies, tmp_path)
     assert found == ["docs/model-techniques.md is out of date (blocks model-techniques-gpt): run python -m "
-                     "bench.report.docs_tables"]
+                     "bench.dev.docs_tables"]
     assert rewritten["docs/model-techniques.md"] == text
 
     readme = tmp_path / "README.md"
@@ -59,3 +59,15 @@ def test_update_rewrites_only_the_block_body():
     new, unknown = docs_tables.update(text, {"t": "| new |\n"})
     assert new == "prose\n<!-- generated: t (note) -->\n| new |\n<!-- end generated -->\nmore prose\n"
     assert unknown == []
+
+
+def test_the_machines_table_reads_the_examples_the_docs_name_and_never_a_users_sweep(tmp_path):
+    env = (docs_tables.ROOT / "reports" / "example-cpu" / "env.json").read_text()
+    for name in ("example-a", "quick-20261206-120000"):  # the second: a user's sweep left under reports/
+        (tmp_path / "reports" / name).mkdir(parents=True)
+        (tmp_path / "reports" / name / "env.json").write_text(env)
+    (tmp_path / "docs").mkdir()
+    (tmp_path / "README.md").write_text("See [the example](reports/example-a/report.md).\n")
+    assert docs_tables.named_examples(tmp_path) == [tmp_path / "reports" / "example-a"]
+    rows = docs_tables.machines(root=tmp_path)
+    assert len(rows) == 3 and "example-a" in rows[2] and not any("quick-" in r for r in rows)

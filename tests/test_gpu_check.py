@@ -20,10 +20,10 @@ import torch
 import techniques
 import techniques.sdpa_backend as sdpa_backend
 from bench import trial
+from bench.dev import gpu_check
 from bench.plan import gpu, planner
 from bench.plan.config import GPU_CHECK, Budget, TechniqueSet, WorkloadSpec, build_config
 from bench.records import reader
-from bench.report import gpu_check
 from techniques.base import Phase
 from tests.conftest import run_cli
 
@@ -120,7 +120,7 @@ def test_the_scripts_stages_run_in_order_with_stubbed_gpu_tools(tmp_path):
 def test_the_script_parses_and_takes_its_plan_from_the_planner():
     assert subprocess.run(["bash", "-n", str(SCRIPT)], capture_output=True).returncode == 0
     text = SCRIPT.read_text()
-    assert "-m bench.plan.gpu --left-s" in text and "--repeats auto" in text and "--preset gpu" in text
+    assert "-m bench.dev.gpu_plan --left-s" in text and "--repeats auto" in text and "--preset gpu" in text
     assert "pytest -q -m gpu" in text and "gpu_check keep" in text and "gpu_check times" in text
 
 

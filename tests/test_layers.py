@@ -147,13 +147,16 @@ def test_the_cycle_finder_follows_function_level_and_type_checking_imports(tmp_p
 
 # Each layer may import the layers before it in this order, and nothing above it. The trial layer is the four
 # modules the child process and `sweep --ab` launch by name, so they stay at bench/'s top; the entry points parse and
-# dispatch. report/ is not in the order: it sits beside run/ and may import only what REPORT_MAY_USE names.
+# dispatch. report/ is not in the order: it may import only what REPORT_MAY_USE names, and only run/ (whose workflow
+# writes the summary and the report) and the entry points import it. dev/ (the docs check, the docs tables, the
+# schema doc, gpu_check's plan and time split) sits above everything: it may import any layer, and no layer imports it.
 TRIAL = ("bench.trial", "bench.loop", "bench.reference", "bench.guard")
 ENTRY = ("bench", "bench.__main__", "bench.api", "bench.cli")
 ORDER = ("bench.core", "bench.measure", "bench.workloads", "techniques", "bench.records", "bench.analyze",
-         "bench.plan", "trial", "bench.run", "entry")
+         "bench.plan", "trial", "bench.run", "entry", "bench.dev")
 REPORT = "bench.report"
 REPORT_MAY_USE = ("bench.analyze", "bench.records", "techniques", "bench.measure", "bench.core")
+REPORT_USED_BY = ("bench.run", "entry", "bench.dev")
 
 
 def _under(module: str, prefix: str) -> bool:
@@ -174,7 +177,7 @@ def may_import(layer: str, target: str) -> bool:
     if layer == REPORT:
         return target in REPORT_MAY_USE or target == REPORT
     if target == REPORT:
-        return layer == "entry"
+        return layer in REPORT_USED_BY
     return ORDER.index(target) <= ORDER.index(layer)
 
 
@@ -223,6 +226,21 @@ def test_the_layer_check_rejects_a_planted_wrong_way_import_and_a_module_without
         "bench.report.content imports bench.run (line 2): bench.report may not import bench.run",
         "bench.report.content imports bench.run.runner (line 2): bench.report may not import bench.run",
         "bench.stray: no layer (put it in one of bench/'s layer folders: docs/architecture.md)"]
+
+
+def test_no_library_module_imports_the_developer_tools_and_only_run_and_the_entry_points_import_the_report(tmp_path):
+    _plant(tmp_path, {"bench/__init__.py": "", "bench/dev/__init__.py": "", "bench/dev/docs_tables.py": "x = 1\n",
+                      "bench/run/__init__.py": "", "bench/analyze/__init__.py": "", "bench/report/__init__.py": "",
+                      "bench/cli/__init__.py": "from bench.report import summary\n",  # fine: an entry point
+                      "bench/report/summary.py": "x = 1\n",
+                      "bench/run/workflow.py": "from bench.report import summary\n",  # fine: the workflow writes it
+                      "bench/run/tool.py": "from bench.dev import docs_tables\n",
+                      "bench/analyze/words.py": "from bench.report import summary\n"})
+    assert wrong_way_imports(tmp_path) == [
+        "bench.analyze.words imports bench.report (line 1): bench.analyze may not import bench.report",
+        "bench.analyze.words imports bench.report.summary (line 1): bench.analyze may not import bench.report",
+        "bench.run.tool imports bench.dev (line 1): bench.run may not import bench.dev",
+        "bench.run.tool imports bench.dev.docs_tables (line 1): bench.run may not import bench.dev"]
 
 
 @pytest.mark.parametrize("module", ["bench.core.errors", "bench.measure.env", "bench.records.results",

@@ -85,9 +85,9 @@ def test_a_bad_record_in_the_middle_names_its_line(tmp_path: Path):
 
 
 def test_the_records_documentation_is_generated_from_the_dataclasses():
-    from bench.records import schema_doc as records_doc
+    from bench.dev import schema_doc as records_doc
 
-    assert records_doc.main(["--check"]) == 0, "docs/records.md is out of date: run python -m bench.records.schema_doc"
+    assert records_doc.main(["--check"]) == 0, "docs/records.md is out of date: run python -m bench.dev.schema_doc"
     text = records_doc.render()
     assert "## QualityResult" in text and "| `time_to_target_with_one_off_s` |" in text
 

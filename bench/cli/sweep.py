@@ -160,8 +160,8 @@ def _sweep_done(args: argparse.Namespace, runner: SweepRunner, records: list[Tri
         out.print(f"node {args.node_rank} took part in the trials in {wall:.0f} s; node 0 records the results and "
                   "writes the summary and the report")
         return 0
-    from bench.api import write_summary
     from bench.report import write_report
+    from bench.report.summary import write_summary
 
     out_dir, price = runner.out_dir, runner.cfg.price
     _print_summary(write_summary(out_dir, records, wall, name, price.per_hour if price else None), price)

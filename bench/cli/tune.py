@@ -102,10 +102,10 @@ def _write(out_dir: Path, result: dict[str, Any], snippets: str = "") -> dict[st
 
 def _finish(out_dir: Path, records: list[TrialRecord], step: tune.Step, settings: tune.Settings, wall: float) -> int:
     """Write tune.json/tune.md, the summary and the report; print the recommendation; the exit code."""
-    from bench.api import write_summary
     from bench.core.text import size_text
     from bench.report import tune as tune_report
     from bench.report import write_report
+    from bench.report.summary import write_summary
     from bench.run import tune
 
     snippets = tune_report.snippets_for(step.recommended)

@@ -24,10 +24,8 @@ plan to its budget.
 
 from __future__ import annotations
 
-import argparse
 import math
 import shlex
-import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cache
@@ -316,23 +314,3 @@ def fixed_cost_s(rec: TrialRecord) -> float | None:
         return None
     passes = (s.warmup_steps - 1 + (ph.steps if ph else 0) + MEMORY_STEPS) * s.step_time_s.median
     return rec.wall_s - s.window_s - (b.first_step_s or 0.0) - passes
-
-
-def main(argv: list[str] | None = None) -> int:
-    """``python -m bench.plan.gpu [--left-s S] [--today]``: gpu_check.sh's plan as shell assignments on stdout, the
-    estimate in words on stderr; exit 1 when the planned trials do not fit. ``--left-s``: the seconds left of the
-    slot after the GPU tests (default: a whole slot, the tests' cap taken out)."""
-    parser = argparse.ArgumentParser(prog="python -m bench.plan.gpu", description=main.__doc__)
-    parser.add_argument("--left-s", type=float, help="the slot's seconds left after the GPU tests")
-    parser.add_argument("--today", action="store_true", help="estimate with today's trial costs, not the target's")
-    args = parser.parse_args(argv)
-    costs = TODAY if args.today else TARGET
-    plan = check_plan(costs=costs) if args.left_s is None else check_plan(args.left_s, costs, tests_s=0.0)
-    print(shell(plan))
-    for line in describe(plan):
-        print(line, file=sys.stderr)
-    return 0 if plan.fits else 1
-
-
-if __name__ == "__main__":
-    sys.exit(main())

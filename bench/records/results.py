@@ -3,7 +3,7 @@
 A record is made of the trial's typed stage results (``bench.trial``): what was built, the speed window, the
 quality run, parity against the eager fp32 reference, memory and energy. Each section is a frozen dataclass whose
 fields carry their documentation (``metadata["doc"]``); ``docs/records.md`` is generated from them
-(``python -m bench.records.schema_doc``), so the documentation cannot drift from the code. Units are in the field names or
+(``python -m bench.dev.schema_doc``), so the documentation cannot drift from the code. Units are in the field names or
 fixed: seconds, bytes, FLOPs, joules, samples.
 
 Schema 1 records (before the measurement protocol v2) are read for their speed and memory sections only: their
@@ -87,7 +87,7 @@ def parity_answer(checks: Iterable[tuple[float, float, float]]) -> str:
 
 
 def doc(text: str, default: Any = dataclasses.MISSING, factory: Any = dataclasses.MISSING) -> Any:
-    """A dataclass field with its documentation (read by ``bench.records.schema_doc``)."""
+    """A dataclass field with its documentation (read by ``bench.dev.schema_doc``)."""
     if factory is not dataclasses.MISSING:
         return field(default_factory=factory, metadata={"doc": text})
     return field(default=default, metadata={"doc": text})

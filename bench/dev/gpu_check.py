@@ -1,9 +1,9 @@
 """What ``scripts/gpu_check.sh`` says and keeps at its end: where a sweep's time went, read from its records, and
 the sweep directory kept under a size, so the whole report comes back from a remote machine.
 
-    python -m bench.report.gpu_check times OUT [--script NAME=SECONDS ...]
-    python -m bench.report.gpu_check keep OUT --limit-mib 64
-    python -m bench.report.gpu_check restore OUT
+    python -m bench.dev.gpu_check times OUT [--script NAME=SECONDS ...]
+    python -m bench.dev.gpu_check keep OUT --limit-mib 64
+    python -m bench.dev.gpu_check restore OUT
 
 Where the time went: each record's ``stages`` (seconds per stage of the trial, where the harness records them)
 summed over the sweep; for records without them, each trial's wall time split into its timed window, its quality
@@ -150,7 +150,7 @@ def _script_stages(items: list[str]) -> dict[str, float]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m bench.report.gpu_check", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m bench.dev.gpu_check", description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
     times = sub.add_parser("times", help="where the time went")
     times.add_argument("out", type=Path)

@@ -2,7 +2,7 @@
 cards (the module docstrings of techniques/*.py) carries its verdict or is called an estimate, and every link or
 file reference resolves inside the repository.
 
-    .venv/bin/python -m bench.report.docs_check     # one line per problem: file:line: what is wrong and the fix
+    .venv/bin/python -m bench.dev.docs_check     # one line per problem: file:line: what is wrong and the fix
 
 A method card quotes only committed reports: a ratio or interval in one of its items (a list item or paragraph)
 must also name the report (``reports/...``) in that item, unless it is a published figure (``SOURCED``).
@@ -13,7 +13,7 @@ memory and time words of the generated tables) or "estimate". A reference is a m
 backticked path under one of the repository's folders (``bench/...py``, ``docs/...md``, ``reports/...``); it must
 name a file or folder that exists, and a link's #anchor a heading of the page it points to.
 
-Generated tables are left to ``bench.report.docs_tables`` (``tests/test_docs_tables.py`` checks that they are
+Generated tables are left to ``bench.dev.docs_tables`` (``tests/test_docs_tables.py`` checks that they are
 current and that each comparison in them carries its verdict word). The exceptions are few and named
 (``SKIPPED_BLOCKS``, ``NOT_PATHS``, ``SOURCED``, ``PENDING``; and the files tests/test_docs.py skips while another
 branch rewrites them), each with its reason.
@@ -264,12 +264,12 @@ def problems(root: Path = REPO_DIR, skip: Iterable[str] = ()) -> list[Problem]:
 def main(argv: list[str] | None = None, root: Path = REPO_DIR) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv:
-        print("usage: python -m bench.report.docs_check", file=sys.stderr)
+        print("usage: python -m bench.dev.docs_check", file=sys.stderr)
         return 2
     found = problems(root)
     for problem in found:
         print(problem)
-    print(f"{len(found)} problem(s); generated tables: python -m bench.report.docs_tables --check", file=sys.stderr)
+    print(f"{len(found)} problem(s); generated tables: python -m bench.dev.docs_tables --check", file=sys.stderr)
     return 1 if found else 0
 
 

@@ -1,12 +1,12 @@
 """Generate the docs tables that quote measured numbers from the committed example reports, so the docs can never
 say what the reports do not.
 
-    .venv/bin/python -m bench.report.docs_tables            # rewrites every generated block in the docs
-    .venv/bin/python -m bench.report.docs_tables --check    # exit 1 when a block is out of date (a test runs this)
+    .venv/bin/python -m bench.dev.docs_tables            # rewrites every generated block in the docs
+    .venv/bin/python -m bench.dev.docs_tables --check    # exit 1 when a block is out of date (a test runs this)
 
 Each table lives in a marked block of its document::
 
-    <!-- generated: NAME (python -m bench.report.docs_tables; from reports/...) -->
+    <!-- generated: NAME (python -m bench.dev.docs_tables; from reports/...) -->
     | ... the table ... |
     <!-- end generated -->
 
@@ -229,13 +229,29 @@ def fingerprint(env: dict[str, Any]) -> str:
             f"matmul peaks{threads}: {_peaks(env)}.")
 
 
+EXAMPLE_LINK = re.compile(r"reports/([\w.-]+)")
+
+
+def named_examples(root: Path | None = None) -> list[Path]:
+    """The example folders under reports/ that README.md and docs/*.md name: the committed examples. A user's own
+    sweeps (runs/, or anything else left under reports/) are never read, so a sweep run before the tests cannot
+    make the docs look stale."""
+    root = root or ROOT
+    names: set[str] = set()
+    for doc in [root / "README.md", *sorted((root / "docs").glob("*.md"))]:
+        if doc.is_file():
+            names.update(EXAMPLE_LINK.findall(doc.read_text()))
+    return sorted(root / "reports" / n for n in names if (root / "reports" / n).is_dir())
+
+
 def machines(_: analysis.Analysis | None = None, root: Path | None = None) -> list[str]:
-    """docs/examples.md: every committed example report with the machine it ran on (its env.json's fingerprint),
-    so a doc that quotes a report can say which machine it was. A report of several sweeps (one per workload) has a
-    row each; one of many runs (the A/A gates' sides) is named by its folder, from its first env.json."""
+    """docs/examples.md: every example report the docs name, with the machine it ran on (its env.json's
+    fingerprint), so a doc that quotes a report can say which machine it was. A report of several sweeps (one per
+    workload) has a row each; one of many runs (the A/A gates' sides) is named by its folder, from its first
+    env.json."""
     root = root or ROOT
     rows = []
-    for top in sorted(d for d in (root / "reports").iterdir() if d.is_dir()):
+    for top in named_examples(root):
         if (top / "env.json").is_file():
             found = [top / "env.json"]
         else:
@@ -559,7 +575,7 @@ def problems(bodies: dict[str, str], root: Path = ROOT) -> tuple[list[str], dict
         found += [f"{doc}: no table is called '{n}' (known: {', '.join(mine)})" for n in unknown]
         if new != text:
             stale = [n for n in mine if n in present and update(text, {n: mine[n]})[0] != text]
-            found.append(f"{doc} is out of date (blocks {', '.join(stale)}): run python -m bench.report.docs_tables")
+            found.append(f"{doc} is out of date (blocks {', '.join(stale)}): run python -m bench.dev.docs_tables")
             rewritten[doc] = new
     return found, rewritten
 
@@ -567,7 +583,7 @@ def problems(bodies: dict[str, str], root: Path = ROOT) -> tuple[list[str], dict
 def main(argv: list[str] | None = None, root: Path = ROOT) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv not in ([], ["--check"]):
-        print("usage: python -m bench.report.docs_tables [--check]", file=sys.stderr)
+        print("usage: python -m bench.dev.docs_tables [--check]", file=sys.stderr)
         return 2
     found, rewritten = problems(render(root=root), root)
     if argv == ["--check"]:

@@ -1,7 +1,7 @@
 """Generate ``docs/records.md`` from the record's dataclasses (``bench.records.results``), so it cannot drift from the code.
 
-    .venv/bin/python -m bench.records.schema_doc            # rewrites docs/records.md
-    .venv/bin/python -m bench.records.schema_doc --check    # exit 1 when docs/records.md is out of date (a test runs this)
+    .venv/bin/python -m bench.dev.schema_doc            # rewrites docs/records.md
+    .venv/bin/python -m bench.dev.schema_doc --check    # exit 1 when docs/records.md is out of date (a test runs this)
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ DOC_PATH = REPO_DIR / "docs" / "records.md"
 
 INTRO = """# Records (`results.jsonl`, schema 2)
 
-*Generated from `bench/records/results.py` by `python -m bench.records.schema_doc`; do not edit by hand.*
+*Generated from `bench/records/results.py` by `python -m bench.dev.schema_doc`; do not edit by hand.*
 
 A sweep appends one JSON object per trial to `results.jsonl`, fsync'd as each trial finishes and never rewritten.
 A record is made of the trial's stage results (see [methodology](methodology.md)): what was built, the speed
@@ -95,7 +95,7 @@ def main(argv: list[str] | None = None) -> int:
     if argv == ["--check"]:
         current = DOC_PATH.read_text() if DOC_PATH.exists() else ""
         if current != text:
-            print(f"{DOC_PATH} is out of date: run python -m bench.records.schema_doc", file=sys.stderr)
+            print(f"{DOC_PATH} is out of date: run python -m bench.dev.schema_doc", file=sys.stderr)
             return 1
         return 0
     DOC_PATH.parent.mkdir(exist_ok=True)
