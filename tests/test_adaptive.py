@@ -107,7 +107,7 @@ def test_the_report_counts_the_undecided_configurations_the_cap_could_not_decide
     from bench.analyze.analysis import analyze
     from bench.core.files import REPO_DIR
     from bench.records.reader import load
-    from bench.report import content
+    from bench.report.sections import summary
 
-    line = content.decisions(analyze(load([REPO_DIR / "reports" / "example-cpu-trial-cost" / "default-after"])))[0]
+    line = summary.decisions(analyze(load([REPO_DIR / "reports" / "example-cpu-trial-cost" / "default-after"])))[0]
     assert "5 of the 5 undecided are futile" in line and "--max-repeats" in line

@@ -85,9 +85,9 @@ def test_the_breakdown_names_what_techniques_hold():
         "grpo", [20, 20, 20], peak=715, breakdown={**bd, "held": held}, kind="algorithmic")
     c = configs_of(records)
     assert c.loc["grpo", "mem_held"] == held and c.loc["baseline", "mem_held"] is None
-    from bench.report.content import _breakdown
+    from bench.report.cells import breakdown_cell
 
-    assert _breakdown(c.loc["grpo"]).text.endswith("other holds reference policy 0.4, reward model 0.3")
+    assert breakdown_cell(c.loc["grpo"]).text.endswith("other holds reference policy 0.4, reward model 0.3")
 
 
 def test_no_speed_verdict_below_three_repeats():

@@ -14,7 +14,7 @@ from bench.analyze import analysis
 from bench.plan.config import build_config
 from bench.records import reader
 from bench.records.results import ContinuationResult, TrialRecord
-from bench.report.content import quality_cell
+from bench.report.cells import quality_cell
 from bench.run.continuation import continuation_id, continuation_trials
 from bench.trial import TrialSpec, run
 from tests.conftest import TINY_BUDGET

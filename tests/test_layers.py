@@ -245,7 +245,7 @@ def test_no_library_module_imports_the_developer_tools_and_only_run_and_the_entr
 
 @pytest.mark.parametrize("module", ["bench.core.errors", "bench.measure.env", "bench.records.results",
                                     "bench.analyze.stats", "bench.plan.config", "bench.trial", "bench.run.runner",
-                                    "bench.report.content", "bench.cli", "techniques.bf16"])
+                                    "bench.report.cells", "bench.cli", "techniques.bf16"])
 def test_each_layer_is_its_folder(module):
     assert layer_of(module) is not None and module.replace(".", "/") in {
         str(p.relative_to(ROOT).with_suffix("")).replace("/__init__", "") for p in ROOT.glob(f"{module.split('.')[0]}/**/*.py")}

@@ -237,7 +237,7 @@ def test_records_without_phases_leave_the_section_out(tmp_path):
     for seed in range(2):
         store.append(record("baseline", seed))
     _, report = build([tmp_path], with_figures=False)
-    assert report.phases is None and "Where the step's time goes" not in markdown.render(report)
+    assert report.section("phases") is None and "Where the step's time goes" not in markdown.render(report)
 
 
 def test_the_reports_diagnosis_knows_the_sweeps_loader_and_the_machines_peaks(tmp_path):

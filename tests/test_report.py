@@ -352,7 +352,7 @@ def test_a_shape_the_type_check_misses_still_gets_one_line(tmp_path, capsys):
 
 def test_a_summary_without_speed_says_why():
     from bench.analyze import analysis
-    from bench.report.content import _speed_points
+    from bench.report.sections.summary import _speed_points
     from tests.records import record
 
     def points(**kw):
@@ -370,7 +370,7 @@ def test_a_summary_without_speed_says_why():
 
 def test_a_ratio_beside_one_but_not_clear_of_the_threshold_says_which_side_it_is_on():
     from bench.analyze import stats
-    from bench.report.content import ratio_cell
+    from bench.report.cells import ratio_cell
 
     assert ratio_cell(1.28, 1.02, 1.60, stats.INCONCLUSIVE).text == \
         "1.28x [1.02, 1.60] inconclusive (the whole interval above 1, not clear of the threshold)"

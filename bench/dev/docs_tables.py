@@ -11,7 +11,7 @@ Each table lives in a marked block of its document::
     <!-- end generated -->
 
 and is rendered from that report's ``results.jsonl`` through the analysis (``bench.records.reader.load`` + ``analyze``),
-with the report's own cell wording (``bench.report.content``): every comparison carries the verdict word
+with the report's own cell wording (``bench.report.cells``): every comparison carries the verdict word
 ``bench.analyze.stats.verdict`` gave it (faster/slower, equivalent, inconclusive, no verdict), and a quality verdict that
 did not survive Holm's correction over the report's comparisons says so. Two tables come from the technique registry
 instead of a report, so a new technique cannot be missing from them: docs/techniques.md's table (name, kind,
@@ -42,8 +42,8 @@ from bench.analyze import analysis, mfu, stats
 from bench.core.files import REPO_DIR
 from bench.measure.env import datasheet_peak
 from bench.records import reader
-from bench.report import content, frontier
-from bench.report.content import fmt_bytes, fmt_num, fmt_pct, fmt_secs
+from bench.report import cells, frontier
+from bench.report.cells import fmt_bytes, fmt_num, fmt_pct, fmt_secs
 from techniques.base import Kind, Technique
 
 ROOT = REPO_DIR
@@ -70,7 +70,7 @@ def _ratio(est: Any, lo: Any, hi: Any, verdict: Any, why: Any = None) -> str:
     """A ratio with its interval and verdict word, worded as the report words it."""
     if not _ok(est):
         return "-"
-    return content.ratio_cell(est, lo, hi, verdict, _short(why)).text
+    return cells.ratio_cell(est, lo, hi, verdict, _short(why)).text
 
 
 def _short(why: Any) -> str | None:
@@ -163,7 +163,7 @@ def _ttt(c: Any, with_ratio: bool = True) -> str:
 
 
 def _one_off(c: Any) -> str:
-    return content._one_off(c).text  # the report's own cell: first-step excess, "+ probes"
+    return cells.one_off_cell(c).text  # the report's own cell: first-step excess, "+ probes"
 
 
 def _table(columns: list[str], rows: list[list[str]]) -> list[str]:

@@ -4,8 +4,9 @@
     paths = write_report(["reports/quick-20260101-120000"])          # writes next to results.jsonl
     paths = write_report([dir_a, dir_b], out_dir="reports/merged")   # two machines, kept apart
 
-The numbers come from ``bench.analyze.analysis`` (computed once); ``content`` turns them into text cells, ``figures`` into
-PNGs, and ``markdown`` / ``html`` draw the same content. A report can always be re-rendered from ``results.jsonl``
+The numbers come from ``bench.analyze.analysis`` (computed once); each module of ``sections`` turns them into one
+section of text (its cells worded by ``cells``), ``figures`` into PNGs, and ``markdown`` / ``html`` draw the same
+sections. A report can always be re-rendered from ``results.jsonl``
 (+ ``env.json``) alone: ``python -m bench report DIR``.
 """
 
@@ -21,7 +22,8 @@ from bench.analyze.analysis import BASELINE, Analysis, Thresholds
 from bench.core.files import write_atomic
 from bench.records import reader
 from bench.records.reader import InputError
-from bench.report import content, figures, html, markdown
+from bench.report import document, figures, html, markdown, sections
+from bench.report.document import Report
 
 log = logging.getLogger(__name__)
 
@@ -38,20 +40,44 @@ def parse_formats(text: str | Sequence[str]) -> tuple[str, ...]:
 
 
 def build(dirs: Sequence[Path | str], baseline: str = BASELINE, with_figures: bool = True,
-          thresholds: Thresholds | None = None, price: cost.Price | None = None) -> tuple[Analysis, content.Report]:
-    """Analyse the sweeps in ``dirs`` and build the report's content (figures rendered when asked). ``price``
-    (per machine-hour) overrides the one each sweep recorded in its sweep.toml, for the Cost section."""
+          thresholds: Thresholds | None = None, price: cost.Price | None = None) -> tuple[Analysis, Report]:
+    """Analyse the sweeps in ``dirs`` and build the report (figures rendered when asked). ``price`` (per
+    machine-hour) overrides the one each sweep recorded in its sweep.toml, for the Cost section."""
     sweep = reader.load(dirs)
     try:
         result = analysis_mod.analyze(sweep, baseline=baseline, thresholds=thresholds)
         figs = figures.make_figures(result) if with_figures else {}
-        return result, content.build(result, figs, sweep.notes, price=price)
+        return result, assemble(result, figs, sweep.notes, price)
     except (TypeError, KeyError, AttributeError, IndexError) as exc:
         # The records passed the type check, so this is a shape it does not cover (an eval curve row too short,
         # a per-rank entry without its keys): say so in one line rather than a traceback.
         where = ", ".join(str(s.path / "results.jsonl") for s in sweep.sources)
         raise InputError(f"{where}: a record of an unexpected shape stopped the report "
                          f"({type(exc).__name__}: {reader.clip(exc)})") from None
+
+
+def assemble(result: Analysis, figs: dict[str, document.Figure] | None = None, input_notes: Sequence[str] = (),
+             price: cost.Price | None = None) -> Report:
+    """The report of an analysis: its title, the notes on its input, and every section that has something to show
+    (``bench.report.sections``)."""
+    ctx = sections.Context(result, dict(figs or {}), price)
+    sweep = result.sweep
+    merge_note = None
+    if len(sweep.sources) > 1:
+        dirs = ", ".join(s.name for s in sweep.sources)
+        if ctx.several:
+            merge_note = (f"This report merges {len(sweep.sources)} sweeps ({dirs}) that ran on {len(ctx.names)} "
+                          "different machines or software stacks. Their numbers are kept apart: every speedup, "
+                          "ratio and difference compares trials on the same machine, and each table says which.")
+        else:
+            merge_note = (f"This report merges {len(sweep.sources)} sweeps ({dirs}) from the same machine and "
+                          "software; their trials are pooled as repeats.")
+    frame = result.frame
+    return Report(
+        title=f"trainbench report: {', '.join(dict.fromkeys(str(s) for s in frame['sweep_id']))}",
+        subtitle=(f"{len(frame)} trials, {frame['workload'].nunique()} workloads, "
+                  f"{frame['technique'].nunique()} technique sets, reference '{result.baseline}'"),
+        merge_note=merge_note, input_notes=list(input_notes), sections=sections.build(ctx), figures=ctx.figures)
 
 
 def write_report(dirs: Sequence[Path | str], out_dir: Path | str | None = None, baseline: str = BASELINE,
@@ -83,7 +109,7 @@ def write_report(dirs: Sequence[Path | str], out_dir: Path | str | None = None, 
     return written
 
 
-def _write(report: content.Report, out: Path, formats: Sequence[str]) -> dict[str, Path]:
+def _write(report: Report, out: Path, formats: Sequence[str]) -> dict[str, Path]:
     """Each file whole or not at all: a reader (a browser reloading, a CI artifact upload) never sees half."""
     out.mkdir(parents=True, exist_ok=True)
     written: dict[str, Path] = {}

@@ -32,7 +32,7 @@ from matplotlib.figure import Figure as MplFigure
 import techniques
 from bench.analyze.analysis import BREAKDOWN, MODEL_STATE, Analysis
 from bench.measure.phases import PHASES
-from bench.report.content import Figure
+from bench.report.document import Figure
 from bench.report.frontier import KL, frontier_trials
 from techniques.base import ResultCurve
 

@@ -14,7 +14,7 @@ import hashlib
 import jinja2
 from markupsafe import Markup
 
-from bench.report.content import Report
+from bench.report.document import Report
 
 # Sets data-figures="ok" on <html> once every image has decoded (naturalWidth > 0), "broken" otherwise; the HTML
 # test reads it back from the rendered DOM.
