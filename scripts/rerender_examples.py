@@ -12,8 +12,7 @@ import tomllib
 from pathlib import Path
 
 from bench.analyze import cost
-from bench.analyze import summary as summary_mod
-from bench.records.results import ResultStore
+from bench.report import summary as summary_mod
 
 REPORTS = Path(__file__).resolve().parent.parent / "reports"
 
@@ -25,8 +24,7 @@ def resummarize(d: Path) -> None:
     wall = next((line for line in old if line.startswith("Wall time of this invocation")), None)
     settings = tomllib.loads((d / "sweep.toml").read_text()) if (d / "sweep.toml").is_file() else None
     price = cost.from_settings(settings)
-    rows = summary_mod.summarize(ResultStore(d / "results.jsonl").read(), max_looks=summary_mod.design_of(d))
-    md = summary_mod.to_markdown(rows, title=title, price_per_hour=price.per_hour if price else None)
+    md = summary_mod.markdown_of(d, title=title, price_per_hour=price.per_hour if price else None)
     (d / "summary.md").write_text(md + (f"\n{wall}\n" if wall else ""))
 
 

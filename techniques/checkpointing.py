@@ -118,7 +118,7 @@ class Checkpointing(Technique):
     tune_options = ("",)
     remedies = (Remedy(Bottleneck.ACTIVATIONS, say="activation checkpointing"),)
     claims = (
-        Claim("speedup", 0.65, 0.8, "transformers on GPUs: one extra forward per step (~20-35% slower)",
+        Claim("speedup", 0.65, 0.8, "transformers on GPUs: one extra forward per step (~20-35% less throughput)",
               "Chen et al. 2016 (arXiv:1604.06174); Korthikanti et al. 2022, Reducing Activation Recomputation (arXiv:2205.05198)"),
     )
 

@@ -10,12 +10,12 @@ from pathlib import Path
 
 import pytest
 
-from bench.analyze import cost, summary
+from bench.analyze import cost
 from bench.cli import main
 from bench.core.errors import ConfigError
 from bench.plan.config import build_config
 from bench.records.results import EnergyResult, ResultStore
-from bench.report import build, html, markdown
+from bench.report import build, html, markdown, summary
 from bench.run.sweepdir import settings_hash
 from bench.trial import combine_energy
 from tests.records import record

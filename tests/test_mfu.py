@@ -10,11 +10,11 @@ from pathlib import Path
 
 import pytest
 
-from bench.analyze import mfu, summary
+from bench.analyze import mfu
 from bench.analyze.analysis import analyze
 from bench.records.reader import load
 from bench.records.results import ResultStore
-from bench.report import build, markdown
+from bench.report import build, cells, markdown, summary
 from tests.records import record
 
 H200 = Path(__file__).resolve().parent.parent / "reports" / "example-h200-first"
@@ -91,7 +91,7 @@ def test_h200_summary_names_the_undecided_faster_sets_beside_the_fastest_decided
 
 
 def test_h200_summary_md_carries_the_headline_and_the_left_out_sets():
-    rows = summary.summarize(ResultStore(H200 / "results.jsonl").read(), env=summary.env_of(H200))
+    rows = summary.summarize(ResultStore(H200 / "results.jsonl").read(), env=json.loads((H200 / "env.json").read_text()))
     by = {r.techniques: r for r in rows}
     assert by["bf16"].mfu == "17.1% datasheet, 23.9% calibrated (169.2 TFLOP/s)"
     assert by["baseline"].mfu_own == "88.8% of float32"
@@ -172,12 +172,12 @@ def test_gpu_peaks_come_from_the_datasheet_table_and_the_calibration():
 
 
 def test_superlatives_name_only_undecided_sets_measured_beyond_the_winner():
-    items = [summary.Undecided("a", 1.5, 0.9, 2.5, "inconclusive", "wide"),
-             summary.Undecided("b", 1.1, None, None, "no verdict", "2 pairs: a verdict needs 3"),
-             summary.Undecided("c", 1.4, None, None, "no verdict", "2 pairs: a verdict needs 3"),
-             summary.Undecided("d", 1.9, 1.8, 2.0, "faster", None)]
-    higher = summary.beyond_winner(items, 1.3)
+    items = [cells.Undecided("a", 1.5, 0.9, 2.5, "inconclusive", "wide"),
+             cells.Undecided("b", 1.1, None, None, "no verdict", "2 pairs: a verdict needs 3"),
+             cells.Undecided("c", 1.4, None, None, "no verdict", "2 pairs: a verdict needs 3"),
+             cells.Undecided("d", 1.9, 1.8, 2.0, "faster", None)]
+    higher = cells.beyond_winner(items, 1.3)
     assert [u.name for u in higher] == ["a", "c"]  # b measured below the winner; d is decided
-    assert summary.left_out_text(higher) == "a (1.50x [0.90, 2.50]): inconclusive; c (1.40x): no verdict (2 pairs: a verdict needs 3)"
-    assert [u.name for u in summary.beyond_winner(items, 1.3, lower_wins=True)] == ["b"]
-    assert summary.tie_digits(higher, 1.396) == 3 and summary.tie_digits(higher, 1.3) == 2
+    assert cells.left_out_text(higher) == "a (1.50x [0.90, 2.50]): inconclusive; c (1.40x): no verdict (2 pairs: a verdict needs 3)"
+    assert [u.name for u in cells.beyond_winner(items, 1.3, lower_wins=True)] == ["b"]
+    assert cells.tie_digits(higher, 1.396) == 3 and cells.tie_digits(higher, 1.3) == 2

@@ -22,10 +22,9 @@ from pathlib import Path
 import pytest
 
 from bench import cli as cli_mod
-from bench.analyze import summary
 from bench.records.reader import load
 from bench.records.results import MemoryResult, ResultStore, TrialRecord
-from bench.report import InputError, build, markdown, parse_formats, write_report
+from bench.report import InputError, build, markdown, parse_formats, summary, write_report
 from tests.conftest import REPO
 from tests.records import calibrated, parity
 from tests.records import record as make_record
@@ -117,17 +116,18 @@ def test_summary_rows_come_from_the_analysis():
     rows = summary.summarize(ResultStore(FIXTURE / "results.jsonl").read())
     by = {(r.workload, r.techniques): r for r in rows}
     bf = by[("mlp:tiny", "bf16")]
-    assert (bf.n_ok, bf.n_total, bf.samples_per_s, bf.speedup) == (3, 3, 1900.0, "1.90x faster")
-    assert (bf.memory_ratio, bf.parity, bf.quality) == ("0.76x less", "ok", "+0.0033 inconclusive")
-    assert by[("mlp:tiny", "grad_accum:steps=4")].quality == "same (exact: curves match)"
-    assert by[("mlp:tiny", "baseline")].speedup == "1 (reference)"
+    assert (bf.n_ok, bf.n_total, bf.samples_per_s, bf.speedup) == (3, 3, 1900.0, "1.90x [1.74, 2.08] faster")
+    assert (bf.memory_ratio, bf.parity, bf.quality) == ("0.76x less", "ok", "+0.0033 [-0.0346, +0.0413] inconclusive")
+    assert by[("mlp:tiny", "grad_accum:steps=4")].quality == "same (curves identical)"
+    assert by[("mlp:tiny", "baseline")].speedup == "reference"
     assert by[("mlp:tiny", "checkpointing")].note.startswith("skipped: checkpointing: workload 'mlp'")
     assert by[("gpt:tiny", "bf16")].note == ("1 timed window(s) shared the CPU with other processes (left out of the "
                                              "speed numbers); no verdict: 2 pairs: a verdict needs 3")
     combo = by[("gpt:tiny", "bf16+grad_accum:steps=4")]
-    assert combo.speedup == "1.20x (no verdict)" and "no verdict: 2 pairs: a verdict needs 3" in combo.note
+    assert combo.speedup == "1.20x [1.15, 1.26] (no verdict: 2 pairs: a verdict needs 3)"
+    assert "no verdict: 2 pairs: a verdict needs 3" in combo.note
     md = summary.to_markdown(rows)
-    assert "| mlp:tiny | bf16 | 3/3 | 1,900 | 1.90x faster |" in md
+    assert "| mlp:tiny | bf16 | 3/3 | 1,900 | 1.90x [1.74, 2.08] faster |" in md
     assert summary.summarize([]) == []
 
 
@@ -400,22 +400,22 @@ def test_the_parity_cell_says_the_answer_its_checks_and_how_the_tolerances_were_
     text = _markdown([out])
     assert _parity_cell(text, "bf16") == ("ok (loss 1.0e-01 ≤ 1.5e-01; distance 0.0e+00 ≤ 2.0e-02; tolerances 5 x a "
                                           "harmless jitter's drift (loss 3.0e-02), at least 5e-02, 2e-02)")
-    assert _parity_cell(text, "tf32").startswith("inconclusive (loss 3.0e-01 ≤ 4.0e-01 (a 10% LR bug: 3.0e-01, no "
+    assert _parity_cell(text, "tf32").startswith("no power (loss 3.0e-01 ≤ 4.0e-01 (a 10% LR bug: 3.0e-01, no "
                                                  "power); distance 0.0e+00 ≤ 4.0e-02 (a 10% LR bug: 1.0e-02, no power)")
     assert _parity_cell(text, "tf32").endswith("the check cannot tell a 10% learning-rate bug from harmless drift here")
-    assert _parity_cell(text, "fp16").startswith("MISMATCH (loss 2.0e-01 > 5.0e-02;")
-    assert _parity_cell(text, "compile") == ("MISMATCH (loss 2.0e-03 > 1.0e-03; distance 0.0e+00 ≤ 1.0e-03; fixed "
+    assert _parity_cell(text, "fp16").startswith("mismatch (loss 2.0e-01 > 5.0e-02;")
+    assert _parity_cell(text, "compile") == ("mismatch (loss 2.0e-03 > 1.0e-03; distance 0.0e+00 ≤ 1.0e-03; fixed "
                                              "tolerances, not calibrated)")
     summary_rows = {r.techniques: r.parity for r in summary.summarize(store.read())}
-    assert summary_rows == {"baseline": "-", "bf16": "ok", "tf32": "inconclusive", "fp16": "MISMATCH",
-                            "compile": "MISMATCH"}
+    assert summary_rows == {"baseline": "-", "bf16": "ok", "tf32": "no power", "fp16": "mismatch",
+                            "compile": "mismatch"}
 
 
 def test_the_h200_records_say_their_parity_used_the_fixed_tolerances():
     text = _markdown([REPO / "reports" / "example-h200-first"])
     cells = [_parity_cell(text, label) for label in ("bf16", "tf32", "bf16+fp8")]
     assert all(cell.endswith("fixed tolerances, not calibrated)") for cell in cells)
-    assert cells[0].startswith("MISMATCH in 1 of 2 trials (loss 6.5e-02 > 5.0e-02;")  # seed 1, in the spike
+    assert cells[0].startswith("mismatch in 1 of 2 trials (loss 6.5e-02 > 5.0e-02;")  # seed 1, in the spike
     assert cells[1].startswith("ok (loss 2.0e-02 ≤ 5.0e-02;")
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import re
 
-from bench.analyze import summary
+from bench.report import summary
 from tests.records import record
 
 REASON = "PicklingError: Can't pickle <function <lambda> at 0x7f>: attribute lookup *failed*"

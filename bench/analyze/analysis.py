@@ -792,6 +792,11 @@ PARITY_COLUMNS = ("parity_loss_diff", "parity_distance_diff", "parity_loss_tol",
                   "parity_harmless_drift", "parity_bug_loss_drift", "parity_bug_distance_drift", "parity_k_tol")
 
 
+def _reason_of(note: str) -> str:
+    """A parity note's reason: records before the shared vocabulary began theirs with their own label."""
+    return note.removeprefix("expected mismatch: ")
+
+
 def _parity(ok: pd.DataFrame) -> dict[str, Any]:
     """The set's parity: its worst trial's answer (mismatch, then inconclusive, then ok), and that trial's drifts
     and tolerances (calibrated per reference, so they differ by seed); the answers' counts beside it."""
@@ -800,7 +805,7 @@ def _parity(ok: pd.DataFrame) -> dict[str, Any]:
     out: dict[str, Any] = dict.fromkeys(PARITY_COLUMNS)
     out.update(parity_kind=next((k for k in ok["parity_kind"] if k), None), parity_ok=None, parity_answer=None,
                parity_answers={}, parity_start_diff=max(start) if start else None,
-               parity_note=next((n for n in ok["parity_note"] if n), None))
+               parity_note=next((_reason_of(n) for n in ok["parity_note"] if n), None))
     if not rows:
         return out
     worst = min(rows, key=lambda r: (_PARITY_RANK[r["parity_answer"]],

@@ -12,6 +12,8 @@ from typing import Any
 import pandas as pd
 
 from bench.analyze import bottleneck, stats
+from bench.core import words
+from bench.core.words import say
 
 REPLICA_BYTES_PER_PARAM = 16  # model state of a full replica with fp32 AdamW: params 4 + grads 4 + two moments 8
 
@@ -283,7 +285,7 @@ def _one_off_finding(c: Any, ref: Any) -> str | None:
         text = (f"{head}, more than the {saved:.2f} s it saves over the quality budget ({c.train_time_s:.2f} vs "
                 f"{ref.train_time_s:.2f} s): it pays off only for runs about {runs}x longer")
         if c.speedup_verdict != "faster":
-            text += f", and only if its speedup ({c.speedup_verdict or stats.NONE} here) is real"
+            text += f", and only if its speedup ({say(c.speedup_verdict)} here) is real"
         return text
     return None
 
@@ -315,8 +317,8 @@ def _technique_findings(c: Any, ref: Any) -> list[tuple[str, str]]:
                    "is the limit")
         elif c.mem_ratio_verdict == "less":  # a few percent less is a side effect, not a reason to pay the time
             mem = f"; its peak memory is only {c.mem_ratio:.2f}x ({c.mem_ratio_source}): not a memory trade either"
-        out.append(("slower", f"{c.technique} is {1 - c.speedup:.0%} slower than {ref.technique} on {c.workload} "
-                              f"({c.speedup:.2f}x){mem}"))
+        out.append(("slower", f"{c.technique} is {1 - c.speedup:.0%} {say('slower')} than {ref.technique} on "
+                              f"{c.workload} ({c.speedup:.2f}x){mem}"))
     quality = _quality_finding(c)
     if quality:
         out.append(quality)
@@ -364,10 +366,10 @@ def _below_claim(technique: str, rows: pd.DataFrame) -> str:
 
     measured = ", ".join(said(r) for r in rows.itertuples())
     who = technique if technique == first["name"] else f"{first['name']} in {technique}"
-    text = (f"{who} is slower here than claimed ({measured}; claimed {first['low']:g}-{first['high']:g}x on "
-            f"{first['setting']})")
+    text = (f"{who} is {say('below', words.CLAIMS)} here ({measured}; claimed {first['low']:g}-{first['high']:g}x "
+            f"on {first['setting']})")
     if first["against"] and all(r.measured_hi < 1 for r in rows.itertuples()):
-        text += f": it makes {first['against']} slower on this device, not faster"
+        text += f": it lowers {first['against']}'s throughput on this device (the whole interval below 1)"
     if first["unmet"]:
         return f"{text}; not the claim's setting: {'; '.join(first['unmet'])}"
     return f"{text}: {first['why'][0]}" if first["why"] else text

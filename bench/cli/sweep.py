@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import shlex
+import textwrap
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -19,10 +20,7 @@ from rich.progress import (
     TimeElapsedColumn,
     TimeRemainingColumn,
 )
-from rich.table import Table
 
-from bench.analyze import cost
-from bench.analyze import summary as summary_mod
 from bench.cli.common import (
     command_line,
     err,
@@ -160,14 +158,18 @@ def _sweep_done(args: argparse.Namespace, runner: SweepRunner, records: list[Tri
         out.print(f"node {args.node_rank} took part in the trials in {wall:.0f} s; node 0 records the results and "
                   "writes the summary and the report")
         return 0
+    from bench.report import summary as summary_mod
     from bench.report import write_report
     from bench.report.summary import write_summary
 
     out_dir, price = runner.out_dir, runner.cfg.price
-    _print_summary(write_summary(out_dir, records, wall, name, price.per_hour if price else None), price)
-    for path in write_report([out_dir]).values():
-        out.print(f"report: {path}", markup=False, highlight=False)
-    out.print(f"wall time {wall:.0f} s; results in {out_dir}")
+    summary = write_summary(out_dir, records, wall, name, price.per_hour if price else None)
+    paths = [f"report: {path}" for path in write_report([out_dir]).values()]
+    for line in summary.terminal([*paths, f"wall time {wall:.0f} s; results in {out_dir}"]):
+        out.print(line, markup=False, highlight=False, soft_wrap=True)
+    for line in summary_mod.cost_lines(summary.rows, price.per_hour) if price else []:  # summary.md has them too
+        for part in textwrap.wrap(f"cost: {line}", summary_mod.WIDTH, subsequent_indent="  "):
+            out.print(part, markup=False, highlight=False)
     return 0
 
 
@@ -212,22 +214,3 @@ def _sweep_ab(args: argparse.Namespace) -> int:
     out.print(result.markdown, markup=False, highlight=False)
     out.print(f"wall time {time.perf_counter() - started:.0f} s; A/B results in {out_dir} (compare.md)")
     return 0
-
-
-def _print_summary(rows: list[summary_mod.SummaryRow], price: cost.Price | None = None) -> None:
-    # The terminal gets the columns that fit; notes go below the table (summary.md and the report have all).
-    shown = [c for c in summary_mod.COLUMNS if c != "notes"]
-    table = Table(title="Summary (against baseline; see summary.md for the legend)")
-    for col in shown:
-        table.add_column(col, overflow="fold")
-    notes = []
-    for row in rows:
-        cells = dict(zip(summary_mod.COLUMNS, summary_mod.row_cells(row), strict=True))
-        table.add_row(*(cells[c] for c in shown))
-        if cells.get("notes"):
-            notes.append(f"{cells['workload']} {cells['techniques']}: {cells['notes']}")
-    out.print(table)
-    for note in notes:
-        out.print(f"note: {note}", markup=False, highlight=False)
-    for line in summary_mod.cost_lines(rows, price.per_hour if price else None):
-        out.print(f"cost: {line}", markup=False, highlight=False)

@@ -38,7 +38,7 @@ from typing import Any
 import pandas as pd
 
 import techniques
-from bench.analyze import analysis, mfu, stats
+from bench.analyze import analysis, mfu
 from bench.core.files import REPO_DIR
 from bench.measure.env import datasheet_peak
 from bench.records import reader
@@ -59,45 +59,18 @@ class Spec:
     render: Callable[[Any], list[str]]  # given the report's analysis (None for a registry table)
 
 
-# ---- cells --------------------------------------------------------------------------------------------------
+# ---- cells: every answer worded by bench.report.cells, as the report words it ---------------------------------
 
 
 def _ok(v: Any) -> bool:
     return v is not None and not (isinstance(v, float) and math.isnan(v))
 
 
-def _ratio(est: Any, lo: Any, hi: Any, verdict: Any, why: Any = None) -> str:
-    """A ratio with its interval and verdict word, worded as the report words it."""
-    if not _ok(est):
-        return "-"
-    return cells.ratio_cell(est, lo, hi, verdict, _short(why)).text
-
-
-def _short(why: Any) -> str | None:
-    """The reason for no verdict, to its first clause (the report has the whole sentence)."""
-    return str(why).split(";")[0] if why else None
-
-
-def _delta(c: Any, prefix: str, digits: int = 4) -> str:
-    """A metric difference with its interval and verdict; one that Holm's correction undid says so."""
-    est, lo, hi = (getattr(c, f"{prefix}{s}") for s in ("", "_lo", "_hi"))
-    verdict = getattr(c, f"{prefix}_verdict")
-    if not _ok(est):
-        return "-"
-    ci = f" [{lo:+.{digits}f}, {hi:+.{digits}f}]" if _ok(lo) and _ok(hi) else ""
-    word = verdict if verdict not in (None, stats.NONE) else f"(no verdict: {_short(getattr(c, f'{prefix}_why'))})"
-    if getattr(c, f"{prefix}_holm_dropped", False):
-        word += (f" (p = {getattr(c, f'{prefix}_p'):.3f} alone; not after Holm over "
-                 f"{getattr(c, f'{prefix}_family')})")
-    return f"{est:+.{digits}f}{ci} {word}"
-
-
 def _speed(c: Any) -> str:
-    """samples/s with the speedup and its verdict in brackets (the reference: 1)."""
+    """samples/s with the speedup and its answer in brackets (the reference: 1)."""
     if not _ok(c.sps_median):
         return "-"
-    ratio = "1" if c.is_reference else _ratio(c.speedup, c.speedup_lo, c.speedup_hi, c.speedup_verdict,
-                                               c.speedup_why)
+    ratio = "1" if c.is_reference else cells.speed_brief(c)
     return f"{fmt_num(c.sps_median)} ({ratio}{_contended(c)})"
 
 
@@ -107,59 +80,7 @@ def _contended(c: Any) -> str:
 
 
 def _memory(c: Any) -> str:
-    if c.is_reference:
-        return "1 (reference)"
-    text = _ratio(c.mem_ratio, c.mem_ratio_lo, c.mem_ratio_hi, c.mem_ratio_verdict, c.mem_ratio_why)
-    return text + (" (RSS)" if c.mem_ratio_source == "RSS" and text != "-" else "")
-
-
-def _exact_same(c: Any) -> str | None:
-    """An exact set's quality in words when its eval curves match (or drift by rounding), else None."""
-    if c.quality_same_exact:
-        return "same (curves identical)" if c.curve_max_rel_diff == 0 else \
-            f"same (curves within {c.curve_max_rel_diff:.1%})"
-    if c.exact_quality == "drift":
-        return f"same within noise (curves drift {c.curve_max_rel_diff:.1%} by rounding)"
-    return None
-
-
-def _quality(c: Any, digits: int = 4) -> str:
-    if c.is_reference:
-        return f"{c.metric} {c.final_mean:.{digits}f} ± {c.final_std:.{digits}f}" if _ok(c.final_mean) else "-"
-    same = _exact_same(c)
-    if same:
-        return same
-    text = _delta(c, "delta", digits)
-    if c.exact_quality == "expected mismatch":
-        text += "; not exact by design (see the report's parity)"
-    return text
-
-
-def _equal_time(c: Any) -> str:
-    if c.is_reference or c.kind == "exact":
-        return "-"
-    text = _delta(c, "delta_at_time")
-    unscored = c.equal_time_faster - c.equal_time_continued
-    if text != "-" and unscored > 0:
-        text += f"; {unscored} faster run(s) scored where they ended"
-    return text
-
-
-def _ttt(c: Any, with_ratio: bool = True) -> str:
-    """Censored median time to target, misses, and (with ``with_ratio``) the paired ratio with its verdict."""
-    if c.target is None or not c.n_ttt:
-        return "-"
-    misses = f"{round(c.ttt_miss_rate * c.n_ttt)}/{c.n_ttt} missed"
-    if not _ok(c.ttt_median) or not math.isfinite(c.ttt_median):
-        return f"missed ({misses.removesuffix(' missed')})"
-    one_off = (c.one_off_s if _ok(c.one_off_s) else 0.0) + (c.probe_s if _ok(c.probe_s) else 0.0)
-    text = fmt_secs(c.ttt_median)
-    if one_off > 0.05 * c.ttt_median and math.isfinite(c.ttt_one_off_median):
-        text += f" ({fmt_secs(c.ttt_one_off_median)} with one-off)"
-    text += f"; {misses}"
-    if with_ratio and not c.is_reference and _ok(c.ttt_ratio):
-        text += "; " + _ratio(c.ttt_ratio, c.ttt_ratio_lo, c.ttt_ratio_hi, c.ttt_ratio_verdict, c.ttt_ratio_why)
-    return text
+    return "1 (reference)" if c.is_reference else cells.memory_brief(c)
 
 
 def _one_off(c: Any) -> str:
@@ -272,11 +193,10 @@ def front_page(a: analysis.Analysis) -> list[str]:
     """README: a sweep's machine (its fingerprint, so the line cannot go stale), then one row per workload x set."""
     rows, last = [], None
     for c in _rows(a).itertuples():
-        speed = "reference" if c.is_reference else _ratio(c.speedup, c.speedup_lo, c.speedup_hi, c.speedup_verdict,
-                                                          c.speedup_why)
-        memory = "reference" if c.is_reference else _memory(c)
+        speed = cells.speed_brief(c)
+        memory = cells.memory_brief(c)
         rows.append([c.workload if c.workload != last else "", c.technique, fmt_num(c.sps_median), speed, memory,
-                     _quality(c, 3), _ttt(c), _one_off(c)])
+                     cells.quality_brief(c, 3), cells.ttt_brief(c), _one_off(c)])
         last = c.workload
     return [fingerprint(a.sweep.sources[0].env), ""] + _table(
         ["workload", "set", "samples/s", "speedup [95% CI]", "peak memory", "quality at equal samples",
@@ -299,8 +219,7 @@ def gpu_front_page(a: analysis.Analysis) -> list[str]:
     achieved = a.frame[a.frame["status"] == "ok"].groupby(["workload", "technique"])["achieved_flops"].median()
     rows, last = [], None
     for c in _rows(a).itertuples():
-        speed = "reference" if c.is_reference else _ratio(c.speedup, c.speedup_lo, c.speedup_hi, c.speedup_verdict,
-                                                          c.speedup_why)
+        speed = cells.speed_brief(c)
         flops = achieved.get((c.workload, c.technique))
         share = fmt_pct(flops / sheet) if _ok(flops) and sheet else "-"
         rows.append([c.workload if c.workload != last else "", c.technique, f"{c.n_ok}", fmt_num(c.sps_median),
@@ -320,10 +239,7 @@ def claims_check(a: analysis.Analysis) -> list[str]:
         c = by_set.get((cl.workload, cl.technique))
         measured = _speed(c) if c is not None else "-"
         memory = _memory(c) if c is not None else "-"
-        verdict = {"within": "within the claim", "below": "below the claim", "above": "above the claim"}.get(
-            cl.verdict, cl.verdict)
-        if cl.verdict in (stats.INCONCLUSIVE, stats.NONE) and cl.why_not:
-            verdict += f" ({_short(cl.why_not)})"
+        verdict = cells.claim_cell(cl.verdict, cl.why_not, brief=True).text
         rows.append([cl.workload, cl.technique, measured, memory, f"{cl.low:g}-{cl.high:g}x ({cl.source})", verdict])
     return _table(["workload", "set", "samples/s (speedup [95% CI])", "peak memory", "published claim",
                    "claims check"], rows)
@@ -333,8 +249,8 @@ def model_techniques(a: analysis.Analysis) -> list[str]:
     """docs/model-techniques.md: one workload's sets, speed and quality side by side."""
     rows = []
     for c in _rows(a).itertuples():
-        quality = f"{c.final_mean:.4f} ± {c.final_std:.4f} (reference)" if c.is_reference else _quality(c)
-        rows.append([c.technique, _speed(c), _memory(c), quality, _equal_time(c), _ttt(c), _one_off(c),
+        quality = f"{c.final_mean:.4f} ± {c.final_std:.4f} (reference)" if c.is_reference else cells.quality_brief(c)
+        rows.append([c.technique, _speed(c), _memory(c), quality, cells.equal_time_brief(c), cells.ttt_brief(c), _one_off(c),
                      fmt_pct(mfu.primary(c))])  # the headline: one peak for every set (bench.analyze.mfu)
     return _table(["set", "samples/s (speedup [95% CI])", "memory ratio", "quality at equal samples [95% CI]",
                    "at equal time [95% CI]", "time to target", "one-off", "MFU"], rows)
@@ -384,7 +300,7 @@ def _state(a: analysis.Analysis, c: Any) -> str:
 
 
 def _ttt_rounds(a: analysis.Analysis, c: Any) -> str:
-    text = _ttt(c)
+    text = cells.ttt_brief(c)
     rounds = next(((r.get("rounds_completed") or {}).get("quality_run") for r in _technique_result(a, c).values()
                    if isinstance(r, dict) and r.get("rounds_completed")), None)
     return text + (f"; {rounds} rounds" if rounds else "")
@@ -411,7 +327,7 @@ def preference(a: analysis.Analysis) -> list[str]:
         to_target = "-" if cost is None else (
             "no training" if cost == 0 else f"{frontier.fmt_flops(cost)} (median; {got['reached']}/{got['seeds']} "
                                            "reached it)")
-        rows.append([c.technique, _quality(c, 3), _spread(got["best"]), _spread(got["proxy_end"]),
+        rows.append([c.technique, cells.quality_brief(c, 3), _spread(got["best"]), _spread(got["proxy_end"]),
                      _spread(got["kl_end"]), to_target])
     return _table(["set", "gold reward at the end (vs baseline, 95% CI)", "best gold during the run",
                    "proxy reward at the end", "KL to the start at the end (nats)",
@@ -431,7 +347,7 @@ def parallelism(a: analysis.Analysis) -> list[str]:
     rows = []
     for c in _rows(a, order=sweep_order(a)).itertuples():
         label = f"{c.technique} (1 process)" if c.is_reference else c.technique
-        rows.append([label, _speed(c), _state(a, c), _bytes_per_sample(a, c), _quality(c, 3),
+        rows.append([label, _speed(c), _state(a, c), _bytes_per_sample(a, c), cells.quality_brief(c, 3),
                      _ttt_rounds(a, c)])
     return _table(["set", "samples/s (speedup [95% CI])", "model state / clean RSS at rest, per rank",
                    "bytes per sample", f"{metric} at equal samples [95% CI]", "time to target"], rows)

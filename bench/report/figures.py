@@ -30,8 +30,10 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure as MplFigure
 
 import techniques
+from bench.analyze import stats
 from bench.analyze.analysis import BREAKDOWN, MODEL_STATE, Analysis
 from bench.measure.phases import PHASES
+from bench.report.cells import say
 from bench.report.document import Figure
 from bench.report.frontier import KL, frontier_trials
 from techniques.base import ResultCurve
@@ -152,9 +154,9 @@ def speedup_figure(analysis: Analysis) -> Figure | None:
     return _finish(fig, "speedup", "Speedup vs the reference",
                    "Bars: geometric mean over seeds of samples/s against the reference set's trial of the same "
                    "seed, from 1 (no change) on a log scale; whiskers and brackets: 95% interval (t, or a sequential "
-                   "design's repeated interval). Green: faster, "
-                   "red: slower (the whole interval beyond the threshold); blue: equivalent (the whole interval "
-                   "within it); grey: inconclusive, or no verdict (fewer than 3 repeats).")
+                   f"design's repeated interval). Green: {say('faster')}, red: {say('slower')} (the whole interval "
+                   f"beyond the threshold); blue: {say(stats.EQUIVALENT)} (the whole interval within it); grey: "
+                   f"{say(stats.INCONCLUSIVE)}, or {say(stats.NONE)} (fewer than 3 pairs).")
 
 
 # ---- memory -------------------------------------------------------------------------------------------------

@@ -21,6 +21,7 @@ import pandas as pd
 
 from bench.analyze import stats
 from bench.analyze.analysis import Analysis
+from bench.report.cells import interval, say
 
 PROXY, KL = "proxy_reward", "kl"
 
@@ -112,9 +113,9 @@ def frontier_points(analysis: Analysis, machine: str, workload: str) -> list[str
                 est = stats.ratio({s: v for s, v in cost[best].items() if math.isfinite(v)},
                                   {s: v for s, v in cost[second].items() if math.isfinite(v)})
                 word = stats.verdict(est, stats.THRESHOLDS["time_to_target"], "more", "less")
-                interval = (f" [{est.lo:.2f}, {est.hi:.2f}]" if est.has_interval else "")
-                text += (f"; next {second} ({_fmt_flops(m2)}): {best} needs {est.value:.2f}x{interval} of its "
-                         f"compute, {word.word}") if est.value is not None else f"; next {second} ({_fmt_flops(m2)})"
+                text += (f"; next {second} ({_fmt_flops(m2)}): {best} needs "
+                         f"{est.value:.2f}x{interval(est.lo, est.hi)} of its compute, {say(word.word)}"
+                         ) if est.value is not None else f"; next {second} ({_fmt_flops(m2)})"
             if missed:
                 text += "; median run misses the target: " + ", ".join(missed)
             out.append(text)
@@ -134,15 +135,16 @@ def frontier_points(analysis: Analysis, machine: str, workload: str) -> list[str
         fell = g_word == ("lower" if hib else "higher")
         if fell and p_word == "higher":
             over.append(f"{label} ({metric} {gold.value:+.3f}{_ci(gold)} from its best evaluation to the end, "
-                        f"{g_word}; proxy {proxy.value:+.3f}{_ci(proxy)}, {p_word})")
+                        f"{say(g_word)}; proxy {proxy.value:+.3f}{_ci(proxy)}, {say(p_word)})")
         elif gold.value is not None and proxy.value is not None and gold.value * (1 if hib else -1) < 0 < proxy.value:
-            steady.append(f"{label} ({metric} {gold.value:+.3f}, {g_word}; proxy {proxy.value:+.3f}, {p_word})")
+            steady.append(f"{label} ({metric} {gold.value:+.3f}, {say(g_word)}; proxy {proxy.value:+.3f}, "
+                          f"{say(p_word)})")
     if over:
         out.append("over-optimised the proxy (proxy up while the gold metric went down): " + "; ".join(over))
     else:
         text = "no set over-optimised the proxy (proxy up while the gold metric went down, both shown by the data)"
         if steady:
-            text += "; the direction without a verdict: " + "; ".join(steady)
+            text += "; the direction without a decision: " + "; ".join(steady)
         out.append(text)
     return out
 

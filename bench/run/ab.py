@@ -36,12 +36,12 @@ from typing import Any
 import torch
 
 from bench.analyze import compare as compare_mod
-from bench.analyze import summary as summary_mod
 from bench.core.files import REPO_DIR, write_atomic
 from bench.plan.config import ConfigError, SweepConfig
 from bench.plan.planner import Trial, plan, resolve_device
 from bench.records import reader
 from bench.records.results import TrialRecord
+from bench.report import summary as summary_mod
 from bench.run import adaptive, sweepdir
 from bench.run.launcher import Launch
 from bench.run.runner import SweepRunner
@@ -269,10 +269,9 @@ class AbRunner:
     def finish(self) -> AbResult:
         """Summaries of both sides and the comparison of B against A (OUT/compare.md)."""
         records = {side: runner.store.read() for side, runner in self.runners.items()}
-        for side, recs in records.items():
-            rows = summary_mod.summarize(recs, env=summary_mod.env_of(self.out_dir / side))
-            write_atomic(self.out_dir / side / "summary.md",
-                         summary_mod.to_markdown(rows, title=f"Sweep '{self.cfg.name}' side {side.upper()} summary"))
+        for side in records:
+            write_atomic(self.out_dir / side / "summary.md", summary_mod.markdown_of(
+                self.out_dir / side, title=f"Sweep '{self.cfg.name}' side {side.upper()} summary"))
         comparison = compare_mod.compare_dirs(self.out_dir / "a", self.out_dir / "b", self.threshold)
         title = f"A/B: {self.other.spec} (B) against this checkout (A)"
         md = compare_mod.to_markdown(comparison, title=title)

@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-from bench.analyze import stats
-from bench.report.cells import known, ratio_text
+from bench.report.cells import claim_cell, estimate_text, known
 from bench.report.document import Cell, Paragraph, Section, Table
 from bench.report.sections import Context
 
@@ -32,21 +31,15 @@ def _claims_table(ctx: Context) -> Table | None:
     for cl in claims.itertuples():
         metric = {"speedup": "speedup", "model_state_ratio": "model state per rank vs a full replica"}.get(
             cl.metric, "peak memory ratio")
-        measured = (ratio_text(cl.measured, cl.measured_lo, cl.measured_hi, "").strip() if known(cl.measured)
-                    else "-")
+        measured = estimate_text(cl.measured, cl.measured_lo, cl.measured_hi) if known(cl.measured) else "-"
         if cl.against:  # measured on top of the same set without the technique, not against the reference
             measured += f" over {cl.against}"
         if cl.unmet:
             measured += f"; not the claim's setting: {'; '.join(cl.unmet)}"
-        verdict = {"within": "within the claim", "below": "below the claim", "above": "above the claim"}.get(
-            cl.verdict, cl.verdict)
-        if cl.verdict in (stats.INCONCLUSIVE, stats.NONE) and cl.why_not:
-            verdict += f" ({cl.why_not})"
-        tone = {"within": "good", "below": "bad" if cl.metric == "speedup" else "good",
-                "above": "good" if cl.metric == "speedup" else "bad"}.get(cl.verdict, "muted")
+        verdict = claim_cell(cl.verdict, cl.why_not, speed=cl.metric == "speedup")
         who = f"{cl.name} in {cl.technique}" if cl.against else cl.technique
         rows.append([Cell(who), Cell(ctx.where(cl.workload, cl.machine)),
                      Cell(f"{metric} {cl.low:g}-{cl.high:g}x on {cl.setting}"), Cell(cl.source),
-                     Cell(measured), Cell(verdict, tone), Cell("; ".join(cl.why) if cl.why else "-")])
+                     Cell(measured), verdict, Cell("; ".join(cl.why) if cl.why else "-")])
     return Table(["technique", "workload", "published claim", "source", "measured here [95% CI]", "verdict",
                   "why this hardware may differ"], rows, wrap=(2, 3, 4, 5, 6))

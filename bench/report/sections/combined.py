@@ -3,9 +3,7 @@ and the paired interaction contrast with its verdict."""
 
 from __future__ import annotations
 
-from bench.analyze import stats
-from bench.analyze.analysis import MULTIPLY
-from bench.report.cells import fmt_ratio, known
+from bench.report.cells import combination_cell, fmt_ratio, interval, known
 from bench.report.document import Cell, FigureRef, Paragraph, Section, Table
 from bench.report.sections import Context
 
@@ -29,15 +27,11 @@ def _interactions_table(ctx: Context) -> Table | None:
     rows = []
     for it in inter.itertuples():
         parts = ", ".join(f"{p} {fmt_ratio(s)}" for p, s in zip(it.components, it.parts, strict=True))
-        verdict_tone = {MULTIPLY: "", "gains partly cancel": "warn",
-                        "more than multiplicative": "good"}.get(it.verdict, "muted")
         observed = fmt_ratio(it.observed)
         ratio = "-"
         if known(it.ratio):
-            ci = f" [{it.ratio_lo:.2f}, {it.ratio_hi:.2f}]" if known(it.ratio_lo) and known(it.ratio_hi) else ""
-            ratio = f"{it.ratio:.2f}{ci}"
-        verdict = it.verdict + (f" ({it.why})" if it.verdict == stats.NONE and it.why else "")
+            ratio = f"{it.ratio:.2f}{interval(it.ratio_lo, it.ratio_hi)}"
         rows.append([Cell(ctx.where(it.workload, it.machine)), Cell(it.technique), Cell(parts),
-                     Cell(fmt_ratio(it.product)), Cell(observed), Cell(ratio), Cell(verdict, verdict_tone)])
+                     Cell(fmt_ratio(it.product)), Cell(observed), Cell(ratio), combination_cell(it.verdict, it.why)])
     return Table(["workload", "combination", "parts alone (speedup)", "product of parts", "observed",
                   "observed / product, paired by seed [95% CI]", "verdict"], rows, wrap=(6,))

@@ -3,11 +3,9 @@ hours, at a price per machine-hour (only where one is known)."""
 
 from __future__ import annotations
 
-from typing import Any
-
-from bench.analyze import cost, stats
+from bench.analyze import cost
 from bench.analyze.analysis import Analysis
-from bench.report.cells import known
+from bench.report.cells import known, saving_cell
 from bench.report.document import Cell, Paragraph, Section, Table
 from bench.report.sections import Context
 
@@ -36,37 +34,6 @@ def _machines_used(analysis: Analysis, machine: str, world_size: int | None) -> 
     return max(nnodes or [1])
 
 
-def _saved_cell(c: Any, p: float, machines_ratio: float = 1.0) -> Cell:
-    if c.is_reference:
-        return Cell("reference", "muted") if c.n_ok else Cell("-")
-    if not known(c.speedup):
-        return Cell("-")
-    lo = c.speedup_lo if known(c.speedup_lo) else None
-    hi = c.speedup_hi if known(c.speedup_hi) else None
-    saved, saved_lo, saved_hi = cost.saved_interval(p, c.speedup, lo, hi, machines_ratio)
-    text = f"{cost.money(saved)}{cost.interval_text(saved, saved_lo, saved_hi)}"
-    if machines_ratio != 1.0:  # faster on more machines can still cost more: the verdict is on the money
-        if saved_lo is not None and saved_lo > 0:
-            return Cell(f"{text} saved", "good")
-        if saved_hi is not None and saved_hi < 0:
-            return Cell(f"{text}: extra cost on {machines_ratio:g}x the machines", "bad")
-        return Cell(f"{text} ({machines_ratio:g}x the machines; no saving shown: the interval includes 0)", "muted")
-    if c.speedup_verdict in (None, stats.NONE):
-        return Cell(f"{text} (no verdict: {c.speedup_why or 'no interval'})", "muted")
-    if c.speedup_verdict == stats.EQUIVALENT:
-        return Cell(f"no saving beyond the threshold (speed equivalent; {text})", "muted")
-    if c.speedup_verdict == stats.INCONCLUSIVE:
-        if saved_hi is not None and saved_hi < 0:  # slower for sure, though not by the threshold
-            return Cell(f"{text}: extra cost (the speedup is inconclusive: below 1, not clear of the threshold)",
-                        "muted")
-        if saved_lo is not None and saved_lo > 0:
-            return Cell(f"{text} saved (the speedup is inconclusive: above 1, not clear of the threshold)", "muted")
-        return Cell(f"no saving shown: the speedup is inconclusive ({text})", "muted")
-    if c.speedup_verdict == "faster":
-        return Cell(f"{text} saved", "good")
-    return Cell(f"{text}: extra cost", "bad")
-
-
 def cost_section(ctx: Context) -> Section | None:
     """Cost per million samples, to the target and of the quality run, and what the speedup saves per 1,000
     training hours (its interval mapped endpoint by endpoint); only where a price is known."""
@@ -91,7 +58,7 @@ def cost_section(ctx: Context) -> Section | None:
         run = cost.run_cost(p, c.train_time_s, machines) if known(c.train_time_s) else None
         rows.append([Cell(ctx.where(c.workload, c.machine)), Cell(c.technique),
                      Cell(str(machines)), Cell(cost.money(per_million)), Cell(target), Cell(cost.money(run)),
-                     _saved_cell(c, p, machines / ref_machines.get((c.machine, c.workload), 1))])
+                     saving_cell(c, p, machines / ref_machines.get((c.machine, c.workload), 1))])
     bases = list(dict.fromkeys(f"{f'price ({ctx.names[m]})' if ctx.names[m] else 'price'}: {pr.basis}"
                                for m, pr in prices.items()))
     lines = bases + [

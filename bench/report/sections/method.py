@@ -4,7 +4,9 @@ from __future__ import annotations
 
 from bench.analyze import stats
 from bench.analyze.analysis import EXACT_CURVE_RTOL, Analysis
+from bench.core import words
 from bench.records.results import PARITY_HARMLESS, PARITY_K_TOL, PARITY_TOLERANCES
+from bench.report.cells import say
 from bench.report.document import Bullets, Section
 from bench.report.sections import Context
 
@@ -27,12 +29,14 @@ def _method(analysis: Analysis) -> list[str]:
         f"means with a {stats.CONFIDENCE:.0%} Student-t interval on the per-seed log-ratios (a percentile "
         "bootstrap over 3 seeds cannot reach beyond the extreme pair and covered the truth in 67% of simulated "
         f"cases); a sequential sweep (--repeats auto) adds speed-only pairs while a verdict is open and reads "
-        "every look with a repeated confidence interval, which keeps its 95% over all looks up to the cap. No "
-        f"verdict below {stats.MIN_REPEATS} repeats; otherwise four answers: a change when the whole interval lies "
+        "every look with a repeated confidence interval, which keeps its 95% over all looks up to the cap. The "
+        f"answers: {say('faster')} or {say('slower')} ({say('less')} or {say('more')} memory, {say('sooner')} or "
+        f"{say('later')} to the target, {say('better')} or {say('worse')} quality) when the whole interval lies "
         f"beyond the threshold ({th.speed:.0%} for speed, {th.memory:.0%} for memory, {th.time_to_target:.0%} for "
-        "time-to-target, the workload's equivalence margin for the metric), equivalent when it lies wholly inside, "
-        "inconclusive otherwise (with about how many pairs would decide it). The quality verdicts of this report "
-        "are corrected for their number (Holm's step-down procedure).",
+        f"time-to-target, the workload's equivalence margin for the metric); {say(stats.EQUIVALENT)} when it lies "
+        f"wholly inside; {say(stats.INCONCLUSIVE)} otherwise (with about how many pairs would decide it); "
+        f"{say(stats.NONE)} below {stats.MIN_REPEATS} pairs. The quality answers of this report are corrected for "
+        "their number (Holm's step-down procedure).",
         "Samples/s: per trial, samples over the wall time of the timed window; the table shows the median over "
         "repeats and its IQR. MFU (Chowdhery et al. 2022, PaLM, appendix B): achieved FLOP/s = model FLOPs per "
         "step x steps / the window's wall time (the clock of samples/s), the FLOPs counted by torch's "
@@ -46,10 +50,10 @@ def _method(analysis: Analysis) -> list[str]:
         "torch.compile hides tensors from the tracker, so compiled sets have RSS only and their ratio says (RSS).",
         f"Quality at equal samples, by kind: an exact set must reproduce the reference's eval curve seed by seed "
         f"(every evaluation within {EXACT_CURVE_RTOL:.0%} of the range the reference's metric covered) and then "
-        "reads 'same'; a "
+        f"reads '{say(words.SAME)}'; a "
         "numeric or algorithmic set shows the metric at the full budget, mean ± std over seeds, and its paired "
-        "difference, and its metric at the reference's training clock of the same seed: a set that trained "
-        "faster is trained on past its budget to that clock (a continuation; docs/methodology.md), or the cell "
+        "difference, and its metric at the reference's training clock of the same seed: a set whose run took "
+        "less time is trained on past its budget to that clock (a continuation; docs/methodology.md), or the cell "
         "says why it could not be.",
         "Time to target: the training clock (evaluation and one-off excluded) at the first evaluation that "
         "reached the workload size's validation target, median over seeds with a miss counted as never (as "
@@ -63,8 +67,8 @@ def _method(analysis: Analysis) -> list[str]:
         "the fixed tolerances (loss, distance: "
         + "; ".join(f"{kind} {loss:.0e}, {dist:.0e}" for kind, (loss, dist) in PARITY_TOLERANCES.items()) + "). "
         "The reference also trains with the learning rate x 1.1: a check that this bug does not exceed has no "
-        "power. The answer is mismatch when a check with power is exceeded, ok when every check with power passes, "
-        "and inconclusive "
+        f"power. The answer is {say('mismatch', words.PARITY)} when a check with power is exceeded, "
+        f"{say('ok', words.PARITY)} when every check with power passes, and {say('inconclusive', words.PARITY)} "
         "otherwise. Records written before the calibration were judged with the fixed tolerances alone, and say so.",
         f"Noise: a warning when IQR/median of per-trial samples/s exceeds {stats.NOISY_IQR_OVER_MEDIAN:.0%}, or "
         "when other processes used more than 10% of the CPU during a timed window.",

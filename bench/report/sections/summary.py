@@ -9,10 +9,26 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from bench.analyze import mfu, stats, summary
+from bench.analyze import mfu, stats
 from bench.analyze.analysis import Analysis
+from bench.core import words
 from bench.core.text import fmt_secs
-from bench.report.cells import exact_drift, fmt_flops, fmt_num, fmt_pct, known, ratio_text
+from bench.report.cells import (
+    Undecided,
+    beyond_winner,
+    difference_cell,
+    exact_drift,
+    fmt_flops,
+    fmt_num,
+    fmt_pct,
+    interval,
+    known,
+    left_out_text,
+    ratio_text,
+    say,
+    tie_digits,
+    undecided,
+)
 from bench.report.document import Bullets, FigureRef, Item, Paragraph, Section
 from bench.report.sections import Context
 
@@ -44,51 +60,51 @@ def _speed_points(analysis: Analysis, rows: pd.DataFrame, others: pd.DataFrame) 
         extra.append(f"quality: {_quality_word(best)}")
         if known(best["one_off_s"]) and best["one_off_s"] > 1.0:
             extra.append(f"one-off {fmt_secs(best['one_off_s'])}")
-        higher = summary.beyond_winner(summary.undecided(others.itertuples(), "speedup"), best["speedup"])
+        higher = beyond_winner(undecided(others.itertuples(), "speedup"), best["speedup"])
         parts.append(f"fastest{' decided' if higher else ''}: {best['technique']} at "
                      f"{ratio_text(best['speedup'], best['speedup_lo'], best['speedup_hi'], 'faster')} "
                      f"({', '.join(extra)})"
-                     + _left_out(higher, "higher", summary.tie_digits(higher, best["speedup"])))
+                     + _left_out(higher, "higher", tie_digits(higher, best["speedup"])))
     elif not any(int(r.n_ok) > 0 for r in rows.itertuples() if r.is_reference):
         parts.append(f"no speedups: the reference '{analysis.baseline}' has no successful trial here")
     elif len(others) and all(v in (None, stats.NONE) for v in others["speedup_verdict"]):
         why = next((w for w in others["speedup_why"] if w), "no interval")
         points = ", ".join(f"{r.technique} {r.speedup:.2f}x" for r in others.itertuples() if known(r.speedup))
-        parts.append(f"no speed verdicts ({why})" + (f"; estimates only: {points}" if points else ""))
+        parts.append(f"speed: {say(stats.NONE)} ({why})" + (f"; estimates only: {points}" if points else ""))
     elif len(others):
-        parts.append(f"no technique set was faster than {analysis.baseline} by more than "
-                     f"{analysis.thresholds.speed:.0%} with 95% confidence")
+        parts.append(f"no technique set was {say('faster')} than {analysis.baseline} (by more than "
+                     f"{analysis.thresholds.speed:.0%} with 95% confidence)")
     smaller = others[others["mem_ratio_verdict"] == "less"]
     if len(smaller):
         least = smaller.loc[smaller["mem_ratio"].astype(float).idxmin()]
-        speed = (f", at {least['speedup']:.2f}x speed ({least['speedup_verdict'] or stats.NONE})"
+        speed = (f", at {least['speedup']:.2f}x speed ({say(least['speedup_verdict'])})"
                  if known(least["speedup"]) else "")
-        lower = summary.beyond_winner(summary.undecided(others.itertuples(), "mem_ratio"), least["mem_ratio"],
+        lower = beyond_winner(undecided(others.itertuples(), "mem_ratio"), least["mem_ratio"],
                                       lower_wins=True)
-        digits = summary.tie_digits(lower, least["mem_ratio"])
+        digits = tie_digits(lower, least["mem_ratio"])
         parts.append(f"least memory{' decided' if lower else ''}: {least['technique']} at "
                      f"{least['mem_ratio']:.{digits}f}x peak memory ({least['mem_ratio_source']}){speed}"
                      + _left_out(lower, "lower", digits))
     slower = others[others["speedup_verdict"] == "slower"]
     if len(slower):
-        parts.append("slower than the reference: " + ", ".join(
+        parts.append(f"{say('slower')} than the reference: " + ", ".join(
             f"{r.technique} ({r.speedup:.2f}x)" for r in slower.itertuples()))
     same = others[others["speedup_verdict"] == stats.EQUIVALENT]
     if len(same):
-        parts.append(f"as fast as the reference (equivalent: the whole interval within +-{analysis.thresholds.speed:.0%})"
-                     ": " + ", ".join(f"{r.technique} ({r.speedup:.2f}x)" for r in same.itertuples()))
+        parts.append(f"as fast as the reference ({say(stats.EQUIVALENT)}: the whole interval within "
+                     f"+-{analysis.thresholds.speed:.0%}): " + ", ".join(f"{r.technique} ({r.speedup:.2f}x)" for r in same.itertuples()))
     open_ = others[others["speedup_verdict"] == stats.INCONCLUSIVE]
     if len(open_):
-        parts.append("speed inconclusive: " + ", ".join(
+        parts.append(f"speed {say(stats.INCONCLUSIVE)}: " + ", ".join(
             f"{r.technique} ({r.speedup:.2f}x [{r.speedup_lo:.2f}, {r.speedup_hi:.2f}])" for r in open_.itertuples()))
     return parts
 
 
-def _left_out(items: list[summary.Undecided], side: str, digits: int = 2) -> str:
+def _left_out(items: list[Undecided], side: str, digits: int = 2) -> str:
     """What a superlative leaves out that measured beyond its winner, so it does not read as "the best set"."""
     if not items:
         return ""
-    return f"; left out as undecided, though measured {side}: {summary.left_out_text(items, digits)}"
+    return f"; left out as undecided, though measured {side}: {left_out_text(items, digits)}"
 
 
 def _mfu_points(rows: pd.DataFrame) -> list[str]:
@@ -112,13 +128,13 @@ def _quality_word(c: Any) -> str:
     if not c["n_final"]:
         return "not measured" if not c["n_cut"] else "not compared (cut)"
     if c["quality_same_exact"]:
-        return "same (exact)"
+        return f"{say(words.SAME)} (exact)"
     verdict = c["delta_verdict"]
     if verdict in (None, stats.NONE):
-        return f"{c['metric']} {c['delta']:+.4f}, no verdict" if known(c["delta"]) else "not compared"
+        return f"{c['metric']} {c['delta']:+.4f}, {say(stats.NONE)}" if known(c["delta"]) else "not compared"
     if verdict in (stats.EQUIVALENT, stats.INCONCLUSIVE):
-        return f"{c['metric']} {c['delta']:+.4f}, {verdict}"
-    return f"{c['metric']} {verdict} by {abs(c['delta']):.4f}"
+        return f"{c['metric']} {c['delta']:+.4f}, {say(verdict)}"
+    return f"{c['metric']} {say(verdict)} by {abs(c['delta']):.4f}"
 
 
 def _quality_points(others: pd.DataFrame) -> list[str]:
@@ -129,7 +145,7 @@ def _quality_points(others: pd.DataFrame) -> list[str]:
              "and its metric at the full budget is equivalent or its difference includes zero)"
              for r in others.itertuples() if r.exact_quality == "drift"]
     if same or drift:
-        parts.append("same quality at equal samples (exact): " + "; ".join(
+        parts.append(f"{say(words.SAME)} quality at equal samples (exact): " + "; ".join(
             ([", ".join(same)] if same else []) + drift))
     for r in others.itertuples():
         if r.exact_quality in ("expected mismatch", "bug", "drift changes quality", "unverified drift"):
@@ -139,30 +155,24 @@ def _quality_points(others: pd.DataFrame) -> list[str]:
     stopped = [r for r in others.itertuples() if r.n_stopped and known(r.delta)]
     if stopped:
         parts.append("metric where early stopping stopped, against the full run of the same seed: " + ", ".join(
-            f"{r.technique} ({r.metric} {r.delta:+.4f}" + (f" [{r.delta_lo:+.4f}, {r.delta_hi:+.4f}]"
-                                                           if known(r.delta_lo) else "")
-            + f", {_verdict_words(r.delta_verdict)}; {r.n_stopped}/{r.n_final} runs stopped)" for r in stopped))
+            f"{r.technique} ({r.metric} {r.delta:+.4f}{interval(r.delta_lo, r.delta_hi, '+.4f')}, "
+            f"{say(r.delta_verdict)}; {r.n_stopped}/{r.n_final} runs stopped)" for r in stopped))
     changed = [r for r in judged if r.delta_verdict in ("better", "worse")]
     if changed:
         parts.append("quality differs at equal samples: " + ", ".join(
-            f"{r.technique} ({r.metric} {r.delta:+.4f} [{r.delta_lo:+.4f}, {r.delta_hi:+.4f}] {r.delta_verdict})"
-            for r in changed))
+            f"{r.technique} ({r.metric} {difference_cell(r).text})" for r in changed))
     alike = [r.technique for r in judged if r.delta_verdict == stats.EQUIVALENT and r.kind != "exact"]
     if alike:
-        parts.append("equivalent quality at equal samples (the whole interval within the workload's margin): "
-                     + ", ".join(alike))
+        parts.append(f"{say(stats.EQUIVALENT)} quality at equal samples (the whole interval within the workload's "
+                     "margin): " + ", ".join(alike))
     open_ = [r.technique for r in judged if r.delta_verdict == stats.INCONCLUSIVE and r.kind != "exact"]
     if open_:
-        parts.append("quality at equal samples inconclusive (neither a change nor equivalence shown): "
-                     + ", ".join(open_))
+        parts.append(f"quality at equal samples {say(stats.INCONCLUSIVE)} (neither a change nor equivalence "
+                     "shown): " + ", ".join(open_))
     cut = [f"{r.technique} ({r.n_cut})" for r in others.itertuples() if r.n_cut]
     if cut:
         parts.append("quality runs cut by the safety cap, not compared: " + ", ".join(cut))
     return parts
-
-
-def _verdict_words(verdict: str | None) -> str:
-    return verdict or stats.NONE
 
 
 def _ttt_points(rows: pd.DataFrame, others: pd.DataFrame) -> list[str]:
@@ -180,9 +190,9 @@ def _ttt_points(rows: pd.DataFrame, others: pd.DataFrame) -> list[str]:
     missed = [r.technique for r in others.itertuples()
               if r.n_ttt and (not known(r.ttt_median) or not math.isfinite(r.ttt_median))]
     if sooner:
-        head += "; sooner: " + ", ".join(sooner)
+        head += f"; {say('sooner')}: " + ", ".join(sooner)
     if later:
-        head += "; later: " + ", ".join(later)
+        head += f"; {say('later')}: " + ", ".join(later)
     some = [f"{r.technique} ({round(r.ttt_miss_rate * r.n_ttt)}/{r.n_ttt})" for r in others.itertuples()
             if r.n_ttt and r.technique not in missed and known(r.ttt_miss_rate) and r.ttt_miss_rate > 0]
     if missed:
@@ -211,9 +221,9 @@ def _headline(ctx: Context) -> list[tuple[str, list[str]]]:
     return out
 
 
-def _count(words: pd.Series, order: tuple[str, ...]) -> str:
-    counts = words.fillna(stats.NONE).value_counts()
-    return ", ".join(f"{w} {int(counts[w])}" for w in order if w in counts)
+def _count(answers: pd.Series, order: tuple[str, ...]) -> str:
+    counts = answers.fillna(stats.NONE).value_counts()
+    return ", ".join(f"{say(w)} {int(counts[w])}" for w in order if w in counts)
 
 
 def decisions(analysis: Analysis) -> list[str]:
@@ -235,9 +245,9 @@ def decisions(analysis: Analysis) -> list[str]:
             futile = int(sum(bool(f) for f in speed["speedup_futile"] if known(f)))
             if futile:
                 undecided = int(sum(w in stats.UNDECIDED for w in speed["speedup_verdict"]))
-                line += (f"; {futile} of the {undecided} undecided {'is' if futile == 1 else 'are'} futile: even on an optimistic reading, the "
-                         f"cap's pairs would not decide them at the spread seen (a larger --max-repeats or a quieter "
-                         f"machine might)")
+                line += (f"; {futile} of the {undecided} undecided {'is' if futile == 1 else 'are'} "
+                         f"{say(words.FUTILE)}: even on an optimistic reading, the cap's pairs would not decide them "
+                         "at the spread seen (a larger --max-repeats or a quieter machine might)")
         widths = [float(h) / float(lo) for lo, h in zip(speed["speedup_lo"], speed["speedup_hi"], strict=True)
                   if known(lo) and known(h) and lo > 0]
         if widths:
