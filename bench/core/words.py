@@ -12,6 +12,7 @@ thing everywhere: "inconclusive" is always "the data reach across a threshold's 
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from contextvars import ContextVar
@@ -85,8 +86,8 @@ PARITY = {
                    "perturbation, and the check has power (a 10% learning-rate bug would exceed them)", "good"),
     "mismatch": _w("mismatch", "a check with power is exceeded: the set does not compute what the reference does",
                    "bad"),
-    "inconclusive": _w("no power", "the check cannot tell a 10% learning-rate bug from harmless drift on this model: "
-                                   "it says nothing either way", "warn"),
+    "inconclusive": _w("no power", "the check cannot separate a 10% learning-rate bug from harmless drift on this "
+                                   "model: it says nothing either way", "warn"),
 }
 
 # A measurement against a published claim's range.
@@ -113,8 +114,8 @@ REPRODUCE = {
                                    "interval of new / committed lies inside plus or minus the threshold", "good"),
     "differs": _w("differs", "the new run is faster or slower than the committed run: the whole interval lies beyond "
                              "the threshold", "bad"),
-    "cannot tell": _w("cannot tell", "inconclusive or no verdict: these pairs neither show a difference nor rule one "
-                                     "out", "muted"),
+    "cannot tell": _w("cannot tell", "the comparison of the two runs is inconclusive or has no verdict: these pairs "
+                                     "neither show a difference nor rule one out", "muted"),
 }
 
 # tune and the cost section.
@@ -143,6 +144,20 @@ def glossary() -> list[Word]:
     return [*ANSWERS.values(), FUTILE, SAME, SAME_NOISE, BY_DESIGN, DRIFT_CHANGES, UNVERIFIED,
             *PARITY.values(), *CLAIMS.values(), *COMBINATION.values(), NOT_COMPARABLE, *REPRODUCE.values(),
             INFEASIBLE, NO_SAVING, *(Word(term, means) for term, means in TERMS.items())]
+
+
+def definition(word: Word) -> str:
+    """What ``word`` means, every other answer word in it said (a definition leans on the words defined beside
+    it: "cannot tell" is "inconclusive or no verdict")."""
+    answers = sorted({w.text for w in glossary() if w.text not in TERMS and w.text != word.text
+                      and " " in w.text or w.text in _DISTINCT}, key=len, reverse=True)
+    pattern = re.compile(r"(?<![\w-])(" + "|".join(map(re.escape, answers)) + r")(?![\w-])")
+    return pattern.sub(lambda m: say(Word(m.group(1), "")), word.means)
+
+
+# Answer words that are not also everyday English ("more", "same", "ok", "lower" are): where a definition names one,
+# it is the answer.
+_DISTINCT = {"faster", "slower", "equivalent", "inconclusive", "futile", "mismatch", "sooner", "reproduced"}
 
 
 # ---- saying a word --------------------------------------------------------------------------------------------

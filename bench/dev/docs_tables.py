@@ -39,7 +39,9 @@ import pandas as pd
 
 import techniques
 from bench.analyze import analysis, mfu
+from bench.core import words
 from bench.core.files import REPO_DIR
+from bench.core.words import say
 from bench.measure.env import datasheet_peak
 from bench.records import reader
 from bench.report import cells, frontier
@@ -422,6 +424,13 @@ def findings_table(_: analysis.Analysis | None = None) -> list[str]:
     return _table(["technique", "what it found (one line per configuration, seeds in order)", "figure"], rows)
 
 
+def glossary(_: analysis.Analysis | None = None) -> list[str]:
+    """docs/methodology.md: every answer word and term, with what it means (``bench.core.words``, where the code
+    that writes them reads them too)."""
+    rows = [[say(w) if w.text not in words.TERMS else w.text, words.definition(w)] for w in words.glossary()]
+    return _table(["word", "what it means"], rows)
+
+
 TABLES: dict[str, Spec] = {
     "readme-example-cpu-auto": Spec("README.md", "reports/example-cpu-auto", front_page),
     "readme-example-h200-first": Spec("README.md", "reports/example-h200-first", gpu_front_page),
@@ -440,6 +449,7 @@ TABLES: dict[str, Spec] = {
     "examples-machines": Spec("docs/examples.md", None, machines),
     "techniques": Spec("docs/techniques.md", None, technique_table),
     "commands-findings": Spec("docs/commands.md", None, findings_table),
+    "glossary": Spec("docs/methodology.md", None, glossary),
 }
 
 

@@ -132,7 +132,7 @@ def legend(rows: Sequence[SummaryRow]) -> str:
     head = ("Ratios are geometric means over pairs (a trial of the set and one of the reference with the same seed), "
             "with a 95% interval; quality compares the metric after the same samples; time to target is the median "
             "training time (one-off cost excluded) with a miss counted as never. The words of this summary:")
-    return "\n".join([head, "", *(f"- {cells.say(w)}: {w.means}" for w in entries)])
+    return "\n".join([head, "", *(f"- {cells.say(w)}: {words.definition(w)}" for w in entries)])
 
 
 def _uses(text: str, word: str) -> bool:
