@@ -1,11 +1,12 @@
-"""The markdown report against a golden file, its figures, escaping, the summary and `python -m bench report`.
+"""The markdown report against golden files, its figures, escaping, the summary and `python -m bench report`.
 
-The golden file is ``tests/fixtures/report/expected_report.md``, rendered from the fixture sweep beside it
-(``results.jsonl`` + ``env.json``, written by ``make_fixture.py``). When a change to the report is intended, refresh
-it and review the diff:
+The golden files are ``tests/fixtures/report/golden/<section>.md``, one per section of the report (and ``head.md``
+for its title), rendered from the fixture sweep in ``tests/fixtures/report`` (``results.jsonl`` + ``env.json``,
+written by ``make_fixture.py``). A new section brings its own golden file. When a change to the report is intended,
+refresh them and review the diff:
 
     TRAINBENCH_UPDATE_GOLDEN=1 .venv/bin/python -m pytest tests/test_report.py -k golden
-    git diff tests/fixtures/report/expected_report.md
+    git diff tests/fixtures/report/golden/
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ from tests.records import calibrated, parity
 from tests.records import record as make_record
 
 FIXTURE = Path(__file__).resolve().parent / "fixtures" / "report"
-GOLDEN = FIXTURE / "expected_report.md"
+GOLDEN = FIXTURE / "golden"
 FIGURES = ["speedup", "memory", "pareto", "curves", "interaction"]
 
 
@@ -41,16 +42,37 @@ def rendered(tmp_path_factory) -> Path:
     return out
 
 
-def test_markdown_report_matches_the_golden_file(rendered):
-    text = (rendered / "report.md").read_text(encoding="utf-8")
+@pytest.fixture(scope="module")
+def parts() -> dict[str, str]:
+    """The fixture's report, part by part as report.md holds it: its head, then each section by its anchor."""
+    report = build([FIXTURE])[1]
+    return {"head": "\n".join(markdown.head(report)),
+            **{s.anchor: "\n".join(markdown.section(s, report.figures)) for s in report.sections}}
+
+
+def test_markdown_report_matches_the_golden_files(parts):
     if os.environ.get("TRAINBENCH_UPDATE_GOLDEN") == "1":
-        GOLDEN.write_text(text, encoding="utf-8")
-        pytest.skip(f"golden file rewritten: {GOLDEN}")
-    expected = GOLDEN.read_text(encoding="utf-8")
-    if text != expected:
-        diff = "".join(difflib.unified_diff(expected.splitlines(True), text.splitlines(True), "expected", "rendered"))
-        pytest.fail("report.md differs from the golden file (if intended, refresh it with "
-                    "TRAINBENCH_UPDATE_GOLDEN=1, see this module's docstring):\n" + diff[:6000])
+        GOLDEN.mkdir(exist_ok=True)
+        for stale in set(GOLDEN.glob("*.md")) - {GOLDEN / f"{name}.md" for name in parts}:
+            stale.unlink()
+        for name, text in parts.items():
+            (GOLDEN / f"{name}.md").write_text(text, encoding="utf-8")
+        pytest.skip(f"golden files rewritten: {GOLDEN}")
+    expected = {p.stem: p.read_text(encoding="utf-8") for p in GOLDEN.glob("*.md")}
+    assert sorted(parts) == sorted(expected), (
+        "a section without its golden file, or a golden file without its section: refresh them with "
+        "TRAINBENCH_UPDATE_GOLDEN=1 (see this module's docstring)")
+    for name, text in parts.items():
+        if text != expected[name]:
+            diff = "".join(difflib.unified_diff(expected[name].splitlines(True), text.splitlines(True), "expected",
+                                                "rendered"))
+            pytest.fail(f"section {name} differs from its golden file (if intended, refresh it with "
+                        "TRAINBENCH_UPDATE_GOLDEN=1, see this module's docstring):\n" + diff[:6000])
+
+
+def test_the_golden_parts_make_the_whole_report(parts, rendered):
+    text = (rendered / "report.md").read_text(encoding="utf-8")
+    assert text == "\n".join(parts.values()).rstrip("\n") + "\n"
 
 
 def _markdown(dirs: list[Path], **kwargs) -> str:

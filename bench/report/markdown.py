@@ -79,13 +79,19 @@ def section(s: Section, figures: dict[str, Figure]) -> list[str]:
     return out
 
 
-def render(report: Report) -> str:
-    """The whole report as markdown: its title, the notes on its input, then each section in order."""
+def head(report: Report) -> list[str]:
+    """The report's title and subtitle, and the notes on its input."""
     out: list[str] = [f"# {escape(report.title)}", "", escape(report.subtitle), ""]
     if report.merge_note:
         out += [f"> {escape(report.merge_note)}", ""]
     for note in report.input_notes:
         out += [f"> **Input:** {escape(note)}", ""]
+    return out
+
+
+def render(report: Report) -> str:
+    """The whole report as markdown: its head, then each section in order."""
+    out = head(report)
     for s in report.sections:
         out += section(s, report.figures)
     while out and out[-1] == "":
