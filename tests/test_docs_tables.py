@@ -66,6 +66,7 @@ def test_the_machines_table_reads_the_examples_the_docs_name_and_never_a_users_s
     for name in ("example-a", "quick-20261206-120000"):  # the second: a user's sweep left under reports/
         (tmp_path / "reports" / name).mkdir(parents=True)
         (tmp_path / "reports" / name / "env.json").write_text(env)
+        (tmp_path / "reports" / name / "results.jsonl").write_text("")
     (tmp_path / "docs").mkdir()
     (tmp_path / "README.md").write_text("See [the example](reports/example-a/report.md).\n")
     assert docs_tables.named_examples(tmp_path) == [tmp_path / "reports" / "example-a"]

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
-import json
 import math
 import re
 import sys
@@ -175,14 +174,15 @@ def machines(_: analysis.Analysis | None = None, root: Path | None = None) -> li
     root = root or ROOT
     rows = []
     for top in named_examples(root):
-        if (top / "env.json").is_file():
-            found = [top / "env.json"]
+        if (top / "results.jsonl").is_file():
+            found = [top]
         else:
-            found = sorted(e for e in top.glob("*/env.json")) or sorted(top.rglob("env.json"))[:1]
-        for env_path in found:
-            d = env_path.parent if env_path.parent.parent == top or env_path.parent == top else top
-            env = json.loads(env_path.read_text())
-            rel = d.relative_to(root)
+            found = sorted(p.parent for p in top.glob("*/results.jsonl")) or sorted(
+                p.parent for p in top.rglob("results.jsonl"))[:1]
+        for d in found:
+            env = reader.read_source(d).env  # through the one reader
+            shown = d if d.parent == top or d == top else top
+            rel = shown.relative_to(root)
             rows.append([f"[`{rel.relative_to('reports')}`](../{rel}/)", str(env.get("timestamp_utc", ""))[:10],
                          machine_name(env), _peaks(env)])
     return _table(["report", "date", "machine (env.json)", "calibrated matmul peaks"], rows)
