@@ -40,11 +40,11 @@ from pathlib import Path
 from typing import Any
 
 from bench.analyze import stats
-from bench.analyze.analysis import design_cap
 from bench.analyze.stats import NOISY_IQR_OVER_MEDIAN, Estimate, relative_iqr
 from bench.core.errors import ConfigError
 from bench.core.text import cell, escape
 from bench.records import reader
+from bench.records.frame import design_cap
 from bench.records.results import TrialRecord
 
 log = logging.getLogger(__name__)
@@ -490,7 +490,7 @@ def compare_dirs(base_dir: Path, new_dir: Path, threshold: float = DEFAULT_THRES
 def design_cap_of(*settings: dict[str, Any]) -> int | None:
     """The sequential design's cap that applies to a comparison: the larger one when the two sweeps' differ (the
     wider interval), a sequential side's when only one was (its pairs were added by looking), None when both were
-    fixed designs (``bench.analyze.analysis.design_cap``)."""
+    fixed designs (``bench.records.frame.design_cap``)."""
     caps = [c for c in (design_cap(s) for s in settings) if c is not None]
     return max(caps) if caps else None
 

@@ -12,6 +12,7 @@ from typing import Any
 import pandas as pd
 
 from bench.analyze import bottleneck, stats
+from bench.records.frame import frame_of
 
 REPLICA_BYTES_PER_PARAM = 16  # model state of a full replica with fp32 AdamW: params 4 + grads 4 + two moments 8
 
@@ -27,13 +28,6 @@ MODEL_STATE_SLACK = 0.01  # exact bytes may miss a claimed range's edge by shard
 
 GPU_WORDS = ("gpu", "nvidia", "v100", "a100", "h100", "h200", "tensor core", "cuda", "tpu")
 NOT_FASTER = ("slower", stats.EQUIVALENT, stats.INCONCLUSIVE)  # verdicts of a set that did not pay off here
-
-
-def frame_of(rows: list[dict[str, Any]], columns: list[str] | None = None) -> pd.DataFrame:
-    """A DataFrame of Python objects where missing values are None (never NaN), so formatting code can test
-    ``is None`` and tuples/lists survive."""
-    frame = pd.DataFrame(rows, columns=columns).astype(object)
-    return frame.where(frame.notna(), None)
 
 
 # ---- claims check -------------------------------------------------------------------------------------------

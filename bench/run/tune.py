@@ -49,6 +49,7 @@ from bench.core.files import write_atomic
 from bench.core.text import shown, size_text
 from bench.plan.config import ConfigError, TechniqueSet, TechniqueSpec, WorkloadSpec
 from bench.plan.planner import Trial, trial_id, world_size_for
+from bench.records.frame import records_frame
 from bench.records.results import TrialRecord
 
 if TYPE_CHECKING:
@@ -789,7 +790,7 @@ def comparisons(records: Sequence[TrialRecord], step: Step, settings: Settings) 
     out: dict[str, Any] = {}
     if step.recommended is None:
         return out
-    frame = analysis.records_frame(list(records), max_looks=settings.cap)
+    frame = records_frame(list(records), max_looks=settings.cap)
     th = analysis.Thresholds(metric=settings.quality.margin)
     kinds = {r.technique_label: r.kind for r in records}
     for against in (analysis.BASELINE, step.runner_up):
@@ -815,7 +816,7 @@ def frontier(records: Sequence[TrialRecord], step: Step, settings: Settings) -> 
     the worst (it cannot dominate on quality)."""
     from bench.analyze import analysis
 
-    frame = analysis.records_frame(list(records), max_looks=settings.cap)
+    frame = records_frame(list(records), max_looks=settings.cap)
     if frame.empty or analysis.BASELINE not in set(frame["technique"]):
         return []
     configs = analysis.configurations(frame, analysis.BASELINE,
