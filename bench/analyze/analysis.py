@@ -24,7 +24,8 @@ environment (``env.json``); the renderers only format it. Every interval and ver
   log(reference);
 - ``bench.analyze.findings``: claims check and "what to try next".
 
-Machines are never pooled: a comparison uses trials of the same machine (and, for pairing, the same sweep).
+Machines are never pooled: a comparison uses trials of the same machine (and, for pairing, the same sweep). Which
+trials count and which pair is ``bench.analyze.pairs``'s rule, the one compare and tune use too.
 """
 
 from __future__ import annotations
@@ -38,7 +39,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from bench.analyze import bottleneck, findings, mfu, stats
+from bench.analyze import bottleneck, findings, mfu, pairs, stats
 from bench.analyze.findings import REPLICA_BYTES_PER_PARAM
 from bench.measure.phases import PHASES
 from bench.records.frame import (  # noqa: F401  (the frame's names, still read here by the report and the summary)
@@ -66,14 +67,6 @@ PROBLEM_STATUSES = ("failed", "oom", "killed", "timeout", "diverged")
 EXACT_CURVE_RTOL = 0.01
 
 
-def _cap(rows: pd.DataFrame | None) -> int | None:
-    """The sequential design's cap that applies to these trials (the largest, when merged sweeps differ)."""
-    if rows is None:
-        return None
-    caps = [int(c) for c in rows["max_looks"] if _ok(c)]
-    return max(caps) if caps else None
-
-
 # ---- helpers ------------------------------------------------------------------------------------------------
 
 
@@ -88,13 +81,6 @@ def _values(series: pd.Series) -> list[float]:
 def _median(series: pd.Series) -> float | None:
     v = _values(series)
     return float(np.median(v)) if v else None
-
-
-def keyed(rows: pd.DataFrame | None, column: str) -> dict[Any, float]:
-    """{(source, seed, repeat): value} of the rows that have one: what the statistics engine pairs on."""
-    if rows is None:
-        return {}
-    return {k: float(v) for k, v in zip(rows["key"], rows[column], strict=True) if _ok(v)}
 
 
 def _per_rank_medians(series: pd.Series) -> tuple[float, ...] | None:
@@ -133,11 +119,6 @@ def _compare(prefix: str, mine: Mapping[Any, float], ref: Mapping[Any, float], l
 def _rows(frame: pd.DataFrame, mask: Sequence[bool]) -> pd.DataFrame:
     """The rows where ``mask`` is true (a plain list of booleans would select columns when empty)."""
     return frame[pd.Series(list(mask), index=frame.index, dtype=bool)]
-
-
-def _complete(frame: pd.DataFrame) -> pd.DataFrame:
-    """Trials whose quality run trained the whole budget (not cut)."""
-    return _rows(frame, [bool(c) and not cut for c, cut in zip(frame["curve"], frame["cut"], strict=True)])
 
 
 def _status_text(group: pd.DataFrame) -> str:
@@ -194,8 +175,8 @@ def configurations(frame: pd.DataFrame, baseline: str = BASELINE, thresholds: Th
         g = groups[(machine, workload, technique)]
         ref = groups.get((machine, workload, baseline))
         is_ref = technique == baseline
-        ok = g[g["status"] == "ok"]
-        ref_ok = ref[ref["status"] == "ok"] if ref is not None and not is_ref else None
+        ok = pairs.trials(g)
+        ref_ok = pairs.trials(ref) if ref is not None and not is_ref else None
         row = _identity(machine, workload, technique, g, ok, is_ref)
         row.update(_speed(ok, ref_ok, th))
         row.update(_memory(ok, ref_ok, th))
@@ -296,15 +277,12 @@ def _step_not_its_cost(name: str) -> dict[str, Any]:
             "noisy": False, **_estimate_cols("speedup", None, none), **_estimate_cols("mem_ratio", None, none)}
 
 
-def _uncontended(rows: pd.DataFrame | None) -> pd.DataFrame | None:
-    """Trials whose timed window had the cores to itself: a window that stayed contended after the trial's retries
-    measured other processes too, so it is kept out of speed numbers and verdicts (and counted, so it is said)."""
-    return None if rows is None else rows[~rows["contended"].astype(bool)]
-
-
 def _speed(ok: pd.DataFrame, ref: pd.DataFrame | None, th: Thresholds) -> dict[str, Any]:
+    """Speed numbers from the windows that had the cores to themselves (``pairs.timed``); contended ones are
+    counted, so the report can say so."""
     n_contended = int(sum(bool(c) for c in ok["contended"]))
-    ok, ref = _uncontended(ok), _uncontended(ref)
+    speedup = pairs.pair(ok, ref, pairs.THROUGHPUT)
+    ok = pairs.timed(ok)
     sps = _values(ok["samples_per_s"])
     row = {
         "sps_median": float(np.median(sps)) if sps else None,
@@ -322,9 +300,8 @@ def _speed(ok: pd.DataFrame, ref: pd.DataFrame | None, th: Thresholds) -> dict[s
         "flops_per_step": _median(ok["flops_per_step"]),
     }
     row["noisy"] = row["sps_rel_iqr"] is not None and row["sps_rel_iqr"] > stats.NOISY_IQR_OVER_MEDIAN
-    row.update(_compare("speedup", keyed(ok, "samples_per_s"), keyed(ref, "samples_per_s"), True, th.speed,
-                        ("faster", "slower"), _cap(ok)))
-    row["max_looks"] = _cap(ok)
+    row.update(_compare("speedup", speedup.mine, speedup.ref, True, th.speed, ("faster", "slower"), speedup.cap))
+    row["max_looks"] = speedup.cap
     row["n_added"] = int(sum(a == "sequential" for a in ok["added_by"]))
     return row
 
@@ -338,7 +315,7 @@ def _phases(ok: pd.DataFrame, device: str) -> dict[str, Any]:
     time, and the diagnosis those medians point to (None when no trial ran a phase pass). Trials whose timed window
     stayed contended are left out, as from the speed numbers (their phase pass ran beside the same other work);
     ``with_diagnoses`` narrows the advice with the machine's peaks and the sweep's own measurements."""
-    ok = _uncontended(ok)
+    ok = pairs.timed(ok)
     shares = {name: _median(ok[f"phase_{name}_share"]) for name in PHASES}
     row: dict[str, Any] = {f"phase_{name}_share": v for name, v in shares.items()}
     row["phase_step_s"] = _median(ok["phase_step_s"])
@@ -398,19 +375,12 @@ def _memory(ok: pd.DataFrame, ref: pd.DataFrame | None, th: Thresholds) -> dict[
            **{f"mem_{c}_bytes": _median(ok[f"mem_{c}_bytes"]) for c in BREAKDOWN},
            "mem_held": _median_held(ok["mem_held"]),
            "breakdown_skipped": next((s for s in ok["breakdown_skipped"] if s), None)}
-    source, column = None, None
-    if ref is not None:
-        for name, col in (("tensors", "peak_bytes"), ("RSS", "peak_rss_bytes")):
-            mine, theirs = keyed(ok, col), keyed(ref, col)
-            if mine and theirs and len(mine) == len(ok) and len(theirs) == len(ref):
-                source, column = name, col
-                break
-    if column is None:
+    mem = pairs.pair(ok, ref, pairs.PEAK_MEMORY)
+    if mem.source is None:
         row.update(_estimate_cols("mem_ratio", None, None))
     else:
-        row.update(_compare("mem_ratio", keyed(ok, column), keyed(ref, column), True, th.memory, ("more", "less"),
-                            _cap(ok)))
-    row["mem_ratio_source"] = source
+        row.update(_compare("mem_ratio", mem.mine, mem.ref, True, th.memory, ("more", "less"), mem.cap))
+    row["mem_ratio_source"] = mem.source
     return row
 
 
@@ -419,7 +389,7 @@ def _quality(ok: pd.DataFrame, ref: pd.DataFrame | None, kind: str, th: Threshol
     """Quality at equal samples, and at equal time (``_equal_time``, with the set's continuations). Runs cut by
     the safety cap are counted and left out."""
     with_quality = _rows(ok, [bool(c) for c in ok["curve"]])
-    complete = _complete(ok)
+    complete = pairs.quality_runs(ok)
     finals = _values(complete["final"])
     metric = next((m for m in ok["metric"] if m), None)
     hib = next((h for h in ok["higher_is_better"] if h is not None), None)
@@ -432,12 +402,13 @@ def _quality(ok: pd.DataFrame, ref: pd.DataFrame | None, kind: str, th: Threshol
         "train_time_s": _median(complete["train_time_s"]),
         **_stopped_early(complete),
     }
-    ref_complete = _complete(ref) if ref is not None else None
+    ref_complete = pairs.quality_runs(ref) if ref is not None else None
     words = ("better", "worse") if hib is not False else ("worse", "better")
     margin = next((float(m) for m in ok["margin"] if _ok(m)), None)
     row["margin"] = margin
     threshold = margin if margin is not None else th.metric
-    row.update(_compare("delta", keyed(complete, "final"), keyed(ref_complete, "final"), False, threshold, words))
+    delta = pairs.pair(ok, ref, pairs.FINAL_METRIC)
+    row.update(_compare("delta", delta.mine, delta.ref, False, threshold, words))
     row.update(_curve_match(complete, ref_complete) if kind == "exact" else
                {"curve_max_rel_diff": None, "curve_pairs": 0, "curve_points": 0})
     same = (kind == "exact" and row["curve_pairs"] > 0 and row["curve_max_rel_diff"] is not None
@@ -539,7 +510,7 @@ def _equal_time(mine: pd.DataFrame, ref: pd.DataFrame | None, words: tuple[str, 
     budget = _median(ref["train_time_s"]) if ref is not None and not ref.empty else None
     if budget is None or mine.empty:
         return {**EQUAL_TIME_EMPTY, **_compare("delta_at_time", {}, {}, False, threshold, words)}
-    clocks = keyed(ref, "train_time_s")
+    clocks = pairs.values(ref, "train_time_s")
     runs, blocked = _continuations(continued)
     at, beyond, until, cut, faster = {}, [], [], [], 0
     for key, curve, own in zip(mine["key"], mine["curve"], mine["train_time_s"], strict=True):
@@ -589,7 +560,7 @@ def _continuations(continued: pd.DataFrame | None) -> tuple[dict[Any, tuple[list
 def _time_to_target(ok: pd.DataFrame, ref: pd.DataFrame | None, th: Thresholds) -> dict[str, Any]:
     """Censored medians (a miss is +inf), the miss rate, and the ratio to the reference's time-to-target when
     neither side missed in any trial."""
-    runs = _complete(ok)
+    runs = pairs.quality_runs(ok)
     target = next((t for t in ok["target"] if t is not None), None)
     ttt = list(runs["time_to_target_s"])
     row: dict[str, Any] = {
@@ -599,16 +570,14 @@ def _time_to_target(ok: pd.DataFrame, ref: pd.DataFrame | None, th: Thresholds) 
         "ttt_one_off_median": stats.censored_median(list(runs["time_to_target_one_off_s"])),
         "stt_median": stats.censored_median(list(runs["samples_to_target"])),
     }
-    mine = keyed(runs, "time_to_target_s")
-    ref_runs = None if ref is None else _complete(ref)
-    theirs = keyed(ref_runs, "time_to_target_s")
-    missed = (len(mine) < len(runs)) or (ref_runs is not None and len(theirs) < len(ref_runs))
-    if ref_runs is None or target is None or missed or not mine or not theirs:
+    times = pairs.pair(ok, ref, pairs.TIME_TO_TARGET)
+    missed = any(times.misses)
+    if ref is None or target is None or missed or not times.mine or not times.ref:
         row.update(_estimate_cols("ttt_ratio", None, None))
-        if ref_runs is not None and missed:
+        if ref is not None and missed:
             row["ttt_ratio_why"] = "misses on one side: compare the censored medians and miss rates"
         return row
-    row.update(_compare("ttt_ratio", mine, theirs, True, th.time_to_target, ("later", "sooner")))
+    row.update(_compare("ttt_ratio", times.mine, times.ref, True, th.time_to_target, ("later", "sooner")))
     return row
 
 
@@ -684,7 +653,6 @@ def interactions(frame: pd.DataFrame, configs: pd.DataFrame, baseline: str = BAS
     """
     rows = []
     by_key = {(r.machine, r.workload, r.technique): r for r in configs.itertuples()}
-    ok = frame[frame["status"] == "ok"]
     for c in configs.itertuples():
         if len(c.components) < 2 or c.is_reference:
             continue
@@ -700,11 +668,11 @@ def interactions(frame: pd.DataFrame, configs: pd.DataFrame, baseline: str = BAS
             row["why"] = f"{', '.join(missing) if missing else c.technique} has no speedup measured"
             rows.append(row)
             continue
-        here = _uncontended(ok[(ok["machine"] == c.machine) & (ok["workload"] == c.workload)])
-        sps = {label: keyed(rows, "samples_per_s") for label, rows in here.groupby("technique")}
+        here = frame[(frame["machine"] == c.machine) & (frame["workload"] == c.workload)]
+        sps = {label: pairs.samples(rows, pairs.THROUGHPUT) for label, rows in here.groupby("technique")}
         terms = [(sps.get(c.technique, {}), 1.0), *((sps.get(p, {}), -1.0) for p in c.components),
                  (sps.get(baseline, {}), float(len(c.components) - 1))]
-        est = stats.contrast(terms, log=True, max_looks=_cap(here))
+        est = stats.contrast(terms, log=True, max_looks=pairs.cap(pairs.timed(here)))
         v = stats.verdict(est, 0.0, "more than multiplicative", "gains partly cancel")
         row.update(ratio=est.value, ratio_lo=est.lo, ratio_hi=est.hi,
                    verdict=MULTIPLY if v.word == stats.INCONCLUSIVE else v.word, why=v.why)

@@ -1,0 +1,106 @@
+"""The one pairing of trials (bench/analyze/pairs.py): which trials count, which pair, and that the report, the A/B
+gate and tune read the same samples and reach the same verdicts from them."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+from bench.analyze import pairs, stats
+from bench.records.frame import records_frame
+from bench.records.reader import Source, Sweep
+from tests.records import record
+
+
+def _frame(records, max_looks=None):
+    return records_frame(records, max_looks=max_looks)
+
+
+def _set(frame, label):
+    return frame[frame["technique"] == label]
+
+
+def test_a_trial_is_keyed_by_its_directory_seed_and_repeat():
+    frame = _frame([record(seed=1, repeat=4, sps=90.0)])
+    assert pairs.samples(frame, pairs.THROUGHPUT) == {("", 1, 4): 90.0}
+
+
+def test_a_contended_window_is_left_out_of_throughput_but_not_of_memory():
+    recs = [record(seed=s, sps=100.0 + s, peak=1000, contended=s == 1) for s in range(3)]
+    frame = _frame(recs)
+    assert set(pairs.samples(frame, pairs.THROUGHPUT)) == {("", 0, 0), ("", 2, 2)}
+    assert list(pairs.timed(frame)["seed"]) == [0, 2]
+    mem = pairs.pair(frame, frame, pairs.PEAK_MEMORY)
+    assert mem.source == "tensors" and len(mem.mine) == 3  # memory is measured in its own pass, after the window
+
+
+def test_a_quality_run_cut_by_the_safety_cap_is_left_out_of_quality_quantities():
+    recs = [record(seed=s, final=0.5, target=0.4, ttt=2.0, cut="max_train_seconds" if s == 2 else None)
+            for s in range(3)]
+    frame = _frame(recs)
+    assert list(pairs.quality_runs(frame)["seed"]) == [0, 1]
+    assert set(pairs.samples(frame, pairs.FINAL_METRIC)) == {("", 0, 0), ("", 1, 1)}
+    p = pairs.pair(frame, frame, pairs.TIME_TO_TARGET)
+    assert len(p.mine) == 2 and p.misses == (0, 0)  # cut: not a miss, not a run at all
+    assert len(pairs.samples(frame, pairs.THROUGHPUT)) == 3  # its timed window still counts
+
+
+def test_a_failed_trial_drops_its_pair():
+    base = [record(seed=s, sps=100.0) for s in range(4)]
+    new = [record("bf16", seed=s, sps=80.0, status="failed" if s == 2 else "ok",
+                  reason="boom" if s == 2 else None) for s in range(4)]
+    frame = _frame(base + new)
+    p = pairs.pair(_set(frame, "bf16"), _set(frame, "baseline"), pairs.THROUGHPUT)
+    assert ("", 2, 2) not in p.mine and ("", 2, 2) in p.ref
+    est = stats.ratio(p.mine, p.ref)
+    assert est.paired and est.n == 3  # the failed trial's reference trial is out of the comparison too
+
+
+def test_two_directories_never_pair():
+    a = [record(seed=s, sps=100.0) for s in range(3)]
+    b = [record("bf16", seed=s, sps=50.0 + s) for s in range(3)]
+    sweep = Sweep([Source(path=Path("one"), records=a, env={}), Source(path=Path("two"), records=b, env={})])
+    frame = records_frame(sweep)
+    p = pairs.pair(_set(frame, "bf16"), _set(frame, "baseline"), pairs.THROUGHPUT)
+    assert set(p.mine) == {("two", s, s) for s in range(3)} and set(p.ref) == {("one", s, s) for s in range(3)}
+    assert not stats.ratio(p.mine, p.ref).paired  # the same seeds, but not the same sweep: independent samples
+
+
+def test_sequential_speed_only_pairs_count_in_speed_and_memory_only():
+    planned = [record(label, seed=s, sps=sps, peak=1000, final=0.5) for s in range(3)
+               for label, sps in (("baseline", 100.0), ("bf16", 120.0))]
+    added = [dataclasses.replace(record(label, seed=r % 3, repeat=r, sps=sps, peak=1000, mode="speed"),
+                                 added_by="sequential")
+             for r in range(3, 5) for label, sps in (("baseline", 100.0), ("bf16", 120.0))]
+    frame = _frame(planned + added, max_looks=8)
+    mine, ref = _set(frame, "bf16"), _set(frame, "baseline")
+    speed = pairs.pair(mine, ref, pairs.THROUGHPUT)
+    assert set(speed.mine) == set(speed.ref) == {("", 0, 0), ("", 1, 1), ("", 2, 2), ("", 0, 3), ("", 1, 4)}
+    assert speed.cap == 8 and len(pairs.pair(mine, ref, pairs.PEAK_MEMORY).mine) == 5
+    assert len(pairs.pair(mine, ref, pairs.FINAL_METRIC).mine) == 3  # the planned quality runs alone
+
+
+def test_a_continuation_is_no_repeat():
+    original = record(seed=0, sps=100.0, final=0.5)
+    continued = dataclasses.replace(record(seed=0, sps=100.0, final=0.6), continues=original.trial_id)
+    frame = _frame([original, continued])
+    assert len(pairs.trials(frame)) == 1 and pairs.samples(frame, pairs.FINAL_METRIC) == {("", 0, 0): 0.5}
+
+
+def test_memory_compares_tensor_peaks_where_every_trial_has_one_else_rss_else_nothing():
+    def pair(base_peak, base_rss):
+        base = [record(seed=s, peak=base_peak, rss=base_rss) for s in range(3)]
+        new = [record("checkpointing", seed=s, peak=500, rss=4000) for s in range(3)]
+        frame = _frame(base + new)
+        return pairs.pair(_set(frame, "checkpointing"), _set(frame, "baseline"), pairs.PEAK_MEMORY)
+
+    assert pair(1000, 5000).source == "tensors" and set(pair(1000, 5000).mine.values()) == {500.0}
+    rss = pair(None, 5000)
+    assert rss.source == "RSS" and set(rss.mine.values()) == {4000.0} and set(rss.ref.values()) == {5000.0}
+    assert pair(None, None).source is None and pair(None, None).mine == {}
+
+
+def test_time_to_target_counts_the_runs_that_missed():
+    recs = [record(seed=s, final=0.5, target=0.4, ttt=None if s == 0 else 2.0 + s) for s in range(3)]
+    p = pairs.pair(_frame(recs), None, pairs.TIME_TO_TARGET)
+    assert p.mine == {("", 1, 1): 3.0, ("", 2, 2): 4.0} and p.misses == (1, 0) and p.ref == {}
