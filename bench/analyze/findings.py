@@ -11,7 +11,7 @@ from typing import Any
 
 import pandas as pd
 
-from bench.analyze import bottleneck, stats
+from bench.analyze import bottleneck, pairs, stats
 from bench.records.frame import frame_of
 
 REPLICA_BYTES_PER_PARAM = 16  # model state of a full replica with fp32 AdamW: params 4 + grads 4 + two moments 8
@@ -101,7 +101,8 @@ def _claim_row(c: Any, name: str, claim: Any, rest: Any, frame: pd.DataFrame | N
             row["why"] = [f"this sweep ran no {without} set to measure {name} against: add it"]
     else:
         row["against"] = rest.technique
-        ratio = stats.ratio(_speeds(frame, c), _speeds(frame, rest))
+        speed = pairs.pair(_trials_of(frame, c), _trials_of(frame, rest), pairs.THROUGHPUT)
+        ratio = stats.ratio(speed.mine, speed.ref)
         est, lo, hi, n = ratio.value, ratio.lo, ratio.hi, ratio.n
     row.update(measured=est, measured_lo=lo, measured_hi=hi)
     if est is None:
@@ -116,14 +117,11 @@ def _claim_row(c: Any, name: str, claim: Any, rest: Any, frame: pd.DataFrame | N
     return row
 
 
-def _speeds(frame: pd.DataFrame, c: Any) -> dict[Any, float]:
-    """{(source, seed, repeat): samples/s} of the set ``c``'s ok trials whose timed window had the cores to itself
-    (what the statistics engine pairs on, as the speedup column does)."""
-    rows = frame[(frame["machine"] == c.machine) & (frame["workload"] == c.workload) &
-                 (frame["technique"] == c.technique) & (frame["status"] == "ok")]
-    rows = rows[~rows["contended"].astype(bool)]
-    return {k: float(v) for k, v in zip(rows["key"], rows["samples_per_s"], strict=True)
-            if v is not None and math.isfinite(float(v))}
+def _trials_of(frame: pd.DataFrame, c: Any) -> pd.DataFrame:
+    """The trials of the configuration ``c`` (a row of ``configurations``): ``bench.analyze.pairs`` says which of
+    them count, and pairs them, as it does for the speedup column."""
+    return frame[(frame["machine"] == c.machine) & (frame["workload"] == c.workload) &
+                 (frame["technique"] == c.technique)]
 
 
 def _count(n: float) -> str:
