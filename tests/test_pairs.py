@@ -6,9 +6,13 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 
-from bench.analyze import pairs, stats
-from bench.records.frame import records_frame
+import pytest
+
+from bench.analyze import analysis, compare, pairs, stats
+from bench.records import reader
+from bench.records.frame import design_cap, records_frame
 from bench.records.reader import Source, Sweep
+from bench.run import tune
 from tests.records import record
 
 
@@ -104,3 +108,41 @@ def test_time_to_target_counts_the_runs_that_missed():
     recs = [record(seed=s, final=0.5, target=0.4, ttt=None if s == 0 else 2.0 + s) for s in range(3)]
     p = pairs.pair(_frame(recs), None, pairs.TIME_TO_TARGET)
     assert p.mine == {("", 1, 1): 3.0, ("", 2, 2): 4.0} and p.misses == (1, 0) and p.ref == {}
+
+
+# ---- one verdict on the same records ------------------------------------------------------------------------------
+
+EXAMPLE = Path(__file__).resolve().parent.parent / "reports" / "example-cpu-auto"  # a sequential design (cap 8)
+_SAME_WORD = {"more memory": "more", "less memory": "less"}  # compare's memory words, the analysis's and tune's
+
+
+def _answer(value, lo, hi, word):
+    """(estimate, interval, verdict word), or nothing at all where no estimate was made."""
+    return None if value is None else (pytest.approx(value, rel=1e-12), (pytest.approx(lo, rel=1e-12),
+                                       pytest.approx(hi, rel=1e-12)), _SAME_WORD.get(word, word))
+
+
+def test_analysis_compare_and_tune_give_the_same_verdict_on_the_same_records():
+    sweep = reader.load([EXAMPLE])
+    cap = design_cap(sweep.sources[0].settings)
+    assert cap == 8  # so every speed and memory interval below is the design's repeated one
+    th = analysis.Thresholds()
+    configs = analysis.configurations(records_frame(sweep), analysis.BASELINE, th)
+    records = [r for r in sweep.records if r.continues is None]
+    found = []
+    for c in configs[~configs["is_reference"].astype(bool)].itertuples():
+        mine = [r for r in records if (r.workload_label, r.technique_label) == (c.workload, c.technique)]
+        ref = [r for r in records if (r.workload_label, r.technique_label) == (c.workload, analysis.BASELINE)]
+        gate = compare.compare_config(compare.ConfigKey.of(mine[0]), ref, mine, th.speed, cap)  # BASE, NEW
+        rows = records_frame(mine + ref, max_looks=cap)
+        for column, q, objective in (("speedup", gate.throughput, "throughput"), ("mem_ratio", gate.memory, "memory")):
+            est, v = tune.compare(rows[rows["technique"] == c.technique], rows[rows["technique"] == analysis.BASELINE],
+                                  tune.objective_of(objective), cap)
+            report = (getattr(c, column), getattr(c, f"{column}_lo"), getattr(c, f"{column}_hi"),
+                      getattr(c, f"{column}_verdict"))
+            gated = (q.estimate.value, q.estimate.lo, q.estimate.hi, q.verdict) if q.estimate else (None,) * 4
+            assert _answer(*report) == _answer(*gated) == _answer(est.value, est.lo, est.hi, v.word), \
+                f"{c.workload} {c.technique} {objective}"
+            found.append(report[-1])
+    assert len(found) == 2 * 12  # 3 workloads x 4 sets, speed and memory
+    assert found.count("slower") == 5 and None not in found  # decided verdicts among them (docs/methodology.md)
