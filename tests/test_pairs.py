@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from bench.analyze import analysis, compare, pairs, stats
+from bench.analyze import analysis, compare, findings, pairs, stats
 from bench.records import reader
 from bench.records.frame import design_cap, records_frame
 from bench.records.reader import Source, Sweep
@@ -146,3 +146,19 @@ def test_analysis_compare_and_tune_give_the_same_verdict_on_the_same_records():
             found.append(report[-1])
     assert len(found) == 2 * 12  # 3 workloads x 4 sets, speed and memory
     assert found.count("slower") == 5 and None not in found  # decided verdicts among them (docs/methodology.md)
+
+
+def test_a_claim_over_the_rest_reads_the_sequential_designs_interval_as_the_speedup_does():
+    from techniques.base import Claim
+
+    sets = {"baseline": [100, 104, 97, 101], "compile": [120, 118, 125, 121], "bf16+compile": [160, 150, 170, 158]}
+    records = [record(label, seed=s, sps=v) for label, values in sets.items() for s, v in enumerate(values)]
+    frame = records_frame(records, max_looks=8)
+    claim = Claim("speedup", 1.2, 1.5, "test", "test", over_rest=True)
+    row = findings.claims_check(analysis.configurations(frame), {}, {"bf16": (claim,)}, frame)
+    row = row.set_index("technique").loc["bf16+compile"]
+    p = pairs.pair(_set(frame, "bf16+compile"), _set(frame, "compile"), pairs.THROUGHPUT)
+    repeated, fixed = stats.ratio(p.mine, p.ref, 8), stats.ratio(p.mine, p.ref)
+    assert row["against"] == "compile" and p.cap == 8
+    assert (row["measured"], row["measured_lo"], row["measured_hi"]) == (repeated.value, repeated.lo, repeated.hi)
+    assert repeated.lo < fixed.lo  # wider than the fixed-n interval its pairs would give read once
