@@ -109,11 +109,6 @@ class Pair:
     source: str | None = None  # peak memory's source, "tensors" or "RSS" (None: no ratio)
     misses: tuple[int, int] = (0, 0)  # time to target: the complete runs that never reached it, (mine, ref)
 
-    @property
-    def log(self) -> bool:
-        """A ratio (compared on logs), or a difference (the metric)."""
-        return self.quantity != FINAL_METRIC
-
 
 def pair(mine: pd.DataFrame, ref: pd.DataFrame | None, quantity: str) -> Pair:
     """The samples of ``quantity`` for the set whose trials are ``mine`` against the set whose trials are ``ref``
