@@ -23,6 +23,7 @@ import pandas as pd
 from bench.analyze import analysis
 from bench.core.errors import ConfigError
 from bench.records import columns, reader
+from bench.records.frame import records_frame
 
 if TYPE_CHECKING:
     from bench.report.exporters import Exported
@@ -104,13 +105,13 @@ def sweep(
 
 def load(*dirs: str | Path) -> pd.DataFrame:
     """The trials of one or more sweep directories: one row per trial, the columns of
-    ``bench.analyze.analysis.RECORD_COLUMNS`` in the dtypes of ``bench.records.columns.COLUMN_DTYPES`` (both documented in
+    ``bench.records.frame.RECORD_COLUMNS`` in the dtypes of ``bench.records.columns.COLUMN_DTYPES`` (both documented in
     docs/api.md: float64 with NaN, nullable Int64 and boolean, categoricals, UTC datetimes; nested values stay
     objects), read from each ``results.jsonl`` (and the machine from ``env.json``). Raises
     ``bench.records.reader.InputError`` when a directory holds no sweep."""
     if not dirs:
         raise ConfigError("bench.load() needs at least one sweep directory")
-    return columns.typed(analysis.records_frame(reader.load([Path(d) for d in dirs])))
+    return columns.typed(records_frame(reader.load([Path(d) for d in dirs])))
 
 
 def configurations(frame: pd.DataFrame, baseline: str = analysis.BASELINE) -> pd.DataFrame:

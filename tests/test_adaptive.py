@@ -4,6 +4,7 @@ and the speed-only pairs a round adds, from hand-made records."""
 import dataclasses
 
 from bench.plan.config import build_config
+from bench.records.frame import records_frame
 from bench.run import adaptive
 from tests.records import record
 
@@ -84,11 +85,11 @@ def test_speed_only_pairs_count_in_the_speed_verdict_but_not_in_quality():
     extra = [dataclasses.replace(record(label, seed=r % 3, repeat=r, sps=100.0 * (1.10 if label != "baseline" else 1),
                                         mode="speed"), added_by="sequential")
              for r in range(3, 8) for label in ("baseline", "grad_accum:steps=4")]
-    frame = analysis.records_frame(records + extra, max_looks=20)
+    frame = records_frame(records + extra, max_looks=20)
     c = analysis.configurations(frame).set_index("technique").loc["grad_accum:steps=4"]
     assert c["speedup_n"] == 8 and c["n_added"] == 5 and c["n_final"] == 3
     assert c["speedup_verdict"] == "faster"
-    fixed = analysis.configurations(analysis.records_frame(records + extra)).set_index("technique")
+    fixed = analysis.configurations(records_frame(records + extra)).set_index("technique")
     assert c["speedup_lo"] < fixed.loc["grad_accum:steps=4", "speedup_lo"]  # the repeated interval is wider
 
 

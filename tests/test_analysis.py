@@ -11,6 +11,7 @@ from scipy import stats as sps
 
 from bench.analyze import analysis, findings, stats
 from bench.records import reader
+from bench.records.frame import RECORD_COLUMNS, records_frame
 from bench.records.reader import InputError, Source, Sweep
 from bench.records.results import ResultStore, TrialRecord
 from techniques.base import Claim
@@ -18,7 +19,7 @@ from tests.records import calibrated, curve_of, parity, record
 
 
 def configs_of(records: list[TrialRecord], baseline: str = "baseline"):
-    frame = analysis.records_frame(records)
+    frame = records_frame(records)
     return analysis.configurations(frame, baseline).set_index("technique", drop=False)
 
 
@@ -30,9 +31,9 @@ def runs(label: str, values: list[float], **kw) -> list[TrialRecord]:
 
 
 def test_records_frame_has_one_row_per_trial_and_none_for_missing_values():
-    frame = analysis.records_frame([record(sps=100.0, peak=10),
+    frame = records_frame([record(sps=100.0, peak=10),
                                     record("bf16+grad_accum:steps=4", status="failed", reason="boom")])
-    assert list(frame.columns) == analysis.RECORD_COLUMNS
+    assert list(frame.columns) == RECORD_COLUMNS
     first, second = frame.iloc[0], frame.iloc[1]
     assert first["workload"] == "mlp:tiny" and first["samples_per_s"] == 100.0 and first["peak_bytes"] == 10
     assert first["components"] == () and first["peak_rss_bytes"] is None and first["key"] == ("", 0, 0)
@@ -255,7 +256,7 @@ def test_a_set_s_parity_is_its_worst_trial_s_answer_with_that_trial_s_calibratio
     records = [record(seed=0), record("bf16", seed=0, parity_result=calibrated(loss=0.1, harmless=0.03)),
                record("bf16", seed=1, parity_result=calibrated(loss=0.3, harmless=0.08, bug=(0.3, 0.01))),
                record("bf16", seed=2, parity_result=calibrated(loss=1e-3))]
-    frame = analysis.records_frame(records)
+    frame = records_frame(records)
     assert list(frame["parity_answer"]) == [None, "ok", "inconclusive", "ok"]
     assert list(frame["parity_ok"]) == [None, True, None, True]  # inconclusive is neither a match nor a mismatch
     bf = configs_of(records).loc["bf16"]
@@ -271,7 +272,7 @@ def test_a_set_s_parity_is_its_worst_trial_s_answer_with_that_trial_s_calibratio
 
 def test_records_before_calibration_keep_their_fixed_tolerance_answer():
     records = [record(seed=0), record("bf16", seed=0, parity_result=parity("numeric", loss=0.06, tol=(5e-2, 2e-2)))]
-    row = analysis.records_frame(records).iloc[1]
+    row = records_frame(records).iloc[1]
     assert row["parity_answer"] == "mismatch" and row["parity_ok"] is False and row["parity_harmless_drift"] is None
 
 
@@ -327,14 +328,14 @@ def test_interactions_are_one_paired_contrast_per_seed():
     records += runs("a+b", [300, 330, 270])  # 3.0x: multiply
     records += runs("a+c", [120, 130, 110])  # c never ran alone
     configs = configs_of(records).reset_index(drop=True)
-    inter = analysis.interactions(analysis.records_frame(records), configs).set_index("technique")
+    inter = analysis.interactions(records_frame(records), configs).set_index("technique")
     ab = inter.loc["a+b"]
     assert ab["parts"] == [pytest.approx(2.0), pytest.approx(1.5)] and ab["product"] == pytest.approx(3.0)
     assert ab["ratio"] == pytest.approx(1.0) and ab["verdict"] == analysis.MULTIPLY
     assert inter.loc["a+c", "verdict"] == stats.NONE and inter.loc["a+c", "why"] == "c has no speedup measured"
     records[9:12] = runs("a+b", [200, 221, 179])  # about 2.0x < 3.0x in every seed
     configs = configs_of(records).reset_index(drop=True)
-    inter = analysis.interactions(analysis.records_frame(records), configs).set_index("technique")
+    inter = analysis.interactions(records_frame(records), configs).set_index("technique")
     assert inter.loc["a+b", "verdict"] == "gains partly cancel"
     assert inter.loc["a+b", "ratio"] == pytest.approx(2 / 3, rel=0.01)
 
@@ -348,7 +349,7 @@ CLAIMS = {"bf16": (Claim("speedup", 1.5, 2.0, "NVIDIA A100", "a paper"),)}
 
 def _claims(values: list[float], mfu: float = 0.5):
     records = runs("baseline", [100, 101, 99], mfu=mfu) + runs("bf16", values, dtype="bfloat16")
-    configs = analysis.configurations(analysis.records_frame(records))
+    configs = analysis.configurations(records_frame(records))
     configs["machine"] = "cpu, EPYC (2 cores)"
     return findings.claims_check(configs, {"cpu, EPYC (2 cores)": ENV}, CLAIMS).iloc[0]
 
@@ -378,7 +379,7 @@ def test_a_claim_missed_inside_the_noise_is_inconclusive():
 
 def test_a_claim_needs_three_repeats_like_every_verdict():
     records = runs("baseline", [100, 101], mfu=0.5) + runs("bf16", [180, 181], dtype="bfloat16")
-    configs = analysis.configurations(analysis.records_frame(records))
+    configs = analysis.configurations(records_frame(records))
     row = findings.claims_check(configs, {}, CLAIMS).iloc[0]
     assert row["verdict"] == stats.NONE and "a verdict needs 3" in row["why_not"]
 
@@ -453,9 +454,9 @@ def test_holm_turns_a_chance_better_among_many_null_quality_comparisons_into_inc
     lucky = [record("lucky", seed=i, kind="numeric", final=v) for i, v in enumerate([0.806, 0.817, 0.795])]
     nulls = [record(f"null{k}", seed=i, kind="numeric", final=v + (0.002 if (k + i) % 2 else -0.002))
              for k in range(29) for i, v in enumerate([0.800, 0.810, 0.790])]
-    alone = analysis.configurations(analysis.records_frame(base + lucky)).set_index("technique").loc["lucky"]
+    alone = analysis.configurations(records_frame(base + lucky)).set_index("technique").loc["lucky"]
     assert alone["delta_verdict"] == "better"  # +0.006 in every seed, with no margin: a change
-    many = analysis.configurations(analysis.records_frame(base + lucky + nulls)).set_index("technique")
+    many = analysis.configurations(records_frame(base + lucky + nulls)).set_index("technique")
     c = many.loc["lucky"]
     assert c["delta_verdict"] == stats.INCONCLUSIVE and c["delta_holm_dropped"]
     assert "not after Holm's correction over the 30 comparisons" in c["delta_why"]

@@ -7,7 +7,7 @@ import re
 import pytest
 
 import bench
-from bench.analyze.analysis import RECORD_COLUMNS
+from bench.records.frame import RECORD_COLUMNS
 from tests.conftest import REPO
 
 FIXTURE = REPO / "tests" / "fixtures" / "report"

@@ -11,8 +11,8 @@ import pytest
 
 import bench
 from bench.analyze import analysis
-from bench.analyze.analysis import RECORD_COLUMNS
 from bench.records import columns, reader
+from bench.records.frame import RECORD_COLUMNS, records_frame
 from bench.records.results import STATUSES, ResultStore, TrialRecord
 from tests.conftest import REPO
 
@@ -76,7 +76,7 @@ def test_missing_values_are_nan_na_and_nat():
     bare = TrialRecord(sweep_id="s", trial_id="mlp:tiny/baseline/seed0/r0", workload={"name": "mlp", "size": "tiny"},
                        techniques=[], technique_label="baseline", seed=0, repeat=0, world_size=1, device="cpu",
                        status="killed", reason="killed by signal 9")  # what a trial killed before its build leaves
-    frame = columns.typed(analysis.records_frame([bare]))
+    frame = columns.typed(records_frame([bare]))
     assert {c: str(frame[c].dtype) for c in frame.columns} == columns.COLUMN_DTYPES
     row = frame.iloc[0]
     assert math.isnan(row.samples_per_s) and math.isnan(row.final)
@@ -91,7 +91,7 @@ def test_missing_values_are_nan_na_and_nat():
 
 @pytest.mark.parametrize("sweep", SWEEPS, ids=lambda p: p.name)
 def test_untyped_gives_back_the_analysis_frame(sweep):
-    raw = analysis.records_frame(reader.load([sweep]))
+    raw = records_frame(reader.load([sweep]))
     back = columns.untyped(bench.load(sweep))
     for col in raw.columns:
         assert list(back[col]) == list(raw[col]), col
@@ -99,7 +99,7 @@ def test_untyped_gives_back_the_analysis_frame(sweep):
 
 
 def test_configurations_of_the_typed_frame_are_the_reports():
-    raw = analysis.records_frame(reader.load([EXAMPLE]))
+    raw = records_frame(reader.load([EXAMPLE]))
     frame = bench.load(EXAMPLE)
     pd.testing.assert_frame_equal(bench.configurations(frame), analysis.configurations(raw))
     gpt = frame[frame.workload == "gpt:tiny"]  # a filter keeps the other workloads' categories

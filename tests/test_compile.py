@@ -3,6 +3,7 @@
 import pytest
 import torch
 
+from bench.records.frame import records_frame
 from techniques.compile import Compile
 from tests.helpers import TechniqueSettings, build_loop
 
@@ -62,7 +63,6 @@ def test_a_set_that_compiled_nothing_is_flagged_in_the_analysis():
 def test_a_trial_that_finds_its_sets_inductor_cache_warm_trains_the_same(tmp_path):
     """The same compiled trial twice in one sweep: the first compiles from an empty cache (cold), the second loads
     what it compiled (warm), and trains the same losses; the sweep's one-off cost is the cold trial's."""
-    from bench.analyze import analysis
     from bench.plan.config import build_config
     from bench.plan.planner import plan
     from bench.run.runner import SweepRunner
@@ -84,5 +84,5 @@ def test_a_trial_that_finds_its_sets_inductor_cache_warm_trains_the_same(tmp_pat
     assert warm.parity.losses == cold.parity.losses
     assert [row[3] for row in warm.quality.curve] == [row[3] for row in cold.quality.curve]  # training losses
     assert [row[4] for row in warm.quality.curve] == pytest.approx([row[4] for row in cold.quality.curve], rel=1e-6)
-    frame = analysis.records_frame([cold, warm])
+    frame = records_frame([cold, warm])
     assert list(frame["one_off_s"]) == [cold.build.one_off_s] * 2

@@ -13,6 +13,7 @@ from bench import cli
 from bench.analyze import analysis
 from bench.plan.config import build_config
 from bench.records import reader
+from bench.records.frame import records_frame
 from bench.records.results import ContinuationResult, TrialRecord
 from bench.report.cells import quality_cell
 from bench.run.continuation import continuation_id, continuation_trials
@@ -101,7 +102,7 @@ def _continued(r: TrialRecord, curve: list, beyond: int, reached: bool = True, w
 
 
 def _configs(records):
-    return analysis.configurations(analysis.records_frame(records)).set_index("technique", drop=False)
+    return analysis.configurations(records_frame(records)).set_index("technique", drop=False)
 
 
 def test_a_faster_set_is_scored_on_its_continuation_at_the_reference_clock():

@@ -21,6 +21,7 @@ from bench import workloads
 from bench.analyze import analysis, findings
 from bench.plan.config import ConfigError, TechniqueSet, TechniqueSpec, WorkloadSpec
 from bench.plan.planner import incompatibility
+from bench.records.frame import records_frame
 from techniques import fp8
 from techniques._model import TORCHAO_MISSING
 from techniques.base import Context
@@ -134,7 +135,7 @@ def test_the_claims_check_holds_fp8_against_the_same_set_without_it():
             "bf16+fp8": [60, 62, 58], "bf16+fp8+compile": [380, 390, 370]}
     records = [record(label, seed=s, sps=v, workload="gpt", size="gpt2-124m", n_params=86_000_000)
                for label, values in sets.items() for s, v in enumerate(values)]
-    frame = analysis.records_frame(records)
+    frame = records_frame(records)
     configs = analysis.configurations(frame)
     claims = findings.claims_check(configs, {}, {"fp8": FP8.claims}, frame).set_index("technique")
     compiled, eager = claims.loc["bf16+fp8+compile"], claims.loc["bf16+fp8"]

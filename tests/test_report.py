@@ -23,6 +23,7 @@ from pathlib import Path
 import pytest
 
 from bench import cli as cli_mod
+from bench.records.frame import records_frame
 from bench.records.reader import load
 from bench.records.results import MemoryResult, ResultStore, TrialRecord
 from bench.report import InputError, build, markdown, parse_formats, summary, write_report
@@ -379,7 +380,7 @@ def test_a_summary_without_speed_says_why():
 
     def points(**kw):
         records = [record(label, seed=i, **kw) for label in ("baseline", "bf16") for i in range(3)]
-        configs = analysis.configurations(analysis.records_frame(records), "baseline")
+        configs = analysis.configurations(records_frame(records), "baseline")
         return _speed_points(None, configs, configs[~configs["is_reference"].astype(bool)])
 
     assert points(contended=True) == [

@@ -19,6 +19,7 @@ from bench import workloads
 from bench.analyze import analysis, findings
 from bench.plan.config import ConfigError, TechniqueSet, TechniqueSpec, WorkloadSpec
 from bench.plan.planner import incompatibility
+from bench.records.frame import records_frame
 from bench.workloads import gpt_chars
 from techniques import sparse24
 from techniques.base import Context
@@ -219,7 +220,7 @@ def test_the_claims_check_holds_bf16_sparse24_against_bf16_and_says_it_is_slower
                for label, values in (("baseline", [100, 101, 99]), ("bf16", [200, 204, 198]),
                                      ("bf16+sparse24", [160, 161, 160]))
                for s, v in enumerate(values)]
-    frame = analysis.records_frame(records)
+    frame = records_frame(records)
     configs = analysis.configurations(frame)
     claims = findings.claims_check(configs, {}, {"sparse24": Sparse24.claims}, frame)
     (row,) = claims.itertuples()
@@ -236,7 +237,7 @@ def test_the_claims_check_holds_bf16_sparse24_against_bf16_and_says_it_is_slower
 
 def test_without_the_set_without_it_the_claim_is_not_measured_and_says_what_to_add():
     records = [record(label, seed=s, sps=100.0) for label in ("baseline", "bf16+sparse24") for s in range(3)]
-    frame = analysis.records_frame(records)
+    frame = records_frame(records)
     claims = findings.claims_check(analysis.configurations(frame), {}, {"sparse24": Sparse24.claims}, frame)
     (row,) = claims.itertuples()
     assert row.verdict == "not measured" and row.against == "bf16"

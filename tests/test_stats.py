@@ -10,6 +10,7 @@ from scipy import stats as sps
 
 from bench.analyze import stats
 from bench.analyze.stats import EQUIVALENT, INCONCLUSIVE, NONE, contrast, difference, overall, ratio, verdict
+from bench.records.frame import records_frame
 
 
 def test_paired_difference_matches_scipy_ttest_rel():
@@ -132,7 +133,7 @@ def test_the_report_and_compare_read_their_verdicts_from_this_one_function(monke
                         stats.Verdict("sentinel"))
     base = [record(seed=i, sps=100.0 + i, final=0.8) for i in range(3)]
     new = [record("bf16", seed=i, sps=50.0 + i, final=0.8) for i in range(3)]
-    configs = analysis.configurations(analysis.records_frame(base + new)).set_index("technique")
+    configs = analysis.configurations(records_frame(base + new)).set_index("technique")
     assert {configs.loc["bf16", c] for c in ("speedup_verdict", "mem_ratio_verdict", "delta_verdict")} <= {
         "sentinel", None}
     assert configs.loc["bf16", "speedup_verdict"] == "sentinel"

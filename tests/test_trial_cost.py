@@ -10,10 +10,11 @@ from pathlib import Path
 
 import pytest
 
-from bench.analyze import analysis, time_spent
+from bench.analyze import time_spent
 from bench.measure.stages import MEASURED, STAGES, StageClock, close, fixed_and_measured, split_measured
 from bench.plan.config import TechniqueSet, TechniqueSpec, WorkloadSpec
 from bench.plan.planner import Trial
+from bench.records.frame import records_frame
 from bench.run.launcher import COMPILED_MARK, CompileCache, LaunchTimes
 from tests.records import record
 
@@ -211,7 +212,7 @@ def test_warm_trials_take_their_sets_one_off_cost_from_the_cold_trials():
 
     records = [trial(0, "cold", 20.0), trial(1, "warm", 3.0), trial(2, "warm", 2.0, ttt=None),
                record("baseline", 0, one_off=0.01), record("baseline", 1, one_off=0.02)]
-    frame = analysis.records_frame(records)
+    frame = records_frame(records)
     compiled = frame[frame["technique"] == "compile"].set_index("seed")
     assert list(compiled["one_off_s"]) == [20.0, 20.0, 20.0]
     assert compiled.at[1, "time_to_target_one_off_s"] == pytest.approx(2.0 + 20.0)
@@ -220,7 +221,7 @@ def test_warm_trials_take_their_sets_one_off_cost_from_the_cold_trials():
     base = frame[frame["technique"] == "baseline"]
     assert list(base["one_off_s"]) == [0.01, 0.02]  # no cache state: as measured
     # without a cold trial of the set (a resumed sweep lost it), warm trials keep their own
-    alone = analysis.records_frame([trial(1, "warm", 3.0), *records[3:]])
+    alone = records_frame([trial(1, "warm", 3.0), *records[3:]])
     assert list(alone.loc[alone["technique"] == "compile", "one_off_s"]) == [3.0]
 
 

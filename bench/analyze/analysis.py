@@ -6,8 +6,9 @@ environment (``env.json``); the renderers only format it. Every interval and ver
 
 - the records come from ``bench.records.reader.load(dirs)``: one or more sweep directories, each with its
   ``env.json`` (machine fingerprint);
-- ``records_frame(sweep)``: a tidy DataFrame, one row per trial (``RECORD_COLUMNS``); continuation trials
-  (``continues``) are set apart from every statistic but quality at equal time (``split_continuations``);
+- ``bench.records.frame.records_frame(sweep)``: a tidy DataFrame, one row per trial (``RECORD_COLUMNS``);
+  continuation trials (``continues``) are set apart from every statistic but quality at equal time
+  (``split_continuations``);
 - ``configurations(frame)``: one row per machine x workload x technique set:
   - speed: median samples/s and its spread; speedup against the reference set, paired by seed;
   - memory: peaks and the memory ratio; the breakdown; MFU (own dtype; the headline against the device's peak
@@ -23,12 +24,12 @@ environment (``env.json``); the renderers only format it. Every interval and ver
   log(reference);
 - ``bench.analyze.findings``: claims check and "what to try next".
 
-Machines are never pooled: a comparison uses trials of the same machine (and, for pairing, the same sweep).
+Machines are never pooled: a comparison uses trials of the same machine (and, for pairing, the same sweep). Which
+trials count and which pair is ``bench.analyze.pairs``'s rule, the one compare and tune use too.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import math
 from collections.abc import Mapping, Sequence
@@ -38,17 +39,14 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from bench.analyze import bottleneck, findings, mfu, stats
-from bench.analyze.findings import REPLICA_BYTES_PER_PARAM, frame_of
+from bench.analyze import bottleneck, findings, mfu, pairs, stats
+from bench.analyze.findings import REPLICA_BYTES_PER_PARAM
 from bench.measure.phases import PHASES
+from bench.records.frame import BASELINE, BREAKDOWN, MODEL_STATE, PARITY_OK, frame_of, records_frame
 from bench.records.reader import InputError, Sweep
-from bench.records.results import TrialRecord
 
 log = logging.getLogger(__name__)
 
-BASELINE = "baseline"
-BREAKDOWN = ("params", "grads", "optimizer", "activations", "other")
-MODEL_STATE = ("params", "grads", "optimizer")  # per-rank model state of multi-process trials, from local shards
 PROBLEM_STATUSES = ("failed", "oom", "killed", "timeout", "diverged")
 
 # An exact set's eval curve must match the reference set's at every evaluation, seed by seed, within this fraction
@@ -56,176 +54,6 @@ PROBLEM_STATUSES = ("failed", "oom", "killed", "timeout", "diverged")
 # where the metric starts near 0, an accuracy of 0.1 before training). Exact techniques reorder floating-point sums,
 # and some models amplify that over a run: see docs/methodology.md for what was measured.
 EXACT_CURVE_RTOL = 0.01
-
-
-# ---- the tidy frame -----------------------------------------------------------------------------------------
-
-# Multi-process trials: per-rank memory and model state beside the ZeRO formula (None for one-process trials, where
-# the clean RSS values are this process's own).
-DISTRIBUTED_COLUMNS = [
-    "world_size", "n_params", "samples_per_s_per_device", "rank_peak_rss_bytes", "clean_rss_at_rest_bytes",
-    "clean_rss_peak_bytes", "model_state_bytes", *(f"state_{c}_bytes" for c in MODEL_STATE), "zero_stage",
-    "zero_formula_bytes", "zero_note",
-]
-
-RECORD_COLUMNS = [
-    "source", "machine", "key", "sweep_id", "trial_id", "timestamp_utc", "workload", "technique", "names",
-    "components", "kind", "mode", "seed", "repeat", "position", "device", "status", "reason", "notes",
-    "added_by", "wall_s", "stages", "inductor_cache", "max_looks", "margin",
-    "batch_size", "first_step_s", "one_off_s", "probe_s",
-    "samples_per_s", "tokens_per_s", "step_time_s", "step_time_iqr_s", "window_steps", "data_wait_frac",
-    "contention_frac", "contended", "contention_retries", "flops_per_step", "achieved_flops", "compute_dtype",
-    "peak_flops", "mfu",
-    "mfu_datasheet",
-    "peak_bytes", "peak_rss_bytes", *(f"mem_{c}_bytes" for c in BREAKDOWN), "mem_held", "breakdown_skipped",
-    "metric", "higher_is_better", "target", "budget_samples", "samples_trained", "final", "train_time_s", "cut",
-    "stopped_by", "curve", "curve_extra", "samples_to_target", "steps_to_target", "time_to_target_s", "time_to_target_one_off_s",
-    "parity_kind", "parity_ok", "parity_loss_diff", "parity_start_diff", "parity_distance_diff", "parity_loss_tol",
-    "parity_distance_tol", "parity_note", "parity_answer", "parity_harmless_drift", "parity_bug_loss_drift",
-    "parity_bug_distance_drift", "parity_k_tol", "energy_j", "technique_results",
-    "phase_step_s", *(f"phase_{p}_share" for p in PHASES), "phase_device_busy", "phase_device_op_s",
-    *DISTRIBUTED_COLUMNS,
-    "continues", "continuation",
-]
-
-
-def _record_row(r: TrialRecord, source: str, machine: str, max_looks: int | None = None) -> dict[str, Any]:
-    b, s, q, p, m = r.build, r.speed, r.quality, r.parity, r.memory
-    bd = (m.breakdown if m else None) or {}
-    wl = r.workload or {}
-    return {
-        "source": source, "machine": machine, "key": (source, r.seed, r.repeat), "sweep_id": r.sweep_id,
-        "trial_id": r.trial_id, "timestamp_utc": r.timestamp_utc, "workload": r.workload_label,
-        "technique": r.technique_label, "names": tuple(p.split(":")[0] for p in _components(r.technique_label)),
-        "components": _components(r.technique_label), "kind": r.kind,
-        "mode": r.mode, "seed": r.seed, "repeat": r.repeat, "position": r.position, "device": r.device,
-        "status": r.status, "reason": r.reason, "notes": tuple(r.notes),
-        "added_by": r.added_by, "wall_s": r.wall_s, "stages": r.stages,
-        "inductor_cache": (r.caches or {}).get("inductor"), "max_looks": max_looks, "margin": q.margin if q else None,
-        "batch_size": b.batch_size if b else wl.get("batch_size"),
-        "first_step_s": b.first_step_s if b else None, "one_off_s": b.one_off_s if b else None,
-        "probe_s": b.probe_s if b else None,
-        "samples_per_s": s.samples_per_s if s else None, "tokens_per_s": s.tokens_per_s if s else None,
-        "step_time_s": s.step_time_s.median if s else None, "step_time_iqr_s": s.step_time_s.iqr if s else None,
-        "window_steps": s.steps if s else None, "data_wait_frac": s.data_wait_frac if s else None,
-        "contention_frac": s.contention.fraction if s else None, "contended": bool(s and s.contended),
-        "contention_retries": list(s.contention_retries) if s else [],
-        "flops_per_step": s.flops_per_step if s else None, "achieved_flops": s.achieved_flops if s else None,
-        "compute_dtype": s.compute_dtype if s else None, "peak_flops": s.peak_flops if s else None,
-        "mfu": s.mfu if s else None, "mfu_datasheet": s.mfu_datasheet if s else None,
-        "peak_bytes": m.peak_bytes if m else None, "peak_rss_bytes": m.peak_rss_bytes if m else None,
-        **{f"mem_{c}_bytes": bd.get(c) for c in BREAKDOWN}, "mem_held": bd.get("held") or None,
-        "breakdown_skipped": m.breakdown_skipped if m else None,
-        "metric": q.metric if q else wl.get("metric"),
-        "higher_is_better": q.higher_is_better if q else wl.get("higher_is_better"),
-        "target": q.target if q else wl.get("target"),
-        "budget_samples": q.budget_samples if q else None, "samples_trained": q.samples_trained if q else None,
-        "final": q.final if q else None, "train_time_s": q.train_time_s if q else None, "cut": q.cut if q else None,
-        "stopped_by": q.stopped_by if q else None, "curve": q.curve if q else [],
-        "curve_extra": q.curve_extra if q else None,
-        "samples_to_target": q.samples_to_target if q else None,
-        "steps_to_target": q.steps_to_target if q else None,
-        "time_to_target_s": q.time_to_target_s if q else None,
-        "time_to_target_one_off_s": q.time_to_target_with_one_off_s if q else None,
-        "parity_kind": p.kind if p else None, "parity_ok": _PARITY_OK[p.verdict] if p else None,
-        "parity_loss_diff": p.loss_rel_diff if p else None, "parity_start_diff": _start_diff(p),
-        "parity_distance_diff": p.distance_rel_diff if p else None,
-        "parity_loss_tol": p.loss_tolerance if p else None, "parity_distance_tol": p.distance_tolerance if p else None,
-        "parity_note": p.note if p else None, "parity_answer": p.verdict if p else None,
-        "parity_harmless_drift": p.harmless_loss_drift if p else None,
-        "parity_bug_loss_drift": p.bug_loss_drift if p else None,
-        "parity_bug_distance_drift": p.bug_distance_drift if p else None, "parity_k_tol": p.k_tol if p else None,
-        "energy_j": r.energy.joules if r.energy else None,
-        "technique_results": r.technique_results,
-        "phase_step_s": r.phases.step_s if r.phases else None,
-        **{f"phase_{name}_share": r.phases.share.get(name) if r.phases else None for name in PHASES},
-        "phase_device_busy": r.phases.device_busy if r.phases else None,
-        "phase_device_op_s": r.phases.device_op_s if r.phases else None,
-        "n_params": b.n_params if b else wl.get("n_params"),
-        **_distributed_fields(r.world_size, s, m),
-        "continues": r.continues,
-        "continuation": dataclasses.asdict(q.continuation) if q and q.continuation else None,
-    }
-
-
-def _components(label: str) -> tuple[str, ...]:
-    """The parts of a technique set's label ("bf16+grad_accum:steps=4"); the empty set (baseline) has none. Read
-    from the label, which every record has, even one of a trial killed before it built anything."""
-    return () if label == BASELINE else tuple(label.split("+"))
-
-
-def _distributed_fields(world_size: int | None, speed: Any, mem: Any) -> dict[str, Any]:
-    """Per-rank memory (the maximum over ranks where one number stands for all) and the ZeRO formula's total."""
-    ranks = (mem.per_rank if mem else None) or []
-    cleans = [r.get("clean_rss") or {} for r in ranks] or [(mem.clean_rss if mem else None) or {}]
-
-    def worst(key: str) -> int | None:
-        values = [c.get(key) for c in cleans]
-        return max(values) if values and all(v is not None for v in values) else None
-
-    formula = (mem.zero_formula_bytes if mem else None) or {}
-    states = [r.get("model_state") or {} for r in ranks]
-    largest = max(states, key=lambda st: sum(st.get(c) or 0 for c in MODEL_STATE), default={})
-    return {
-        "world_size": world_size or 1,
-        "samples_per_s_per_device": speed.samples_per_s_per_device if speed else None,
-        "rank_peak_rss_bytes": tuple(r.get("peak_rss_bytes") for r in ranks) or None,
-        "clean_rss_at_rest_bytes": worst("at_rest_bytes"),
-        "clean_rss_peak_bytes": worst("peak_bytes"),
-        "model_state_bytes": mem.model_state_bytes if mem else None,
-        **{f"state_{c}_bytes": largest.get(c) for c in MODEL_STATE},
-        "zero_stage": mem.zero_stage if mem else None,
-        "zero_formula_bytes": formula.get("total"),
-        "zero_note": mem.zero_note if mem else None,
-    }
-
-
-def records_frame(sweep: Sweep | Sequence[TrialRecord], max_looks: int | None = None) -> pd.DataFrame:
-    """One row per trial with the fields the analysis uses (see ``RECORD_COLUMNS``); missing values are None.
-    ``key`` = (sweep directory, seed, repeat): what pairs trials of different sets (a planned repeat has its own
-    seed; a sequential design's speed-only pairs reuse the seeds under new repeat numbers). ``max_looks``: the cap of the sequential
-    design the records came from (a sweep's own comes from its sweep.toml)."""
-    if isinstance(sweep, Sweep):
-        rows = [_record_row(r, s.name, s.machine, design_cap(s.settings)) for s in sweep.sources for r in s.records]
-    else:
-        rows = [_record_row(r, "", "", max_looks) for r in sweep]
-    return cold_one_off(frame_of(rows, RECORD_COLUMNS))
-
-
-def cold_one_off(frame: pd.DataFrame) -> pd.DataFrame:
-    """A trial that found its set's compile cache warm (``inductor_cache``) compiled little: its one-off cost, and
-    its time to target with one-off, take the median one-off of its set's cold trials (ok ones) on the same machine,
-    the cost a user pays once. Without a cold trial of the set in the frame, warm trials keep their own."""
-    warm = frame["inductor_cache"] == "warm"
-    if not warm.any():
-        return frame
-    frame = frame.copy()
-    for _, g in frame[frame["inductor_cache"].notna()].groupby(["machine", "workload", "technique"], sort=False):
-        cold = _values(g.loc[(g["inductor_cache"] == "cold") & (g["status"] == "ok"), "one_off_s"])
-        if not cold:
-            continue
-        one_off = float(np.median(cold))
-        for i in g.index[g["inductor_cache"] == "warm"]:
-            frame.at[i, "one_off_s"] = one_off
-            ttt = frame.at[i, "time_to_target_s"]
-            if _ok(ttt):
-                frame.at[i, "time_to_target_one_off_s"] = ttt + one_off + (frame.at[i, "probe_s"] or 0.0)
-    return frame
-
-
-def design_cap(settings: Mapping[str, Any] | None) -> int | None:
-    """The cap of a sweep's sequential design (``max_repeats`` in sweep.toml), or None for a fixed design."""
-    cap = (settings or {}).get("max_repeats")
-    repeats = (settings or {}).get("repeats")
-    return int(cap) if isinstance(cap, int) and isinstance(repeats, int) and cap > repeats else None
-
-
-def _cap(rows: pd.DataFrame | None) -> int | None:
-    """The sequential design's cap that applies to these trials (the largest, when merged sweeps differ)."""
-    if rows is None:
-        return None
-    caps = [int(c) for c in rows["max_looks"] if _ok(c)]
-    return max(caps) if caps else None
 
 
 # ---- helpers ------------------------------------------------------------------------------------------------
@@ -242,13 +70,6 @@ def _values(series: pd.Series) -> list[float]:
 def _median(series: pd.Series) -> float | None:
     v = _values(series)
     return float(np.median(v)) if v else None
-
-
-def keyed(rows: pd.DataFrame | None, column: str) -> dict[Any, float]:
-    """{(source, seed, repeat): value} of the rows that have one: what the statistics engine pairs on."""
-    if rows is None:
-        return {}
-    return {k: float(v) for k, v in zip(rows["key"], rows[column], strict=True) if _ok(v)}
 
 
 def _per_rank_medians(series: pd.Series) -> tuple[float, ...] | None:
@@ -287,11 +108,6 @@ def _compare(prefix: str, mine: Mapping[Any, float], ref: Mapping[Any, float], l
 def _rows(frame: pd.DataFrame, mask: Sequence[bool]) -> pd.DataFrame:
     """The rows where ``mask`` is true (a plain list of booleans would select columns when empty)."""
     return frame[pd.Series(list(mask), index=frame.index, dtype=bool)]
-
-
-def _complete(frame: pd.DataFrame) -> pd.DataFrame:
-    """Trials whose quality run trained the whole budget (not cut)."""
-    return _rows(frame, [bool(c) and not cut for c, cut in zip(frame["curve"], frame["cut"], strict=True)])
 
 
 def _status_text(group: pd.DataFrame) -> str:
@@ -348,8 +164,8 @@ def configurations(frame: pd.DataFrame, baseline: str = BASELINE, thresholds: Th
         g = groups[(machine, workload, technique)]
         ref = groups.get((machine, workload, baseline))
         is_ref = technique == baseline
-        ok = g[g["status"] == "ok"]
-        ref_ok = ref[ref["status"] == "ok"] if ref is not None and not is_ref else None
+        ok = pairs.trials(g)
+        ref_ok = pairs.trials(ref) if ref is not None and not is_ref else None
         row = _identity(machine, workload, technique, g, ok, is_ref)
         row.update(_speed(ok, ref_ok, th))
         row.update(_memory(ok, ref_ok, th))
@@ -450,15 +266,12 @@ def _step_not_its_cost(name: str) -> dict[str, Any]:
             "noisy": False, **_estimate_cols("speedup", None, none), **_estimate_cols("mem_ratio", None, none)}
 
 
-def _uncontended(rows: pd.DataFrame | None) -> pd.DataFrame | None:
-    """Trials whose timed window had the cores to itself: a window that stayed contended after the trial's retries
-    measured other processes too, so it is kept out of speed numbers and verdicts (and counted, so it is said)."""
-    return None if rows is None else rows[~rows["contended"].astype(bool)]
-
-
 def _speed(ok: pd.DataFrame, ref: pd.DataFrame | None, th: Thresholds) -> dict[str, Any]:
+    """Speed numbers from the windows that had the cores to themselves (``pairs.timed``); contended ones are
+    counted, so the report can say so."""
     n_contended = int(sum(bool(c) for c in ok["contended"]))
-    ok, ref = _uncontended(ok), _uncontended(ref)
+    speedup = pairs.pair(ok, ref, pairs.THROUGHPUT)
+    ok = pairs.timed(ok)
     sps = _values(ok["samples_per_s"])
     row = {
         "sps_median": float(np.median(sps)) if sps else None,
@@ -476,9 +289,8 @@ def _speed(ok: pd.DataFrame, ref: pd.DataFrame | None, th: Thresholds) -> dict[s
         "flops_per_step": _median(ok["flops_per_step"]),
     }
     row["noisy"] = row["sps_rel_iqr"] is not None and row["sps_rel_iqr"] > stats.NOISY_IQR_OVER_MEDIAN
-    row.update(_compare("speedup", keyed(ok, "samples_per_s"), keyed(ref, "samples_per_s"), True, th.speed,
-                        ("faster", "slower"), _cap(ok)))
-    row["max_looks"] = _cap(ok)
+    row.update(_compare("speedup", speedup.mine, speedup.ref, True, th.speed, ("faster", "slower"), speedup.cap))
+    row["max_looks"] = speedup.cap
     row["n_added"] = int(sum(a == "sequential" for a in ok["added_by"]))
     return row
 
@@ -492,7 +304,7 @@ def _phases(ok: pd.DataFrame, device: str) -> dict[str, Any]:
     time, and the diagnosis those medians point to (None when no trial ran a phase pass). Trials whose timed window
     stayed contended are left out, as from the speed numbers (their phase pass ran beside the same other work);
     ``with_diagnoses`` narrows the advice with the machine's peaks and the sweep's own measurements."""
-    ok = _uncontended(ok)
+    ok = pairs.timed(ok)
     shares = {name: _median(ok[f"phase_{name}_share"]) for name in PHASES}
     row: dict[str, Any] = {f"phase_{name}_share": v for name, v in shares.items()}
     row["phase_step_s"] = _median(ok["phase_step_s"])
@@ -552,19 +364,12 @@ def _memory(ok: pd.DataFrame, ref: pd.DataFrame | None, th: Thresholds) -> dict[
            **{f"mem_{c}_bytes": _median(ok[f"mem_{c}_bytes"]) for c in BREAKDOWN},
            "mem_held": _median_held(ok["mem_held"]),
            "breakdown_skipped": next((s for s in ok["breakdown_skipped"] if s), None)}
-    source, column = None, None
-    if ref is not None:
-        for name, col in (("tensors", "peak_bytes"), ("RSS", "peak_rss_bytes")):
-            mine, theirs = keyed(ok, col), keyed(ref, col)
-            if mine and theirs and len(mine) == len(ok) and len(theirs) == len(ref):
-                source, column = name, col
-                break
-    if column is None:
+    mem = pairs.pair(ok, ref, pairs.PEAK_MEMORY)
+    if mem.source is None:
         row.update(_estimate_cols("mem_ratio", None, None))
     else:
-        row.update(_compare("mem_ratio", keyed(ok, column), keyed(ref, column), True, th.memory, ("more", "less"),
-                            _cap(ok)))
-    row["mem_ratio_source"] = source
+        row.update(_compare("mem_ratio", mem.mine, mem.ref, True, th.memory, ("more", "less"), mem.cap))
+    row["mem_ratio_source"] = mem.source
     return row
 
 
@@ -573,7 +378,7 @@ def _quality(ok: pd.DataFrame, ref: pd.DataFrame | None, kind: str, th: Threshol
     """Quality at equal samples, and at equal time (``_equal_time``, with the set's continuations). Runs cut by
     the safety cap are counted and left out."""
     with_quality = _rows(ok, [bool(c) for c in ok["curve"]])
-    complete = _complete(ok)
+    complete = pairs.quality_runs(ok)
     finals = _values(complete["final"])
     metric = next((m for m in ok["metric"] if m), None)
     hib = next((h for h in ok["higher_is_better"] if h is not None), None)
@@ -586,12 +391,13 @@ def _quality(ok: pd.DataFrame, ref: pd.DataFrame | None, kind: str, th: Threshol
         "train_time_s": _median(complete["train_time_s"]),
         **_stopped_early(complete),
     }
-    ref_complete = _complete(ref) if ref is not None else None
+    ref_complete = pairs.quality_runs(ref) if ref is not None else None
     words = ("better", "worse") if hib is not False else ("worse", "better")
     margin = next((float(m) for m in ok["margin"] if _ok(m)), None)
     row["margin"] = margin
     threshold = margin if margin is not None else th.metric
-    row.update(_compare("delta", keyed(complete, "final"), keyed(ref_complete, "final"), False, threshold, words))
+    delta = pairs.pair(ok, ref, pairs.FINAL_METRIC)
+    row.update(_compare("delta", delta.mine, delta.ref, False, threshold, words))
     row.update(_curve_match(complete, ref_complete) if kind == "exact" else
                {"curve_max_rel_diff": None, "curve_pairs": 0, "curve_points": 0})
     same = (kind == "exact" and row["curve_pairs"] > 0 and row["curve_max_rel_diff"] is not None
@@ -693,7 +499,7 @@ def _equal_time(mine: pd.DataFrame, ref: pd.DataFrame | None, words: tuple[str, 
     budget = _median(ref["train_time_s"]) if ref is not None and not ref.empty else None
     if budget is None or mine.empty:
         return {**EQUAL_TIME_EMPTY, **_compare("delta_at_time", {}, {}, False, threshold, words)}
-    clocks = keyed(ref, "train_time_s")
+    clocks = pairs.values(ref, "train_time_s")
     runs, blocked = _continuations(continued)
     at, beyond, until, cut, faster = {}, [], [], [], 0
     for key, curve, own in zip(mine["key"], mine["curve"], mine["train_time_s"], strict=True):
@@ -743,7 +549,7 @@ def _continuations(continued: pd.DataFrame | None) -> tuple[dict[Any, tuple[list
 def _time_to_target(ok: pd.DataFrame, ref: pd.DataFrame | None, th: Thresholds) -> dict[str, Any]:
     """Censored medians (a miss is +inf), the miss rate, and the ratio to the reference's time-to-target when
     neither side missed in any trial."""
-    runs = _complete(ok)
+    runs = pairs.quality_runs(ok)
     target = next((t for t in ok["target"] if t is not None), None)
     ttt = list(runs["time_to_target_s"])
     row: dict[str, Any] = {
@@ -753,16 +559,14 @@ def _time_to_target(ok: pd.DataFrame, ref: pd.DataFrame | None, th: Thresholds) 
         "ttt_one_off_median": stats.censored_median(list(runs["time_to_target_one_off_s"])),
         "stt_median": stats.censored_median(list(runs["samples_to_target"])),
     }
-    mine = keyed(runs, "time_to_target_s")
-    ref_runs = None if ref is None else _complete(ref)
-    theirs = keyed(ref_runs, "time_to_target_s")
-    missed = (len(mine) < len(runs)) or (ref_runs is not None and len(theirs) < len(ref_runs))
-    if ref_runs is None or target is None or missed or not mine or not theirs:
+    times = pairs.pair(ok, ref, pairs.TIME_TO_TARGET)
+    missed = any(times.misses)
+    if ref is None or target is None or missed or not times.mine or not times.ref:
         row.update(_estimate_cols("ttt_ratio", None, None))
-        if ref_runs is not None and missed:
+        if ref is not None and missed:
             row["ttt_ratio_why"] = "misses on one side: compare the censored medians and miss rates"
         return row
-    row.update(_compare("ttt_ratio", mine, theirs, True, th.time_to_target, ("later", "sooner")))
+    row.update(_compare("ttt_ratio", times.mine, times.ref, True, th.time_to_target, ("later", "sooner")))
     return row
 
 
@@ -776,17 +580,6 @@ def _median_interval(values: list[Any]) -> dict[str, Any]:
     return dict(zip(("ttt_lo", "ttt_hi", "ttt_coverage"), found, strict=True))
 
 
-def _start_diff(p: Any) -> float | None:
-    """The relative difference of the first loss, computed before any update: a difference there is a different
-    starting model or first batch, not arithmetic."""
-    if not p or not p.losses or not p.reference_losses:
-        return None
-    a, b = p.losses[0], p.reference_losses[0]
-    return abs(a - b) / max(abs(b), 1e-12)
-
-
-# A trial's parity answer as the frame's parity_ok: inconclusive is neither a match nor a mismatch.
-_PARITY_OK = {"ok": True, "mismatch": False, "inconclusive": None}
 _PARITY_RANK = {"mismatch": 0, "inconclusive": 1, "ok": 2}  # the set's answer is its worst trial's
 PARITY_COLUMNS = ("parity_loss_diff", "parity_distance_diff", "parity_loss_tol", "parity_distance_tol",
                   "parity_harmless_drift", "parity_bug_loss_drift", "parity_bug_distance_drift", "parity_k_tol")
@@ -812,7 +605,7 @@ def _parity(ok: pd.DataFrame) -> dict[str, Any]:
                                      -(r["parity_loss_diff"] or 0.0) / max(r["parity_loss_tol"] or 1.0, 1e-300)))
     answers = [r["parity_answer"] for r in rows]
     out.update({c: worst[c] for c in PARITY_COLUMNS})
-    out.update(parity_answer=worst["parity_answer"], parity_ok=_PARITY_OK[worst["parity_answer"]],
+    out.update(parity_answer=worst["parity_answer"], parity_ok=PARITY_OK[worst["parity_answer"]],
                parity_answers={a: answers.count(a) for a in _PARITY_RANK if a in answers})
     return out
 
@@ -854,7 +647,6 @@ def interactions(frame: pd.DataFrame, configs: pd.DataFrame, baseline: str = BAS
     """
     rows = []
     by_key = {(r.machine, r.workload, r.technique): r for r in configs.itertuples()}
-    ok = frame[frame["status"] == "ok"]
     for c in configs.itertuples():
         if len(c.components) < 2 or c.is_reference:
             continue
@@ -870,11 +662,11 @@ def interactions(frame: pd.DataFrame, configs: pd.DataFrame, baseline: str = BAS
             row["why"] = f"{', '.join(missing) if missing else c.technique} has no speedup measured"
             rows.append(row)
             continue
-        here = _uncontended(ok[(ok["machine"] == c.machine) & (ok["workload"] == c.workload)])
-        sps = {label: keyed(rows, "samples_per_s") for label, rows in here.groupby("technique")}
+        here = frame[(frame["machine"] == c.machine) & (frame["workload"] == c.workload)]
+        sps = {label: pairs.samples(rows, pairs.THROUGHPUT) for label, rows in here.groupby("technique")}
         terms = [(sps.get(c.technique, {}), 1.0), *((sps.get(p, {}), -1.0) for p in c.components),
                  (sps.get(baseline, {}), float(len(c.components) - 1))]
-        est = stats.contrast(terms, log=True, max_looks=_cap(here))
+        est = stats.contrast(terms, log=True, max_looks=pairs.cap(pairs.timed(here)))
         v = stats.verdict(est, 0.0, "more than multiplicative", "gains partly cancel")
         row.update(ratio=est.value, ratio_lo=est.lo, ratio_hi=est.hi,
                    verdict=MULTIPLY if v.word == stats.INCONCLUSIVE else v.word, why=v.why)

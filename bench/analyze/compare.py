@@ -1,15 +1,16 @@
 """`bench compare BASE_DIR NEW_DIR`: a regression gate that does not cry wolf on a noisy machine.
 
 Trials of the two sweep directories are matched by configuration (workload and size, technique set with its
-options, world size), and within a configuration by trial id (the same seed and repeat): in `sweep --ab` those are
-the two runs of a trial made back to back. For each configuration three quantities are compared as NEW / BASE
-ratios through the statistics engine (``bench.analyze.stats``, the same one the report uses): a paired t interval on the
-log-ratios of matched trials, a Welch interval when the trials do not match:
+options, world size), and within a configuration by (seed, repeat), the same trial of each side: in `sweep --ab`
+the two runs of a trial made back to back. Which trials count and how they pair is the report's rule
+(``bench.analyze.pairs``). For each configuration three quantities are compared as NEW / BASE ratios through the
+statistics engine (``bench.analyze.stats``, the same one the report uses): a paired t interval on the log-ratios of
+matched trials, a Welch interval when the trials do not match:
 
-- throughput (``speed.samples_per_s``): faster / slower / equivalent (the whole interval within the threshold) /
-  inconclusive;
+- throughput (``speed.samples_per_s``; windows that stayed contended are left out): faster / slower / equivalent
+  (the whole interval within the threshold) / inconclusive;
 - peak memory (the tensor-level or CUDA allocator peak ``memory.peak_bytes`` when every trial on both sides has
-  it, else peak RSS, and the table says which): more memory / less memory / ...;
+  it, else peak RSS when every trial has that, and the table says which): more memory / less memory / ...;
 - final metric (``quality.final``, the metric at the full sample budget; its direction comes from the record):
   better / worse / ... It is compared only when both sides trained the same samples, and runs cut by the safety cap
   are left out.
@@ -39,12 +40,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from bench.analyze import stats
-from bench.analyze.analysis import design_cap
+from bench.analyze import pairs, stats
 from bench.analyze.stats import NOISY_IQR_OVER_MEDIAN, Estimate, relative_iqr
 from bench.core.errors import ConfigError
 from bench.core.text import cell, escape
 from bench.records import reader
+from bench.records.frame import design_cap, records_frame
 from bench.records.results import TrialRecord
 
 log = logging.getLogger(__name__)
@@ -94,8 +95,8 @@ class MetricComparison:
 
     quantity: str  # "throughput" | "peak memory" | "final metric"
     unit: str  # "samples/s", "bytes, tensor peak", "val_loss, lower is better", ...
-    base: dict[str, float]  # trial id -> value
-    new: dict[str, float]
+    base: dict[Any, float]  # ("", seed, repeat) -> value: the same trial of each side pairs (bench.analyze.pairs)
+    new: dict[Any, float]
     estimate: Estimate | None  # NEW / BASE; None when not measured on both sides
     verdict: str  # faster / slower / more memory / ... / equivalent / inconclusive / no verdict / not comparable
     why: str | None  # what stood in the way of a verdict
@@ -263,19 +264,10 @@ def load_sweep(sweep_dir: Path) -> tuple[reader.Source, list[str]]:
 # ---- statistics per configuration ---------------------------------------------------------------------------
 
 
-def _values(records: Iterable[TrialRecord], get: Any) -> dict[str, float]:
-    out = {}
-    for r in records:
-        value = get(r)
-        if isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value):
-            out[r.trial_id] = float(value)
-    return out
-
-
-def _quantity(quantity: str, unit: str, base: dict[str, float], new: dict[str, float], threshold: float,
+def _quantity(quantity: str, unit: str, base: dict[Any, float], new: dict[Any, float], threshold: float,
               higher: str, lower: str, bad: str, log: bool = True, max_looks: int | None = None
               ) -> MetricComparison:
-    """NEW against BASE through the statistics engine: a ratio (``log``) or a difference, paired by trial id.
+    """NEW against BASE through the statistics engine: a ratio (``log``) or a difference, paired by (seed, repeat).
     ``max_looks``: a sequential design's cap, so a paired ratio is its repeated interval (``bench.analyze.sequential``)."""
     noises = [n for n in (_spread(list(base.values())), _spread(list(new.values()))) if n is not None]
     noise = max(noises) if noises else None
@@ -297,18 +289,8 @@ def _spread(values: list[float]) -> float | None:
     return 0.0 if max(values) == min(values) else relative_iqr(values)
 
 
-def _memory_values(base: list[TrialRecord], new: list[TrialRecord]) -> tuple[str, dict, dict]:
-    """Tensor/CUDA peaks when every ok trial on both sides has one, else peak RSS: the two do not compare."""
-    def peak(r: TrialRecord) -> Any:
-        return r.memory.peak_bytes if r.memory else None
-
-    def rss(r: TrialRecord) -> Any:
-        return r.memory.peak_rss_bytes if r.memory else None
-
-    tb, tn = _values(base, peak), _values(new, peak)
-    if tb and tn and len(tb) == len(base) and len(tn) == len(new):
-        return "bytes, tensor peak", tb, tn
-    return "bytes, peak RSS", _values(base, rss), _values(new, rss)
+# Peak memory's unit by its source (``bench.analyze.pairs.memory_source``; None: no source every trial has).
+_MEMORY_UNITS = {"tensors": "bytes, tensor peak", "RSS": "bytes, peak RSS", None: "bytes"}
 
 
 def _higher_is_better(records: Sequence[TrialRecord]) -> tuple[str | None, bool]:
@@ -323,10 +305,6 @@ def _higher_is_better(records: Sequence[TrialRecord]) -> tuple[str | None, bool]
     return None, True
 
 
-def _final(r: TrialRecord) -> float | None:
-    return r.quality.final if r.quality and not r.quality.cut else None
-
-
 def compare_config(key: ConfigKey, base: Sequence[TrialRecord], new: Sequence[TrialRecord],
                    threshold: float = DEFAULT_THRESHOLD, max_looks: int | None = None) -> ConfigComparison:
     """Compare the trials of one configuration (all statuses; only ``ok`` trials give values). ``threshold`` is
@@ -336,22 +314,23 @@ def compare_config(key: ConfigKey, base: Sequence[TrialRecord], new: Sequence[Tr
     ones; the metric's quality runs are the planned ones, never repeated for speed)."""
     ok_b = [r for r in base if r.status == "ok"]
     ok_n = [r for r in new if r.status == "ok"]
-
-    def sps(r: TrialRecord) -> Any:  # a window that stayed contended measured other processes too: left out
-        return r.speed.samples_per_s if r.speed and not r.speed.contended else None
-
-    throughput = _quantity("throughput", "samples/s", _values(ok_b, sps), _values(ok_n, sps), threshold,
+    # Each side is one sweep directory, framed alone: its trials are keyed ("", seed, repeat), so the same trial of
+    # the two sides pairs, by the report's rule of which trials count (bench.analyze.pairs).
+    fb, fn = records_frame(base, max_looks), records_frame(new, max_looks)
+    speed = pairs.pair(fn, fb, pairs.THROUGHPUT)
+    throughput = _quantity("throughput", "samples/s", speed.ref, speed.mine, threshold,
                            "faster", "slower", "slower", max_looks=max_looks)
-    unit, mb, mn = _memory_values(ok_b, ok_n)
-    memory = _quantity("peak memory", unit, mb, mn, stats.THRESHOLDS["memory"], "more memory", "less memory",
-                       "more memory", max_looks=max_looks)
+    mem = pairs.pair(fn, fb, pairs.PEAK_MEMORY)
+    memory = _quantity("peak memory", _MEMORY_UNITS[mem.source], mem.ref, mem.mine, stats.THRESHOLDS["memory"],
+                       "more memory", "less memory", "more memory", max_looks=max_looks)
     name, hib = _higher_is_better([*ok_b, *ok_n])
     good, worse = "better", "worse"
+    final = pairs.pair(fn, fb, pairs.FINAL_METRIC)
     metric = _quantity("final metric", f"{name}, {'higher' if hib else 'lower'} is better" if name else "-",
-                       _values(ok_b, _final), _values(ok_n, _final), stats.THRESHOLDS["metric"],
+                       final.ref, final.mine, stats.THRESHOLDS["metric"],
                        good if hib else worse, worse if hib else good, worse, log=False)
-    budgets_b = sorted({r.quality.samples_trained for r in ok_b if r.quality and not r.quality.cut})
-    budgets_n = sorted({r.quality.samples_trained for r in ok_n if r.quality and not r.quality.cut})
+    budgets_b = sorted({int(s) for s in pairs.quality_runs(fb)["samples_trained"]})
+    budgets_n = sorted({int(s) for s in pairs.quality_runs(fn)["samples_trained"]})
     if budgets_b and budgets_n and budgets_b != budgets_n and metric.estimate is not None:
         metric.verdict, metric.regression = "not comparable", False
         metric.why = f"trained {_listing(budgets_b)} vs {_listing(budgets_n)} samples"
@@ -490,7 +469,7 @@ def compare_dirs(base_dir: Path, new_dir: Path, threshold: float = DEFAULT_THRES
 def design_cap_of(*settings: dict[str, Any]) -> int | None:
     """The sequential design's cap that applies to a comparison: the larger one when the two sweeps' differ (the
     wider interval), a sequential side's when only one was (its pairs were added by looking), None when both were
-    fixed designs (``bench.analyze.analysis.design_cap``)."""
+    fixed designs (``bench.records.frame.design_cap``)."""
     caps = [c for c in (design_cap(s) for s in settings) if c is not None]
     return max(caps) if caps else None
 

@@ -11,9 +11,10 @@ from typing import Any
 
 import pandas as pd
 
-from bench.analyze import bottleneck, stats
+from bench.analyze import bottleneck, pairs, stats
 from bench.core import words
 from bench.core.words import say
+from bench.records.frame import frame_of
 
 REPLICA_BYTES_PER_PARAM = 16  # model state of a full replica with fp32 AdamW: params 4 + grads 4 + two moments 8
 
@@ -29,13 +30,6 @@ MODEL_STATE_SLACK = 0.01  # exact bytes may miss a claimed range's edge by shard
 
 GPU_WORDS = ("gpu", "nvidia", "v100", "a100", "h100", "h200", "tensor core", "cuda", "tpu")
 NOT_FASTER = ("slower", stats.EQUIVALENT, stats.INCONCLUSIVE)  # verdicts of a set that did not pay off here
-
-
-def frame_of(rows: list[dict[str, Any]], columns: list[str] | None = None) -> pd.DataFrame:
-    """A DataFrame of Python objects where missing values are None (never NaN), so formatting code can test
-    ``is None`` and tuples/lists survive."""
-    frame = pd.DataFrame(rows, columns=columns).astype(object)
-    return frame.where(frame.notna(), None)
 
 
 # ---- claims check -------------------------------------------------------------------------------------------
@@ -109,7 +103,8 @@ def _claim_row(c: Any, name: str, claim: Any, rest: Any, frame: pd.DataFrame | N
             row["why"] = [f"this sweep ran no {without} set to measure {name} against: add it"]
     else:
         row["against"] = rest.technique
-        ratio = stats.ratio(_speeds(frame, c), _speeds(frame, rest))
+        speed = pairs.pair(_trials_of(frame, c), _trials_of(frame, rest), pairs.THROUGHPUT)
+        ratio = stats.ratio(speed.mine, speed.ref, speed.cap)  # a sequential design's pairs: its repeated interval
         est, lo, hi, n = ratio.value, ratio.lo, ratio.hi, ratio.n
     row.update(measured=est, measured_lo=lo, measured_hi=hi)
     if est is None:
@@ -124,14 +119,11 @@ def _claim_row(c: Any, name: str, claim: Any, rest: Any, frame: pd.DataFrame | N
     return row
 
 
-def _speeds(frame: pd.DataFrame, c: Any) -> dict[Any, float]:
-    """{(source, seed, repeat): samples/s} of the set ``c``'s ok trials whose timed window had the cores to itself
-    (what the statistics engine pairs on, as the speedup column does)."""
-    rows = frame[(frame["machine"] == c.machine) & (frame["workload"] == c.workload) &
-                 (frame["technique"] == c.technique) & (frame["status"] == "ok")]
-    rows = rows[~rows["contended"].astype(bool)]
-    return {k: float(v) for k, v in zip(rows["key"], rows["samples_per_s"], strict=True)
-            if v is not None and math.isfinite(float(v))}
+def _trials_of(frame: pd.DataFrame, c: Any) -> pd.DataFrame:
+    """The trials of the configuration ``c`` (a row of ``configurations``): ``bench.analyze.pairs`` says which of
+    them count, and pairs them, as it does for the speedup column."""
+    return frame[(frame["machine"] == c.machine) & (frame["workload"] == c.workload) &
+                 (frame["technique"] == c.technique)]
 
 
 def _count(n: float) -> str:

@@ -7,9 +7,10 @@ independent samples of the configuration.
 
 - **Paired when the groups share keys.** Trials of different technique sets with the same seed start from the same
   initial weights and see the same batches, and in a sweep they run in the same repeat round; in `sweep --ab` the
-  two sides of a trial run back to back. Values are keyed (by seed, or by trial id), and when every group has the
-  same keys (at least two) the contrast is computed per key and the interval comes from the spread of those
-  per-key contrasts. Otherwise the groups are independent samples and the standard errors add (Welch).
+  two sides of a trial run back to back. Values are keyed (by sweep directory, seed and repeat:
+  ``bench.analyze.pairs``), and when every group has the same keys (at least two) the contrast is computed per key
+  and the interval comes from the spread of those per-key contrasts. Otherwise the groups are independent samples
+  and the standard errors add (Welch).
 - **Student-t intervals, not a percentile bootstrap.** With 3 repeats a percentile bootstrap of a mean can never
   reach beyond the most extreme observed pair, so its "95%" interval is [min, max] of three values: under pure
   noise all three land on the same side of 1 one time in four, and such an interval covered the truth in 67% of
@@ -117,7 +118,7 @@ def _t(df: float) -> float:
 def contrast(terms: Sequence[tuple[Values, float]], log: bool, max_looks: int | None = None) -> Estimate:
     """sum(coef * mean(group)) over ``terms`` = [(values, coef), ...], with a t interval.
 
-    ``values`` are a mapping key -> value (keys pair groups: seed, trial id) or a plain sequence (never paired).
+    ``values`` are a mapping key -> value (keys pair groups: ``bench.analyze.pairs``) or a plain sequence (never paired).
     Paired when every group is a mapping and they share at least two keys; then the contrast is formed per shared
     key (a key missing from one group, e.g. a failed trial, drops out of all). Non-finite and None values are
     dropped; with ``log`` non-positive values are an error. ``max_looks``: the pairs come from a sequential design

@@ -31,7 +31,7 @@ joules, samples.
 their speed and memory sections are kept, their quality is dropped with a note, since their final metric came from
 a training run whose length depended on the set's speed.
 
-`bench.analyze.analysis.records_frame` flattens records into a pandas DataFrame, one row per trial.
+`bench.records.frame.records_frame` flattens records into a pandas DataFrame, one row per trial.
 """
 
 

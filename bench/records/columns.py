@@ -1,6 +1,6 @@
 """The dtypes of ``bench.load``'s frame: numbers as numbers, labels as categoricals, start times as datetimes.
 
-The analysis works on a frame of Python objects (``bench.analyze.analysis.records_frame``: None for missing, so its
+The analysis works on a frame of Python objects (``bench.records.frame.records_frame``: None for missing, so its
 formatting code can test ``is None``). A user's notebook wants the opposite: ``describe()``, ``plot`` and ``groupby``
 need float64 and Int64 columns, and ``frame.status == "ok"`` should be cheap. ``typed`` turns the one into the other
 and ``untyped`` turns it back (``bench.configurations`` takes either), so both views stay one source of truth.

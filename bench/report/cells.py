@@ -12,10 +12,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from bench.analyze import cost, stats
-from bench.analyze.analysis import BREAKDOWN, EXACT_CURVE_RTOL
+from bench.analyze.analysis import EXACT_CURVE_RTOL
 from bench.core import words
 from bench.core.text import fmt_bytes, fmt_secs
 from bench.core.words import say, tone
+from bench.records.frame import BREAKDOWN
 from bench.records.results import PARITY_TOLERANCES
 from bench.report.document import Cell
 

@@ -31,8 +31,9 @@ from matplotlib.figure import Figure as MplFigure
 
 import techniques
 from bench.analyze import stats
-from bench.analyze.analysis import BREAKDOWN, MODEL_STATE, Analysis
+from bench.analyze.analysis import Analysis
 from bench.measure.phases import PHASES
+from bench.records.frame import BREAKDOWN, MODEL_STATE
 from bench.report.cells import say
 from bench.report.document import Figure
 from bench.report.frontier import KL, frontier_trials

@@ -7,7 +7,8 @@ workload's ``curve_metrics``: ``proxy_reward`` and ``kl``, in the records' ``qua
   estimated FLOPs up to the first evaluation at the target: steps to target x FLOPs per step, the technique's own
   estimate where it records one, ``flops_per_step_est``, else the trial's measured ``flops_per_step``), and which
   over-optimised the proxy (from the evaluation with the best metric to the end of the run, the proxy rose while the
-  metric fell). Every verdict word comes from ``bench.analyze.stats`` (paired over seeds; no verdict below 3).
+  metric fell). Every verdict word comes from ``bench.analyze.stats`` (paired over seeds; no verdict below 3), on
+  the quality runs ``bench.analyze.pairs`` counts (ok, not cut by the safety cap), keyed as it pairs them.
 
 Nothing here names a technique or a workload: it reads the records' columns.
 """
@@ -19,7 +20,7 @@ from typing import Any
 
 import pandas as pd
 
-from bench.analyze import stats
+from bench.analyze import pairs, stats
 from bench.analyze.analysis import Analysis
 from bench.report.cells import interval, say
 
@@ -32,12 +33,14 @@ def _has_frontier(rec: Any) -> bool:
 
 
 def frontier_trials(analysis: Analysis, machine: str, workload: str) -> pd.DataFrame:
+    """The complete quality runs (``bench.analyze.pairs.quality_runs``) of a workload that recorded the proxy and
+    the KL beside the metric."""
     frame = analysis.frame
     if "curve_extra" not in frame:
         return frame.iloc[0:0]
-    ok = frame[(frame["status"] == "ok") & (frame["machine"] == machine) & (frame["workload"] == workload)]
-    return ok[[bool(e) and PROXY in e and KL in e and len(c) > 1 for e, c in zip(ok["curve_extra"], ok["curve"],
-                                                                              strict=True)]]
+    runs = pairs.quality_runs(frame[(frame["machine"] == machine) & (frame["workload"] == workload)])
+    return runs[[bool(e) and PROXY in e and KL in e and len(c) > 1 for e, c in zip(runs["curve_extra"],
+                                                                                runs["curve"], strict=True)]]
 
 
 def _step_flops(row: Any) -> float | None:
@@ -94,7 +97,7 @@ def frontier_points(analysis: Analysis, machine: str, workload: str) -> list[str
     target = next((t for t in trials["target"] if t is not None and not pd.isna(t)), None)
     by_set = {label: g for label, g in trials.groupby("technique", sort=False)}
     if target is not None:
-        cost = {label: {r.seed: _compute_to_target(r) for r in g.itertuples()} for label, g in by_set.items()}
+        cost = {label: {r.key: _compute_to_target(r) for r in g.itertuples()} for label, g in by_set.items()}
         cost = {k: v for k, v in cost.items() if all(x is not None for x in v.values())}
         medians = {k: stats.censored_median(list(v.values())) for k, v in cost.items()}
         untrained = [k for k, m in medians.items() if m == 0.0]
@@ -124,7 +127,7 @@ def frontier_points(analysis: Analysis, machine: str, workload: str) -> list[str
     over, steady = [], []
     margin = next((float(m) for m in trials["margin"] if m is not None and not pd.isna(m)), 0.0)
     for label, g in by_set.items():
-        ends = {r.seed: _peak_and_end(r, hib) for r in g.itertuples()}
+        ends = {r.key: _peak_and_end(r, hib) for r in g.itertuples()}
         ends = {s: e for s, e in ends.items() if e is not None}
         if not ends:
             continue

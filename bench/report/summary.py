@@ -22,6 +22,7 @@ from bench.core import words
 from bench.core.files import write_atomic
 from bench.core.text import cell, escape
 from bench.records import reader
+from bench.records.frame import records_frame
 from bench.records.results import TrialRecord
 from bench.report import cells
 from bench.report.sections.summary import decisions
@@ -63,7 +64,7 @@ def configurations(records: Sequence[TrialRecord], baseline: str = BASELINE, max
                    env: Mapping[str, Any] | None = None) -> pd.DataFrame:
     """The analysis's configurations of bare records (no sweep directory): ``max_looks`` the sequential design's cap,
     ``env`` the machine's env.json (its peaks give the headline MFU; without it the MFU column says "-")."""
-    configs = analysis.configurations(analysis.records_frame(list(records), max_looks=max_looks), baseline)
+    configs = analysis.configurations(records_frame(list(records), max_looks=max_looks), baseline)
     return mfu.with_mfu(configs, {"": env or {}})  # records_frame of bare records labels their machine ""
 
 

@@ -36,6 +36,7 @@ import numpy as np
 from bench.analyze import analysis, stats
 from bench.plan.config import SweepConfig, TechniqueSet, WorkloadSpec
 from bench.plan.planner import Trial, trial_id
+from bench.records.frame import records_frame
 from bench.records.results import TrialRecord
 
 log = logging.getLogger(__name__)
@@ -83,7 +84,7 @@ def exhausted(cfg: SweepConfig, n_trials: int) -> bool:
 
 def open_configurations(cfg: SweepConfig, records: list[TrialRecord]) -> list[Open]:
     """The configurations of ``cfg`` whose speed or memory verdict is open, the most informative first."""
-    frame = analysis.records_frame(records, max_looks=cfg.max_repeats)
+    frame = records_frame(records, max_looks=cfg.max_repeats)
     if frame.empty or analysis.BASELINE not in set(frame["technique"]):
         return []
     workloads, sets = labelled(cfg)

@@ -43,12 +43,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
+import pandas as pd
 
-from bench.analyze import stats
+from bench.analyze import pairs, stats
 from bench.core.files import write_atomic
 from bench.core.text import shown, size_text
 from bench.plan.config import ConfigError, TechniqueSet, TechniqueSpec, WorkloadSpec
 from bench.plan.planner import Trial, trial_id, world_size_for
+from bench.records.frame import records_frame
 from bench.records.results import TrialRecord
 
 if TYPE_CHECKING:
@@ -123,6 +125,7 @@ class Objective:
     threshold: float
     words: tuple[str, str]  # stats.verdict's (higher, lower)
     mode: str  # what a round's trials measure
+    quantity: str  # what is compared, as the report pairs it (bench.analyze.pairs)
 
     @property
     def better(self) -> str:
@@ -134,10 +137,11 @@ class Objective:
 
 
 OBJECTIVES = {
-    "throughput": Objective("throughput", True, stats.THRESHOLDS["speed"], ("faster", "slower"), "speed"),
+    "throughput": Objective("throughput", True, stats.THRESHOLDS["speed"], ("faster", "slower"), "speed",
+                            pairs.THROUGHPUT),
     "time-to-target": Objective("time-to-target", False, stats.THRESHOLDS["time_to_target"], ("later", "sooner"),
-                                "both"),
-    "memory": Objective("memory", False, stats.THRESHOLDS["memory"], ("more", "less"), "speed"),
+                                "both", pairs.TIME_TO_TARGET),
+    "memory": Objective("memory", False, stats.THRESHOLDS["memory"], ("more", "less"), "speed", pairs.PEAK_MEMORY),
 }
 
 
@@ -243,10 +247,6 @@ def exhaustive(singles: Sequence[TechniqueSet], refuse: Refuse, limit: int = MAX
 # ---- reading records ------------------------------------------------------------------------------------------
 
 
-def _key(r: TrialRecord) -> tuple[int, int]:
-    return (r.seed, r.repeat)
-
-
 def peak_of(r: TrialRecord) -> tuple[int | None, str]:
     """A trial's peak memory and where it comes from: the tensor-level peak (CUDA: the allocator's) when measured,
     else the process's peak RSS (compiled sets hide their tensors from the tracker)."""
@@ -271,43 +271,15 @@ def set_peak(records: Sequence[TrialRecord]) -> tuple[int | None, str]:
     return (max(int(x) for x in rss), "RSS") if rss else (None, "")
 
 
-def _values(records: Sequence[TrialRecord], goal: Objective, column: str | None = None
-            ) -> tuple[dict[Any, float], int]:
-    """{(seed, repeat): value} of the ok trials that measured the objective (contended windows left out, as the
-    analysis does), and how many of them missed the target (time to target)."""
-    out: dict[Any, float] = {}
-    misses = 0
-    for r in records:
-        if r.status != "ok":
-            continue
-        if goal.name == "throughput":
-            if r.speed and not r.speed.contended and r.speed.samples_per_s:
-                out[_key(r)] = float(r.speed.samples_per_s)
-        elif goal.name == "memory":
-            m = r.memory
-            v = (m.peak_bytes if column == "tensors" else m.peak_rss_bytes) if m else None
-            if v:
-                out[_key(r)] = float(v)
-        else:
-            q = r.quality
-            if q and q.curve and not q.cut:
-                if q.time_to_target_s is None or not math.isfinite(q.time_to_target_s):
-                    misses += 1
-                elif q.time_to_target_s > 0:
-                    out[_key(r)] = float(q.time_to_target_s)
-    return out, misses
-
-
-def compare(mine: Sequence[TrialRecord], ref: Sequence[TrialRecord], goal: Objective, cap: int
+def compare(mine: pd.DataFrame, ref: pd.DataFrame, goal: Objective, cap: int
             ) -> tuple[stats.Estimate, stats.Verdict]:
-    """The candidate's ratio to the reference on the objective, paired by (seed, repeat), with the sequential
-    design's repeated interval and the engine's verdict."""
-    column = None
-    if goal.name == "memory":  # tensor peaks where both sides have them for every trial, else RSS on both
-        both = [r for r in (*mine, *ref) if r.status == "ok"]
-        column = "tensors" if both and all(r.memory and r.memory.peak_bytes is not None for r in both) else "RSS"
-    a, a_miss = _values(mine, goal, column)
-    b, b_miss = _values(ref, goal, column)
+    """The candidate's ratio to the reference on the objective, from their trials' rows of the records' frame
+    (``bench.records.frame``), with the sequential design's repeated interval (a round is a look, whatever the
+    objective) and the engine's verdict. The samples are the report's (``bench.analyze.pairs``): the search's trials
+    are one directory, paired by (seed, repeat)."""
+    p = pairs.pair(mine, ref, goal.quantity)
+    a, b = p.mine, p.ref
+    a_miss, b_miss = p.misses
     if a_miss or b_miss:
         est = stats.ratio(a, b, cap) if a and b else stats.Estimate(None, None, None, 0, False, True, "no values")
         return est, stats.Verdict(stats.NONE, f"missed the target in {a_miss} of the candidate's and {b_miss} of "
@@ -323,15 +295,13 @@ def gain(value: float | None, goal: Objective) -> float:
     return value if goal.higher_is_better else 1.0 / value
 
 
-def quality_values(records: Sequence[TrialRecord]) -> tuple[dict[Any, float], bool | None, str | None]:
-    """{(seed, repeat): final metric} of complete quality runs, the metric's direction and name."""
-    out, hib, metric = {}, None, None
-    for r in records:
-        q = r.quality
-        if r.status == "ok" and q and q.curve and not q.cut and q.final is not None:
-            out[_key(r)] = float(q.final)
-            hib, metric = q.higher_is_better, q.metric
-    return out, hib, metric
+def quality_values(rows: pd.DataFrame) -> tuple[dict[Any, float], bool | None, str | None]:
+    """{key: final metric} of the complete quality runs among a set's trials' rows (``bench.analyze.pairs``), the
+    metric's direction and name."""
+    runs = pairs.quality_runs(rows)
+    if runs.empty:
+        return {}, None, None
+    return pairs.values(runs, "final"), runs["higher_is_better"].iloc[-1], runs["metric"].iloc[-1]
 
 
 # ---- the search ----------------------------------------------------------------------------------------------
@@ -386,6 +356,9 @@ class _Replay:
         self.s = settings
         self.goal = settings.goal
         self.by_id = {r.trial_id: r for r in records}
+        # The records as the report frames them, once: a comparison reads its trials' rows (bench.analyze.pairs).
+        self.frame = records_frame(list(self.by_id.values()), max_looks=settings.cap).set_index("trial_id",
+                                                                                                  drop=False)
         self.refuse = refuse
         self.used: list[TrialRecord] = []
         self.used_ids: set[str] = set()
@@ -428,6 +401,10 @@ class _Replay:
     def of(self, techs: TechniqueSet) -> list[TrialRecord]:
         return [r for r in self.used if r.technique_label == techs.label]
 
+    def rows(self, records: Sequence[TrialRecord]) -> pd.DataFrame:
+        """The rows of ``records`` in the records' frame."""
+        return self.frame.loc[[r.trial_id for r in records]]
+
     def cost(self, techs: TechniqueSet, mode: str) -> float:
         """The expected wall time of one more trial: the median of the set's trials in this mode, else of all the
         search's trials in this mode, else 0 (nothing known yet)."""
@@ -460,8 +437,8 @@ class _Replay:
         if self.kind(techs) == "exact":
             self.quality[techs.label] = (True, "same (exact: the same math as the baseline)")
             return True
-        mine, _, _ = quality_values(self.of(techs))
-        base, _, _ = quality_values(self.of(BASELINE))
+        mine, _, _ = quality_values(self.rows(self.of(techs)))
+        base, _, _ = quality_values(self.rows(self.of(BASELINE)))
         if len(set(mine) & set(base)) < QUALITY_SEEDS:
             trials = [t for i in range(QUALITY_SEEDS)
                       for t in (self.trial(BASELINE, self.s.seed + i, i, "both"),
@@ -475,9 +452,9 @@ class _Replay:
             self.note(stage, "quality runs", techs.label, f"{QUALITY_SEEDS} seeds beside the baseline's "
                       f"({self.kind(techs)} set; --quality {self.s.quality.label})")
             self.measure(trials)
-            mine, _, _ = quality_values(self.of(techs))
-            base, _, _ = quality_values(self.of(BASELINE))
-        _, hib, metric = quality_values(self.of(BASELINE))
+            mine, _, _ = quality_values(self.rows(self.of(techs)))
+            base, _, _ = quality_values(self.rows(self.of(BASELINE)))
+        _, hib, metric = quality_values(self.rows(self.of(BASELINE)))
         words = ("better", "worse") if hib is not False else ("worse", "better")
         est = stats.difference(mine, base)
         v = stats.verdict(est, self.s.quality.margin, *words)
@@ -566,7 +543,7 @@ class _Replay:
             peak, source = set_peak(self.of(c))
             return self.close(index, reference, c, recs, "infeasible",
                               f"peak {size_text(peak)} ({source}) > limit {size_text(self.s.memory_limit)}")
-        est, v = compare(mine, recs[reference.label], self.goal, self.s.cap)
+        est, v = compare(self.rows(mine), self.rows(recs[reference.label]), self.goal, self.s.cap)
         needed[c.label] = v.needed
         if v.decided:
             return self.close(index, reference, c, recs, v.word, None, est)
@@ -577,7 +554,7 @@ class _Replay:
     def close(self, index: int, reference: TechniqueSet, c: TechniqueSet, recs: dict[str, list[TrialRecord]],
               status: str, why: str | None, est: stats.Estimate | None = None) -> Outcome:
         if est is None and status not in ("failed", "reference failed"):
-            est, _ = compare(recs[c.label], recs[reference.label], self.goal, self.s.cap)
+            est, _ = compare(self.rows(recs[c.label]), self.rows(recs[reference.label]), self.goal, self.s.cap)
         peak, source = set_peak(self.of(c))
         o = Outcome(c.label, index, reference.label, status, est.value if est else None, est.lo if est else None,
                     est.hi if est else None, est.n if est else 0, why, peak, source)
@@ -714,7 +691,7 @@ class _Replay:
         recommended set (so the comparison is paired)."""
         if recommended is None:
             return None
-        rec_keys = {_key(r) for r in self.of(recommended) if r.status == "ok"}
+        rec_keys = set(pairs.trials(self.rows(self.of(recommended)))["key"])
         base_est = {}
         labels = [BASELINE.label, *self.outcomes]
         for label in labels:
@@ -724,9 +701,9 @@ class _Replay:
             q = self.quality.get(label)
             if self.s.quality.rule != "any" and self.kind(techs) != "exact" and not (q and q[0]):
                 continue
-            est, _ = compare(self.of(techs), self.of(BASELINE), self.goal, self.s.cap)
+            est, _ = compare(self.rows(self.of(techs)), self.rows(self.of(BASELINE)), self.goal, self.s.cap)
             value = 1.0 if techs == BASELINE else est.value
-            shared = len(rec_keys & {_key(r) for r in self.of(techs) if r.status == "ok"})
+            shared = len(rec_keys & set(pairs.trials(self.rows(self.of(techs)))["key"]))
             base_est[label] = (shared >= stats.MIN_REPEATS, gain(value, self.goal))
         return max(base_est, key=lambda k: base_est[k]) if base_est else None
 
@@ -789,7 +766,7 @@ def comparisons(records: Sequence[TrialRecord], step: Step, settings: Settings) 
     out: dict[str, Any] = {}
     if step.recommended is None:
         return out
-    frame = analysis.records_frame(list(records), max_looks=settings.cap)
+    frame = records_frame(list(records), max_looks=settings.cap)
     th = analysis.Thresholds(metric=settings.quality.margin)
     kinds = {r.technique_label: r.kind for r in records}
     for against in (analysis.BASELINE, step.runner_up):
@@ -815,7 +792,7 @@ def frontier(records: Sequence[TrialRecord], step: Step, settings: Settings) -> 
     the worst (it cannot dominate on quality)."""
     from bench.analyze import analysis
 
-    frame = analysis.records_frame(list(records), max_looks=settings.cap)
+    frame = records_frame(list(records), max_looks=settings.cap)
     if frame.empty or analysis.BASELINE not in set(frame["technique"]):
         return []
     configs = analysis.configurations(frame, analysis.BASELINE,

@@ -82,7 +82,7 @@ def export(dirs: Sequence[Path | str], to: str, out: Path | str | None = None) -
     sweep = reader.load(dirs)
     for note in sweep.notes:
         log.warning("%s", note)
-    from bench.analyze.analysis import records_frame
+    from bench.records.frame import records_frame
 
     raw = records_frame(sweep)
     if to in ("parquet", "csv"):

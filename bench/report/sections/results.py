@@ -6,7 +6,8 @@ from __future__ import annotations
 import pandas as pd
 
 from bench.analyze import mfu
-from bench.analyze.analysis import BREAKDOWN, Analysis
+from bench.analyze.analysis import Analysis
+from bench.records.frame import BREAKDOWN
 from bench.report.cells import (
     breakdown_cell,
     mem_ratio_cell,
