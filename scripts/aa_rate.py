@@ -30,7 +30,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 GATE_ARGS = "--preset smoke --repeats auto --workloads mlp,gpt --techniques baseline --window-seconds 1"
-CHANGES = {"faster", "slower", "more memory", "less memory", "better", "worse"}
+CHANGES = {"faster", "slower", "more", "less", "better", "worse"}
 
 # The injected slowdown: at the start of TrainLoop.step the clock is read, and before the step counter moves on the
 # step waits FACTOR times what it took (on CPU the step is synchronous, so that is its compute time). A busy wait,

@@ -15,12 +15,13 @@ from pathlib import Path
 
 import pytest
 
-from bench.analyze import analysis
+from bench.analyze import analysis, compare
 from bench.core import words
 from bench.core.words import MARK_CLOSE, MARK_OPEN, marked
 from bench.dev import docs_tables
 from bench.records import reader
 from bench.report import build, cells, html, markdown, summary
+from bench.report import compare as compare_md
 from tests.conftest import REPO
 
 SWEEPS = [REPO / "tests" / "fixtures" / "report", REPO / "reports" / "example-cpu-auto",
@@ -81,6 +82,11 @@ def _terminal(d: Path) -> str:
 
 RENDERERS: dict[str, Callable[[Path], str]] = {"report.md": _report_md, "report.html": _report_html,
                                                 "summary.md": _summary_md, "terminal": _terminal}
+AB = [REPO / "reports" / "example-cpu-trial-cost" / "ab-old-new", REPO / "reports" / "example-cpu-aa-rate" / "aa-0"]
+
+
+def _compare_md(d: Path) -> str:
+    return compare_md.to_markdown(compare.compare_dirs(d / "a", d / "b"))
 
 
 @pytest.mark.parametrize("name", list(RENDERERS))
@@ -90,6 +96,20 @@ def test_every_answer_in_a_report_a_summary_and_the_terminal_is_said_by_the_one_
         text = RENDERERS[name](sweep)
     assert MARK_OPEN in text  # the answers are there, and marked
     assert unmarked(text, table_rows=name == "terminal") == []
+
+
+@pytest.mark.parametrize("ab", AB, ids=lambda p: p.name)
+def test_every_answer_in_a_comparison_is_said_by_the_one_module(ab):
+    with marked():
+        text = _compare_md(ab)
+    assert MARK_OPEN in text and unmarked(text) == []
+
+
+def test_a_planted_second_renderer_in_a_comparison_is_caught(monkeypatch):
+    monkeypatch.setattr(compare_md, "_fmt_verdict", lambda verdict, why, regression: verdict)
+    with marked():
+        text = _compare_md(AB[0])
+    assert unmarked(text)
 
 
 def test_every_answer_in_the_docs_tables_is_said_by_the_one_module():

@@ -113,13 +113,12 @@ def test_time_to_target_counts_the_runs_that_missed():
 # ---- one verdict on the same records ------------------------------------------------------------------------------
 
 EXAMPLE = Path(__file__).resolve().parent.parent / "reports" / "example-cpu-auto"  # a sequential design (cap 8)
-_SAME_WORD = {"more memory": "more", "less memory": "less"}  # compare's memory words, the analysis's and tune's
 
 
 def _answer(value, lo, hi, word):
     """(estimate, interval, verdict word), or nothing at all where no estimate was made."""
     return None if value is None else (pytest.approx(value, rel=1e-12), (pytest.approx(lo, rel=1e-12),
-                                       pytest.approx(hi, rel=1e-12)), _SAME_WORD.get(word, word))
+                                       pytest.approx(hi, rel=1e-12)), word)
 
 
 def test_analysis_compare_and_tune_give_the_same_verdict_on_the_same_records():

@@ -14,11 +14,12 @@ from bench.core.files import write_atomic
 def cmd_compare(args: argparse.Namespace) -> int:
     from bench.analyze import compare as compare_mod
     from bench.records.reader import blocking_file
+    from bench.report import compare as compare_md
 
     threshold = compare_mod.parse_threshold(args.threshold)
     fail_on = compare_mod.parse_fail_on(args.fail_on)
     comp = compare_mod.compare_dirs(args.base, args.new, threshold)
-    md = compare_mod.to_markdown(comp, title=f"Compare {args.new} against {args.base}")
+    md = compare_md.to_markdown(comp, title=f"Compare {args.new} against {args.base}")
     if args.out:
         blocker = blocking_file(args.out.parent)
         if blocker is not None:

@@ -41,6 +41,7 @@ from bench.plan.config import ConfigError, SweepConfig
 from bench.plan.planner import Trial, plan, resolve_device
 from bench.records import reader
 from bench.records.results import TrialRecord
+from bench.report import compare as compare_md
 from bench.report import summary as summary_mod
 from bench.run import adaptive, sweepdir
 from bench.run.launcher import Launch
@@ -274,7 +275,7 @@ class AbRunner:
                 self.out_dir / side, title=f"Sweep '{self.cfg.name}' side {side.upper()} summary"))
         comparison = compare_mod.compare_dirs(self.out_dir / "a", self.out_dir / "b", self.threshold)
         title = f"A/B: {self.other.spec} (B) against this checkout (A)"
-        md = compare_mod.to_markdown(comparison, title=title)
+        md = compare_md.to_markdown(comparison, title=title)
         write_atomic(self.out_dir / "compare.md", md)
         return AbResult(self.out_dir, records, comparison, md)
 
