@@ -112,6 +112,29 @@ def test_a_planted_second_renderer_in_a_comparison_is_caught(monkeypatch):
     assert unmarked(text)
 
 
+TUNES = [REPO / "reports" / name for name in ("tune-lstm-20MiB", "tune-gpt-small-160MiB", "tune-gpt-tiny-2rank")]
+
+
+def _tune_md(d: Path) -> str:
+    """tune.md of a committed search, replayed from its records (the search is a function of them) so that its
+    words are said now, under the brackets."""
+    from bench.records.results import ResultStore
+    from bench.report import tune as tune_report
+    from bench.run import tune, tune_setup
+
+    t = tune_setup.setup({}, {}, preset=None, config_path=None, out_dir=d, resume=True, max_repeats=None)
+    records = ResultStore(d / "results.jsonl").read()
+    return tune_report.to_markdown(tune.result_dict(records, tune.next_step(t.settings, records, t.refuse),
+                                                    t.settings))
+
+
+@pytest.mark.parametrize("d", TUNES, ids=lambda p: p.name)
+def test_every_answer_in_a_tune_report_is_said_by_the_one_module(d):
+    with marked():
+        text = _tune_md(d)
+    assert MARK_OPEN in text and unmarked(text) == []
+
+
 def test_every_answer_in_the_docs_tables_is_said_by_the_one_module():
     with marked():
         bodies = docs_tables.render()

@@ -46,12 +46,15 @@ import numpy as np
 import pandas as pd
 
 from bench.analyze import pairs, stats
+from bench.core import words
 from bench.core.files import write_atomic
 from bench.core.text import shown, size_text
+from bench.core.words import say
 from bench.plan.config import ConfigError, TechniqueSet, TechniqueSpec, WorkloadSpec
 from bench.plan.planner import Trial, trial_id, world_size_for
 from bench.records.frame import records_frame
 from bench.records.results import TrialRecord
+from bench.report import cells
 
 if TYPE_CHECKING:
     from bench.run.runner import Progress, SweepRunner
@@ -461,7 +464,7 @@ class _Replay:
         shown_est = (f"{metric} {est.value:+.4f} [{est.lo:+.4f}, {est.hi:+.4f}]" if est.has_interval
                      else f"{metric}: {v.why or 'no estimate'}")
         passed = v.word in ("better", stats.EQUIVALENT)
-        text = f"{'passed' if passed else 'failed'}: {v.word} at margin {self.s.quality.margin:g} ({shown_est})"
+        text = f"{'passed' if passed else 'failed'}: {say(v.word)} at margin {self.s.quality.margin:g} ({shown_est})"
         self.quality[techs.label] = (passed, text)
         self.note(stage, "quality " + ("passed" if passed else "failed"), techs.label, text)
         return passed
@@ -561,7 +564,7 @@ class _Replay:
         self.outcomes[c.label] = o
         interval = (f" {o.estimate:.2f}x [{o.lo:.2f}, {o.hi:.2f}]" if o.lo is not None and o.hi is not None
                     else (f" {o.estimate:.2f}x" if o.estimate is not None else ""))
-        self.note(index, "closed", c.label, f"{status}{interval} against {reference.label} after "
+        self.note(index, "closed", c.label, f"{said(status)}{interval} against {reference.label} after "
                   f"{len(recs[c.label])} trial(s)" + (f": {why}" if why else ""))
         return o
 
@@ -597,7 +600,7 @@ class _Replay:
         baseline_fits = self.feasible(BASELINE)
         if not baseline_fits:
             peak, source = set_peak(base_recs)
-            self.note(0, "baseline infeasible", BASELINE.label, f"peak {size_text(peak)} ({source}) > limit "
+            self.note(0, f"baseline {say(words.INFEASIBLE)}", BASELINE.label, f"peak {size_text(peak)} ({source}) > limit "
                       f"{size_text(s.memory_limit)}: the best set is the best that fits, whatever its verdict")
         measured = [c for c in s.singles if c.label in outcomes and self.of(c)]
         if baseline_fits:
@@ -615,7 +618,7 @@ class _Replay:
         if current == BASELINE:  # every addition to the baseline is a single, measured already
             spent = any(o.status == "budget" for o in outcomes.values())
             return self.finish(current, "the budget is spent" if spent else
-                               f"no single technique is decided {goal.better} than the baseline")
+                               f"no single technique is decided {say(goal.better)} than the baseline")
         return current, outcomes, baseline_fits
 
     def greedy(self, current: TechniqueSet, outcomes: dict[str, Outcome], baseline_fits: bool) -> Step:
@@ -630,7 +633,7 @@ class _Replay:
                      and self.quality.get(c.label, (True, ""))[0]]
         for c in s.singles:
             if c.label in outcomes and c not in additions and c != current:
-                self.note(0, "not offered as an addition", c.label, outcomes[c.label].status)
+                self.note(0, "not offered as an addition", c.label, said(outcomes[c.label].status))
         index = 0
         while True:
             index += 1
@@ -661,14 +664,14 @@ class _Replay:
             spent_out = any(o.status == "budget" for o in results.values())
             if chosen is None:
                 return self.finish(current, "the budget is spent" if spent_out else
-                                   f"no addition is {goal.better} than {current.label}")
-            self.note(index, "current best", chosen.label, f"{goal.better} than {current.label}")
+                                   f"no addition is {say(goal.better)} than {current.label}")
+            self.note(index, "current best", chosen.label, f"{say(goal.better)} than {current.label}")
             added = next(a for a, t, _ in combos if t == chosen)
             additions = [a for a, t, _ in combos if a != added and results[t.label].status not in dropped_words
                          and self.quality.get(t.label, (True, ""))[0]]
             for a, t, _ in combos:
                 if a != added and a not in additions:
-                    self.note(index, "not offered again", a.label, f"{t.label}: {results[t.label].status}")
+                    self.note(index, "not offered again", a.label, f"{t.label}: {said(results[t.label].status)}")
             current = chosen
             if spent_out:
                 return self.finish(current, "the budget is spent")
@@ -740,22 +743,30 @@ def _row(configs: Any, label: str) -> dict[str, Any] | None:
 
 
 def _fmt_ratio(row: dict[str, Any] | None, prefix: str) -> str:
-    if row is None or row.get(prefix) is None or (isinstance(row.get(prefix), float) and math.isnan(row[prefix])):
+    if row is None or not cells.known(row.get(prefix)):
         return "-"
-    lo, hi = row.get(f"{prefix}_lo"), row.get(f"{prefix}_hi")
-    interval = (f" [{lo:.2f}, {hi:.2f}]" if lo is not None and hi is not None and not math.isnan(lo)
-                and not math.isnan(hi) else "")
-    return f"{row[prefix]:.2f}x{interval} {row.get(f'{prefix}_verdict') or stats.NONE}"
+    return cells.ratio_text(row[prefix], row.get(f"{prefix}_lo"), row.get(f"{prefix}_hi"), row.get(f"{prefix}_verdict"),
+                            row.get(f"{prefix}_why"), brief=True)
 
 
 def _fmt_quality(row: dict[str, Any] | None, kind: str) -> str:
     if kind == "exact":
-        return "same (exact)"
-    if row is None or row.get("delta") is None or (isinstance(row["delta"], float) and math.isnan(row["delta"])):
+        return f"{say(words.SAME)} (exact)"
+    if row is None or not cells.known(row.get("delta")):
         return "not measured"
-    lo, hi = row.get("delta_lo"), row.get("delta_hi")
-    interval = f" [{lo:+.4f}, {hi:+.4f}]" if lo is not None and not math.isnan(lo) else ""
-    return f"{row.get('metric') or 'metric'} {row['delta']:+.4f}{interval} {row.get('delta_verdict') or stats.NONE}"
+    text = cells.delta_cell(row["delta"], row.get("delta_lo"), row.get("delta_hi"), row.get("delta_verdict"),
+                            row.get("delta_why"), brief=True).text
+    return f"{row.get('metric') or 'metric'} {text}"
+
+
+def said(status: str) -> str:
+    """An outcome's status as a person reads it: an answer in the one vocabulary's words; a trial's status
+    (failed, budget, reference failed) as it is."""
+    if status == "infeasible":
+        return say(words.INFEASIBLE)
+    if status == "inconclusive at the cap":
+        return f"{say(stats.INCONCLUSIVE)} at the cap"
+    return say(status) if status in words.ANSWERS else status
 
 
 def comparisons(records: Sequence[TrialRecord], step: Step, settings: Settings) -> dict[str, Any]:
