@@ -41,17 +41,12 @@ def build(dirs: Sequence[Path | str], baseline: str = BASELINE, with_figures: bo
           thresholds: Thresholds | None = None, price: cost.Price | None = None) -> tuple[Analysis, content.Report]:
     """Analyse the sweeps in ``dirs`` and build the report's content (figures rendered when asked). ``price``
     (per machine-hour) overrides the one each sweep recorded in its sweep.toml, for the Cost section."""
+    # Bad input stops in the reader (one line naming the file and the line); past it, an exception is a bug of the
+    # analysis or the report, and its traceback is what finds it.
     sweep = reader.load(dirs)
-    try:
-        result = analysis_mod.analyze(sweep, baseline=baseline, thresholds=thresholds)
-        figs = figures.make_figures(result) if with_figures else {}
-        return result, content.build(result, figs, sweep.notes, price=price)
-    except (TypeError, KeyError, AttributeError, IndexError) as exc:
-        # The records passed the type check, so this is a shape it does not cover (an eval curve row too short,
-        # a per-rank entry without its keys): say so in one line rather than a traceback.
-        where = ", ".join(str(s.path / "results.jsonl") for s in sweep.sources)
-        raise InputError(f"{where}: a record of an unexpected shape stopped the report "
-                         f"({type(exc).__name__}: {reader.clip(exc)})") from None
+    result = analysis_mod.analyze(sweep, baseline=baseline, thresholds=thresholds)
+    figs = figures.make_figures(result) if with_figures else {}
+    return result, content.build(result, figs, sweep.notes, price=price)
 
 
 def write_report(dirs: Sequence[Path | str], out_dir: Path | str | None = None, baseline: str = BASELINE,
