@@ -3,9 +3,9 @@
     import bench
     frame = bench.sweep(models=["my_model.py:build"], techniques=["bf16", "grad_accum:steps=4"], repeats=3)
     best = bench.tune("gpt:tiny", memory_limit="64MiB")       # tune.json's content, with "out": the directory
-    frame = bench.load("reports/quick-20261201-120000")      # one row per trial, flat typed columns
+    frame = bench.load("runs/quick-20261201-120000")         # one row per trial, flat typed columns
     configs = bench.configurations(frame)                     # one row per workload x technique set
-    bench.export("reports/quick-20261201-120000", to="mlflow")  # or parquet, csv, tensorboard (bench/exporters)
+    bench.export("runs/quick-20261201-120000", to="mlflow")  # or parquet, csv, tensorboard (bench/exporters)
 
 ``sweep`` and ``tune`` take the CLI's options as keyword arguments and write the same directory (results.jsonl,
 env.json, summary.md, report.md/html; tune.json and tune.md) through the same workflow (``bench.run.workflow``); bad

@@ -13,12 +13,14 @@ import pytest
 
 from bench.cli import build_parser, sweep_config_from_args
 from bench.core.files import REPO_DIR
+from bench.dev.docs_tables import named_examples
 from bench.plan.config import RECORDED_KEYS
 from bench.records import reader
 from bench.report import reproduce
 
-# Every committed report; the sides of an A/B run are compared, not reported (scripts/rerender_examples.py).
-REPORTS = sorted(p.parent for p in (REPO_DIR / "reports").glob("**/report.md"))
+# Every committed report (the examples the docs name: never a folder a user's sweep left in the working tree); the
+# sides of an A/B run are compared, not reported (scripts/rerender_examples.py).
+REPORTS = sorted(p.parent for d in named_examples() for p in d.glob("**/report.md"))
 
 
 def test_a_temporary_out_becomes_the_reports_own_directory(tmp_path):

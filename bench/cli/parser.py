@@ -97,7 +97,7 @@ def _add_processes(p: argparse.ArgumentParser) -> None:
 
 def _add_output(p: argparse.ArgumentParser) -> None:
     """Where the sweep goes, resuming it, and the A/B run."""
-    p.add_argument("--out", type=Path, help="output directory (default: reports/<preset>-<UTC time>/)")
+    p.add_argument("--out", type=Path, help="output directory (default: runs/<preset>-<UTC time>/; runs/ is git-ignored)")
     p.add_argument("--resume", action="store_true",
                    help="continue the sweep in --out: finished trials are kept and not rerun; its settings must not "
                         "change (budget, mode, device, threads, processes, seed)")
@@ -236,7 +236,7 @@ def _add_profile(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto", help="device (default: auto)")
     p.add_argument("--out", type=Path,
                    help="directory for profile.json, profile.md and trace.json (default: "
-                        "profiles/<workload>-<set>-<UTC time>/)")
+                        "runs/profile-<workload>-<set>-<UTC time>/)")
     p.add_argument("-v", "--verbose", action="store_true", help="log what the harness does")
 
 
@@ -302,7 +302,7 @@ def _add_tune(sub: argparse._SubParsersAction) -> None:
                    help="restrict the candidates to these single techniques (':k=v' sets options), e.g. "
                         "bf16,grad_accum:steps=4,checkpointing (default: every registered technique that runs here)")
     _add_tune_trials(p)
-    p.add_argument("--out", type=Path, help="output directory (default: reports/tune-<UTC time>/)")
+    p.add_argument("--out", type=Path, help="output directory (default: runs/tune-<UTC time>/)")
     p.add_argument("--resume", action="store_true",
                    help="continue the search in --out (after Ctrl-C or kill -9): its settings are read from there")
     p.add_argument("--dry-run", action="store_true",

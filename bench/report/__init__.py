@@ -1,8 +1,8 @@
 """Reports people read: ``report.md`` and ``report.html`` (plus ``figures/``) from one or more sweep directories.
 
     from bench.report import write_report
-    paths = write_report(["reports/quick-20260101-120000"])          # writes next to results.jsonl
-    paths = write_report([dir_a, dir_b], out_dir="reports/merged")   # two machines, kept apart
+    paths = write_report(["runs/quick-20260101-120000"])             # writes next to results.jsonl
+    paths = write_report([dir_a, dir_b], out_dir="runs/merged")      # two machines, kept apart
 
 The numbers come from ``bench.analyze.analysis`` (computed once); ``content`` turns them into text cells, ``figures`` into
 PNGs, and ``markdown`` / ``html`` draw the same content. A report can always be re-rendered from ``results.jsonl``
