@@ -8,6 +8,9 @@ print; everything between a resolved config and the files a run leaves is here.
 - ``tune``: the search (``bench.run.tune``) through the sweep's runner, then ``finish_tune``: tune.json, tune.md
   and its figure, summary.md and the report. Interrupted, the partial result is written before the interrupt goes
   on to the caller.
+- ``reproduce``: a committed sweep's recorded configuration (a sweep's config, or a tune's setup) run again by
+  ``sweep`` or ``tune`` into a new directory, then compared with the committed one through the one verdict engine
+  (``bench.analyze.compare.compare_dirs``).
 
 Two callbacks let a caller show the work: ``on_start(Start)`` once the directory is claimed (the CLI's banner),
 ``on_progress(Progress)`` after each trial (the CLI's bar, the API's ``on_trial``). Library code logs; nothing here
@@ -24,16 +27,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from bench.core.files import RUNS_DIR
 from bench.plan.config import SweepConfig
 from bench.plan.planner import resolve_device
 from bench.records.results import TrialRecord
 from bench.run.executors import Executor, LocalExecutor
 from bench.run.launcher import Launch
-from bench.run.runner import Progress, SweepRunner, default_out_dir
+from bench.run.runner import Progress, SweepRunner, default_out_dir, utc_stamp
 
 if TYPE_CHECKING:
     import torch
 
+    from bench.analyze.compare import Comparison
     from bench.run import ab, tune_setup
     from bench.run import tune as tune_mod
 
@@ -77,6 +82,17 @@ class TuneResult:
     wall_s: float
     written: list[Path] = field(default_factory=list)  # tune.json, tune.md (+ its figure), the report's files
     rows: list = field(default_factory=list)  # summary.md's rows
+
+
+@dataclass
+class ReproduceResult:
+    """A committed sweep run again (``run``, in ``out_dir``) and its comparison with the committed one: BASE the
+    committed run, NEW the new one."""
+
+    committed: Path
+    out_dir: Path
+    run: SweepResult | TuneResult
+    comparison: Comparison
 
 
 StartCallback = Callable[[Start], None]
@@ -213,5 +229,38 @@ def _tune_files(out_dir: Path, result: dict[str, Any], snippets: str = "") -> di
     return {"json": tune_mod.write_json(out_dir, result), **tune_report.write(out_dir, result, snippets)}
 
 
-__all__ = ["ProgressCallback", "Start", "StartCallback", "SweepResult", "TuneResult",
-           "finish_tune", "sweep", "sweep_ab", "tune"]
+# ---- reproduce ----------------------------------------------------------------------------------------------------
+
+
+def reproduce_out_dir(committed: Path) -> Path:
+    """``runs/reproduce-<name>-<UTC time>/``: a new directory beside the user's runs, never the committed one."""
+    return RUNS_DIR / f"reproduce-{Path(committed).resolve().name}-{utc_stamp()}"
+
+
+def reproduce(committed: Path | str, rerun: SweepConfig | tune_setup.Setup, out: Path | str | None = None, *,
+              threshold: float | None = None, command: str = "", on_start: StartCallback | None = None,
+              on_progress: ProgressCallback | None = None) -> ReproduceResult:
+    """Run ``rerun`` (the committed sweep's recorded configuration: a sweep's config, or a tune's setup) into ``out``
+    (default ``reproduce_out_dir``) through ``sweep`` or ``tune``, then compare the new run (NEW) with ``committed``
+    (BASE) at ``threshold`` (default 5%). ``command`` is recorded in the new run's env.json (the command that makes
+    it again). A committed directory that holds no records to compare with raises ``CompareError`` before anything
+    runs; a new directory that is not new or empty, ``ConfigError``."""
+    from bench.analyze import compare
+
+    committed = Path(committed)
+    compare.load_sweep(committed)  # bad input, one line, before anything runs
+    out_dir = Path(out) if out is not None else reproduce_out_dir(committed)
+    if out_dir.resolve() == committed.resolve():
+        raise compare.CompareError(f"--out {out_dir} is the committed sweep itself; reproduce writes a new directory")
+    if isinstance(rerun, SweepConfig):
+        run: SweepResult | TuneResult = sweep(rerun, out_dir, command=command, on_start=on_start,
+                                              on_progress=on_progress)
+    else:
+        run = tune(rerun, out_dir, command=command, on_start=on_start, on_progress=on_progress)
+    comparison = compare.compare_dirs(committed, out_dir,
+                                      compare.DEFAULT_THRESHOLD if threshold is None else threshold)
+    return ReproduceResult(committed, out_dir, run, comparison)
+
+
+__all__ = ["ProgressCallback", "ReproduceResult", "Start", "StartCallback", "SweepResult", "TuneResult", "finish_tune",
+           "reproduce", "reproduce_out_dir", "sweep", "sweep_ab", "tune"]
