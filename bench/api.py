@@ -2,18 +2,19 @@
 
     import bench
     frame = bench.sweep(models=["my_model.py:build"], techniques=["bf16", "grad_accum:steps=4"], repeats=3)
-    frame = bench.load("reports/quick-20261201-120000")      # one row per trial, flat typed columns
+    best = bench.tune("gpt:tiny", memory_limit="64MiB")       # tune.json's content, with "out": the directory
+    frame = bench.load("runs/quick-20261201-120000")         # one row per trial, flat typed columns
     configs = bench.configurations(frame)                     # one row per workload x technique set
-    bench.export("reports/quick-20261201-120000", to="mlflow")  # or parquet, csv, tensorboard (bench/exporters)
+    bench.export("runs/quick-20261201-120000", to="mlflow")  # or parquet, csv, tensorboard (bench/exporters)
 
-``sweep`` takes the CLI's options as keyword arguments and writes the same directory (results.jsonl, env.json,
-summary.md, report.md/html); bad input raises ``bench.ConfigError`` with the CLI's one-line message.
+``sweep`` and ``tune`` take the CLI's options as keyword arguments and write the same directory (results.jsonl,
+env.json, summary.md, report.md/html; tune.json and tune.md) through the same workflow (``bench.run.workflow``); bad
+input raises ``bench.ConfigError`` with the CLI's one-line message.
 """
 
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -59,13 +60,10 @@ def sweep(
     of a sweep split over several, docs/clusters.md), and the budget's ``steps``,
     ``eval_points``, ``seconds``, ``window_steps``, ``window_seconds``, ``timeout``, ``memory`` (bool).
     ``on_trial`` is called with a ``bench.run.runner.Progress`` after each trial. The report is written into ``out``
-    (default: reports/<preset>-<UTC time>/), whose path is in the frame's ``attrs["out"]``.
+    (default: runs/<preset>-<UTC time>/), whose path is in the frame's ``attrs["out"]``.
     """
     from bench.plan.config import build_config
-    from bench.plan.planner import resolve_device
-    from bench.report import write_report
-    from bench.report.summary import write_summary
-    from bench.run.runner import SweepRunner, default_out_dir
+    from bench.run import workflow
 
     budget = {BUDGET_ARGS[k]: options.pop(k) for k in list(options) if k in BUDGET_ARGS}
     known = {"repeats", "seed", "mode", "threads", "nproc", "nnodes", "shard"}
@@ -90,17 +88,74 @@ def sweep(
         if config_path is None and (out_dir / "sweep.toml").exists():
             config_path = out_dir / "sweep.toml"
     cfg = build_config(preset, overrides, config_path)
-    out_dir = out_dir or default_out_dir(cfg)
-    runner = SweepRunner(cfg, out_dir, resolve_device(cfg.device), resume=resume, extend=extend,
-                         command=f"bench.sweep(...) from Python ({_call_text(overrides, preset)})")
-    started = time.perf_counter()
-    records = runner.run(on_trial)
-    price = runner.cfg.price
-    write_summary(out_dir, records, time.perf_counter() - started, cfg.name, price.per_hour if price else None)
-    write_report([out_dir])
-    frame = load(out_dir)
-    frame.attrs["out"] = str(out_dir)
+    done = workflow.sweep(cfg, out_dir, resume=resume, extend=extend, on_progress=on_trial,
+                          command=f"bench.sweep(...) from Python ({_call_text(overrides, preset)})")
+    frame = load(done.out_dir)
+    frame.attrs["out"] = str(done.out_dir)
     return frame
+
+
+TUNE_TRIAL_ARGS = {"steps": "train_steps", "seconds": "max_train_seconds", "window_steps": "min_steps",
+                   "window_seconds": "min_seconds", "timeout": "timeout_s"}
+
+
+def tune(
+    workloads: str | Sequence[str] | None = None,
+    *,
+    models: str | Sequence[str] | None = None,
+    blocks: str | None = None,
+    technique_plugins: str | Sequence[str] | None = None,
+    techniques: str | Sequence[str] | None = None,
+    objective: str | None = None,
+    memory_limit: str | int | None = None,
+    quality: str | None = None,
+    budget: float | None = None,
+    max_repeats: int | None = None,
+    preset: str | None = None,
+    config: str | Path | None = None,
+    out: str | Path | None = None,
+    resume: bool = False,
+    device: str | None = None,
+    on_trial: Callable[[Any], None] | None = None,
+    **options: Any,
+) -> dict[str, Any]:
+    """Search for the best technique set for one model (the CLI's ``tune``) and return its result.
+
+    Writes what ``python -m bench tune`` writes (results.jsonl, env.json, sweep.toml, tune.toml, tune.json, tune.md
+    and its figure, summary.md, report.md/html) into ``out`` (default: runs/tune-<UTC time>/). Returns tune.json's
+    content (the recommended set, its comparisons, the trace, the frontier, what was not tried) with ``out`` added:
+    the directory. ``recommended`` is None when no set was found (``stop`` says why; ``smallest_peak`` names the
+    smallest peak when none fits under ``memory_limit``).
+
+    ``workloads`` names ONE workload (or give ``models``, one); ``techniques`` restricts the candidates; ``objective``
+    (throughput, time-to-target, memory), ``memory_limit`` ("512MiB" or bytes), ``quality`` (same, within=X, any),
+    ``budget`` (seconds of trial time), ``max_repeats`` as the CLI's flags. Other options by the CLI's names:
+    ``seed``, ``threads``, ``nproc`` and the trials' ``steps``, ``seconds``, ``window_steps``, ``window_seconds``,
+    ``timeout``. ``on_trial`` is called with a ``bench.run.runner.Progress`` after each trial. Bad input raises
+    ``bench.ConfigError`` with the CLI's one-line message, before anything is written.
+    """
+    from bench.run import tune_setup, workflow
+
+    trial_budget = {TUNE_TRIAL_ARGS[k]: options.pop(k) for k in list(options) if k in TUNE_TRIAL_ARGS}
+    known = {"seed", "threads", "nproc"}
+    unknown = sorted(set(options) - known)
+    if unknown:
+        raise ConfigError(f"bench.tune() got unknown option(s) {', '.join(unknown)} (valid: workloads, models, "
+                          "blocks, technique_plugins, techniques, objective, memory_limit, quality, budget, "
+                          "max_repeats, preset, config, out, resume, device, on_trial, "
+                          f"{', '.join(sorted(known | set(TUNE_TRIAL_ARGS)))})")
+    restrict = techniques if techniques is None or isinstance(techniques, str) else ",".join(techniques)
+    given = {"objective": objective, "memory_limit": None if memory_limit is None else str(memory_limit),
+             "quality": quality, "techniques": restrict, "budget": budget}
+    overrides = {"workloads": _listed(workloads), "models": _listed(models), "blocks": blocks,
+                 "technique_plugins": _listed(technique_plugins), "device": device, **options,
+                 "budget": trial_budget or None}
+    out_dir = Path(out) if out is not None else None
+    setup = tune_setup.setup(given, overrides, preset=preset, config_path=Path(config) if config else None,
+                             out_dir=out_dir, resume=resume, max_repeats=max_repeats)
+    done = workflow.tune(setup, out_dir, resume=resume, on_progress=on_trial,
+                         command=f"bench.tune(...) from Python ({_call_text({**given, **overrides}, preset)})")
+    return {**done.result, "out": str(done.out_dir)}
 
 
 def load(*dirs: str | Path) -> pd.DataFrame:

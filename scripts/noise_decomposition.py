@@ -1,6 +1,6 @@
 """Where a sweep's timing noise comes from: within a window, between processes, and over minutes.
 
-    .venv/bin/python scripts/noise_decomposition.py reports/quick-YYYYMMDD-HHMMSS [more dirs]
+    .venv/bin/python scripts/noise_decomposition.py runs/quick-YYYYMMDD-HHMMSS [more dirs]
 
 From the records alone (no trial is run), per configuration (workload x set) with at least 3 uncontended trials:
 

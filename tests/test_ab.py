@@ -13,7 +13,7 @@ from bench.cli import main
 from bench.plan.config import ConfigError, build_config
 from bench.plan.planner import plan
 from bench.records.results import ResultStore
-from bench.run import ab
+from bench.run import ab, workflow
 from tests.conftest import REPO, TINY_BUDGET
 
 
@@ -87,8 +87,7 @@ def test_ab_end_to_end_interleaves_and_compares(tmp_path, capsys):
     cfg = build_config("smoke", {"workloads": "mlp", "techniques": "baseline", "repeats": 2, "threads": 1,
                                  "budget": budget})
     order = []
-    result = ab.run_ab(cfg, out, str(other), torch.device("cpu"),
-                       on_progress=lambda p: order.append((p.side, p.trial.repeat)))
+    result = workflow.sweep_ab(cfg, str(other), out, on_progress=lambda p: order.append((p.side, p.trial.repeat)))
     assert order == [("a", 0), ("b", 0), ("b", 1), ("a", 1)]  # ABBA: neither side always goes first
     for side in ("a", "b"):
         assert {p.name for p in (out / side).iterdir()} >= {"results.jsonl", "env.json", "sweep.toml", "summary.md"}

@@ -105,6 +105,15 @@ def test_every_answer_in_a_comparison_is_said_by_the_one_module(ab):
     assert MARK_OPEN in text and unmarked(text) == []
 
 
+@pytest.mark.parametrize("ab", AB, ids=lambda p: p.name)
+def test_every_answer_of_bench_reproduce_is_said_by_the_one_module(ab):
+    from bench.report.reproduce import answer_lines
+
+    with marked():
+        text = "\n".join(answer_lines(compare.compare_dirs(ab / "a", ab / "b"), 0.05))
+    assert MARK_OPEN in text and unmarked(text, table_rows=True) == []
+
+
 def test_a_planted_second_renderer_in_a_comparison_is_caught(monkeypatch):
     monkeypatch.setattr(compare_md, "_fmt_verdict", lambda verdict, why, regression: verdict)
     with marked():

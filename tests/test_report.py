@@ -302,6 +302,8 @@ BAD_LINES = {
                                "record.speed.samples_per_s must be a number"),
     "a curve point given as text": (_bad(lambda d: d["quality"]["curve"][1].__setitem__(4, "0.5")),
                                     "record.quality.curve[1][4] must be a number"),
+    "a curve row too short": (_bad(lambda d: d["quality"]["curve"].__setitem__(1, [])),
+                              "quality.curve[1] holds 0 values, but curve_columns names 5"),
     "a missing field": (_bad(lambda d: d.pop("trial_id")), "record is missing the field 'trial_id'"),
     "an unknown schema": (_bad(lambda d: d.update(schema_version="9" * 5000)), "is not supported"),
     "a corrupt middle line": ('{"sweep_id": "s", "trial', "is not valid JSON"),
@@ -362,15 +364,25 @@ def test_bad_input_gets_one_line_and_exit_code_2(tmp_path, capsys, argv, expecte
     assert _hashes(tmp_path) == before  # nothing written, nothing changed
 
 
-def test_a_shape_the_type_check_misses_still_gets_one_line(tmp_path, capsys):
-    # an eval-curve row of the right type but too short: no traceback, the files named
+@pytest.mark.parametrize("command", ["report", "compare"])
+def test_a_bug_in_the_analysis_shows_its_traceback(tmp_path, monkeypatch, command):
+    # Bad input stops in the reader; past it, a KeyError is a bug of ours and must reach the caller as itself (not
+    # as a user's "bad input", which would hide it behind one line and exit code 2).
+    from bench.analyze import compare as compare_mod
+    from bench.report import analysis_mod
+
+    def planted(*args, **kwargs):
+        raise KeyError("planted")
+
+    monkeypatch.setattr(analysis_mod, "analyze", planted)
+    monkeypatch.setattr(compare_mod, "compare_records", planted)
     sweep = tmp_path / "sweep"
     shutil.copytree(FIXTURE, sweep)
-    (sweep / "results.jsonl").write_text("\n".join(
-        [_GOOD[0], _bad(lambda d: d["quality"]["curve"].__setitem__(1, [])), *_GOOD[2:]]) + "\n")
-    assert cli_mod.main(["report", str(sweep)]) == 2
-    assert capsys.readouterr().err == (f"error: {sweep}/results.jsonl: a record of an unexpected shape stopped the "
-                                       "report (IndexError: list index out of range)\n")
+    argv = ["report", str(sweep)] if command == "report" else ["compare", str(sweep), str(sweep)]
+    with pytest.raises(KeyError, match="planted"):
+        cli_mod.main(argv)
+    with pytest.raises(KeyError, match="planted"):
+        build([sweep]) if command == "report" else compare_mod.compare_dirs(sweep, sweep)
 
 
 def test_a_summary_without_speed_says_why():

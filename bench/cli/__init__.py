@@ -1,8 +1,10 @@
-"""Command line: ``python -m bench {sweep,list,report,compare,profile,env,export,tune}``. The only package that prints.
+"""Command line: ``python -m bench {sweep,list,report,compare,profile,env,export,tune,reproduce}``. The only package
+that prints.
 
-``parser`` holds the options; each command's module (``sweep``, ``tune``, ``profile``, ``reports``, ``info``) turns
-them into calls of its layer and prints what comes back. Bad input (unknown workload or technique, bad option,
-malformed TOML, unusable records) gets one line on stderr naming what is valid, and exit code 2, here in ``main``.
+``parser`` holds the options; each command's module (``sweep``, ``tune``, ``profile``, ``reports``, ``info``,
+``reproduce``) turns them into calls of its layer and prints what comes back. Bad input (unknown workload or
+technique, bad option, malformed TOML, unusable records) gets one line on stderr naming what is valid, and exit code
+2, here in ``main``.
 Results already recorded are never lost: an interrupted sweep resumes with --resume.
 """
 
@@ -24,6 +26,7 @@ from bench.cli.info import cmd_env, cmd_list
 from bench.cli.parser import OBJECTIVE_NAMES, build_parser
 from bench.cli.profile import cmd_profile
 from bench.cli.reports import cmd_compare, cmd_export, cmd_report
+from bench.cli.reproduce import cmd_reproduce
 from bench.cli.sweep import cmd_sweep, sweep_config_from_args
 from bench.cli.tune import cmd_tune
 from bench.core.errors import ConfigError
@@ -31,7 +34,7 @@ from bench.records.reader import InputError
 from bench.records.results import RecordError
 
 COMMANDS = {"tune": cmd_tune, "profile": cmd_profile, "sweep": cmd_sweep, "list": cmd_list, "env": cmd_env,
-            "compare": cmd_compare, "report": cmd_report, "export": cmd_export}
+            "compare": cmd_compare, "report": cmd_report, "export": cmd_export, "reproduce": cmd_reproduce}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -97,7 +97,7 @@ def _add_processes(p: argparse.ArgumentParser) -> None:
 
 def _add_output(p: argparse.ArgumentParser) -> None:
     """Where the sweep goes, resuming it, and the A/B run."""
-    p.add_argument("--out", type=Path, help="output directory (default: reports/<preset>-<UTC time>/)")
+    p.add_argument("--out", type=Path, help="output directory (default: runs/<preset>-<UTC time>/; runs/ is git-ignored)")
     p.add_argument("--resume", action="store_true",
                    help="continue the sweep in --out: finished trials are kept and not rerun; its settings must not "
                         "change (budget, mode, device, threads, processes, seed)")
@@ -236,7 +236,7 @@ def _add_profile(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto", help="device (default: auto)")
     p.add_argument("--out", type=Path,
                    help="directory for profile.json, profile.md and trace.json (default: "
-                        "profiles/<workload>-<set>-<UTC time>/)")
+                        "runs/profile-<workload>-<set>-<UTC time>/)")
     p.add_argument("-v", "--verbose", action="store_true", help="log what the harness does")
 
 
@@ -302,7 +302,7 @@ def _add_tune(sub: argparse._SubParsersAction) -> None:
                    help="restrict the candidates to these single techniques (':k=v' sets options), e.g. "
                         "bf16,grad_accum:steps=4,checkpointing (default: every registered technique that runs here)")
     _add_tune_trials(p)
-    p.add_argument("--out", type=Path, help="output directory (default: reports/tune-<UTC time>/)")
+    p.add_argument("--out", type=Path, help="output directory (default: runs/tune-<UTC time>/)")
     p.add_argument("--resume", action="store_true",
                    help="continue the search in --out (after Ctrl-C or kill -9): its settings are read from there")
     p.add_argument("--dry-run", action="store_true",
@@ -332,6 +332,30 @@ def _add_tune_trials(p: argparse.ArgumentParser) -> None:
     p.add_argument("--device", choices=["auto", "cpu", "cuda"], help="device for every trial (default: auto)")
 
 
+def _add_reproduce(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "reproduce",
+        help="rerun a sweep's recorded configuration into a new directory and say whether its results reproduce",
+        description="Rerun the sweep in DIR (a committed example, or any sweep directory) with the configuration it "
+                    "recorded (DIR/sweep.toml and the command in DIR/env.json, as its report's Reproduce line "
+                    "gives it) into a new directory, then compare the new run with DIR through the one verdict "
+                    "engine (as bench compare does) and say per configuration (workload x technique set): "
+                    "reproduced (the throughput ratio new/committed is equivalent within --threshold), differs "
+                    "(faster or slower, with the ratio and its interval) or cannot tell (inconclusive, with about "
+                    "how many pairs would decide it, or too few pairs). A line before the table names how this "
+                    "machine differs from the one that made DIR (env.json). A report, not a gate: exit code 0 "
+                    "whatever the answers, 2 on bad input.",
+    )
+    p.add_argument("dir", type=Path, metavar="DIR", help="the sweep directory to reproduce (holds sweep.toml, "
+                                                         "env.json and results.jsonl), e.g. reports/example-cpu")
+    p.add_argument("--out", type=Path,
+                   help="directory for the new run (default: runs/reproduce-<name of DIR>-<UTC time>/)")
+    p.add_argument("--threshold", default="5%",
+                   help="the throughput change that counts, as a percentage or fraction (default 5%%): reproduced "
+                        "when the whole 95%% interval of new/committed lies within it, differs when beyond it")
+    p.add_argument("-v", "--verbose", action="store_true", help="log what the harness does")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m bench",
@@ -346,4 +370,5 @@ def build_parser() -> argparse.ArgumentParser:
     _add_profile(sub)
     _add_export(sub)
     _add_tune(sub)
+    _add_reproduce(sub)
     return parser

@@ -1,5 +1,5 @@
-"""``bench sweep`` (and ``sweep --ab``): the flags to a config, the runner's progress as a bar, the summary table.
-The trials run in ``bench.run.runner.SweepRunner`` (``bench.run.ab.AbRunner`` for --ab)."""
+"""``bench sweep`` (and ``sweep --ab``): the flags to a config, the workflow's progress as a bar, the summary table.
+The sweep runs in ``bench.run.workflow`` (``sweep``, ``sweep_ab``), as it does from ``bench.sweep``."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import shlex
 import textwrap
 import time
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -32,11 +32,10 @@ from bench.cli.common import (
 )
 from bench.core.errors import ConfigError
 from bench.plan.config import SweepConfig, build_config
-from bench.plan.planner import resolve_device
 
 if TYPE_CHECKING:
-    from bench.records.results import TrialRecord
-    from bench.run.runner import SweepRunner
+    from bench.run.ab import AbProgress
+    from bench.run.runner import Progress
 
 
 def sweep_config_from_args(args: argparse.Namespace, resume_dir: Path | None) -> SweepConfig:
@@ -110,107 +109,97 @@ def _progress_bar() -> Iterator[Callable[[int, int, str], None]]:
 
 
 def _sweep_one(args: argparse.Namespace) -> int:
-    from bench.run import executors
-    from bench.run.runner import Launch, SweepRunner, default_out_dir
+    from bench.report import summary as summary_mod
+    from bench.run import executors, workflow
+    from bench.run.launcher import Launch
 
     cfg = sweep_config_from_args(args, args.out)
     executor = executors.from_args(args.executor, args.out, args.resume, args.slurm_partition,
                                    args.slurm_gpus_per_trial, args.slurm_cpus_per_trial, args.max_running,
                                    args.slurm_option, args.slurm_poll_seconds)
-    # A batch executor's trials run on other machines: the device is resolved there (its setup job).
-    device = resolve_device(cfg.device) if executor.name == "local" else None
-    out_dir = args.out or default_out_dir(cfg)
     launch = Launch(nnodes=cfg.nnodes, node_rank=args.node_rank, rdzv_endpoint=args.rdzv_endpoint)
-    runner = SweepRunner(cfg, out_dir, device, resume=args.resume, command=command_line(args), launch=launch,
-                         extend=args.extend, executor=executor)
+    started: list[workflow.Start] = []
+    with ExitStack() as stack:  # the bar starts with the banner, after the claim: bad input is one line
+        bar: list[Callable[[int, int, str], None]] = []
 
-    runner.claim()  # bad input (the directory, a resume that changes settings) is one line, before the banner
-    where = f"on {device}" if device is not None else f"through the {executor.name} executor"
-    shard = f" (shard {args.shard})" if runner.cfg.shard else ""
-    err.print(f"[bold]trainbench[/] sweep '{runner.cfg.name}'{shard} {where} -> {out_dir}")
-    started = time.perf_counter()
-    skipped: list[str] = []
-    with _progress_bar() as show:
+        def banner(s: workflow.Start) -> None:
+            started.append(s)
+            where = f"on {s.device}" if s.device is not None else f"through the {s.executor} executor"
+            shard = f" (shard {args.shard})" if s.cfg.shard else ""
+            err.print(f"[bold]trainbench[/] sweep '{s.cfg.name}'{shard} {where} -> {s.out_dir}")
+            bar.append(stack.enter_context(_progress_bar()))
 
-        def on_progress(p) -> None:  # type: ignore[no-untyped-def]
-            if p.record is None:
-                skipped.append(p.trial.trial_id)
-            show(p.total, p.done, progress_text(p.trial.trial_id, p.record))
+        def on_progress(p: Progress) -> None:
+            bar[0](p.total, p.done, progress_text(p.trial.trial_id, p.record))
 
         try:
-            records = runner.run(on_progress)
+            done = workflow.sweep(cfg, args.out, resume=args.resume, extend=args.extend, command=command_line(args),
+                                  launch=launch, executor=executor, on_start=banner, on_progress=on_progress)
         except KeyboardInterrupt as exc:
+            if not started:
+                raise
+            out_dir = started[0].out_dir
             queued = "" if executor.name == "local" else (
                 f"; trial jobs already submitted keep running ({executor.name}) and --resume waits for them")
             err.print(f"[yellow]{interrupted_word(exc)}[/]: finished trials are saved in {out_dir}/results.jsonl{queued}; "
                       f"continue with: python -m bench sweep --resume --out {out_dir}")
             return interrupted_code(exc)
-    wall = time.perf_counter() - started
-    if skipped:
-        err.print(f"resumed: {len(skipped)} trial(s) already done were not run again")
-    return _sweep_done(args, runner, records, cfg.name, wall)
-
-
-def _sweep_done(args: argparse.Namespace, runner: SweepRunner, records: list[TrialRecord], name: str,
-                wall: float) -> int:
-    """Node 0: summary.md and the report written, the summary printed. Other nodes: that node 0 does so."""
-    if not runner.recorder:
-        out.print(f"node {args.node_rank} took part in the trials in {wall:.0f} s; node 0 records the results and "
-                  "writes the summary and the report")
+    if done.resumed:
+        err.print(f"resumed: {done.resumed} trial(s) already done were not run again")
+    if not done.recorder:
+        out.print(f"node {args.node_rank} took part in the trials in {done.wall_s:.0f} s; node 0 records the results "
+                  "and writes the summary and the report")
         return 0
-    from bench.report import summary as summary_mod
-    from bench.report import write_report
-    from bench.report.summary import write_summary
-
-    out_dir, price = runner.out_dir, runner.cfg.price
-    summary = write_summary(out_dir, records, wall, name, price.per_hour if price else None)
-    paths = [f"report: {path}" for path in write_report([out_dir]).values()]
-    for line in summary.terminal([*paths, f"wall time {wall:.0f} s; results in {out_dir}"]):
+    price = done.cfg.price
+    paths = [f"report: {path}" for path in done.report.values()]
+    for line in done.summary.terminal([*paths, f"wall time {done.wall_s:.0f} s; results in {done.out_dir}"]):
         out.print(line, markup=False, highlight=False, soft_wrap=True)
-    for line in summary_mod.cost_lines(summary.rows, price.per_hour) if price else []:  # summary.md has them too
+    for line in summary_mod.cost_lines(done.summary.rows, price.per_hour) if price else []:  # summary.md has them
         for part in textwrap.wrap(f"cost: {line}", summary_mod.WIDTH, subsequent_indent="  "):
             out.print(part, markup=False, highlight=False)
     return 0
 
 
 def _sweep_ab(args: argparse.Namespace) -> int:
-    """``sweep --ab`` (bench/run/ab.py): run, print the comparison, exit 0 (gate with ``bench compare OUT/a OUT/b
-    --fail-on``)."""
+    """``sweep --ab`` (``bench.run.workflow.sweep_ab``): run, print the comparison, exit 0 (gate with ``bench compare
+    OUT/a OUT/b --fail-on``)."""
     from bench.analyze.compare import parse_threshold
-    from bench.run import ab
-    from bench.run.runner import Launch, default_out_dir
+    from bench.run import workflow
+    from bench.run.launcher import Launch
 
     # The same layering as a plain sweep; when resuming, side a's resolved sweep.toml is the config.
     cfg = sweep_config_from_args(args, args.out / "a" if args.out is not None else None)
-    device = resolve_device(cfg.device)
-    default = default_out_dir(cfg)
-    out_dir = args.out or default.with_name(default.name + "-ab")
-    other = ab.resolve_checkout(args.ab)
-    try:
-        launch = Launch(nnodes=cfg.nnodes, node_rank=args.node_rank, rdzv_endpoint=args.rdzv_endpoint)
-        runner = ab.AbRunner(cfg, out_dir, device, other, resume=args.resume, command=command_line(args),
-                             extend=args.extend, launch=launch, threshold=parse_threshold(args.threshold))
-        runner.claim()  # bad input is one line, before the banner
-        err.print(f"[bold]trainbench[/] A/B sweep '{runner.cfg.name}' on {device}: this checkout (A) vs {args.ab} "
-                  f"(B) -> {out_dir}")
-        started = time.perf_counter()
-        with _progress_bar() as show:
+    launch = Launch(nnodes=cfg.nnodes, node_rank=args.node_rank, rdzv_endpoint=args.rdzv_endpoint)
+    threshold = parse_threshold(args.threshold)
+    started: list[workflow.Start] = []
+    clock = time.perf_counter()
+    with ExitStack() as stack:  # the bar starts with the banner, after the claim: bad input is one line
+        bar: list[Callable[[int, int, str], None]] = []
 
-            def on_progress(p: ab.AbProgress) -> None:
-                show(p.total, p.done, progress_text(p.trial.trial_id, p.record, side=p.side.upper()))
+        def banner(s: workflow.Start) -> None:
+            started.append(s)
+            err.print(f"[bold]trainbench[/] A/B sweep '{s.cfg.name}' on {s.device}: this checkout (A) vs {args.ab} "
+                      f"(B) -> {s.out_dir}")
+            bar.append(stack.enter_context(_progress_bar()))
 
-            try:
-                result = runner.run(on_progress)
-            except KeyboardInterrupt as exc:
-                err.print(f"[yellow]{interrupted_word(exc)}[/]: finished trials are saved in {out_dir}/a and "
-                          f"{out_dir}/b; continue with: python -m bench sweep --ab {shlex.quote(args.ab)} "
-                          f"--resume --out {out_dir}")
-                return interrupted_code(exc)
-    finally:
-        ab.release(other)
+        def on_progress(p: AbProgress) -> None:
+            bar[0](p.total, p.done, progress_text(p.trial.trial_id, p.record, side=p.side.upper()))
+
+        try:
+            result = workflow.sweep_ab(cfg, args.ab, args.out, threshold=threshold,
+                                       resume=args.resume, extend=args.extend, command=command_line(args),
+                                       launch=launch, on_start=banner, on_progress=on_progress)
+        except KeyboardInterrupt as exc:
+            if not started:
+                raise
+            out_dir = started[0].out_dir
+            err.print(f"[yellow]{interrupted_word(exc)}[/]: finished trials are saved in {out_dir}/a and "
+                      f"{out_dir}/b; continue with: python -m bench sweep --ab {shlex.quote(args.ab)} "
+                      f"--resume --out {out_dir}")
+            return interrupted_code(exc)
     if result is None:
         out.print(f"node {args.node_rank} took part in the A/B trials; node 0 records and compares them")
         return 0
     out.print(result.markdown, markup=False, highlight=False)
-    out.print(f"wall time {time.perf_counter() - started:.0f} s; A/B results in {out_dir} (compare.md)")
+    out.print(f"wall time {time.perf_counter() - clock:.0f} s; A/B results in {result.out_dir} (compare.md)")
     return 0

@@ -1,12 +1,11 @@
-"""``bench tune``: the flags to the search's setup (``bench.run.tune_setup``), the search through the sweep's runner
-(``bench.run.tune.search``), its result written (tune.json by the search, tune.md and the figure by
-``bench.report.tune``) and printed. Ctrl-C or SIGTERM writes the partial result and says how to resume."""
+"""``bench tune``: the flags to the search's setup (``bench.run.tune_setup``), the search and its files through the
+workflow (``bench.run.workflow.tune``: tune.json, tune.md and its figure, summary.md, the report), the result printed.
+Ctrl-C or SIGTERM writes the partial result (the workflow) and says how to resume (here)."""
 
 from __future__ import annotations
 
 import argparse
 import sys
-import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -22,10 +21,9 @@ from bench.cli.common import (
 )
 
 if TYPE_CHECKING:
-    from bench.records.results import TrialRecord
-    from bench.run import tune
     from bench.run.runner import Progress
     from bench.run.tune_setup import Setup
+    from bench.run.workflow import TuneResult
 
 
 def cmd_tune(args: argparse.Namespace) -> int:
@@ -50,31 +48,28 @@ def _setup(args: argparse.Namespace) -> Setup:
 
 
 def _tune(args: argparse.Namespace) -> int:
-    from bench.run import tune, tune_setup
-    from bench.run.runner import SweepRunner, default_out_dir
+    from bench.run import workflow
 
     t = _setup(args)
     if args.dry_run:
         return _dry_run(t)
-    settings = t.settings
-    out_dir = args.out or default_out_dir(t.cfg)
-    runner = SweepRunner(t.cfg, out_dir, t.device, resume=args.resume, command=command_line(args))
-    runner.claim()  # bad input (the directory, a resume that changes settings): one line, before anything runs
+    started: list[workflow.Start] = []
+
+    def banner(s: workflow.Start) -> None:
+        started.append(s)
+        _banner(t, s.out_dir)
+
     try:
-        tune_setup.write_options(out_dir, t.opts)
-        _banner(t, out_dir)
-        env = runner.prepare()
-        started = time.perf_counter()
-        step = tune.search(runner, settings, t.refuse, env, _print_progress)
-    except KeyboardInterrupt as exc:
-        records = runner.records()
-        _write(out_dir, tune.result_dict(records, tune.next_step(settings, records, t.refuse), settings))
+        done = workflow.tune(t, args.out, resume=args.resume, command=command_line(args), on_start=banner,
+                             on_progress=_print_progress)
+    except KeyboardInterrupt as exc:  # the workflow wrote the partial result
+        if not started:
+            raise
+        out_dir = started[0].out_dir
         err.print(f"[yellow]{interrupted_word(exc)}[/]: finished trials are saved in {out_dir}/results.jsonl; "
                   f"continue with: python -m bench tune --resume --out {out_dir}")
         return interrupted_code(exc)
-    finally:
-        runner.close()
-    return _finish(out_dir, runner.records(), step, settings, time.perf_counter() - started)
+    return _finish(done)
 
 
 def _banner(t: Setup, out_dir: Path) -> None:
@@ -92,30 +87,15 @@ def _print_progress(p: Progress) -> None:
     err.print(progress_text(p.trial.trial_id, p.record), markup=False, highlight=False)
 
 
-def _write(out_dir: Path, result: dict[str, Any], snippets: str = "") -> dict[str, Path]:
-    """tune.json (the search's result), then tune.md and its figure rendered from it; the paths by kind."""
-    from bench.report import tune as tune_report
-    from bench.run import tune
-
-    return {"json": tune.write_json(out_dir, result), **tune_report.write(out_dir, result, snippets)}
-
-
-def _finish(out_dir: Path, records: list[TrialRecord], step: tune.Step, settings: tune.Settings, wall: float) -> int:
-    """Write tune.json/tune.md, the summary and the report; print the recommendation; the exit code."""
+def _finish(done: TuneResult) -> int:
+    """Print the recommendation and the files the workflow wrote; the exit code."""
     from bench.core.text import size_text
-    from bench.report import tune as tune_report
-    from bench.report import write_report
-    from bench.report.summary import write_summary
     from bench.run import tune
 
-    snippets = tune_report.snippets_for(step.recommended)
-    result = tune.result_dict(records, step, settings, wall)
-    paths = _write(out_dir, result, snippets)
-    write_summary(out_dir, records, wall, "tune")
-    report = write_report([out_dir])
-    _print_result(result, snippets)
-    for path in (*paths.values(), *report.values()):
+    _print_result(done.result, done.snippets)
+    for path in done.written:
         out.print(f"wrote {path}", markup=False, highlight=False)
+    step, settings = done.step, done.settings
     if step.recommended is None:
         peak = step.smallest_peak
         if peak is not None:

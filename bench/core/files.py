@@ -15,6 +15,8 @@ from typing import Any
 
 # The checkout this package runs from: reports/, docs/ and the trial processes' working directory hang off it.
 REPO_DIR = Path(__file__).resolve().parents[2]
+# Where a user's sweeps, tunes and profiles go by default (git-ignored), apart from the committed examples in reports/.
+RUNS_DIR = REPO_DIR / "runs"
 
 
 def write_atomic(path: Path | str, data: str | bytes, encoding: str = "utf-8") -> None:

@@ -160,7 +160,7 @@ def read_source(path: Path | str, strict_env: bool = True) -> Source:
     path = Path(path)
     results = path / "results.jsonl"
     if not results.is_file():
-        raise InputError(f"{path} has no results.jsonl (give the directory a sweep wrote, e.g. reports/quick-...)")
+        raise InputError(f"{path} has no results.jsonl (give the directory a sweep wrote, e.g. runs/quick-...)")
     records = read_records(results)
     env = _read_env(path / "env.json", strict_env)
     settings = None

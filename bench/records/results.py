@@ -238,6 +238,14 @@ class QualityResult:
                                                             "(its curve_metrics, e.g. a preference workload's "
                                                             "proxy_reward and kl), aligned with curve", None)
 
+    def __post_init__(self) -> None:
+        # Every reader indexes a curve's rows by column (samples, steps, clock, loss, metric): a row of another
+        # length is not a curve this trainbench reads, so the reader says so instead of failing deep in a figure.
+        for i, row in enumerate(self.curve):
+            if len(row) != len(self.curve_columns):
+                raise ValueError(f"quality.curve[{i}] holds {len(row)} values, but curve_columns names "
+                                 f"{len(self.curve_columns)} (one value per column)")
+
 
 @dataclass(frozen=True)
 class ParityResult:

@@ -1,8 +1,8 @@
 """Reports people read: ``report.md`` and ``report.html`` (plus ``figures/``) from one or more sweep directories.
 
     from bench.report import write_report
-    paths = write_report(["reports/quick-20260101-120000"])          # writes next to results.jsonl
-    paths = write_report([dir_a, dir_b], out_dir="reports/merged")   # two machines, kept apart
+    paths = write_report(["runs/quick-20260101-120000"])             # writes next to results.jsonl
+    paths = write_report([dir_a, dir_b], out_dir="runs/merged")      # two machines, kept apart
 
 The numbers come from ``bench.analyze.analysis`` (computed once); each module of ``sections`` turns them into one
 section of text (its cells worded by ``cells``), ``figures`` into PNGs, and ``markdown`` / ``html`` draw the same
@@ -43,17 +43,12 @@ def build(dirs: Sequence[Path | str], baseline: str = BASELINE, with_figures: bo
           thresholds: Thresholds | None = None, price: cost.Price | None = None) -> tuple[Analysis, Report]:
     """Analyse the sweeps in ``dirs`` and build the report (figures rendered when asked). ``price`` (per
     machine-hour) overrides the one each sweep recorded in its sweep.toml, for the Cost section."""
+    # Bad input stops in the reader (one line naming the file and the line); past it, an exception is a bug of the
+    # analysis or the report, and its traceback is what finds it.
     sweep = reader.load(dirs)
-    try:
-        result = analysis_mod.analyze(sweep, baseline=baseline, thresholds=thresholds)
-        figs = figures.make_figures(result) if with_figures else {}
-        return result, assemble(result, figs, sweep.notes, price)
-    except (TypeError, KeyError, AttributeError, IndexError) as exc:
-        # The records passed the type check, so this is a shape it does not cover (an eval curve row too short,
-        # a per-rank entry without its keys): say so in one line rather than a traceback.
-        where = ", ".join(str(s.path / "results.jsonl") for s in sweep.sources)
-        raise InputError(f"{where}: a record of an unexpected shape stopped the report "
-                         f"({type(exc).__name__}: {reader.clip(exc)})") from None
+    result = analysis_mod.analyze(sweep, baseline=baseline, thresholds=thresholds)
+    figs = figures.make_figures(result) if with_figures else {}
+    return result, assemble(result, figs, sweep.notes, price)
 
 
 def assemble(result: Analysis, figs: dict[str, document.Figure] | None = None, input_notes: Sequence[str] = (),

@@ -38,7 +38,7 @@ import torch
 from bench.analyze import compare as compare_mod
 from bench.core.files import REPO_DIR, write_atomic
 from bench.plan.config import ConfigError, SweepConfig
-from bench.plan.planner import Trial, plan, resolve_device
+from bench.plan.planner import Trial, plan
 from bench.records import reader
 from bench.records.results import TrialRecord
 from bench.report import compare as compare_md
@@ -380,19 +380,5 @@ def half_done(cfg: SweepConfig, records: dict[str, list[TrialRecord]]) -> list[t
     return out
 
 
-def run_ab(
-    cfg: SweepConfig, out_dir: Path, rev_or_dir: str, device: torch.device | None = None, resume: bool = False,
-    command: str = "", on_progress: Callable[[AbProgress], None] | None = None, repo_dir: Path = REPO_DIR,
-    extend: bool = False,
-) -> AbResult:
-    """Resolve the other checkout, run both sides interleaved, compare; a temporary worktree is always removed."""
-    device = device if device is not None else resolve_device(cfg.device)
-    other = resolve_checkout(rev_or_dir, repo_dir)
-    try:
-        return AbRunner(cfg, out_dir, device, other, resume=resume, command=command, extend=extend).run(on_progress)
-    finally:
-        release(other, repo_dir)
-
-
 __all__ = ["abba_order", "AbProgress", "AbResult", "AbRunner", "Checkout", "config_index", "half_done",
-           "open_configurations", "release", "resolve_checkout", "run_ab", "sequential_round"]
+           "open_configurations", "release", "resolve_checkout", "sequential_round"]

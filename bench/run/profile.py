@@ -31,7 +31,7 @@ import torch
 from torch.profiler import ProfilerActivity
 
 from bench.analyze.bottleneck import diagnose
-from bench.core.files import write_atomic
+from bench.core.files import RUNS_DIR, write_atomic
 from bench.measure import trace as trace_mod
 from bench.measure.phases import LOOP_PHASES, PHASES, PhaseClock
 from bench.measure.trace import DeviceBusy, KernelTime
@@ -310,6 +310,7 @@ def write(result: Profile, out_dir: Path) -> tuple[Path, Path]:
 
 
 def default_out_dir(workload: str, techniques: str) -> Path:
+    """``runs/profile-<workload>-<set>-<UTC time>/``, beside the sweeps (git-ignored, apart from reports/)."""
     stamp = dt.datetime.now(dt.UTC).strftime("%Y%m%d-%H%M%S")
     safe = "".join(c if c.isalnum() or c in "-_.+=" else "_" for c in f"{workload}-{techniques}")
-    return Path("profiles") / f"{safe}-{stamp}"
+    return RUNS_DIR / f"profile-{safe}-{stamp}"

@@ -24,7 +24,7 @@ from pathlib import Path
 
 import torch
 
-from bench.core.files import REPO_DIR, write_atomic
+from bench.core.files import REPO_DIR, RUNS_DIR, write_atomic
 from bench.plan.config import ConfigError, SweepConfig, check_shard
 from bench.plan.planner import Trial, check_nproc
 from bench.records.results import ResultStore, TrialRecord
@@ -48,8 +48,13 @@ class Progress:
 
 
 def default_out_dir(cfg: SweepConfig) -> Path:
-    stamp = dt.datetime.now(dt.UTC).strftime("%Y%m%d-%H%M%S")
-    return REPO_DIR / "reports" / f"{cfg.name}-{stamp}"
+    """``runs/<name>-<UTC time>/``: a user's sweeps and tunes stay apart from the committed examples in reports/."""
+    return RUNS_DIR / f"{cfg.name}-{utc_stamp()}"
+
+
+def utc_stamp() -> str:
+    """The time in a default directory's name: ``20260101-120000`` (UTC)."""
+    return dt.datetime.now(dt.UTC).strftime("%Y%m%d-%H%M%S")
 
 
 class SweepRunner:
