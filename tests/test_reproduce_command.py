@@ -99,7 +99,7 @@ def test_each_configuration_is_answered_after_a_line_naming_the_machine_differen
     machine = [i for i, line in enumerate(lines) if line.startswith("machine:")]
     table = next(i for i, line in enumerate(lines) if "configuration" in line)
     assert len(machine) == 1 and machine[0] < table
-    assert "cpu_model 'AMD EPYC 9B14' -> 'Intel Xeon 8488C'" in " ".join(l.strip() for l in lines[:table])
+    assert "cpu_model 'AMD EPYC 9B14' -> 'Intel Xeon 8488C'" in " ".join(x.strip() for x in lines[:table])
     answers = _answers(captured.out)
     assert answers["mlp:tiny baseline"][0] == "reproduced"
     assert answers["mlp:tiny baseline"][1].endswith("equivalent within +-5%")
