@@ -137,7 +137,7 @@ def sweep(cfg: SweepConfig, out: Path | str | None = None, *, resume: bool = Fal
 
 
 def _summary_and_report(out_dir: Path, records: list[TrialRecord], wall_s: float, cfg: SweepConfig
-                        ) -> tuple[list, dict[str, Path]]:
+                        ) -> tuple[Summary, dict[str, Path]]:
     from bench.report import write_report
     from bench.report.summary import write_summary
 
