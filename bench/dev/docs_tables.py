@@ -41,6 +41,7 @@ from bench.analyze import analysis, mfu
 from bench.core import words
 from bench.core.files import REPO_DIR
 from bench.core.words import say
+from bench.dev import docs_figures
 from bench.measure.env import datasheet_peak
 from bench.records import reader
 from bench.report import cells, frontier
@@ -456,19 +457,59 @@ TABLES: dict[str, Spec] = {
 # ---- rendering and checking ---------------------------------------------------------------------------------
 
 
-def render(names: list[str] | None = None, root: Path = ROOT) -> dict[str, str]:
-    """{block name: its body} for ``names`` (default: every table), each report analysed once."""
+def analyser(root: Path = ROOT) -> Callable[[str], analysis.Analysis]:
+    """``analyse(report)``: a committed report's analysis (``reports/...`` under ``root``), each analysed once."""
     cache: dict[str, analysis.Analysis] = {}
+
+    def analyse(report: str) -> analysis.Analysis:
+        if report not in cache:
+            if not (root / report / "results.jsonl").is_file():
+                raise docs_figures.FigureError(f"{report} is not a committed report (no results.jsonl)")
+            cache[report] = analysis.analyze(reader.load([root / report]))
+        return cache[report]
+
+    return analyse
+
+
+def render(names: list[str] | None = None, root: Path = ROOT,
+           analyse: Callable[[str], analysis.Analysis] | None = None) -> dict[str, str]:
+    """{block name: its body} for ``names`` (default: every table), each report analysed once."""
+    analyse = analyse or analyser(root)
     out = {}
     for name in names or list(TABLES):
         spec = TABLES[name]
-        if spec.report is None:
-            out[name] = "\n".join(spec.render(None)) + "\n"
-            continue
-        if spec.report not in cache:
-            cache[spec.report] = analysis.analyze(reader.load([root / spec.report]))
-        out[name] = "\n".join(spec.render(cache[spec.report])) + "\n"
+        out[name] = "\n".join(spec.render(analyse(spec.report) if spec.report else None)) + "\n"
     return out
+
+
+def prose_files(root: Path = ROOT) -> list[Path]:
+    """Where a measured figure may stand in prose: the README, the docs and the method cards."""
+    return [root / "README.md", *sorted((root / "docs").glob("*.md")), *sorted((root / "techniques").glob("*.py"))]
+
+
+def figure_problems(root: Path = ROOT, analyse: Callable[[str], analysis.Analysis] | None = None
+                    ) -> tuple[list[str], dict[str, str]]:
+    """Stale or broken inline figures (``bench.dev.docs_figures``), one line each; and {file: its text with every
+    figure rendered again} for the files that change."""
+    analyse = analyse or analyser(root)
+    found: list[str] = []
+    rewritten: dict[str, str] = {}
+    for path in prose_files(root):
+        if not path.is_file():
+            continue
+        text = path.read_text()
+        if "<!-- figure " not in text:
+            continue
+        rel = str(path.relative_to(root))
+        try:
+            new = docs_figures.update(text, analyse)
+        except docs_figures.FigureError as exc:
+            found.append(f"{rel}: a figure marker cannot be rendered: {exc}")
+            continue
+        if new != text:
+            found.append(f"{rel} is out of date (its figures): run python -m bench.dev.docs_tables")
+            rewritten[rel] = new
+    return found, rewritten
 
 
 def update(text: str, bodies: dict[str, str]) -> tuple[str, list[str]]:
@@ -511,15 +552,21 @@ def main(argv: list[str] | None = None, root: Path = ROOT) -> int:
     if argv not in ([], ["--check"]):
         print("usage: python -m bench.dev.docs_tables [--check]", file=sys.stderr)
         return 2
-    found, rewritten = problems(render(root=root), root)
+    analyse = analyser(root)
+    found, rewritten = problems(render(root=root, analyse=analyse), root)
     if argv == ["--check"]:
+        found += figure_problems(root, analyse)[0]
         for line in found:
             print(line, file=sys.stderr)
         return 1 if found else 0
     for doc, text in rewritten.items():
         (root / doc).write_text(text)
         print(f"wrote {doc}")
-    left = [line for line in found if "out of date" not in line]  # missing or unknown blocks need a hand
+    more, figures = figure_problems(root, analyse)  # on the tables' new text
+    for path, text in figures.items():
+        (root / path).write_text(text)
+        print(f"wrote {path}")
+    left = [line for line in [*found, *more] if "out of date" not in line]  # missing or broken ones need a hand
     for line in left:
         print(line, file=sys.stderr)
     return 1 if left else 0

@@ -1,0 +1,131 @@
+"""Measured figures in prose, generated from the committed reports: a figure is never typed by hand.
+
+A sentence of the README, a doc or a method card that quotes a measurement holds it in a marker naming the report,
+the configuration and the quantity::
+
+    bf16 on gpt:small ran <!-- figure example-cpu-bf16 gpt:small bf16 speedup -->1.66x [1.60, 1.72] faster<!-- /figure -->
+    ([the report](reports/example-cpu-bf16/report.md)).
+
+``python -m bench.dev.docs_tables`` rewrites every marker's text from the report (through the analysis and the one
+presentation module, ``bench.report.cells``, so the figure carries its interval and its answer as the report words
+them), and ``--check`` fails while one is stale. The quantities (``QUANTITIES``) are a configuration's (the workload
+and set of the marker) or the sweep's (workload and set ``-``). The paragraph that holds a marker must name its
+report (``bench.dev.docs_check`` holds it to that), so a reader can always open what the figure came from.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import pandas as pd
+
+from bench.analyze import analysis, mfu, stats
+from bench.core.words import say
+from bench.report import cells
+from bench.report.sections.summary import decisions
+
+MARKER = re.compile(r"<!-- figure (?P<report>\S+) (?P<workload>\S+) (?P<set>\S+) (?P<quantity>\S+) -->"
+                    r"(?P<body>.*?)<!-- /figure -->", re.S)
+
+
+class FigureError(ValueError):
+    """A marker that names a report, configuration or quantity that does not exist (one line: which and where)."""
+
+
+@dataclass(frozen=True)
+class Marker:
+    report: str  # the folder under reports/
+    workload: str  # "gpt:small", or "-" for a quantity of the whole sweep
+    technique: str  # "bf16", or "-"
+    quantity: str  # a key of QUANTITIES
+
+    @property
+    def path(self) -> str:
+        return f"reports/{self.report}"
+
+
+def _config(a: analysis.Analysis, m: Marker) -> Any:
+    rows = a.configs[(a.configs["workload"] == m.workload) & (a.configs["technique"] == m.technique)]
+    if rows.empty:
+        raise FigureError(f"{m.path} has no configuration {m.workload} {m.technique}")
+    return next(rows.itertuples())
+
+
+def _speed_answers(a: analysis.Analysis) -> pd.Series:
+    others = a.configs[~a.configs["is_reference"].astype(bool)]
+    return others.loc[[cells.known(v) for v in others["speedup"]], "speedup_verdict"]
+
+
+def _decided(a: analysis.Analysis) -> str:
+    answers = _speed_answers(a)
+    done = sum(w not in (None, *stats.UNDECIDED) for w in answers)
+    return f"{done} of {len(answers)}"
+
+
+def _elapsed(a: analysis.Analysis) -> str:
+    """The sweep's wall time: its first record's start (env.json's stamp) to its last record."""
+    env = a.sweep.sources[0].env
+    stamps = sorted(str(t) for t in a.frame["timestamp_utc"] if t)
+    if not stamps or not env.get("timestamp_utc"):
+        raise FigureError(f"{a.sweep.sources[0].path} has no timestamps to time the sweep by")
+    seconds = (pd.Timestamp(stamps[-1]) - pd.Timestamp(env["timestamp_utc"])).total_seconds()
+    return f"{seconds:.0f} s"
+
+
+def _noise(a: analysis.Analysis) -> str:
+    """The median spread of a set's samples/s over its trials (IQR / median), over the sweep's configurations."""
+    spreads = [v for v in a.configs["sps_rel_iqr"] if cells.known(v)]
+    if not spreads:
+        raise FigureError(f"{a.sweep.sources[0].path} has no spread of samples/s")
+    return f"{float(pd.Series(spreads).median()):.0%}"
+
+
+# The quantities a marker may quote: of a configuration (its row of the report), or of the sweep ("-").
+QUANTITIES: dict[str, Callable[[Any], str]] = {
+    "speedup": cells.speed_brief,
+    "memory": cells.memory_brief,
+    "quality": lambda c: cells.quality_brief(c, 3),
+    "time-to-target": lambda c: cells.ttt_brief(c),
+    "samples/s": lambda c: f"{cells.fmt_num(c.sps_median)} samples/s",
+    "mfu": lambda c: cells.fmt_pct(mfu.primary(c)),
+    "one-off": lambda c: cells.one_off_cell(c).text,
+    "peak": lambda c: cells.fmt_bytes(c.peak_bytes if cells.known(c.peak_bytes) else c.peak_rss_bytes),
+    "step": lambda c: f"{c.step_time_s * 1e3:.1f} ms" if cells.known(c.step_time_s) else "-",
+    "parity": cells.parity_brief,
+}
+SWEEP_QUANTITIES: dict[str, Callable[[analysis.Analysis], str]] = {
+    "decided": _decided,
+    "decisions": lambda a: decisions(a)[0] if decisions(a) else "-",
+    "elapsed": _elapsed,
+    "noise": _noise,
+    "faster": lambda a: f"{sum(w == 'faster' for w in _speed_answers(a))} {say('faster')}",
+}
+
+
+def render(marker: Marker, a: analysis.Analysis) -> str:
+    """The marker's text, from the report's analysis."""
+    if marker.workload == "-":
+        if marker.quantity not in SWEEP_QUANTITIES:
+            raise FigureError(f"no sweep quantity {marker.quantity!r} (valid: {', '.join(SWEEP_QUANTITIES)})")
+        return SWEEP_QUANTITIES[marker.quantity](a)
+    if marker.quantity not in QUANTITIES:
+        raise FigureError(f"no quantity {marker.quantity!r} (valid: {', '.join(QUANTITIES)})")
+    return QUANTITIES[marker.quantity](_config(a, marker))
+
+
+def markers(text: str) -> list[Marker]:
+    return [Marker(m["report"], m["workload"], m["set"], m["quantity"]) for m in MARKER.finditer(text)]
+
+
+def update(text: str, analyse: Callable[[str], analysis.Analysis]) -> str:
+    """``text`` with every marker's text rendered again (``analyse(report)`` gives a report's analysis)."""
+
+    def replace(m: re.Match[str]) -> str:
+        marker = Marker(m["report"], m["workload"], m["set"], m["quantity"])
+        body = render(marker, analyse(marker.path))
+        return m.group(0)[: m.start("body") - m.start()] + body + "<!-- /figure -->"
+
+    return MARKER.sub(replace, text)

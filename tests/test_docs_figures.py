@@ -1,0 +1,59 @@
+"""Measured figures in prose are generated from the committed reports (bench.dev.docs_figures): a marker's text is
+rendered from its report, a stale one is caught and rewritten, a broken one is named."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+
+from bench.dev import docs_figures, docs_tables
+from tests.conftest import REPO
+
+REPORT = "example-cpu-bf16"
+
+
+@pytest.fixture
+def repo(tmp_path: Path) -> Path:
+    """A repository with one committed report, a README quoting it, and a method card quoting it."""
+    shutil.copytree(REPO / "reports" / REPORT, tmp_path / "reports" / REPORT,
+                    ignore=shutil.ignore_patterns("figures", "*.html"))
+    (tmp_path / "docs").mkdir()
+    (tmp_path / "techniques").mkdir()
+    return tmp_path
+
+
+def _marker(quantity: str, workload: str = "gpt:small", technique: str = "bf16", body: str = "?") -> str:
+    return f"<!-- figure {REPORT} {workload} {technique} {quantity} -->{body}<!-- /figure -->"
+
+
+def test_a_figure_is_rendered_from_its_report_with_its_interval_and_answer(repo):
+    analyse = docs_tables.analyser(repo)
+    a = analyse(f"reports/{REPORT}")
+    speed = docs_figures.render(docs_figures.Marker(REPORT, "gpt:small", "bf16", "speedup"), a)
+    assert speed.startswith("1.66x [1.60, 1.72] ") and speed.endswith("faster")
+    assert docs_figures.render(docs_figures.Marker(REPORT, "-", "-", "decided"), a) == "3 of 3"  # 3 sets, 3 answers
+
+
+def test_a_stale_figure_is_caught_rewritten_and_a_broken_one_named(repo):
+    readme = repo / "README.md"
+    readme.write_text(f"bf16 ran {_marker('speedup', body='1.70x faster')} ([report](reports/{REPORT}/report.md)).\n")
+    card = repo / "techniques" / "thing.py"
+    card.write_text(f'"""A technique.\n\nMeasured: {_marker("memory")} (reports/{REPORT}).\n"""\n')
+    found, rewritten = docs_tables.figure_problems(repo)
+    assert found == ["README.md is out of date (its figures): run python -m bench.dev.docs_tables",
+                     "techniques/thing.py is out of date (its figures): run python -m bench.dev.docs_tables"]
+    assert "-->1.66x [1.60, 1.72] faster<!-- /figure -->" in rewritten["README.md"]
+    for path, text in rewritten.items():
+        (repo / path).write_text(text)
+    assert docs_tables.figure_problems(repo) == ([], {})
+
+    readme.write_text(_marker("speedup", workload="gpt:huge") + _marker("velocity") + "\n")
+    found, _ = docs_tables.figure_problems(repo)
+    assert found == [f"README.md: a figure marker cannot be rendered: reports/{REPORT} has no configuration "
+                     "gpt:huge bf16"]
+    readme.write_text(_marker("velocity") + "\n")
+    assert "no quantity 'velocity' (valid: speedup, memory" in docs_tables.figure_problems(repo)[0][0]
+    readme.write_text("<!-- figure no-such-report - - decided -->5 of 12<!-- /figure -->\n")
+    assert "reports/no-such-report is not a committed report" in docs_tables.figure_problems(repo)[0][0]
