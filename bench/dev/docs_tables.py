@@ -432,6 +432,44 @@ def glossary(_: analysis.Analysis | None = None) -> list[str]:
     return _table(["word", "what it means"], rows)
 
 
+# The committed sweeps a method card quotes: each machine's canonical examples (a folder of several sweeps is read
+# sweep by sweep). A card lists what these measured of its technique alone, against each sweep's reference.
+CARD_REPORTS = ("reports/example-cpu", "reports/example-cpu-auto", "reports/example-cpu-bf16",
+                "reports/example-cpu-2rank", "reports/example-cpu-model-techniques/cnn",
+                "reports/example-cpu-model-techniques/gpt", "reports/example-cpu-model-techniques/mlp",
+                "reports/example-cpu-parallelism/gpt", "reports/example-cpu-parallelism/mlp",
+                "reports/example-cpu-preference", "reports/example-cpu-bottleneck", "reports/example-cpu-convergence",
+                "reports/example-h200-first")
+
+
+def card_measured(name: str) -> Callable[[Any], list[str]]:
+    """A method card's "Measured" block: for each committed sweep that ran the technique alone, the machine (named
+    by its fingerprint), the report, and each workload's speedup and peak-memory ratio with their answers, worded
+    as the report words them. Nothing else a card says is a measurement."""
+
+    def render(analyse: Callable[[str], analysis.Analysis]) -> list[str]:
+        lines = []
+        for report in CARD_REPORTS:
+            a = analyse(report)
+            rows = [c for c in a.configs.itertuples() if tuple(c.names or ()) == (name,)]  # alone, any options
+            cells_ = [f"{c.workload}{'' if c.technique == name else ' ' + c.technique} {cells.speed_brief(c)}, "
+                      f"memory {cells.memory_brief(c)}" for c in rows if cells.known(c.speedup) or cells.known(c.mem_ratio)]
+            if cells_:
+                lines.append(f"- {machine_name(a.sweep.sources[0].env)}, `{report}`: " + "; ".join(cells_) + ".")
+        return lines or ["- Not measured alone in a committed report."]
+
+    return render
+
+
+def _cards() -> dict[str, Spec]:
+    """One "Measured" block per registered technique, in its module's docstring."""
+    out = {}
+    for name, tech in techniques.registry().items():
+        module = Path(inspect.getfile(tech)).relative_to(ROOT)
+        out[f"card-{name}"] = Spec(str(module), None, card_measured(name))
+    return out
+
+
 TABLES: dict[str, Spec] = {
     "readme-example-cpu-auto": Spec("README.md", "reports/example-cpu-auto", front_page),
     "readme-example-h200-first": Spec("README.md", "reports/example-h200-first", gpu_front_page),
@@ -452,6 +490,8 @@ TABLES: dict[str, Spec] = {
     "commands-findings": Spec("docs/commands.md", None, findings_table),
     "glossary": Spec("docs/methodology.md", None, glossary),
 }
+CARDS = _cards()
+ALL = {**TABLES, **CARDS}
 
 
 # ---- rendering and checking ---------------------------------------------------------------------------------
@@ -476,9 +516,10 @@ def render(names: list[str] | None = None, root: Path = ROOT,
     """{block name: its body} for ``names`` (default: every table), each report analysed once."""
     analyse = analyse or analyser(root)
     out = {}
-    for name in names or list(TABLES):
-        spec = TABLES[name]
-        out[name] = "\n".join(spec.render(analyse(spec.report) if spec.report else None)) + "\n"
+    for name in names or list(ALL):
+        spec = ALL[name]
+        given = analyse if name in CARDS else analyse(spec.report) if spec.report else None  # a card reads several
+        out[name] = "\n".join(spec.render(given)) + "\n"
     return out
 
 
@@ -532,9 +573,9 @@ def problems(bodies: dict[str, str], root: Path = ROOT) -> tuple[list[str], dict
     one line each; and {doc: its text with every block brought up to date} for the docs that change."""
     found: list[str] = []
     rewritten: dict[str, str] = {}
-    for doc in dict.fromkeys(spec.doc for spec in TABLES.values()):
+    for doc in dict.fromkeys(spec.doc for name, spec in ALL.items() if name in bodies):
         text = (root / doc).read_text()
-        mine = {n: b for n, b in bodies.items() if TABLES[n].doc == doc}
+        mine = {n: b for n, b in bodies.items() if ALL[n].doc == doc}
         present = [m.group("name") for m in BLOCK.finditer(text)]
         found += [f"{doc} has no block '{n}': add <!-- generated: {n} --> and <!-- end generated --> where it goes"
                   for n in mine if n not in present]
