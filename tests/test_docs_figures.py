@@ -34,6 +34,8 @@ def test_a_figure_is_rendered_from_its_report_with_its_interval_and_answer(repo)
     speed = docs_figures.render(docs_figures.Marker(REPORT, "gpt:small", "bf16", "speedup"), a)
     assert speed.startswith("1.66x [1.60, 1.72] ") and speed.endswith("faster")
     assert docs_figures.render(docs_figures.Marker(REPORT, "-", "-", "decided"), a) == "3 of 3"  # 3 sets, 3 answers
+    bottleneck = docs_figures.render(docs_figures.Marker(REPORT, "mlp:tiny", "baseline", "bottleneck"), a)
+    assert bottleneck.startswith("optimizer-bound: ") and bottleneck.endswith("try fused_adamw")  # the report's line
 
 
 def test_a_stale_figure_is_caught_rewritten_and_a_broken_one_named(repo):
@@ -57,3 +59,22 @@ def test_a_stale_figure_is_caught_rewritten_and_a_broken_one_named(repo):
     assert "no quantity 'velocity' (valid: speedup, memory" in docs_tables.figure_problems(repo)[0][0]
     readme.write_text("<!-- figure no-such-report - - decided -->5 of 12<!-- /figure -->\n")
     assert "reports/no-such-report is not a committed report" in docs_tables.figure_problems(repo)[0][0]
+
+
+def test_an_ab_figure_counts_the_answers_of_its_runs_compared_b_against_a(tmp_path):
+    """A/B runs (sweep --ab: a/, b/, ab.json) are compared as the CI gate compares them, at their own threshold."""
+    gates = REPO / "reports" / "example-cpu-aa-rate"
+    for run in ("aa-7", "slow-0", "slow-8"):  # overall: equivalent; slower; inconclusive with one slower configuration
+        shutil.copytree(gates / run, tmp_path / "reports" / "gates" / run)
+    (tmp_path / "docs").mkdir()
+
+    def figure(runs: str, quantity: str) -> str:
+        return docs_figures.update(f"<!-- figure gates {runs} - {quantity} -->?<!-- /figure -->",
+                                   docs_tables.analyser(tmp_path), tmp_path)
+
+    assert "-->slower in 1 of 2, inconclusive in 1<!--" in figure("slow-*", "ab-overall")
+    assert "-->equivalent in 1 of 1<!--" in figure("aa-*", "ab-overall")
+    assert "-->2 of 2<!--" in figure("slow-*", "ab-changes")  # slow-8 found one configuration slower
+    assert "-->0 of 1<!--" in figure("aa-*", "ab-changes")
+    with pytest.raises(docs_figures.FigureError, match="no A/B run"):
+        figure("none-*", "ab-overall")

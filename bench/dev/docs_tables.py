@@ -543,7 +543,7 @@ def figure_problems(root: Path = ROOT, analyse: Callable[[str], analysis.Analysi
             continue
         rel = str(path.relative_to(root))
         try:
-            new = docs_figures.update(text, analyse)
+            new = docs_figures.update(text, analyse, root)
         except docs_figures.FigureError as exc:
             found.append(f"{rel}: a figure marker cannot be rendered: {exc}")
             continue
