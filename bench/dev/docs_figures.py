@@ -101,7 +101,6 @@ QUANTITIES: dict[str, Callable[[Any], str]] = {
     "peak": lambda c: cells.fmt_bytes(c.peak_bytes if cells.known(c.peak_bytes) else c.peak_rss_bytes),
     "step": lambda c: f"{c.step_time_s * 1e3:.1f} ms" if cells.known(c.step_time_s) else "-",
     "parity": cells.parity_brief,
-    "bottleneck": lambda c: c.phase_diagnosis or "-",  # the report's "Where the step's time goes" line
 }
 SWEEP_QUANTITIES: dict[str, Callable[[analysis.Analysis], str]] = {
     "decided": _decided,
