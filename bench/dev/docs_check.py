@@ -135,7 +135,8 @@ def units(text: str, first_line: int = 1) -> Iterator[Unit]:
         stripped = line.strip()
         if in_code:
             continue
-        if not stripped or stripped.startswith(("#", "|", "<!--")) or re.match(r"[-*+]\s|\d+\.\s", stripped):
+        comment = bool(re.fullmatch(r"<!--.*?-->", stripped))  # a line that is wholly a comment (a marker's line)
+        if not stripped or stripped.startswith(("#", "|")) or comment or re.match(r"[-*+]\s|\d+\.\s", stripped):
             yield from flush()
             if stripped.startswith("|"):
                 yield from (Unit(first_line + i, cell) for cell in re.split(r"(?<!\\)\|", stripped) if cell.strip())
@@ -143,7 +144,7 @@ def units(text: str, first_line: int = 1) -> Iterator[Unit]:
             if stripped.startswith("#"):
                 yield Unit(first_line + i, stripped)
                 continue
-            if not stripped or stripped.startswith("<!--"):
+            if not stripped or comment:
                 continue
         if not para:
             start = i
@@ -198,7 +199,9 @@ def hand_typed(path: str, unit: Unit) -> list[Problem]:
     at = 0
     for sentence in sentences(text):
         at = text.find(sentence, at)
-        prose = LINK.sub(lambda m: m.group(0).split("](")[0], sentence)  # a link's target is not its sentence
+        # a link's target is not its sentence: blanked, so that offsets stay the sentence's own
+        prose = LINK.sub(lambda m: m.group(0).split("](")[0] + " " * (len(m.group(0)) - len(m.group(0).split("](")[0])),
+                         sentence)
         if SOURCED.search(prose):
             continue
         hits = [m for m in (*MEASURED.finditer(prose), *INTERVAL.finditer(prose))
