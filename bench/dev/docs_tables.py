@@ -37,7 +37,7 @@ from typing import Any
 import pandas as pd
 
 import techniques
-from bench.analyze import analysis, mfu
+from bench.analyze import analysis
 from bench.core import words
 from bench.core.files import REPO_DIR
 from bench.core.words import say
@@ -249,14 +249,14 @@ def claims_check(a: analysis.Analysis) -> list[str]:
 
 
 def model_techniques(a: analysis.Analysis) -> list[str]:
-    """docs/model-techniques.md: one workload's sets, speed and quality side by side."""
+    """docs/model-techniques.md: one workload's sets, speed and quality side by side (quality at equal time, the
+    one-off costs and MFU are in the report: three tables of eight columns left no room for the doc's prose)."""
     rows = []
     for c in _rows(a).itertuples():
         quality = f"{c.final_mean:.4f} ± {c.final_std:.4f} (reference)" if c.is_reference else cells.quality_brief(c)
-        rows.append([c.technique, _speed(c), _memory(c), quality, cells.equal_time_brief(c), cells.ttt_brief(c), _one_off(c),
-                     fmt_pct(mfu.primary(c))])  # the headline: one peak for every set (bench.analyze.mfu)
+        rows.append([c.technique, _speed(c), _memory(c), quality, cells.ttt_brief(c)])
     return _table(["set", "samples/s (speedup [95% CI])", "memory ratio", "quality at equal samples [95% CI]",
-                   "at equal time [95% CI]", "time to target", "one-off", "MFU"], rows)
+                   "time to target"], rows)
 
 
 def _technique_result(a: analysis.Analysis, c: Any) -> dict[str, Any]:
