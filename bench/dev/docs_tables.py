@@ -445,7 +445,8 @@ CARD_REPORTS = ("reports/example-cpu", "reports/example-cpu-auto", "reports/exam
 def card_measured(name: str) -> Callable[[Any], list[str]]:
     """A method card's "Measured" block: for each committed sweep that ran the technique alone, the machine (named
     by its fingerprint), the report, and each workload's speedup and peak-memory ratio with their answers, worded
-    as the report words them. Nothing else a card says is a measurement."""
+    as the report words them (a quality-only sweep is named, its answers left to its report). Nothing else a card
+    says is a measurement."""
 
     def render(analyse: Callable[[str], analysis.Analysis]) -> list[str]:
         lines = []
@@ -456,6 +457,10 @@ def card_measured(name: str) -> Callable[[Any], list[str]]:
                       f"memory {cells.memory_brief(c)}" for c in rows if cells.known(c.speedup) or cells.known(c.mem_ratio)]
             if cells_:
                 lines.append(f"- {machine_name(a.sweep.sources[0].env)}, `{report}`: " + "; ".join(cells_) + ".")
+            elif rows:  # a quality-only sweep (no speed window): say where it was measured, not "not measured"
+                shown = ", ".join(dict.fromkeys(c.workload for c in rows))
+                lines.append(f"- {machine_name(a.sweep.sources[0].env)}, `{report}`: {shown}, quality and time to "
+                             "target only (no speed window): their answers are in its report.md.")
         return lines or ["- Not measured alone in a committed report."]
 
     return render
