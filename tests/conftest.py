@@ -42,6 +42,17 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(skip)
 
 
+def fake_cuda(monkeypatch: pytest.MonkeyPatch, count: int = 1, name: str = "NVIDIA H200",
+              capability: tuple[int, int] = (9, 0)) -> None:
+    """The planner's process sees ``count`` CUDA devices (``bench.measure.cuda_caps``, which the sweep's parent asks
+    instead of torch.cuda); nothing runs on them."""
+    from bench.measure import cuda_caps
+
+    devices = tuple(cuda_caps.Device(name, capability) for _ in range(count))
+    monkeypatch.setattr(cuda_caps, "_cached", cuda_caps.CudaCaps(devices, "faked by a test",
+                                                                 None if count else "no device (faked by a test)"))
+
+
 @pytest.fixture
 def one_rank_group():
     """A one-process gloo group in this process (DDP runs its reducer and hooks as with more ranks)."""

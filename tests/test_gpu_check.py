@@ -25,7 +25,7 @@ from bench.plan import gpu, planner
 from bench.plan.config import GPU_CHECK, Budget, TechniqueSet, WorkloadSpec, build_config
 from bench.records import reader
 from techniques.base import Phase
-from tests.conftest import run_cli
+from tests.conftest import fake_cuda, run_cli
 
 REPO = Path(__file__).resolve().parent.parent
 SCRIPT = REPO / "scripts" / "gpu_check.sh"
@@ -129,11 +129,9 @@ def test_the_script_parses_and_takes_its_plan_from_the_planner():
 
 @pytest.fixture
 def fake_h200(monkeypatch):
-    """What the techniques' checks ask of a CUDA device, answered as an H200 would: nothing runs on it."""
-    monkeypatch.setattr("torch.cuda.is_available", lambda: True)
-    monkeypatch.setattr("torch.cuda.get_device_capability", lambda device=None: (9, 0))
-    monkeypatch.setattr("torch.cuda.get_device_name", lambda device=None: "NVIDIA H200")
-    monkeypatch.setattr("torch.cuda.is_bf16_supported", lambda *a, **k: True)
+    """What the techniques' checks ask of a CUDA device (through bench.measure.cuda_caps), answered as an H200 would:
+    nothing runs on it."""
+    fake_cuda(monkeypatch, 1, "NVIDIA H200", (9, 0))
     monkeypatch.setattr("torch.backends.cusparselt.is_available", lambda: True)
     monkeypatch.setattr(sdpa_backend, "backend_problem", lambda *a, **k: None)  # its probe runs kernels
     return torch.device("cuda")

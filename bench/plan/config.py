@@ -16,13 +16,13 @@ from pathlib import Path
 from typing import Any
 
 import tomli_w
-import torch
 
 import techniques
 from bench import workloads
 from bench.analyze import cost
 from bench.core.errors import ConfigError
 from bench.core.text import shown
+from bench.measure import cuda_caps
 from bench.plan import plugins
 from bench.records.results import MODES
 from techniques.base import OptionError
@@ -432,7 +432,7 @@ RECORDED_KEYS = ("sources_sha256",)  # written into sweep.toml by the harness; n
 def default_preset(device: str) -> str:
     """The preset a sweep starts from when none is named: ``gpu`` where its trials run on CUDA (``--device cuda``, or
     ``auto`` on a machine whose torch sees a GPU), else ``quick``."""
-    return "gpu" if device == "cuda" or (device == "auto" and torch.cuda.is_available()) else "quick"
+    return "gpu" if device == "cuda" or (device == "auto" and cuda_caps.available()) else "quick"
 
 
 def build_config(
@@ -515,7 +515,7 @@ def _check_gpu_sizes_have_a_gpu(preset: str, merged: dict[str, Any]) -> None:
     """The gpu preset's own workloads on a CPU would take hours a trial: refused with what to run instead. Its sets on
     workloads the user names (``--workloads gpt:tiny``) run anywhere, the CUDA-only ones skipped with their reasons."""
     device = merged.get("device", "auto")
-    on_cpu = device == "cpu" or (device == "auto" and not torch.cuda.is_available())
+    on_cpu = device == "cpu" or (device == "auto" and not cuda_caps.available())
     if preset == "gpu" and on_cpu and merged.get("workloads") == PRESETS["gpu"]["workloads"]:
         raise ConfigError(f"the gpu preset's workloads ({', '.join(PRESETS['gpu']['workloads'])}) are sized for a "
                           "datacenter GPU and this sweep runs on the CPU, where each of their trials would take "

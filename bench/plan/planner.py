@@ -18,6 +18,7 @@ from dataclasses import dataclass
 import torch
 
 from bench import workloads
+from bench.measure import cuda_caps
 from bench.plan.config import Budget, ConfigError, SweepConfig, TechniqueSet, WorkloadSpec
 from techniques.base import Context, Technique, TrainConfig, batch_shards
 
@@ -45,12 +46,15 @@ class Trial:
 
 
 def resolve_device(name: str) -> torch.device:
+    # Asked of NVML or a child process (bench.measure.cuda_caps): the runner launches trials and must not hold a
+    # CUDA context of its own on the devices they train on.
     if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if name == "cuda" and not torch.cuda.is_available():
+        return torch.device("cuda" if cuda_caps.available() else "cpu")
+    if name == "cuda" and not cuda_caps.available():
         from bench.plan.config import ConfigError
 
-        raise ConfigError("--device cuda was asked for, but torch sees no CUDA device (use --device cpu or auto)")
+        raise ConfigError(f"--device cuda was asked for, but torch sees no CUDA device ({cuda_caps.get().reason}; "
+                          "use --device cpu or auto)")
     return torch.device(name)
 
 
@@ -58,10 +62,10 @@ def check_nproc(device: torch.device, nproc: int) -> None:
     """Refuse ``--nproc`` beyond the CUDA devices this node's processes can see: rank ``LOCAL_RANK`` takes
     ``cuda:LOCAL_RANK``, so a fifth rank on a 4-GPU node would fail inside every multi-process trial (or two ranks
     share a device, which NCCL refuses). On the CPU gloo runs any number of ranks. Raises ConfigError before anything
-    is written or launched; asking torch for the count does not create a CUDA context in this process."""
+    is written or launched; the count comes from ``bench.measure.cuda_caps``, which creates no CUDA context here."""
     if device.type != "cuda" or nproc <= 1:
         return
-    visible = torch.cuda.device_count()
+    visible = cuda_caps.device_count()
     if nproc > visible:
         shown = os.environ.get("CUDA_VISIBLE_DEVICES")
         where = f" (CUDA_VISIBLE_DEVICES={shown})" if shown is not None else ""
