@@ -190,6 +190,8 @@ class Session:
     trained_params: int = 0  # after the techniques' model surgery (leaner architecture, extra heads)
     curve_extra: dict[str, list[float | None]] = field(default_factory=dict)  # the workload's curve_metrics
     clock: StageClock = field(default_factory=StageClock)  # the trial's stage times (``bench.measure.stages``)
+    # GPU-only measurements that failed here, by name, with why (the record's ``unavailable``): the trial goes on
+    unavailable: dict[str, str] = field(default_factory=dict)
 
     @property
     def device(self) -> torch.device:
@@ -778,7 +780,13 @@ def _timed_window(
             elif (steps >= budget.min_steps and elapsed >= budget.min_seconds) or elapsed >= budget.max_seconds:
                 break
         window = timer.stop()
-        return window, energy.stop(), contention.stop(), loss, steps
+        energy_result = energy.stop()
+        if window.events_failed:
+            session.unavailable["step_times"] = (f"{window.events_failed}: per-step times are the host's clock "
+                                                 "between launches; the window's total is synchronised")
+        if energy.failed:
+            session.unavailable["energy"] = energy.failed
+        return window, energy_result, contention.stop(), loss, steps
 
 
 @contextlib.contextmanager
@@ -836,7 +844,9 @@ def phase_pass(session: Session, steps: int = PHASE_STEPS) -> PhaseResult:
         session.loop.time_phases(None)
     _check_finite(loss, session.steps_done)
     stats = summarize_phases(clock.steps)
-    busy = _device_busy(session)
+    busy, why = _device_busy(session)
+    if why:
+        session.unavailable["device_busy"] = why
     device: dict[str, Any] = {} if busy is None else {
         "device_busy": busy.fraction, "device_busy_s": busy.busy_s, "device_ops_per_step": busy.ops_per_step,
         "device_op_s": busy.mean_op_s, "device_source": busy.source}
@@ -848,17 +858,22 @@ def phase_pass(session: Session, steps: int = PHASE_STEPS) -> PhaseResult:
                        **device)
 
 
-def _device_busy(session: Session) -> DeviceBusy | None:
+def _device_busy(session: Session) -> tuple[DeviceBusy | None, str | None]:
     """On a GPU, how busy the device is over a few more steps (``bench.measure.phases.device_busy_pass``: the host
-    phase times cannot say); on CPU execution is synchronous and the phases say it all."""
-    if session.device.type != "cuda":
-        return None
+    phase times cannot say), or why not; on CPU execution is synchronous and the phases say it all."""
+    if not _busy_pass_wanted(session.device):
+        return None, None
 
     def step() -> None:
         session.loop.step(next(session.batches))
         session.steps_done += 1
 
     return device_busy_pass(step, session.device)
+
+
+def _busy_pass_wanted(device: torch.device) -> bool:
+    """Whether the trial runs the device-busy pass (CUDA devices; a test makes a CPU trial run it)."""
+    return device.type == "cuda"
 
 
 # ---- stage: memory ----------------------------------------------------------------------------------------------
@@ -1028,6 +1043,7 @@ def _stages(spec: TrialSpec, head: dict[str, Any], out: dict[str, Any], own_proc
     if CACHE_EVENTS:  # the dataset came from the sweep's cache or was decoded here (and cached for the next)
         out["caches"] = {"dataset": "read" if set(CACHE_EVENTS.values()) == {"read"} else "decoded"}
     session.clock = clock
+    out["unavailable"] = session.unavailable  # filled as the GPU-only passes fail, kept if the trial fails later
     try:
         _measure(spec, head, out, own_process, budget, session)
     finally:  # also after a failure: techniques release what they hold (a loader's worker processes)
