@@ -5,6 +5,11 @@ report says why) instead of silently dropping them. Repeats are interleaved acro
 everything, then repeat 1, ...) so slow drift of the machine hits all configurations alike, and within a repeat the
 order of the configurations is shuffled with ``random.Random(f"{seed}:{repeat}")`` (the sweep's recorded seed), so
 no set always runs first or right after another; each record keeps its ``position`` in the run order.
+
+``order = "priority"`` (``--order priority``, gpu_check.sh's) runs the sets in the order given instead: the baseline
+beside the first set (which of the two runs first alternating by repeat), then each further set through all its
+repeats, so a sweep cut short (a time-capped GPU slot) has its first comparisons complete rather than every
+comparison a pair short.
 """
 
 from __future__ import annotations
@@ -175,29 +180,57 @@ def shard(trials: list[Trial], workloads_in_order: tuple[WorkloadSpec, ...], ind
 
 def full_plan(cfg: SweepConfig, device: torch.device) -> list[Trial]:
     """Every trial of the sweep, whatever the shard, in run order."""
-    sets = list(cfg.techniques)
-    if TechniqueSet(()) not in sets:
+    if TechniqueSet(()) not in cfg.techniques:
         log.info("adding the baseline technique set: speedups are measured against it")
-        sets.insert(0, TechniqueSet(()))
+    sets = technique_sets(cfg)
     worlds = {t: world_size_for(t, cfg.world_size) for t in sets}
     reasons = {(w, t): incompatibility(t, w, device, worlds[t]) for w in cfg.workloads for t in sets}
     trials = []
+    for repeat, workload, techs in run_order(cfg):
+        seed = cfg.seed + repeat
+        trials.append(Trial(
+            trial_id=trial_id(workload, techs, seed, repeat, worlds[techs]),
+            workload=workload,
+            techniques=techs,
+            seed=seed,
+            repeat=repeat,
+            world_size=worlds[techs],
+            skip_reason=reasons[(workload, techs)],
+            position=len(trials),
+        ))
+    return trials
+
+
+def technique_sets(cfg: SweepConfig) -> list[TechniqueSet]:
+    """The sweep's sets, the baseline first when the config names none (speedups need it)."""
+    sets = list(cfg.techniques)
+    if TechniqueSet(()) not in sets:
+        sets.insert(0, TechniqueSet(()))
+    return sets
+
+
+def priority_groups(cfg: SweepConfig) -> list[list[TechniqueSet]]:
+    """The sets as ``order = "priority"`` runs them: the baseline with the first other set, then one set a group."""
+    others = [t for t in technique_sets(cfg) if t != TechniqueSet(())]
+    return [[TechniqueSet(()), *others[:1]], *([t] for t in others[1:])]
+
+
+def run_order(cfg: SweepConfig) -> list[tuple[int, WorkloadSpec, TechniqueSet]]:
+    """(repeat, workload, set) of every trial in run order (``cfg.order``; the module's docstring says why each)."""
+    if cfg.order == "priority":
+        order = []
+        for group in priority_groups(cfg):
+            for repeat in range(cfg.repeats):
+                sides = group if repeat % 2 == 0 else group[::-1]  # ABBA: drift hits both sides of a pair alike
+                order += [(repeat, w, t) for w in cfg.workloads for t in sides]
+        return order
+    sets = technique_sets(cfg)
+    order = []
     for repeat in range(cfg.repeats):
         configs = [(w, t) for w in cfg.workloads for t in sets]
         random.Random(f"{cfg.seed}:{repeat}").shuffle(configs)
-        seed = cfg.seed + repeat
-        for workload, techs in configs:
-            trials.append(Trial(
-                trial_id=trial_id(workload, techs, seed, repeat, worlds[techs]),
-                workload=workload,
-                techniques=techs,
-                seed=seed,
-                repeat=repeat,
-                world_size=worlds[techs],
-                skip_reason=reasons[(workload, techs)],
-                position=len(trials),
-            ))
-    return trials
+        order += [(repeat, w, t) for w, t in configs]
+    return order
 
 
 @dataclass(frozen=True)
