@@ -781,6 +781,9 @@ def _timed_window(
                 break
         window = timer.stop()
         energy_result = energy.stop()
+        # the window kept (the last, after contention retries) says what is unavailable
+        session.unavailable.pop("step_times", None)
+        session.unavailable.pop("energy", None)
         if window.events_failed:
             session.unavailable["step_times"] = (f"{window.events_failed}: per-step times are the host's clock "
                                                  "between launches; the window's total is synchronised")
