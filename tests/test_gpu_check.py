@@ -7,7 +7,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-import shlex
 import shutil
 import statistics
 import subprocess
@@ -22,7 +21,7 @@ import techniques.sdpa_backend as sdpa_backend
 from bench import trial
 from bench.dev import gpu_check
 from bench.plan import gpu, planner
-from bench.plan.config import GPU_CHECK, Budget, TechniqueSet, WorkloadSpec, build_config
+from bench.plan.config import GPU_CHECK, TechniqueSet, build_config
 from bench.records import reader
 from techniques.base import Phase
 from tests.conftest import fake_cuda, run_cli
@@ -80,7 +79,8 @@ STUB_PYTHON = """#!/usr/bin/env bash
 case "$*" in
   -c*) echo "torch 2.11.0+cu130, CUDA 13.0, NVIDIA H200, compute capability (9, 0)" ;;
   "-m pytest"*) echo "10 passed in 31.73s" ;;
-  "-m bench sweep"*) echo "$*" > "$STUB_LOG"; out="${@: -1}"; [ "$out" = --resume ] && out="${@: -2:1}"
+  "-m bench sweep"*) echo "$*" > "$STUB_LOG"; cp "$5" "$STUB_LOG.toml"
+                     out="${@: -1}"; [ "$out" = --resume ] && out="${@: -2:1}"
                      mkdir -p "$out" && cp "$H200"/results.jsonl "$H200"/env.json "$H200"/sweep.toml "$out"/
                      head -c 3000000 /dev/zero > "$out/cache.bin" ;;
   "-m bench report"*) ;;
@@ -104,8 +104,9 @@ def test_the_scripts_stages_run_in_order_with_stubbed_gpu_tools(tmp_path):
     assert first.returncode == 0, first.stdout + first.stderr
     out = tmp_path / "example-h200"
     args = (tmp_path / "sweep-args").read_text()
-    assert "--preset gpu --device cuda --workloads gpt:gpt2-124m-b32" in args and "--repeats auto" in args
-    assert "--techniques baseline,tf32,bf16,bf16+compile,bf16+compile+fused_adamw --mode speed" in args
+    assert args.startswith("-m bench sweep --config ") and "--device cuda --decide-within 0 --out " in args
+    cfg = build_config(None, {"device": "cuda"}, tmp_path / "sweep-args.toml")  # the sweep the script asked for
+    assert cfg.to_toml() == gpu.check_config().to_toml()
     assert "--resume" not in args
     assert "gpu_check: checks " in first.stdout and "13 trials" in first.stdout
     assert (out / "pytest-m-gpu.txt").read_text() == "10 passed in 31.73s\n"
@@ -120,8 +121,9 @@ def test_the_scripts_stages_run_in_order_with_stubbed_gpu_tools(tmp_path):
 def test_the_script_parses_and_takes_its_plan_from_the_planner():
     assert subprocess.run(["bash", "-n", str(SCRIPT)], capture_output=True).returncode == 0
     text = SCRIPT.read_text()
-    assert "-m bench.dev.gpu_plan --left-s" in text and "--repeats auto" in text and "--preset gpu" in text
+    assert "-m bench.dev.gpu_plan --left-s" in text and '--config "$CHECK_CONFIG"' in text
     assert "pytest -q -m gpu" in text and "gpu_check keep" in text and "gpu_check times" in text
+    assert "gpu_check cut" in text and "gpu_check resumed" in text
 
 
 # ---- the plan ----------------------------------------------------------------------------------------------------
@@ -160,46 +162,11 @@ def test_gpu_check_runs_the_core_sets_in_speed_mode_at_repeats_auto():
     assert [w.label for w in cfg.workloads] == GPU_CHECK["workloads"] == ["gpt:gpt2-124m-b32"]
     assert [t.label for t in cfg.techniques] == GPU_CHECK["techniques"]
     assert cfg.mode == "speed" and cfg.sequential and cfg.repeats == 3  # verdicts need 3 pairs at least
+    assert cfg.order == "priority"
     assert cfg.budget == build_config("gpu", {"device": "cuda"}).budget  # the preset's window
 
 
-def test_gpu_check_fits_its_8_minute_slot_after_the_trial_cost_work_but_not_today():
-    plan = gpu.check_plan()
-    assert plan.budget_s == 480 and plan.fits and plan.decide_within_s > 60
-    e = plan.estimate
-    assert e.total_s + plan.tests_s == pytest.approx(480)  # the sequential phase gets exactly what is left
-    today = gpu.check_plan(costs=gpu.TODAY)
-    assert not today.fits  # docs/gpu.md says so: with today's costs the cap cuts it, and a second run resumes
-    assert today.estimate.planned_s > 2 * e.planned_s
-
-
-def test_the_plan_reaches_the_script_as_shell_assignments():
-    values = dict(line.split("=", 1) for line in gpu.shell(gpu.check_plan()).splitlines())
-    assert set(values) == {"CHECK_WORKLOADS", "CHECK_TECHNIQUES", "CHECK_MODE", "CHECK_DECIDE_WITHIN"}
-    unquoted = {k: shlex.split(v)[0] for k, v in values.items()}
-    assert unquoted["CHECK_TECHNIQUES"].split(",") == GPU_CHECK["techniques"]
-    assert int(unquoted["CHECK_DECIDE_WITHIN"]) == int(gpu.check_plan().decide_within_s)
-    tight = gpu.check_plan(budget_s=100.0, tests_s=0.0)
-    assert not tight.fits and "CHECK_DECIDE_WITHIN=0" in gpu.shell(tight)
-
-
 # ---- the arithmetic ----------------------------------------------------------------------------------------------
-
-
-def test_a_trial_estimate_adds_fixed_costs_one_off_window_passes_and_quality_run(monkeypatch):
-    monkeypatch.setattr(gpu, "step_s", lambda workload, techs, batch_size=None: 0.5)
-    w, plain, compiled = WorkloadSpec("gpt", "gpt2-124m-b32"), TechniqueSet(()), TechniqueSet.parse("bf16+compile")
-    costs = gpu.TrialCosts("test", fixed_s=3.0, compile_cold_s=20.0, compile_warm_s=4.0)
-    budget = Budget(warmup_steps=3, min_steps=10, min_seconds=2.0, max_seconds=10.0, parity_steps=8)
-    # speed: 3 fixed + 10 window steps of 0.5 s + (8 warm-up/parity + 10 phase + 4 memory) steps of 0.5 s
-    assert gpu.trial_s(w, plain, budget, "speed", costs, cold=True) == pytest.approx(3 + 5 + 11)
-    assert gpu.trial_s(w, compiled, budget, "speed", costs, cold=True) == pytest.approx(19 + 20)
-    assert gpu.trial_s(w, compiled, budget, "speed", costs, cold=False) == pytest.approx(19 + 4)
-    # quality: 120 steps at 0.5 s, 11 evaluations of 32 windows at a third of a 32-sample step each
-    q = gpu.trial_s(w, plain, Budget(max_train_seconds=150.0, timeout_s=300.0), "quality", costs, cold=True)
-    assert q == pytest.approx(3 + 60 + 11 * 0.5 / 3)
-    capped = gpu.trial_s(w, plain, Budget(max_train_seconds=30.0, timeout_s=300.0), "quality", costs, cold=True)
-    assert capped == pytest.approx(3 + 30 + 11 * 0.5 / 3)  # the safety cap stops the quality run
 
 
 def test_rates_follow_the_sets_compute_dtype_and_compile():
@@ -233,7 +200,17 @@ def test_the_h200_figures_are_those_of_the_committed_first_run():
     assert round(statistics.median(fixed), 1) == gpu.H200_FIXED_S and min(fixed) > 10
     one_off = [r.build.one_off_s for r in records if "compile" in r.technique_label]
     assert round(statistics.median(one_off), 1) == gpu.H200_COMPILE_COLD_S
+    eager = [r.build.one_off_s for r in records if "compile" not in r.technique_label]
+    assert round(statistics.median(eager), 2) == gpu.H200_EAGER_ONE_OFF_S
     assert gpu.VOCAB == records[0].workload["params"]["vocab_size"]
+    base = [r.speed.step_time_s.median for r in records if r.technique_label == "baseline"]
+    assert round(statistics.median(base), 4) == gpu.H200_FP32_STEP_B8_S
+    refs = sorted(json.loads(p.read_text())["seconds"] for p in (H200 / "references").glob("*.json"))
+    assert all(json.loads(p.read_text())["key"].endswith(f"-k{gpu.H200_REFERENCE_STEPS}")
+               for p in (H200 / "references").glob("*.json"))
+    assert round(statistics.median(refs), 1) == gpu.H200_REFERENCE_KEY_S  # 2.69, 2.76 and 12.27 s
+    assert round(refs[-1] - statistics.median(refs), 1) == gpu.H200_REFERENCE_FIRST_S  # seed 0: the first use
+    assert f"in {gpu.H200_TESTS_S}" in (H200 / "pytest-m-gpu.txt").read_text().splitlines()[-1]
 
 
 def test_the_pass_steps_are_the_trials():
@@ -246,8 +223,8 @@ def test_the_gpu_sizes_in_docs_are_the_estimates_of_the_code():
     for row in gpu.size_rows():
         assert "| " + " | ".join(row) + " |" in doc, row
     assert "| " + " | ".join(gpu.SIZE_COLUMNS) + " |" in doc
-    full = gpu.sweep_estimate(build_config("gpu", {"device": "cuda"}), gpu.TARGET)
-    assert f"{full.planned_s / 60:.0f} minutes" in doc
+    planned, sequential = gpu.preset_s(gpu.H200)
+    assert f"about {planned / 60:.0f} minutes" in doc and f"{(planned + sequential) / 60:.0f} minutes" in doc
 
 
 def test_the_cli_refuses_the_gpu_preset_on_a_cpu_in_one_line():
