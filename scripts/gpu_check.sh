@@ -12,6 +12,7 @@
 #   bash scripts/gpu_check.sh --wheels wheels          # first install the wheels it lacks from wheels/ (no network;
 #                                                      # bash scripts/gpu_wheels.sh downloads them elsewhere)
 #   bash scripts/gpu_check.sh --rehearse               # the same pipeline on the CPU, stage by stage (CI runs it)
+#   bash scripts/gpu_check.sh --checks-only            # only the checks (interpreter, wheels, packages, GPU): seconds
 #   PYTHON=/path/to/python bash scripts/gpu_check.sh   # another interpreter (default: .venv/bin/python, else the
 #                                                      # first python3 or python on PATH that imports torch)
 #   GPU_CHECK_OUT=reports/my-gpu bash scripts/gpu_check.sh   # another output directory
@@ -35,14 +36,16 @@ START=$SECONDS
 die() { echo "gpu_check: $1" >&2; exit "${2:-1}"; }
 REHEARSE=""
 WHEELS=""
+CHECKS_ONLY=""
 while [ $# -gt 0 ]; do
   case $1 in
     --rehearse) REHEARSE=1 ;;
+    --checks-only) CHECKS_ONLY=1 ;;
     --wheels) [ $# -ge 2 ] || die "--wheels needs a directory of wheels (bash scripts/gpu_wheels.sh makes one)" 2
               WHEELS=$2; shift ;;
     --wheels=*) WHEELS=${1#--wheels=} ;;
     -h | --help) sed -n '2,/^set -uo/p' "$0" | sed -e '$d' -e 's/^# \{0,1\}//'; exit 0 ;;
-    *) die "unknown argument '$1' (valid: --rehearse, --wheels DIR, --help)" 2 ;;
+    *) die "unknown argument '$1' (valid: --rehearse, --wheels DIR, --checks-only, --help)" 2 ;;
   esac
   shift
 done
@@ -52,7 +55,7 @@ BUDGET_S=${GPU_CHECK_BUDGET_S:-$([ -n "$REHEARSE" ] && echo 180 || echo 480)}
 LIMIT_MIB=${GPU_CHECK_LIMIT_MIB:-$([ -n "$REHEARSE" ] && echo 2 || echo 64)}  # the rehearsal's: small enough to move its caches
 TESTS_CAP_S=90   # the GPU tests' cap (the first H200 run's took 32 s)
 CPU_TESTS_CAP_S=240  # the rehearsal's CPU tests of the GPU path: about 40 s on 2 idle cores, far more on busy ones
-SITE=.gpu-site   # where --wheels installs (git-ignored): no root, nothing of the interpreter's own changed
+SITE=${GPU_CHECK_SITE:-.gpu-site}  # where --wheels installs (git-ignored): no root, nothing of the interpreter's changed
 left() { echo $(( BUDGET_S - (SECONDS - START) )); }
 STAGES=()
 STAGE_START=$SECONDS
@@ -103,6 +106,11 @@ fi
 echo "gpu_check: interpreter $PY ($("$PY" -c 'import platform, sys; print(platform.python_version())' 2>&1))"
 
 # ---- the wheels it lacks, installed without a network -----------------------------------------------------------
+[ -z "$WHEELS" ] || mkdir -p "$SITE" || die "cannot make $SITE" 3
+if [ -d "$SITE" ]; then  # what it installed before counts; the trials, its children, see it too
+  SITE=$(cd "$SITE" && pwd)
+  export PYTHONPATH="$SITE${PYTHONPATH:+:$PYTHONPATH}"
+fi
 if [ -n "$WHEELS" ]; then
   missing=()
   for wheel in "$WHEELS"/*.whl; do
@@ -111,7 +119,6 @@ if [ -n "$WHEELS" ]; then
     "$PY" -c 'import importlib.metadata as m, sys; m.version(sys.argv[1])' "$dist" >/dev/null 2>&1 || missing+=("$wheel")
   done
   if [ ${#missing[@]} -gt 0 ]; then
-    mkdir -p "$SITE"
     if "$PY" -m pip --version >/dev/null 2>&1; then
       "$PY" -m pip install --quiet --disable-pip-version-check --no-index --no-deps --find-links "$WHEELS" \
         --target "$SITE" --upgrade "${missing[@]}" || die "installing the wheels of $WHEELS into $SITE failed" 3
@@ -123,7 +130,6 @@ if [ -n "$WHEELS" ]; then
     echo "gpu_check: every wheel of $WHEELS is installed already"
   fi
 fi
-[ -d "$SITE" ] && export PYTHONPATH="$PWD/$SITE${PYTHONPATH:+:$PYTHONPATH}"  # the trials, its children, too
 
 # ---- the packages it needs, one line each, and how to bring them ------------------------------------------------
 "$PY" - "$WHEELS" <<'EOF' || die "a package the check needs is missing (its line above; nothing was run)" 3
@@ -164,6 +170,7 @@ for module, dist, needed, why, how in PACKAGES:
 sys.exit(1 if failed else 0)
 EOF
 mark "checks"
+[ -z "$CHECKS_ONLY" ] || { echo "gpu_check: the checks passed (--checks-only: nothing else was run)"; exit 0; }
 
 # ---- 1. the GPU-marked tests (a failure is reported at the end; the sweep still runs) ----------------------------
 TEST_LOG=$(mktemp --suffix=.txt)

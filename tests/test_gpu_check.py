@@ -281,3 +281,73 @@ def test_bench_list_gives_each_gpu_size_its_parameters_batch_and_estimated_step_
     assert "GPU sizes" in result.stdout and "estimates, not measured" in result.stdout
     for row in gpu.size_rows():
         assert all(cell in result.stdout for cell in row), row
+
+
+# ---- the interpreter, the wheels, the arguments ------------------------------------------------------------------
+
+
+def test_bad_arguments_are_one_line_and_exit_2(tmp_path):
+    for args, words in ((["--fast"], "unknown argument '--fast' (valid: --rehearse, --wheels DIR, --checks-only"),
+                        (["--wheels", str(tmp_path / "none")], "no such directory (bash scripts/gpu_wheels.sh")):
+        result = subprocess.run(["bash", str(SCRIPT), *args], capture_output=True, text=True, timeout=60)
+        assert result.returncode == 2 and result.stdout == "" and result.stderr.count("\n") == 1, result.stderr
+        assert words in result.stderr
+
+
+def _script_copy(tmp_path: Path) -> Path:
+    """The script alone in a checkout of its own (no .venv beside it), as on a lent machine's copied tree."""
+    (tmp_path / "tree" / "scripts").mkdir(parents=True)
+    copy = tmp_path / "tree" / "scripts" / "gpu_check.sh"
+    shutil.copy(SCRIPT, copy)
+    return copy
+
+
+def test_without_a_venv_the_script_takes_the_first_python_on_path_that_imports_torch(tmp_path):
+    bin_dir, torch_dir = tmp_path / "bin", tmp_path / "with-torch"
+    bin_dir.mkdir()
+    torch_dir.mkdir()
+    (bin_dir / "python3").write_text("#!/bin/sh\nexit 1\n")  # an interpreter without torch comes first
+    (bin_dir / "python3").chmod(0o755)
+    (torch_dir / "python").write_text(f"#!/bin/sh\nexec {sys.executable} \"$@\"\n")  # this venv's, by another path
+    (torch_dir / "python").chmod(0o755)
+    env = {k: v for k, v in os.environ.items() if k != "PYTHON"}
+    env["PATH"] = f"{bin_dir}:{torch_dir}:/usr/bin:/bin"
+    result = subprocess.run(["bash", str(_script_copy(tmp_path)), "--rehearse", "--checks-only"], env=env,
+                            capture_output=True, text=True, timeout=120)
+    assert f"gpu_check: interpreter {torch_dir / 'python'} (" in result.stdout, result.stdout + result.stderr
+    (bin_dir / "dirname").symlink_to(shutil.which("dirname"))  # what the script needs before it looks
+    env["PATH"] = str(bin_dir)  # no python3 nor python there that imports torch
+    result = subprocess.run(["/bin/bash", str(_script_copy(tmp_path / "again")), "--checks-only"], env=env,
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode == 3 and result.stderr.startswith("gpu_check: no Python that imports torch")
+    assert result.stderr.count("\n") == 1 and "(nothing was run)" in result.stderr
+
+
+def _wheel(directory: Path, dist: str, version: str) -> Path:
+    """A minimal pure-Python wheel: one module and its dist-info."""
+    import zipfile
+
+    directory.mkdir(parents=True, exist_ok=True)
+    path = directory / f"{dist}-{version}-py3-none-any.whl"
+    info = f"{dist}-{version}.dist-info"
+    files = {f"{dist}.py": "WHO = 'a wheel gpu_check.sh installed'\n",
+             f"{info}/METADATA": f"Metadata-Version: 2.1\nName: {dist}\nVersion: {version}\n",
+             f"{info}/WHEEL": "Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n"}
+    files[f"{info}/RECORD"] = "".join(f"{name},,\n" for name in [*files, f"{info}/RECORD"])
+    with zipfile.ZipFile(path, "w") as z:
+        for name, text in files.items():
+            z.writestr(name, text)
+    return path
+
+
+def test_wheels_it_lacks_are_installed_without_a_network_into_a_site_of_its_own(tmp_path):
+    wheels, site = tmp_path / "wheels", tmp_path / "site"
+    _wheel(wheels, "gpu_check_probe", "1.0")
+    env = {**os.environ, "PYTHON": sys.executable, "GPU_CHECK_SITE": str(site), "PIP_NO_INDEX": "1"}
+    args = ["bash", str(SCRIPT), "--rehearse", "--checks-only", "--wheels", str(wheels)]
+    first = subprocess.run(args, env=env, capture_output=True, text=True, timeout=300)
+    assert first.returncode == 0, first.stdout + first.stderr
+    assert f"gpu_check: installed from {wheels} into {site}: gpu_check_probe-1.0" in first.stdout
+    assert (site / "gpu_check_probe.py").exists()
+    again = subprocess.run(args, env=env, capture_output=True, text=True, timeout=300)
+    assert f"every wheel of {wheels} is installed already" in again.stdout, again.stdout + again.stderr
