@@ -642,6 +642,7 @@ def speed_window(session: Session, ref: ReferenceResult) -> tuple[SpeedResult, W
                  100 * busy.fraction, CONTENTION_PAUSE_S)
         time.sleep(CONTENTION_PAUSE_S)
     peaks = WindowPeaks(rss.peak_bytes(), cuda_peak_bytes(device))
+    _unavailable_in_window(session, window, energy_result)
     _check_finite(loss, session.steps_done)
     step_stats = StepStats(**summarize(window.step_times_s))
     if session.one_off_s is None and step_stats.median is not None:  # the first step was a warm-up step
@@ -679,6 +680,17 @@ def speed_window(session: Session, ref: ReferenceResult) -> tuple[SpeedResult, W
         shapes=shape_steps,
     )
     return result, peaks, _energy_over_ranks(EnergyResult(**dataclasses.asdict(energy_result)), device)
+
+
+def _unavailable_in_window(session: Session, window: WindowResult, energy: energy_mod.EnergyResult) -> None:
+    """What the window kept (the last, after contention retries) could not measure: CUDA events that failed (its
+    step times are then the host's) and an energy counter that was there but could not be read (joules None with
+    a source)."""
+    if window.events_failed:
+        session.unavailable["step_times"] = (f"{window.events_failed}: per-step times are the host's clock between "
+                                             "launches; the window's total is synchronised")
+    if energy.joules is None and energy.source is not None:
+        session.unavailable["energy"] = energy.reason or "the energy counter could not be read"
 
 
 def trial_peak(spec: TrialSpec, dtype: str) -> tuple[float | None, dict[str, float] | None, str | None]:
@@ -780,16 +792,7 @@ def _timed_window(
             elif (steps >= budget.min_steps and elapsed >= budget.min_seconds) or elapsed >= budget.max_seconds:
                 break
         window = timer.stop()
-        energy_result = energy.stop()
-        # the window kept (the last, after contention retries) says what is unavailable
-        session.unavailable.pop("step_times", None)
-        session.unavailable.pop("energy", None)
-        if window.events_failed:
-            session.unavailable["step_times"] = (f"{window.events_failed}: per-step times are the host's clock "
-                                                 "between launches; the window's total is synchronised")
-        if energy.failed:
-            session.unavailable["energy"] = energy.failed
-        return window, energy_result, contention.stop(), loss, steps
+        return window, energy.stop(), contention.stop(), loss, steps
 
 
 @contextlib.contextmanager

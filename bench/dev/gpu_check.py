@@ -35,6 +35,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from bench.core.errors import ConfigError
 from bench.plan.config import SweepConfig, build_config
 from bench.plan.planner import run_order, trial_id, world_size_for
 from bench.records import reader
@@ -256,6 +257,11 @@ def main(argv: list[str] | None = None) -> int:
         records = reader.read_records(path) if path.exists() else []
         script = _script_stages(args.script)
         lines = time_lines(records, script)
+        if (args.out / "sweep.toml").exists():  # and what the cap cut, if anything (gpu-check.txt keeps it)
+            try:
+                lines += cut_lines(args.out)
+            except (ConfigError, ValueError) as exc:  # a sweep.toml this checkout cannot read: no plan to compare
+                lines.append(f"what was cut is unknown: {exc}")
         if args.json is not None:
             args.json.write_text(json.dumps({"script": script}, indent=1) + "\n")
     elif args.command == "cut":
