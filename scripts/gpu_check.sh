@@ -202,14 +202,15 @@ mark "GPU tests"
 # One pass: the plan for what is left (done trials and cached references left out, costs from the last check on
 # this machine), the sweep under the cap, the report of what finished if it was cut, where the time went, the size.
 check_pass() {  # $1: "cut": cap the sweep where the plan puts the rehearsal's cut; "whole": not below 5 minutes
-  local resume=() plan_rc sweep_s rc
+  local resume=() plan_rc sweep_s rc plan_left
   if [ -e "$OUT/sweep.toml" ]; then
     resume=(--resume)
     "$PY" -m bench.dev.gpu_check restore "$OUT"
     echo "gpu_check: resuming the run in $OUT (its finished trials are kept; GPU_CHECK_FRESH=1 starts anew)"
   fi
-  PLAN=$("$PY" -m bench.dev.gpu_plan --left-s "$(( $(left) > 0 ? $(left) : 0 ))" --out "$OUT" --config-out "$CFG" \
-         ${REHEARSE:+--rehearse})
+  plan_left=$(( $(left) > 0 ? $(left) : 0 ))
+  [ "${1:-}" != whole ] || [ "$plan_left" -ge 330 ] || plan_left=330  # the whole pass's floor (below), reported
+  PLAN=$("$PY" -m bench.dev.gpu_plan --left-s "$plan_left" --out "$OUT" --config-out "$CFG" ${REHEARSE:+--rehearse})
   plan_rc=$?
   [ $plan_rc -le 1 ] || die "could not plan the sweep: python -m bench.dev.gpu_plan failed (its lines above)" 1
   eval "$PLAN"

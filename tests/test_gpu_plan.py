@@ -161,6 +161,8 @@ def test_the_last_check_on_the_same_machine_prices_the_next(tmp_path):
     assert measured.tests_s == 41 and measured.compile_cold_s == pytest.approx(24.9, abs=2.0)
     stages = gpu.trial_stages(W, TechniqueSet.parse("bf16"), Budget(), "speed", measured, cold=True)
     assert sum(stages.values()) == pytest.approx(8.0 + measured.eager_one_off_s)
+    unmeasured = gpu.trial_stages(W, TechniqueSet.parse("bf16+compile+fused_adamw"), Budget(), "speed", measured, True)
+    assert unmeasured["fixed"] == 3.0 and unmeasured["one-off"] == measured.compile_cold_s  # its fixed cost measured
     assert gpu.measured_costs(out, gpu.H200, "1 x NVIDIA H100, torch 2.11.0+cu130") is gpu.H200  # another machine
     moved = tmp_path / "example-h200.prev-20261205-120000"  # a run moved aside by GPU_CHECK_FRESH still counts
     out.rename(moved)

@@ -397,7 +397,11 @@ def _from_records(base: Costs, d: Path, records: Sequence[TrialRecord]) -> Costs
         tests = json.loads((d / "gpu-check.json").read_text()).get("script", {}).get("GPU tests")
     except (OSError, ValueError, AttributeError):
         pass
-    derived = [f"the last gpu_check on this machine ({d}): {len(records)} trials' stage times, by set"]
+    # A set it did not measure: the model's steps, but the fixed cost it measured (a trial's start, imports, build
+    # and record hardly depend on the set)
+    fixed = _median(_fold(r.stages or {}).get("fixed", 0.0) for r in records)
+    derived = [f"the last gpu_check on this machine ({d}): {len(records)} trials' stage times, by set; a set it "
+               f"did not measure: its fixed cost, {fixed:.1f} s a trial, and the modelled steps"]
     derived.append(f"compilation's one-off {cold if cold is not None else base.compile_cold_s:.1f} s cold "
                    f"({'measured' if cold is not None else 'no cold trial: ' + base.name}), "
                    f"{warm if warm is not None else (cold or base.compile_warm_s):.1f} s warm "
@@ -409,6 +413,7 @@ def _from_records(base: Costs, d: Path, records: Sequence[TrialRecord]) -> Costs
     derived += [line for line in base.derived if line.startswith("estimates")]
     return replace(
         base, name=f"the last gpu_check on this machine's ({d.name})", stages_s=stages_s, step_s=step,
+        fixed_s=fixed if fixed is not None else base.fixed_s,
         compile_cold_s=cold if cold is not None else base.compile_cold_s,
         compile_warm_s=warm if warm is not None else (cold if cold is not None else base.compile_warm_s),
         eager_one_off_s=eager if eager is not None else base.eager_one_off_s,
