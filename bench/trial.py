@@ -190,6 +190,8 @@ class Session:
     trained_params: int = 0  # after the techniques' model surgery (leaner architecture, extra heads)
     curve_extra: dict[str, list[float | None]] = field(default_factory=dict)  # the workload's curve_metrics
     clock: StageClock = field(default_factory=StageClock)  # the trial's stage times (``bench.measure.stages``)
+    # GPU-only measurements that failed here, by name, with why (the record's ``unavailable``): the trial goes on
+    unavailable: dict[str, str] = field(default_factory=dict)
 
     @property
     def device(self) -> torch.device:
@@ -640,6 +642,7 @@ def speed_window(session: Session, ref: ReferenceResult) -> tuple[SpeedResult, W
                  100 * busy.fraction, CONTENTION_PAUSE_S)
         time.sleep(CONTENTION_PAUSE_S)
     peaks = WindowPeaks(rss.peak_bytes(), cuda_peak_bytes(device))
+    _unavailable_in_window(session, window, energy_result)
     _check_finite(loss, session.steps_done)
     step_stats = StepStats(**summarize(window.step_times_s))
     if session.one_off_s is None and step_stats.median is not None:  # the first step was a warm-up step
@@ -677,6 +680,17 @@ def speed_window(session: Session, ref: ReferenceResult) -> tuple[SpeedResult, W
         shapes=shape_steps,
     )
     return result, peaks, _energy_over_ranks(EnergyResult(**dataclasses.asdict(energy_result)), device)
+
+
+def _unavailable_in_window(session: Session, window: WindowResult, energy: energy_mod.EnergyResult) -> None:
+    """What the window kept (the last, after contention retries) could not measure: CUDA events that failed (its
+    step times are then the host's) and an energy counter that was there but could not be read (joules None with
+    a source)."""
+    if window.events_failed:
+        session.unavailable["step_times"] = (f"{window.events_failed}: per-step times are the host's clock between "
+                                             "launches; the window's total is synchronised")
+    if energy.joules is None and energy.source is not None:
+        session.unavailable["energy"] = energy.reason or "the energy counter could not be read"
 
 
 def trial_peak(spec: TrialSpec, dtype: str) -> tuple[float | None, dict[str, float] | None, str | None]:
@@ -836,7 +850,9 @@ def phase_pass(session: Session, steps: int = PHASE_STEPS) -> PhaseResult:
         session.loop.time_phases(None)
     _check_finite(loss, session.steps_done)
     stats = summarize_phases(clock.steps)
-    busy = _device_busy(session)
+    busy, why = _device_busy(session)
+    if why:
+        session.unavailable["device_busy"] = why
     device: dict[str, Any] = {} if busy is None else {
         "device_busy": busy.fraction, "device_busy_s": busy.busy_s, "device_ops_per_step": busy.ops_per_step,
         "device_op_s": busy.mean_op_s, "device_source": busy.source}
@@ -848,17 +864,22 @@ def phase_pass(session: Session, steps: int = PHASE_STEPS) -> PhaseResult:
                        **device)
 
 
-def _device_busy(session: Session) -> DeviceBusy | None:
+def _device_busy(session: Session) -> tuple[DeviceBusy | None, str | None]:
     """On a GPU, how busy the device is over a few more steps (``bench.measure.phases.device_busy_pass``: the host
-    phase times cannot say); on CPU execution is synchronous and the phases say it all."""
-    if session.device.type != "cuda":
-        return None
+    phase times cannot say), or why not; on CPU execution is synchronous and the phases say it all."""
+    if not _busy_pass_wanted(session.device):
+        return None, None
 
     def step() -> None:
         session.loop.step(next(session.batches))
         session.steps_done += 1
 
     return device_busy_pass(step, session.device)
+
+
+def _busy_pass_wanted(device: torch.device) -> bool:
+    """Whether the trial runs the device-busy pass (CUDA devices; a test makes a CPU trial run it)."""
+    return device.type == "cuda"
 
 
 # ---- stage: memory ----------------------------------------------------------------------------------------------
@@ -1028,6 +1049,7 @@ def _stages(spec: TrialSpec, head: dict[str, Any], out: dict[str, Any], own_proc
     if CACHE_EVENTS:  # the dataset came from the sweep's cache or was decoded here (and cached for the next)
         out["caches"] = {"dataset": "read" if set(CACHE_EVENTS.values()) == {"read"} else "decoded"}
     session.clock = clock
+    out["unavailable"] = session.unavailable  # filled as the GPU-only passes fail, kept if the trial fails later
     try:
         _measure(spec, head, out, own_process, budget, session)
     finally:  # also after a failure: techniques release what they hold (a loader's worker processes)

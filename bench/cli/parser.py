@@ -58,6 +58,10 @@ def _add_design(p: argparse.ArgumentParser) -> None:
     p.add_argument("--decide-within", type=float, metavar="SECONDS",
                    help="time the sequential phase may spend, shared by the open configurations, the closest to a "
                         "decision first (default: half the wall time of the planned trials)")
+    p.add_argument("--order", choices=["shuffled", "priority"],
+                   help="run order: shuffled (default: each repeat's configurations in a seeded random order) or "
+                        "priority (the sets in the order given, the baseline beside the first, each through all its "
+                        "repeats before the next, so a sweep cut short has its first comparisons complete)")
     p.add_argument("--threshold", default="5%",
                    help="with --ab: the smallest throughput change of B against A that counts, as a percentage or "
                         "fraction (default 5%%); the sequential phase adds pairs while B's verdict against this "

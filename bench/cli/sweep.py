@@ -61,6 +61,7 @@ def sweep_config_from_args(args: argparse.Namespace, resume_dir: Path | None) ->
         "repeats": args.repeats,
         "max_repeats": args.max_repeats,
         "decide_within": args.decide_within,
+        "order": getattr(args, "order", None),
         "seed": args.seed,
         "device": args.device,
         "threads": args.threads,

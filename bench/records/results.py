@@ -377,6 +377,11 @@ class TrialRecord:
     energy: EnergyResult | None = doc("energy over the timed window", None)
     phases: PhaseResult | None = doc("where a step's time goes (a pass after the timed window)", None)
     notes: list[str] = doc("remarks of the harness about this record", factory=list)
+    unavailable: dict[str, str] = doc("measurements that were attempted and failed, by name, with why; the trial "
+                                      "went on without them: device_busy (the device-busy pass's profiler or its "
+                                      "trace), energy (a counter that could not be read at the window's edges), "
+                                      "step_times (CUDA events: the window's step times are then the host's)",
+                                      factory=dict)
     technique_results: dict[str, Any] = doc("what each technique found, by name (an LR range test's curve and "
                                             "choice, a batch-size search trace, early stopping's savings)",
                                             factory=dict)
