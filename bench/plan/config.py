@@ -246,6 +246,11 @@ class SweepConfig:
     # time the planned trials took, so a sequential sweep takes at most about 1.5x a fixed one). Like the price, it
     # changes no measurement, only how many are made: kept out of the settings hash.
     decide_within: float | None = None
+    # How trial processes start: forked from the sweep's fork server, which imported torch and the harness once
+    # (``fork``), or each a fresh interpreter (``fresh``); bench.run.isolation says which trials always start fresh.
+    # Not a measurement setting (docs/methodology.md, "Fork isolation": what a trial measures reads the same either
+    # way), so kept out of the settings hash like the price; each record says how its trial started.
+    isolation: str = field(default_factory=lambda: default_isolation())  # defined below, with ISOLATIONS
 
     def __post_init__(self) -> None:
         for f in dataclasses.fields(self):
@@ -279,6 +284,8 @@ class SweepConfig:
                               "lower --repeats or split the sweep")
         if self.mode not in MODES:
             raise ConfigError(f"mode must be one of {', '.join(MODES)}; got {shown(self.mode)}")
+        if self.isolation not in ISOLATIONS:
+            raise ConfigError(f"isolation must be one of {', '.join(ISOLATIONS)}; got {shown(self.isolation)}")
         if self.device not in ("auto", "cpu", "cuda"):
             raise ConfigError(f"device must be one of auto, cpu, cuda; got {shown(self.device)}")
         if self.nproc < 1 or self.nnodes < 1:
@@ -359,7 +366,7 @@ class SweepConfig:
         # The price goes into sweep.toml (the report reads it) but not into to_dict(), whose settings a resume
         # must keep: a price changes no measurement.
         extra = {"decide_within": self.decide_within} if self.decide_within is not None else {}
-        return tomli_w.dumps({**self.to_dict(), **self._price_dict(), **extra})
+        return tomli_w.dumps({**self.to_dict(), **self._price_dict(), **extra, "isolation": self.isolation})
 
 
 MIN_SEQUENTIAL_START = 3  # bench.analyze.stats.MIN_REPEATS: a sequential design's first look
@@ -425,7 +432,15 @@ GPU_CHECK: dict[str, Any] = {
 }
 
 SWEEP_KEYS = ("preset", "workloads", "techniques", "repeats", "max_repeats", "decide_within", "seed", "device", "nproc", "nnodes", "threads", "mode",
-              "budget", "models", "blocks", "technique_plugins", "price_per_hour", "instance", "prices", "shard")
+              "budget", "models", "blocks", "technique_plugins", "price_per_hour", "instance", "prices", "shard",
+              "isolation")
+ISOLATIONS = ("fork", "fresh")  # bench.run.isolation
+ISOLATION_ENV = "TRAINBENCH_ISOLATION"  # the default when neither a flag nor a config names one (tests: fresh)
+
+
+def default_isolation() -> str:
+    """``fork``, unless ``TRAINBENCH_ISOLATION`` says otherwise (the test suite runs once with it set to fresh)."""
+    return os.environ.get(ISOLATION_ENV) or "fork"
 RECORDED_KEYS = ("sources_sha256",)  # written into sweep.toml by the harness; not settings a user gives
 
 
@@ -508,6 +523,7 @@ def build_config(
         instance=merged.get("instance"),
         prices=tuple(sorted(merged.get("prices", {}).items())),
         shard=parse_shard(merged["shard"]) if merged.get("shard") is not None else None,
+        isolation=merged["isolation"] if "isolation" in merged else default_isolation(),
     )
 
 
