@@ -202,6 +202,7 @@ class Server:
         self.buffer = b""
         self.wake_r, self.wake_w = os.pipe()
         os.set_blocking(self.wake_w, False)
+        self.selector = selectors.DefaultSelector()
         self.runs: list[tuple[int, int]] = []
 
     def send(self, message: dict) -> None:
@@ -210,11 +211,10 @@ class Server:
     def serve(self) -> None:
         signal.signal(signal.SIGCHLD, lambda *_: None)  # a handler, so that the wakeup fd is written
         signal.set_wakeup_fd(self.wake_w)
-        selector = selectors.DefaultSelector()
-        selector.register(self.sock, selectors.EVENT_READ, "request")
-        selector.register(self.wake_r, selectors.EVENT_READ, "child")
+        self.selector.register(self.sock, selectors.EVENT_READ, "request")
+        self.selector.register(self.wake_r, selectors.EVENT_READ, "child")
         while True:
-            for key, _ in selector.select():
+            for key, _ in self.selector.select():
                 if key.data == "child":
                     os.read(self.wake_r, 4096)
                     self.reap()
@@ -245,7 +245,8 @@ class Server:
             self.send({"id": request["id"], "error": f"fork failed: {exc}"})
             return
         if pid == 0:
-            _child(request, server_pid, [self.sock.fileno(), self.wake_r, self.wake_w], self.runs)
+            _child(request, server_pid, [self.sock.fileno(), self.wake_r, self.wake_w, self.selector.fileno()],
+                   self.runs)
         self.send({"id": request["id"], "pid": pid})
 
     def reap(self) -> None:

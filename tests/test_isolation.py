@@ -35,6 +35,21 @@ PLUGINS = REPO_DIR / "tests" / "fixtures" / "plugins" / "isolation.py"
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the fork server needs Linux")
 
 
+@pytest.fixture(scope="module", autouse=True)
+def restored_registries():
+    """This module registers its plugins (the saboteur technique, the 200 MiB model) in the test process: forget them
+    afterwards, so that tests reading the registries (every technique's name, tune's candidates) see only their own."""
+    from bench.plan import plugins
+    from bench.workloads import base as wbase
+    from techniques import base as tbase
+
+    saved = [(d, dict(d)) for d in (tbase._REGISTRY, wbase._REGISTRY, plugins._SOURCES)]
+    yield
+    for registry, before in saved:
+        registry.clear()
+        registry.update(before)
+
+
 def _cfg(techniques: str, **over):
     budget = {**TINY_BUDGET, "min_steps": 3, "memory": False, "parity_steps": 0, **over.pop("budget", {})}
     return build_config("smoke", {"workloads": "mlp", "techniques": techniques, "repeats": 1, "mode": "speed",
@@ -70,6 +85,7 @@ def test_the_server_imports_once_without_a_thread_pool_and_forks_children(server
     numpy_threads = subprocess.run([sys.executable, "-c", "import os, numpy; print(len(os.listdir('/proc/self/task')))"],
                                    capture_output=True, text=True, check=True).stdout
     assert _threads(server.pid) <= int(numpy_threads)
+    assert not psutil.Process(server.pid).children()  # no worker pool either: the child was its only one
     assert server.starts == 1
 
 
@@ -134,7 +150,7 @@ def test_a_different_environment_restarts_the_server_and_reaches_the_child(serve
 # ---- trials -------------------------------------------------------------------------------------------------------
 
 
-FAULTS = {  # the fault technique's kind -> the record's status and words of its reason
+FAULTS = {  # the saboteur technique's kind -> the record's status and words of its reason
     "segv": ("failed", "killed by SIGSEGV"),
     "exit": ("failed", "exited with code 3"),
     "memory": ("oom", "MemoryError"),
@@ -148,8 +164,8 @@ def test_faults_leave_the_server_and_the_next_trial_unharmed_and_a_killed_server
     """One sweep, one server: trials that die by SIGSEGV, exit without a record, run out of memory (a MemoryError; an
     address-space limit), hang past their timeout or leak a thread are recorded as such and the server forks the
     next trial unharmed. Then the server is killed between two trials: another starts and no record is lost."""
-    sets = ",".join(f"fault:kind={k}" for k in FAULTS)
-    cfg = _cfg(sets, technique_plugins=[f"{PLUGINS}:Fault"], budget={"timeout_s": 20.0, "max_train_seconds": 10.0})
+    sets = ",".join(f"saboteur:kind={k}" for k in FAULTS)
+    cfg = _cfg(sets, technique_plugins=[f"{PLUGINS}:Saboteur"], budget={"timeout_s": 20.0, "max_train_seconds": 10.0})
     runner = SweepRunner(cfg, tmp_path / "sweep", CPU)
     total = len(plan(cfg, CPU))
     seen = []  # (server pid, its threads) after each trial
@@ -164,7 +180,7 @@ def test_faults_leave_the_server_and_the_next_trial_unharmed_and_a_killed_server
     records = {r.technique_label: r for r in runner.run(watch)}
     assert len(records) == len(FAULTS) + 1 == total and len(runner.store.read()) == total
     for kind, (status, words) in FAULTS.items():
-        r = records[f"fault:kind={kind}"]
+        r = records[f"saboteur:kind={kind}"]
         assert r.status == status and (words is None or words in r.reason), (kind, r.status, r.reason)
     assert {r.isolation for r in records.values()} == {"fork"}
     base = records["baseline"]
@@ -176,7 +192,7 @@ def test_faults_leave_the_server_and_the_next_trial_unharmed_and_a_killed_server
 
 
 def test_a_server_killed_during_a_trial_takes_only_that_trial_and_is_replaced(tmp_path):
-    cfg = _cfg("fault:kind=hang", technique_plugins=[f"{PLUGINS}:Fault"], budget={"timeout_s": 120.0})
+    cfg = _cfg("saboteur:kind=hang", technique_plugins=[f"{PLUGINS}:Saboteur"], budget={"timeout_s": 120.0})
     runner = SweepRunner(cfg, tmp_path / "sweep", CPU)
     trials = plan(cfg, CPU)
     hang = next(i for i, t in enumerate(trials) if t.techniques.label != "baseline")
