@@ -97,6 +97,10 @@ def _add_processes(p: argparse.ArgumentParser) -> None:
     p.add_argument("--node-rank", type=int, default=0, help="this node's rank (multi-node; node 0 records results)")
     p.add_argument("--rdzv-endpoint", help="HOST:PORT of the rendezvous, the same on every node (multi-node)")
     p.add_argument("--device", choices=["auto", "cpu", "cuda"], help="device for every trial (default: auto)")
+    p.add_argument("--isolation", choices=["fork", "fresh"],
+                   help="how each one-process trial's process starts: fork (default: from a server that imported "
+                        "torch and the harness once) or fresh (a new interpreter each, about 2 s more per trial); "
+                        "torchrun trials always start fresh; every record says which (docs/methodology.md)")
 
 
 def _add_output(p: argparse.ArgumentParser) -> None:
@@ -113,6 +117,10 @@ def _add_output(p: argparse.ArgumentParser) -> None:
                    help="A/B run: every trial runs with this checkout's code (OUT/a) and with another's (OUT/b), "
                         "alternating; REV_OR_DIR is a git revision (checked out into a temporary worktree) or a "
                         "directory holding another checkout ('.' for an A/A run); writes OUT/compare.md")
+    p.add_argument("--ab-isolation", choices=["fork", "fresh"],
+                   help="with --ab .: side B's trials start this way, side A's as --isolation says, so the A/B run "
+                        "compares the two ways of starting a trial (against another checkout both sides start "
+                        "fresh)")
 
 
 def _add_executor(p: argparse.ArgumentParser) -> None:

@@ -75,6 +75,7 @@ def sweep_config_from_args(args: argparse.Namespace, resume_dir: Path | None) ->
         "price_per_hour": args.price_per_hour,
         "instance": args.instance,
         "shard": args.shard,
+        "isolation": args.isolation,
     }
     return build_config(args.preset, overrides, config_path)  # no --preset: gpu on CUDA, else quick
 
@@ -90,6 +91,8 @@ def _sweep(args: argparse.Namespace) -> int:
     if args.ab and args.executor not in (None, "local"):
         raise ConfigError("--ab runs both sides on this machine, back to back, so drift hits both alike; it does not "
                           f"combine with --executor {args.executor}")
+    if args.ab_isolation and not args.ab:
+        raise ConfigError("--ab-isolation sets how side B's trials start in an A/B run: use it with --ab .")
     if args.threshold != "5%" and not args.ab:
         raise ConfigError("--threshold sets the A/B comparison's threshold (sweep --ab); a sweep's report takes its "
                           "own: python -m bench report DIR --threshold ...")
@@ -189,13 +192,15 @@ def _sweep_ab(args: argparse.Namespace) -> int:
         try:
             result = workflow.sweep_ab(cfg, args.ab, args.out, threshold=threshold,
                                        resume=args.resume, extend=args.extend, command=command_line(args),
-                                       launch=launch, on_start=banner, on_progress=on_progress)
+                                       launch=launch, on_start=banner, on_progress=on_progress,
+                                       isolation_b=args.ab_isolation)
         except KeyboardInterrupt as exc:
             if not started:
                 raise
             out_dir = started[0].out_dir
+            again = f" --ab-isolation {args.ab_isolation}" if args.ab_isolation else ""
             err.print(f"[yellow]{interrupted_word(exc)}[/]: finished trials are saved in {out_dir}/a and "
-                      f"{out_dir}/b; continue with: python -m bench sweep --ab {shlex.quote(args.ab)} "
+                      f"{out_dir}/b; continue with: python -m bench sweep --ab {shlex.quote(args.ab)}{again} "
                       f"--resume --out {out_dir}")
             return interrupted_code(exc)
     if result is None:

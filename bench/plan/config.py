@@ -251,6 +251,11 @@ class SweepConfig:
     # before the next: a sweep cut short has the first comparisons complete). Changes no measurement: kept out of the
     # settings hash, so a resume may change it.
     order: str = "shuffled"
+    # How trial processes start: forked from the sweep's fork server, which imported torch and the harness once
+    # (``fork``), or each a fresh interpreter (``fresh``); bench.run.isolation says which trials always start fresh.
+    # Not a measurement setting (docs/methodology.md, "Fork isolation": what a trial measures reads the same either
+    # way), so kept out of the settings hash like the price; each record says how its trial started.
+    isolation: str = field(default_factory=lambda: default_isolation())  # defined below, with ISOLATIONS
 
     def __post_init__(self) -> None:
         for f in dataclasses.fields(self):
@@ -286,6 +291,8 @@ class SweepConfig:
             raise ConfigError(f"mode must be one of {', '.join(MODES)}; got {shown(self.mode)}")
         if self.order not in ORDERS:
             raise ConfigError(f"order must be one of {', '.join(ORDERS)}; got {shown(self.order)}")
+        if self.isolation not in ISOLATIONS:
+            raise ConfigError(f"isolation must be one of {', '.join(ISOLATIONS)}; got {shown(self.isolation)}")
         if self.device not in ("auto", "cpu", "cuda"):
             raise ConfigError(f"device must be one of auto, cpu, cuda; got {shown(self.device)}")
         if self.nproc < 1 or self.nnodes < 1:
@@ -368,7 +375,7 @@ class SweepConfig:
         extra: dict[str, Any] = {"decide_within": self.decide_within} if self.decide_within is not None else {}
         if self.order != ORDERS[0]:
             extra["order"] = self.order
-        return tomli_w.dumps({**self.to_dict(), **self._price_dict(), **extra})
+        return tomli_w.dumps({**self.to_dict(), **self._price_dict(), **extra, "isolation": self.isolation})
 
 
 ORDERS = ("shuffled", "priority")  # SweepConfig.order: the first is the default
@@ -438,7 +445,15 @@ GPU_CHECK: dict[str, Any] = {
 }
 
 SWEEP_KEYS = ("preset", "workloads", "techniques", "repeats", "max_repeats", "decide_within", "order", "seed", "device", "nproc", "nnodes", "threads", "mode",
-              "budget", "models", "blocks", "technique_plugins", "price_per_hour", "instance", "prices", "shard")
+              "budget", "models", "blocks", "technique_plugins", "price_per_hour", "instance", "prices", "shard",
+              "isolation")
+ISOLATIONS = ("fork", "fresh")  # bench.run.isolation
+ISOLATION_ENV = "TRAINBENCH_ISOLATION"  # the default when neither a flag nor a config names one (tests: fresh)
+
+
+def default_isolation() -> str:
+    """``fork``, unless ``TRAINBENCH_ISOLATION`` says otherwise (the test suite runs once with it set to fresh)."""
+    return os.environ.get(ISOLATION_ENV) or "fork"
 RECORDED_KEYS = ("sources_sha256",)  # written into sweep.toml by the harness; not settings a user gives
 
 
@@ -522,6 +537,7 @@ def build_config(
         instance=merged.get("instance"),
         prices=tuple(sorted(merged.get("prices", {}).items())),
         shard=parse_shard(merged["shard"]) if merged.get("shard") is not None else None,
+        isolation=merged["isolation"] if "isolation" in merged else default_isolation(),
     )
 
 

@@ -404,6 +404,12 @@ class TrialRecord:
         "filled: the one-off cost measured in full) or warm (filled by an earlier trial of the same workload and "
         "set: the first step's one-off is smaller, and the analysis takes the set's one-off cost from its cold "
         "trials); absent: not used", None)
+    isolation: str | None = doc(
+        "how the trial's process started: fork (forked from the sweep's fork server, which had imported torch and the "
+        "harness once; the child maps the file pages the server held, so RSS counts what a fresh process's counts) or "
+        "fresh (a new interpreter: torchrun trials, --isolation fresh, sweep --ab against another checkout, batch "
+        "jobs, a sweep whose server could not start); docs/methodology.md, 'Fork isolation'. None: a skipped trial, "
+        "or a record from before the field", None)
     continues: str | None = doc("the trial_id of the trial whose quality run this one continues past its budget "
                                 "(a time-budgeted continuation, quality.continuation); such records are kept out of "
                                 "every statistic but quality at equal time", None)

@@ -149,11 +149,13 @@ def _summary_and_report(out_dir: Path, records: list[TrialRecord], wall_s: float
 def sweep_ab(cfg: SweepConfig, other: str, out: Path | str | None = None, *, threshold: float | None = None,
              resume: bool = False, extend: bool = False, command: str = "", launch: Launch | None = None,
              on_start: StartCallback | None = None,
-             on_progress: Callable[[ab.AbProgress], None] | None = None) -> ab.AbResult | None:
+             on_progress: Callable[[ab.AbProgress], None] | None = None,
+             isolation_b: str | None = None) -> ab.AbResult | None:
     """``sweep --ab OTHER``: the plan of ``cfg`` run with this checkout's code (OUT/a) and ``other``'s (OUT/b, a
     directory or a git revision), trials interleaved, then B compared with A (OUT/compare.md). ``out`` defaults to
     ``default_out_dir`` with ``-ab``. A temporary worktree of a revision is always removed. None on the other
-    nodes of a multi-node run (node 0 records and compares)."""
+    nodes of a multi-node run (node 0 records and compares). ``isolation_b``: side B's trials start this way
+    instead (``--ab . --ab-isolation fresh``: the same code, fork against fresh; ``bench.run.ab.side_configs``)."""
     from bench.analyze.compare import DEFAULT_THRESHOLD
     from bench.run import ab
 
@@ -165,7 +167,8 @@ def sweep_ab(cfg: SweepConfig, other: str, out: Path | str | None = None, *, thr
     checkout = ab.resolve_checkout(other)
     try:
         runner = ab.AbRunner(cfg, out_dir, device, checkout, resume=resume, command=command, extend=extend,
-                             launch=launch, threshold=DEFAULT_THRESHOLD if threshold is None else threshold)
+                             launch=launch, threshold=DEFAULT_THRESHOLD if threshold is None else threshold,
+                             isolation_b=isolation_b)
         runner.claim()
         if on_start:
             on_start(Start(out_dir, runner.cfg, device, "local"))
