@@ -91,8 +91,8 @@ from techniques._model import module_tensors, n_params, once
 from techniques.base import Context, Kind, Phase, Probe, Technique, TrainConfig, logits_of, register
 
 TEACHER_SEED = 20_000  # the teacher's initialisation and batch order: one teacher per key, whatever the trial seed
-NO_TEACHER = ("needs a teacher: return `teacher_size` from build, or declare width/depth `scaling` in the "
-              "`structure` it returns (docs/models.md)")
+NO_TEACHER = ("needs a teacher: return teacher_size from build, or declare width/depth scaling in the "
+              "structure it returns (docs/models.md)")
 
 
 def distillation_loss(student_logits: torch.Tensor, teacher_logits: torch.Tensor, base_loss: torch.Tensor,
