@@ -88,7 +88,17 @@ from bench.core.files import save_torch_atomic
 from bench.core.structure import ModelStructure, describe
 from bench.workloads.base import get as get_workload  # the registry: a teacher is another build of it
 from techniques._model import module_tensors, n_params, once
-from techniques.base import Context, Kind, Phase, Probe, Technique, TrainConfig, logits_of, register
+from techniques.base import (
+    Context,
+    Kind,
+    Phase,
+    Probe,
+    Technique,
+    TrainConfig,
+    logits_of,
+    own_loss_problem,
+    register,
+)
 
 TEACHER_SEED = 20_000  # the teacher's initialisation and batch order: one teacher per key, whatever the trial seed
 NO_TEACHER = ("needs a teacher: return teacher_size from build, or declare width/depth scaling in the "
@@ -149,6 +159,9 @@ class Distill(Technique):
                                  f"got {self.teacher_steps}")
 
     def check(self, ctx: Context) -> str | None:
+        own = own_loss_problem(ctx, "mixes the student's logits with the teacher's into its loss")
+        if own:
+            return own
         s = ctx.structure
         if s is not None and not (s.scaling or s.teacher_size):  # None: a device-level listing, no refusal
             return NO_TEACHER

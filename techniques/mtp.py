@@ -94,7 +94,17 @@ from torch import nn
 
 from bench.core.structure import ModelStructure, describe
 from techniques import _reading as rd
-from techniques.base import Context, Kind, Phase, Technique, TrainOutput, model_structure, register, registry
+from techniques.base import (
+    Context,
+    Kind,
+    Phase,
+    Technique,
+    TrainOutput,
+    model_structure,
+    own_loss_problem,
+    register,
+    registry,
+)
 
 PAPER_WEIGHT = {"heads": 1.0, "sequential": 0.3}  # Gloeckle et al. sum the n losses; DeepSeek-V3's lambda (first 10T)
 RMS_EPS = 1e-6  # DeepSeek-V3's RMSNorm epsilon
@@ -353,6 +363,9 @@ class MTP(Technique):
         return self.weight if self.options.variant == "heads" else self.weight / (self.options.n - 1)
 
     def check(self, ctx: Context) -> str | None:
+        own = own_loss_problem(ctx, "adds prediction heads whose losses it computes beside the model's own from the hidden states")
+        if own:
+            return own
         s = ctx.structure
         if s is not None:  # None: no model named (`bench list` asks in general)
             reason = s.lacks(*PARTS[self.options.variant])

@@ -89,6 +89,7 @@ from techniques.base import (
     Technique,
     TrainConfig,
     model_structure,
+    own_loss_problem,
     register,
 )
 from techniques.base import get as get_technique
@@ -402,6 +403,9 @@ class PP(Technique):
     # ---- planning ----------------------------------------------------------------------------------------------
 
     def check(self, ctx: Context) -> str | None:
+        own = own_loss_problem(ctx, "runs the model in stages and computes the loss from the last stage's logits")
+        if own:
+            return own
         reason = needs_world(ctx, self.name)
         if reason:
             return reason

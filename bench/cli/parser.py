@@ -318,8 +318,8 @@ def _add_tune_trials(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-repeats", type=int, metavar="N",
                    help="pairs per comparison at most: the sequential design's cap (default 8)")
     p.add_argument("--nproc", type=int,
-                   help="processes for the data-parallel / sharding candidates (ddp, zero1-3, deepspeed), started "
-                        "with torchrun; other sets run in one process")
+                   help="processes for the multi-process candidates: data parallel and sharding (ddp, zero1-3, "
+                        "deepspeed) and model parallel (tp, pp), started with torchrun; other sets run in one process")
     p.add_argument("--seed", type=int, help="seed of the first round (round r uses seed + r mod 3)")
     p.add_argument("--steps", type=int, help="quality runs: optimizer steps (default: the workload size's budget)")
     p.add_argument("--seconds", type=float,

@@ -101,6 +101,7 @@ def incompatibility(techs: TechniqueSet, workload: WorkloadSpec, device: torch.d
         has_batchnorm=wl.batchnorm(workload.size),
         has_preferences=wl.has_preferences,
         structure=wl.structure(workload.size),
+        forward_targets=wl.forward_targets(workload.size),
         available_packages=available_packages(),
         technique_names=techs.names,
     )
