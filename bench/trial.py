@@ -96,6 +96,7 @@ from bench.measure.trace import DeviceBusy
 from bench.plan import plugins, user_models
 from bench.plan.config import Budget, TechniqueSet, TechniqueSpec
 from bench.plan.planner import ReferenceKey
+from bench.records.frame import CONTENDED_ABOVE
 from bench.records.results import (
     BuildInfo,
     Contention,
@@ -128,7 +129,7 @@ from techniques.base import (
 
 log = logging.getLogger(__name__)
 
-CONTENTION_WARN = 0.10  # other processes used more than 10% of the cores during the timed window
+CONTENTION_WARN = CONTENDED_ABOVE  # other processes used more than 10% of the cores during the timed window
 CONTENTION_PAUSE_S = 2.0  # before a contended window is measured again: let a short burst of other work pass
 CLEAN_RSS_STEPS = 2
 MAX_CONTINUATION_FACTOR = 4  # a continuation trains at most this multiple of the budget's samples in all

@@ -28,6 +28,8 @@ from bench.report.cells import (
     say,
     tie_digits,
     undecided,
+    unequal_resources,
+    unequal_text,
 )
 from bench.report.document import Bullets, FigureRef, Item, Paragraph, Section
 from bench.report.sections import Context
@@ -93,6 +95,10 @@ def _speed_points(analysis: Analysis, rows: pd.DataFrame, others: pd.DataFrame) 
     if len(same):
         parts.append(f"as fast as the reference ({say(stats.EQUIVALENT)}: the whole interval within "
                      f"+-{analysis.thresholds.speed:.0%}): " + ", ".join(f"{r.technique} ({r.speedup:.2f}x)" for r in same.itertuples()))
+    unequal = [r for r in others.itertuples() if unequal_resources(r)]
+    if unequal:
+        parts.append(f"not speedups ({say(words.UNEQUAL)}: other cores or devices than the reference, so each is "
+                     "judged per core or device): " + "; ".join(f"{r.technique} {unequal_text(r)}" for r in unequal))
     open_ = others[others["speedup_verdict"] == stats.INCONCLUSIVE]
     if len(open_):
         parts.append(f"speed {say(stats.INCONCLUSIVE)}: " + ", ".join(
@@ -233,10 +239,10 @@ def decisions(analysis: Analysis) -> list[str]:
     speed = others[[known(v) for v in others["speedup"]]]
     out = []
     if len(speed):
-        decided = sum(w not in (None, *stats.UNDECIDED) for w in speed["speedup_verdict"])
+        decided = sum(w not in (None, words.UNEQUAL, *stats.UNDECIDED) for w in speed["speedup_verdict"])
         line = (f"Speed verdicts decided: {decided} of {len(speed)} ("
                 + _count(speed["speedup_verdict"], ("faster", "slower", stats.EQUIVALENT, stats.INCONCLUSIVE,
-                                                    stats.NONE)) + ")")
+                                                    stats.NONE, words.UNEQUAL)) + ")")
         added = int(sum(int(n or 0) for n in speed["n_added"]))
         caps = [int(c) for c in speed["max_looks"] if known(c)]
         if caps:
