@@ -363,9 +363,6 @@ class MTP(Technique):
         return self.weight if self.options.variant == "heads" else self.weight / (self.options.n - 1)
 
     def check(self, ctx: Context) -> str | None:
-        own = own_loss_problem(ctx, "adds prediction heads whose losses it computes beside the model's own from the hidden states")
-        if own:
-            return own
         s = ctx.structure
         if s is not None:  # None: no model named (`bench list` asks in general)
             reason = s.lacks(*PARTS[self.options.variant])
@@ -383,6 +380,9 @@ class MTP(Technique):
                 what = ", ".join(others) or "no ddp"
                 return (f"with several processes mtp runs under ddp only (got {what}): other sharding would need "
                         "the added heads sharded too")
+        own = own_loss_problem(ctx, "adds prediction heads whose losses it computes beside the model's own from the hidden states")
+        if own:
+            return own
         return None
 
     def transform_model(self, model: nn.Module, ctx: Context) -> nn.Module:

@@ -403,9 +403,6 @@ class PP(Technique):
     # ---- planning ----------------------------------------------------------------------------------------------
 
     def check(self, ctx: Context) -> str | None:
-        own = own_loss_problem(ctx, "runs the model in stages and computes the loss from the last stage's logits")
-        if own:
-            return own
         reason = needs_world(ctx, self.name)
         if reason:
             return reason
@@ -427,6 +424,9 @@ class PP(Technique):
             if hooks:
                 return (f"pp runs every forward and backward in its pipeline schedule; {name} changes them "
                         f"({', '.join(hooks)}), which the schedule would skip")
+        own = own_loss_problem(ctx, "runs the model in stages and computes the loss from the last stage's logits")
+        if own:
+            return own
         return None
 
     def configure(self, cfg: TrainConfig) -> TrainConfig:

@@ -170,7 +170,7 @@ def why_hardware_differs(name: str, claim: Any, config: Any, ref: Any, env: dict
             reasons.append(f"{speed}: no fast {dtype} matmul units{unit}")
         elif claim.metric == "speedup":  # a faster matmul that did not make the step faster: the rest of it did not
             reasons.append(f"{speed}, so the matmuls are not what held it back: the rest of the step (per-op "
-                           f"overhead, casts to and from {dtype}, non-matmul ops) did not get faster")
+                           f"overhead, casts to and from {dtype}, non-matmul ops) did not speed up")
         else:
             reasons.append(speed)
     device = str(config.machine).split(",")[0] if config.machine else ""

@@ -152,6 +152,11 @@ def _add_list(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("list", help="show workloads (with sizes) and techniques (with kind, options, availability)")
     p.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto",
                    help="device to check availability against")
+    p.add_argument("--model", metavar="PATH.py:FUNCTION",
+                   help="your model (as sweep --model takes it): checked once, then which techniques run on it and "
+                        "why the others would be skipped")
+    p.add_argument("--nproc", type=int, default=2,
+                   help="with --model: the ranks multi-process techniques are asked about (default 2)")
 
 
 def _add_env(sub: argparse._SubParsersAction) -> None:
