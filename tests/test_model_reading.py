@@ -310,3 +310,75 @@ def test_a_model_with_its_own_loss_optimizer_and_schedule_trains_with_them():
                       schedule=fresh.schedule)
     assert loop2.scheduler is None
     assert recipe(opt2)["groups"][0]["weight_decay"] == 0.1
+
+
+# ---- threads and noise, and the small things -------------------------------------------------------------------
+
+
+def test_threads_that_outnumber_the_free_cores_are_warned_about_naming_threads(monkeypatch):
+    from bench.measure import timing
+    from bench.measure.timing import ContentionResult
+    from bench.plan.config import build_config
+    from bench.run import workflow
+
+    class HalfBusy:  # another process keeps one of the two cores busy
+        def __init__(self, *args, **kwargs) -> None:
+            pass
+
+        def start(self) -> None:
+            pass
+
+        def stop(self) -> ContentionResult:
+            return ContentionResult(other_cpu_s=0.5, window_s=0.5, ncpu=2, fraction=0.5)
+
+    monkeypatch.setattr(timing, "CpuContention", HalfBusy)
+    monkeypatch.setattr(timing, "allowed_cpus", lambda: [0, 1])
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 2)
+    warned = workflow.oversubscription(build_config("quick", {}), sample_s=0.0)
+    assert warned and "2 thread(s) on 2 core(s), while other processes keep about 1.0 of them busy" in warned
+    assert "use --threads 1" in warned
+    assert workflow.oversubscription(build_config("quick", {"threads": 1}), sample_s=0.0) is None
+
+
+def test_compare_says_when_the_calibrated_peak_moved_more_than_the_noise():
+    from bench.analyze.compare import peak_moves
+
+    def env(fp32: float) -> dict:
+        return {"peak_flops": {"float32": {"flops": fp32}, "bfloat16": {"flops": 20e9}}}
+
+    moved = peak_moves(env(198e9), env(215e9), noise=0.03, threshold=0.05)
+    assert len(moved) == 1 and moved[0].startswith("the calibrated float32 matmul peak moved from 198 to 215 GFLOP/s "
+                                                   "(+8.6%) between the two sweeps, more than the 3.0% noise")
+    assert "MFU is not comparable" in moved[0]
+    assert peak_moves(env(198e9), env(202e9), noise=0.03, threshold=0.05) == []  # within the noise
+
+
+def test_list_keeps_an_install_hint_and_says_what_runs_on_a_users_model(cli):
+    proc = cli("list", "--device", "cpu")
+    assert proc.returncode == 0, proc.stderr
+    assert "(pip install 'trainbench')" not in proc.stdout  # rich would read [deepspeed] as markup
+    proc = cli("list", "--device", "cpu", "--model", str(EXAMPLES / "nanogpt_chars.py") + ":build")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    text = " ".join(proc.stdout.split())
+    assert "techniques run on nanogpt_chars:small" in text
+    assert "this model computes its own loss in its forward (forward_targets='targets')" in text
+
+
+def test_the_help_of_nproc_names_tp_and_pp(cli):
+    proc = cli("sweep", "--help")
+    text = " ".join(proc.stdout.split())
+    assert "model parallel (tp, pp)" in text
+
+
+def test_progress_off_a_terminal_is_one_line_per_finished_trial(capsys):
+    from bench.cli import sweep as sweep_cli
+
+    assert not sweep_cli.err.is_terminal  # pytest captures stderr: no terminal
+    with sweep_cli._progress_bar() as show:
+        show(3, 0, "measuring")
+        show(3, 1, "mlp:tiny/baseline/seed0/r0: ok 100 samples/s")
+        show(3, 1, "mlp:tiny/baseline/seed0/r0: ok 100 samples/s")
+        show(3, 2, "mlp:tiny/bf16/seed0/r0: ok 90 samples/s")
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert [line.split(" ", 1)[0] for line in lines] == ["[0/3]", "[1/3]", "[2/3]"]
+    assert lines[2].endswith("mlp:tiny/bf16/seed0/r0: ok 90 samples/s")

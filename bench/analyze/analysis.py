@@ -495,7 +495,8 @@ def _quality(ok: pd.DataFrame, ref: pd.DataFrame | None, kind: str, th: Threshol
     clocked = pairs.quality_clocks(ok)
     ref_clocked = pairs.quality_clocks(ref) if ref is not None else None
     row.update(_equal_time(clocked, ref_clocked, words, threshold, continued if kind != "exact" else None))
-    row["clock_contended"] = contended_clocks(ok, ref)
+    # a set with no complete quality run reads no clock: nothing of the reference's to say on its row
+    row["clock_contended"] = contended_clocks(ok, ref) if len(complete) else None
     if row["clock_contended"] and row["delta_at_time_verdict"] in (None, stats.NONE) and ref_complete is not None \
             and len(ref_complete):
         row["delta_at_time_why"] = f"{row['delta_at_time_why'] or 'no interval'}; {row['clock_contended']}"

@@ -327,6 +327,10 @@ def _technique_findings(c: Any, ref: Any) -> list[tuple[str, str]]:
     quality = _quality_finding(c)
     if quality:
         out.append(quality)
+    said = quality[1] if quality else ""
+    # what the record knows about the set (a tied head frozen with it, another model size, another optimizer):
+    # its numbers are that set's, and the advice says so once
+    out += [("caveat", f"{c.technique} on {c.workload}: {text}") for text in c.caveats if text not in said]
     if c.parity_ok is False:
         head = (f"{c.technique} on {c.workload}: its first steps differ from the fp32 reference (losses by "
                 f"{c.parity_loss_diff:.2g}, parameter distance by {c.parity_distance_diff:.2g}; tolerances for "
