@@ -361,7 +361,11 @@ def test_list_keeps_an_install_hint_and_says_what_runs_on_a_users_model(cli):
     assert proc.returncode == 0, proc.stderr[-2000:]
     text = " ".join(proc.stdout.split())
     assert "techniques run on nanogpt_chars:small" in text
-    assert "this model computes its own loss in its forward (forward_targets='targets')" in text
+    mtp = next(line for line in proc.stdout.splitlines() if line.startswith("│ mtp "))
+    assert "no: mtp:" in mtp  # the table wraps the reason over lines; its words are there
+    line = next(i for i, x in enumerate((EXAMPLES / "nanogpt_chars.py").read_text().splitlines(), 1)
+                if x.strip().startswith("assert t <="))
+    assert f"(nanogpt_chars.py:{line} (assert t <=" in text  # the line that broke the trace, named
 
 
 def test_the_help_of_nproc_names_tp_and_pp(cli):

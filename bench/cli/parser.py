@@ -87,8 +87,11 @@ def _add_budget(p: argparse.ArgumentParser) -> None:
 def _add_processes(p: argparse.ArgumentParser) -> None:
     """Where a trial's processes run: processes per node, nodes, the device."""
     p.add_argument("--nproc", type=int,
-                   help="processes per node for data-parallel / sharding sets (ddp, zero1-3, deepspeed), started "
-                        "with torchrun (gloo on CPU, NCCL on CUDA); other sets run in one process as the reference")
+                   help="processes per node for the multi-process sets: data parallel and sharding (ddp, "
+                        "zero1-3, deepspeed, fedavg, local_sgd) and model parallel (tp, pp), started with torchrun "
+                        "(gloo on CPU, NCCL on CUDA); other sets run in one process as the reference. Each rank "
+                        "runs --threads threads (1 without it), so with --threads a set of N ranks uses N times the "
+                        "reference's cores, which the report labels")
     p.add_argument("--nnodes", type=int, help="nodes taking part (multi-node: run the same sweep on every node)")
     p.add_argument("--node-rank", type=int, default=0, help="this node's rank (multi-node; node 0 records results)")
     p.add_argument("--rdzv-endpoint", help="HOST:PORT of the rendezvous, the same on every node (multi-node)")
