@@ -513,11 +513,16 @@ def uncontended_quality_run(session: Session) -> QualityResult:
     timed window is measured again): its clock is what equal-time and time-to-target read. After the budget's
     retries a run that stayed contended is marked ``contended``, and the analysis leaves its clock out."""
     retried: list[float] = []
+    started = time.perf_counter()
     while True:
         result = quality_run(session)
         fraction = result.contention.fraction if result.contention is not None else 0.0
         contended = _agree(fraction > CONTENTION_WARN)
-        if not contended or len(retried) >= session.budget.contention_retries:
+        # another run must fit in half the trial's timeout, or the retry would lose the whole trial to it
+        spent = time.perf_counter() - started
+        no_time = _agree(spent * (len(retried) + 2) / (len(retried) + 1) + CONTENTION_PAUSE_S
+                         > 0.5 * session.budget.timeout_s)
+        if not contended or len(retried) >= session.budget.contention_retries or no_time:
             return dataclasses.replace(result, contended=contended, contention_retries=retried)
         retried.append(round(fraction, 4))
         log.info("quality run contended (%.0f%% of the CPUs used by others): training it again from a fresh build "
