@@ -104,7 +104,19 @@ def _sweep(args: argparse.Namespace) -> int:
 @contextmanager
 def _progress_bar() -> Iterator[Callable[[int, int, str], None]]:
     """A bar of trials on stderr, with the time taken and rich's estimate of the time left (from the pace of the
-    trials so far); yields ``show(total, done, last line)``."""
+    trials so far); yields ``show(total, done, last line)``. Where stderr is no terminal (a file, a CI log) a bar
+    redraws nothing readable: one line per finished trial instead."""
+    if not err.is_terminal:
+        started, shown = time.perf_counter(), [-1]
+
+        def line(total: int, done: int, last: str) -> None:
+            if done != shown[0]:
+                shown[0] = done
+                err.print(f"[{done}/{total}] {time.perf_counter() - started:.0f} s {last}", markup=False,
+                          highlight=False, soft_wrap=True)
+
+        yield line
+        return
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                   TextColumn("left"), TimeRemainingColumn(), TextColumn("{task.fields[last]}"), console=err,
                   transient=False) as bar:
@@ -131,6 +143,8 @@ def _sweep_one(args: argparse.Namespace) -> int:
             where = f"on {s.device}" if s.device is not None else f"through the {s.executor} executor"
             shard = f" (shard {args.shard})" if s.cfg.shard else ""
             err.print(f"[bold]trainbench[/] sweep '{s.cfg.name}'{shard} {where} -> {s.out_dir}")
+            for warning in s.warnings:
+                err.print(f"[yellow]warning[/]: {warning}", highlight=False)
             bar.append(stack.enter_context(_progress_bar()))
 
         def on_progress(p: Progress) -> None:

@@ -110,6 +110,7 @@ def incompatibility(techs: TechniqueSet, workload: WorkloadSpec, device: torch.d
         has_batchnorm=wl.batchnorm(workload.size),
         has_preferences=wl.has_preferences,
         structure=wl.structure(workload.size),
+        forward_targets=wl.forward_targets(workload.size),
         available_packages=available_packages(),
         technique_names=techs.names,
     )
@@ -150,6 +151,24 @@ def _batch_split_problem(instances: list[Technique], params: dict, world_size: i
         where = f"the per-process batch of {local} samples" if shards > 1 else f"the batch of {local} samples"
         return f"{where} does not split into {cfg.micro_batches} equal micro-batches"
     return None
+
+
+def applicability(source: str, device: torch.device, nproc: int = 2, blocks: str | None = None
+                  ) -> tuple[WorkloadSpec, dict[str, str | None]]:
+    """``bench list --model SOURCE``: the user's model at its default size, checked as a sweep checks it (built and
+    stepped once in a child process), and for every registered technique alone why it cannot run on that model here
+    (None: it can). Multi-process techniques are asked with ``nproc`` ranks."""
+    import techniques
+    from bench.plan import user_models as user
+
+    plugin = user.parse_model(source, blocks)
+    wl = user.register_model(plugin, device.type)
+    spec = WorkloadSpec.parse(wl.name)
+    out = {}
+    for name in sorted(techniques.registry()):
+        techs = TechniqueSet.parse(name)
+        out[name] = incompatibility(techs, spec, device, world_size_for(techs, nproc))
+    return spec, out
 
 
 def world_size_for(techs: TechniqueSet, world_size: int) -> int:

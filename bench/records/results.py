@@ -139,6 +139,13 @@ class BuildInfo:
                                      "leaner architecture, extra prediction heads), when it differs from n_params; "
                                      "a technique that shrinks the model during training reports it in "
                                      "technique_results", None)
+    resources: dict[str, int] | None = doc("what the trial ran on: ranks, threads (torch threads of each rank), "
+                                           "cores (ranks x threads) and devices (GPUs: one per rank on CUDA, 0 on "
+                                           "the CPU); a comparison across unequal resources is labelled", None)
+    recipe: dict[str, Any] | None = doc("the optimizer stepped (optimizer: class and each parameter group's "
+                                        "hyper-parameters and size), whose LR schedule ran (schedule: the "
+                                        "workload's own, 'replaced by' a technique that owns the LR, or None) and "
+                                        "whether the workload brought its own optimizer (own_optimizer)", None)
 
 
 @dataclass(frozen=True)
@@ -237,6 +244,12 @@ class QualityResult:
     curve_extra: dict[str, list[float | None]] | None = doc("the workload's other held-out metrics at each curve row "
                                                             "(its curve_metrics, e.g. a preference workload's "
                                                             "proxy_reward and kl), aligned with curve", None)
+    contended: bool = doc("other processes used more than 10% of the CPUs during the quality run after its "
+                          "retries: its training clock is not this machine's, so equal-time and time-to-target "
+                          "comparisons leave it out (records before this field: read from contention)", False)
+    contention_retries: list[float] = doc("contention fraction of each quality run trained again from a fresh "
+                                          "build because others used the CPUs (at most budget.contention_retries, "
+                                          "after a pause)", factory=list)
 
     def __post_init__(self) -> None:
         # Every reader indexes a curve's rows by column (samples, steps, clock, loss, metric): a row of another

@@ -94,9 +94,11 @@ def open_configurations(cfg: SweepConfig, records: list[TrialRecord]) -> list[Op
             continue
         if exhausted(cfg, int(c.n_total)):
             continue
+        # across unequal resources the speed answer is the one per core or device (the analysis's)
+        speed = "speedup_per_unit" if getattr(c, "resource_unit", None) else "speedup"
         verdicts = [(name, getattr(c, f"{prefix}_verdict"), getattr(c, f"{prefix}_n"),
                      getattr(c, f"{prefix}_needed", None), bool(getattr(c, f"{prefix}_futile", False)))
-                    for name, prefix in (("speed", "speedup"), ("memory", "mem_ratio"))]
+                    for name, prefix in (("speed", speed), ("memory", "mem_ratio"))]
         found += open_of(verdicts, cfg.max_repeats, workloads[c.workload], sets[c.technique],
                          int(c.world_size or 1), trial_cost(records, c.workload, c.technique))
     return informative_first(found)
