@@ -8,9 +8,12 @@ One call of ``TrainLoop.step`` is one optimizer step:
     or, for each micro-batch:
       with micro-batch contexts (only with several micro-batches; e.g. DDP's no_sync before the last one):
         with forward contexts (autocast, ...):  out = model(x); loss = loss_fn(logits_of(out), y); loss hooks
+                                                 (a model that computes its own loss: out = model(x, **{name: y});
+                                                 loss = loss_fn(out, y), which picks the loss it returned)
         backward(loss / micro_batches)           (the backward owner, e.g. fp16's loss scaler, or loss.backward())
     optimizer step                               (the step owner, e.g. the loss scaler, or optimizer.step())
-    after-step hooks of every subscriber         (LR schedules), then ctx.step += 1
+    after-step hooks of every subscriber         (LR schedules), then the workload's own LR schedule, then
+                                                 ctx.step += 1
 
 A workload size may warm its learning rate up (``lr_warmup``: GPT-2-class models spike without one): during the
 loop's first ``lr_warmup`` optimizer steps every parameter group's LR is multiplied by (step + 1) / lr_warmup for
@@ -61,8 +64,13 @@ class TrainLoop:
         micro_batches: int = 1,
         tokens_per_sample: int = 0,
         lr_warmup: int = 0,
+        forward_targets: str | None = None,
+        schedule: Callable[[torch.optim.Optimizer], Any] | None = None,
     ) -> None:
         self.model = model
+        # A model that computes its own loss takes the targets by this keyword (nanoGPT's ``targets``, Hugging
+        # Face's ``labels``), and ``loss_fn`` reads the loss off its whole output.
+        self.forward_targets = forward_targets
         self.optimizer = optimizer
         self.loss_fn = loss_fn
         self.ctx = ctx
@@ -86,6 +94,18 @@ class TrainLoop:
         self._region = no_region
         for tech in techniques:
             tech.attach(optimizer, ctx)
+        # The workload's own LR schedule (a user's build), made after the techniques attached: one that owns the
+        # LR (``Technique.owns_lr``: lr_schedule) replaces it, and the trial records that it did.
+        owned = any(t.owns_lr for t in techniques)
+        self.scheduler = schedule(optimizer) if schedule is not None and not owned else None
+
+    def forward(self, x: Any, y: Any) -> tuple[Any, torch.Tensor]:
+        """(the model's output, the loss) of one micro-batch, as the workload's loss is computed."""
+        if self.forward_targets:
+            out = self.model(x, **{self.forward_targets: y})
+            return out, self.loss_fn(out, y)
+        out = self.model(x)
+        return out, self.loss_fn(logits_of(out), y)
 
     def forward_context(self) -> contextlib.AbstractContextManager[Any]:
         """The techniques' forward contexts entered together (also used around evaluation)."""
@@ -139,8 +159,7 @@ class TrainLoop:
             for i, (xm, ym) in enumerate(pieces):
                 with self._micro_batch_context(last=i == n - 1):
                     with region("forward"), self.forward_context():
-                        out = self.model(xm)
-                        loss = self.loss_fn(logits_of(out), ym)
+                        out, loss = self.forward(xm, ym)
                         for tech in self._loss_techs:
                             loss = tech.loss(out, (xm, ym), loss, self.ctx)
                     with region("backward"):
@@ -158,6 +177,8 @@ class TrainLoop:
                     group["lr"] = lr
             for tech in self._after_techs:
                 tech.after_step(self.optimizer, self.ctx)
+            if self.scheduler is not None:
+                self.scheduler.step()
         self.optimizer_steps += 1
         self.ctx.step += 1
         assert total is not None
@@ -188,8 +209,8 @@ class TrainLoop:
 
         def one() -> None:
             with self.forward_context():
-                out = model(x)
-                loss = self.loss_fn(logits_of(out), y)
+                out = model(x, **{self.forward_targets: y}) if self.forward_targets else model(x)
+                loss = self.loss_fn(out if self.forward_targets else logits_of(out), y)
                 for tech in self._loss_techs:
                     loss = tech.loss(out, (x, y), loss, self.ctx)
             if self._backward_owner is None or not self._backward_owner.backward(loss, self.ctx):
@@ -230,14 +251,36 @@ def default_optimizer(lr: float, weight_decay: float = 0.0) -> Callable[..., tor
     return make
 
 
+def workload_optimizer(built: Any, lr: float, weight_decay: float = 0.0) -> Callable[..., torch.optim.Optimizer]:
+    """The optimizer a workload trains with: its own (a user's build may return an optimizer factory: its parameter
+    groups, betas, weight decay), every group's LR scaled by ``lr`` / the workload's LR so that a technique that
+    picks the LR (lr_finder) and the parity reference's perturbed LR move it as they move the default's; else the
+    default AdamW at ``lr``."""
+    own = getattr(built, "optimizer", None)
+    if own is None:
+        return default_optimizer(lr, weight_decay)
+    scale = lr / built.lr
+
+    def make(params: Any) -> torch.optim.Optimizer:
+        optimizer = own(list(params))
+        if scale != 1.0:
+            for group in optimizer.param_groups:
+                group["lr"] = group["lr"] * scale
+        return optimizer
+
+    return make
+
+
 def plain_loop(built: Any, lr: float, device: torch.device, micro_batches: int = 1, lr_warmup: int = 0
                ) -> TrainLoop:
-    """A loop with no techniques and the default optimizer on a built workload's model (a
-    ``bench.workloads.BuiltWorkload``): what references, probes and FLOP counts run. ``lr_warmup``: the parity
-    reference passes the workload's (``lr_warmup_steps``); probes and FLOP counts train at the given LR."""
-    optimizer = default_optimizer(lr)(built.model.parameters())
+    """A loop with no techniques on a built workload's model (a ``bench.workloads.BuiltWorkload``), with the
+    workload's optimizer and LR schedule (the default AdamW unless its build returned its own): what references,
+    probes and FLOP counts run. ``lr_warmup``: the parity reference passes the workload's (``lr_warmup_steps``);
+    probes and FLOP counts train at the given LR."""
+    optimizer = workload_optimizer(built, lr)(built.model.parameters())
     return TrainLoop(built.model, optimizer, built.loss_fn, [], Context(device=device), micro_batches,
-                     built.tokens_per_sample, lr_warmup)
+                     built.tokens_per_sample, lr_warmup, getattr(built, "forward_targets", None),
+                     getattr(built, "schedule", None))
 
 
 def lr_warmup_steps(built: Any, batch_size: int) -> int:
@@ -251,11 +294,13 @@ def lr_warmup_steps(built: Any, batch_size: int) -> int:
 
 
 def build_optimizer(
-    model: nn.Module, techniques: Sequence[Technique], ctx: Context, lr: float, weight_decay: float = 0.0
+    model: nn.Module, techniques: Sequence[Technique], ctx: Context, lr: float, weight_decay: float = 0.0,
+    built: Any = None,
 ) -> torch.optim.Optimizer:
     """The optimizer of the model's trainable parameters (a frozen one, ``requires_grad=False``, never enters it:
-    no state, no update), built by the one technique that builds it or else the default AdamW."""
-    default = default_optimizer(lr, weight_decay)
+    no state, no update), built by the one technique that builds it or else the workload's (``workload_optimizer``:
+    a user's own factory, or the default AdamW)."""
+    default = workload_optimizer(built, lr, weight_decay) if built is not None else default_optimizer(lr, weight_decay)
     trainable = [p for p in model.parameters() if p.requires_grad]
     chosen = None
     for tech in techniques:
@@ -265,3 +310,26 @@ def build_optimizer(
                 raise ValueError(f"two techniques build the optimizer ({chosen[0]}, {tech.name})")
             chosen = (tech.name, opt)
     return chosen[1] if chosen else default(trainable)
+
+
+def recipe(optimizer: torch.optim.Optimizer) -> dict[str, Any]:
+    """What an optimizer does, for the record: its class (a sharded wrapper's inner one beside it) and each parameter
+    group's hyper-parameters and size, so a set whose optimizer is not the reference's can be told apart."""
+    inner = getattr(optimizer, "optim", None)  # ZeroRedundancyOptimizer's local optimizer
+    name = type(optimizer).__name__ + (f"({type(inner).__name__})" if isinstance(inner, torch.optim.Optimizer) else "")
+    groups = []
+    for group in optimizer.param_groups:
+        entry = {k: _plain(group[k]) for k in ("lr", "betas", "eps", "weight_decay", "momentum") if k in group}
+        entry["params"] = sum(p.numel() for p in group["params"])
+        groups.append(entry)
+    return {"class": name, "groups": groups}
+
+
+def _plain(value: Any) -> Any:
+    """A hyper-parameter as JSON holds it (an LR held as a tensor, betas as a list), rounded to 6 significant
+    digits: the record compares recipes, not rounding."""
+    if isinstance(value, torch.Tensor):
+        value = value.tolist()
+    if isinstance(value, tuple | list):
+        return [_plain(v) for v in value]
+    return float(f"{value:.6g}") if isinstance(value, float) else value

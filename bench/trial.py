@@ -61,7 +61,15 @@ from bench.analyze.bottleneck import diagnose
 from bench.core.data import CACHE_EVENTS
 from bench.core.files import write_atomic
 from bench.core.structure import describe
-from bench.loop import TrainLoop, build_optimizer, lr_warmup_steps, overrides, plain_loop, single_owner
+from bench.loop import (
+    TrainLoop,
+    build_optimizer,
+    lr_warmup_steps,
+    overrides,
+    plain_loop,
+    recipe,
+    single_owner,
+)
 from bench.measure import energy as energy_mod
 from bench.measure.energy import EnergyMeter
 from bench.measure.env import datasheet_peak
@@ -88,6 +96,7 @@ from bench.measure.trace import DeviceBusy
 from bench.plan import plugins, user_models
 from bench.plan.config import Budget, TechniqueSet, TechniqueSpec
 from bench.plan.planner import ReferenceKey
+from bench.records.frame import CONTENDED_ABOVE
 from bench.records.results import (
     BuildInfo,
     Contention,
@@ -120,7 +129,7 @@ from techniques.base import (
 
 log = logging.getLogger(__name__)
 
-CONTENTION_WARN = 0.10  # other processes used more than 10% of the cores during the timed window
+CONTENTION_WARN = CONTENDED_ABOVE  # other processes used more than 10% of the cores during the timed window
 CONTENTION_PAUSE_S = 2.0  # before a contended window is measured again: let a short burst of other work pass
 CLEAN_RSS_STEPS = 2
 MAX_CONTINUATION_FACTOR = 4  # a continuation trains at most this multiple of the budget's samples in all
@@ -190,6 +199,8 @@ class Session:
     trained_params: int = 0  # after the techniques' model surgery (leaner architecture, extra heads)
     curve_extra: dict[str, list[float | None]] = field(default_factory=dict)  # the workload's curve_metrics
     clock: StageClock = field(default_factory=StageClock)  # the trial's stage times (``bench.measure.stages``)
+    # GPU-only measurements that failed here, by name, with why (the record's ``unavailable``): the trial goes on
+    unavailable: dict[str, str] = field(default_factory=dict)
 
     @property
     def device(self) -> torch.device:
@@ -221,7 +232,7 @@ def build(spec: TrialSpec, budget: Budget, device: torch.device) -> Session:
         model = tech.transform_model(model, ctx)
         if tech.phase == Phase.SURGERY:  # later phases shard or cut the model: not a different model
             trained_params = sum(p.numel() for p in model.parameters())
-    optimizer = build_optimizer(model, techs, ctx, cfg.lr, cfg.weight_decay)
+    optimizer = build_optimizer(model, techs, ctx, cfg.lr, cfg.weight_decay, built)
     full: dict[str, Any] = {}
     source = single_owner(techs, "batches")
     loaded = source.batches(built.pipeline, cfg.batch_size, spec.seed, ctx) if source is not None else None
@@ -229,7 +240,7 @@ def build(spec: TrialSpec, budget: Budget, device: torch.device) -> Session:
     for tech in techs:
         batches = tech.wrap_data(batches, ctx)
     loop = TrainLoop(model, optimizer, built.loss_fn, techs, ctx, cfg.micro_batches, built.tokens_per_sample,
-                     lr_warmup_steps(built, cfg.batch_size))
+                     lr_warmup_steps(built, cfg.batch_size), built.forward_targets, built.schedule)
     return Session(spec, budget, built, techs, ctx, cfg, model, optimizer, loop, batches, set_kind(techs),
                    probe_s=probe_s, full_batch=full, n_params=n_params, trained_params=trained_params)
 
@@ -255,7 +266,8 @@ def configure(wl: workloads.Workload, size: str, built: workloads.BuiltWorkload,
                   has_batchnorm=has_batchnorm(built.model), structure=structure,
                   technique_names=tuple(t.name for t in techs), metric=built.metric,
                   higher_is_better=built.higher_is_better, sequence_length=built.tokens_per_sample,
-                  cache_dir=cache_dir, has_preferences=built.preference is not None, preference=built.preference)
+                  cache_dir=cache_dir, has_preferences=built.preference is not None, preference=built.preference,
+                  forward_targets=built.forward_targets)
     _plan_into(ctx, budget, built, cfg)
     cfg, probe_s = _tune(techs, cfg, ctx, Probe(functools.partial(_fresh, wl, size, seed, device), device, seed,
                                                 make_loop=plain_loop))
@@ -307,7 +319,29 @@ def build_info(session: Session) -> BuildInfo:
         one_off_s=session.one_off_s,
         probe_s=session.probe_s,
         trained_params=session.trained_params if session.trained_params != session.n_params else None,
+        resources=resources(session.spec.world_size, session.device),
+        recipe=recipe_of(session),
     )
+
+
+def resources(ranks: int, device: torch.device) -> dict[str, int]:
+    """What the trial ran on: its ranks, each rank's torch threads, the cores they may keep busy (ranks x threads)
+    and the accelerators (one per rank on CUDA, none on the CPU), so a comparison can hold them equal or say it
+    does not."""
+    threads = torch.get_num_threads()
+    return {"ranks": ranks, "threads": threads, "cores": ranks * threads,
+            "devices": ranks if device.type == "cuda" else 0}
+
+
+def recipe_of(session: Session) -> dict[str, Any]:
+    """The optimizer the trial stepped (``bench.loop.recipe``) and whose LR schedule ran: the workload's own (a
+    user's build returned one), replaced by a technique that owns the LR, or none."""
+    schedule = None
+    if session.built.schedule is not None:
+        owners = [t.name for t in session.techs if t.owns_lr]
+        schedule = f"replaced by {', '.join(owners)}" if owners else "the workload's"
+    return {"optimizer": recipe(session.optimizer), "schedule": schedule,
+            "own_optimizer": session.built.optimizer is not None}
 
 
 # ---- stage: reference -------------------------------------------------------------------------------------------
@@ -476,6 +510,44 @@ def quality_run(session: Session) -> QualityResult:
     return _quality_result(session, plan, curve, n_budget, one_off, cut, stopped, busy, tokens, continuation)
 
 
+def uncontended_quality_run(session: Session) -> QualityResult:
+    """The quality run, trained again from a fresh build while other processes used the cores (as a contended
+    timed window is measured again): its clock is what equal-time and time-to-target read. After the budget's
+    retries a run that stayed contended is marked ``contended``, and the analysis leaves its clock out."""
+    retried: list[float] = []
+    started = time.perf_counter()
+    while True:
+        result = quality_run(session)
+        fraction = result.contention.fraction if result.contention is not None else 0.0
+        contended = _agree(fraction > CONTENTION_WARN)
+        # another run must fit in half the trial's timeout, or the retry would lose the whole trial to it
+        spent = time.perf_counter() - started
+        no_time = _agree(spent * (len(retried) + 2) / (len(retried) + 1) + CONTENTION_PAUSE_S
+                         > 0.5 * session.budget.timeout_s)
+        if not contended or len(retried) >= session.budget.contention_retries or no_time:
+            return dataclasses.replace(result, contended=contended, contention_retries=retried)
+        retried.append(round(fraction, 4))
+        log.info("quality run contended (%.0f%% of the CPUs used by others): training it again from a fresh build "
+                 "in %g s", 100 * fraction, CONTENTION_PAUSE_S)
+        time.sleep(CONTENTION_PAUSE_S)
+        _rebuild(session)
+
+
+def _rebuild(session: Session) -> None:
+    """``session`` built afresh in place (the same object, so whoever holds it finalizes the new techniques): the
+    old techniques release what they hold, then the model, optimizer, loop and batches are built again from the
+    seed, with a new parity probe."""
+    for tech in session.techs:
+        tech.finalize(session.model, session.ctx)
+    fresh = build(session.spec, session.budget, session.device)
+    if session.probe is not None:
+        fresh.probe = ParityProbe(fresh.model, session.probe.steps)
+    fresh.clock = session.clock
+    for f in dataclasses.fields(Session):
+        setattr(session, f.name, getattr(fresh, f.name))
+    gc.collect()
+
+
 def _eval_row(session: Session, step: int, clock: float, pending: list[torch.Tensor]) -> list[Any]:
     """One row of the eval curve (samples, steps, clock, mean training loss since the last row, metric); empties
     ``pending``, the losses since the last row. The workload's ``curve_metrics`` go to ``session.curve_extra``."""
@@ -640,6 +712,7 @@ def speed_window(session: Session, ref: ReferenceResult) -> tuple[SpeedResult, W
                  100 * busy.fraction, CONTENTION_PAUSE_S)
         time.sleep(CONTENTION_PAUSE_S)
     peaks = WindowPeaks(rss.peak_bytes(), cuda_peak_bytes(device))
+    _unavailable_in_window(session, window, energy_result)
     _check_finite(loss, session.steps_done)
     step_stats = StepStats(**summarize(window.step_times_s))
     if session.one_off_s is None and step_stats.median is not None:  # the first step was a warm-up step
@@ -677,6 +750,17 @@ def speed_window(session: Session, ref: ReferenceResult) -> tuple[SpeedResult, W
         shapes=shape_steps,
     )
     return result, peaks, _energy_over_ranks(EnergyResult(**dataclasses.asdict(energy_result)), device)
+
+
+def _unavailable_in_window(session: Session, window: WindowResult, energy: energy_mod.EnergyResult) -> None:
+    """What the window kept (the last, after contention retries) could not measure: CUDA events that failed (its
+    step times are then the host's) and an energy counter that was there but could not be read (joules None with
+    a source)."""
+    if window.events_failed:
+        session.unavailable["step_times"] = (f"{window.events_failed}: per-step times are the host's clock between "
+                                             "launches; the window's total is synchronised")
+    if energy.joules is None and energy.source is not None:
+        session.unavailable["energy"] = energy.reason or "the energy counter could not be read"
 
 
 def trial_peak(spec: TrialSpec, dtype: str) -> tuple[float | None, dict[str, float] | None, str | None]:
@@ -836,7 +920,9 @@ def phase_pass(session: Session, steps: int = PHASE_STEPS) -> PhaseResult:
         session.loop.time_phases(None)
     _check_finite(loss, session.steps_done)
     stats = summarize_phases(clock.steps)
-    busy = _device_busy(session)
+    busy, why = _device_busy(session)
+    if why:
+        session.unavailable["device_busy"] = why
     device: dict[str, Any] = {} if busy is None else {
         "device_busy": busy.fraction, "device_busy_s": busy.busy_s, "device_ops_per_step": busy.ops_per_step,
         "device_op_s": busy.mean_op_s, "device_source": busy.source}
@@ -848,17 +934,22 @@ def phase_pass(session: Session, steps: int = PHASE_STEPS) -> PhaseResult:
                        **device)
 
 
-def _device_busy(session: Session) -> DeviceBusy | None:
+def _device_busy(session: Session) -> tuple[DeviceBusy | None, str | None]:
     """On a GPU, how busy the device is over a few more steps (``bench.measure.phases.device_busy_pass``: the host
-    phase times cannot say); on CPU execution is synchronous and the phases say it all."""
-    if session.device.type != "cuda":
-        return None
+    phase times cannot say), or why not; on CPU execution is synchronous and the phases say it all."""
+    if not _busy_pass_wanted(session.device):
+        return None, None
 
     def step() -> None:
         session.loop.step(next(session.batches))
         session.steps_done += 1
 
     return device_busy_pass(step, session.device)
+
+
+def _busy_pass_wanted(device: torch.device) -> bool:
+    """Whether the trial runs the device-busy pass (CUDA devices; a test makes a CPU trial run it)."""
+    return device.type == "cuda"
 
 
 # ---- stage: memory ----------------------------------------------------------------------------------------------
@@ -1028,6 +1119,7 @@ def _stages(spec: TrialSpec, head: dict[str, Any], out: dict[str, Any], own_proc
     if CACHE_EVENTS:  # the dataset came from the sweep's cache or was decoded here (and cached for the next)
         out["caches"] = {"dataset": "read" if set(CACHE_EVENTS.values()) == {"read"} else "decoded"}
     session.clock = clock
+    out["unavailable"] = session.unavailable  # filled as the GPU-only passes fail, kept if the trial fails later
     try:
         _measure(spec, head, out, own_process, budget, session)
     finally:  # also after a failure: techniques release what they hold (a loader's worker processes)
@@ -1058,7 +1150,7 @@ def _measure(spec: TrialSpec, head: dict[str, Any], out: dict[str, Any], own_pro
         session.probe = ParityProbe(session.model, budget.parity_steps)
     if spec.mode in ("quality", "both"):
         with clock.stage("quality"):  # split into training, one-off and evaluation by ``_stage_times``
-            out["quality"] = quality_run(session)
+            out["quality"] = uncontended_quality_run(session)
         out["build"] = build_info(session)
     if spec.mode in ("speed", "both"):
         with clock.stage("speed"):  # warm-up and FLOP counting nested; the rest is the window and its retries

@@ -11,6 +11,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from bench.measure import cuda_caps
 from techniques.base import Context
 
 TORCHAO_MISSING = "needs torchao (pip install 'trainbench[torchao]')"
@@ -27,9 +28,9 @@ def cuda_capability_problem(device: torch.device, minimum: tuple[int, int], need
     which GPUs), or None."""
     if device.type != "cuda":
         return f"{needs}; this device is {device.type}"
-    major, minor = torch.cuda.get_device_capability(device)
+    major, minor = cuda_caps.capability(device)  # no CUDA context in the planner's process
     if (major, minor) < minimum:
-        return f"{needs}; this device is {torch.cuda.get_device_name(device)} (compute capability {major}.{minor})"
+        return f"{needs}; this device is {cuda_caps.name(device)} (compute capability {major}.{minor})"
     return None
 
 

@@ -44,8 +44,9 @@ trained, 0 for non-sequence workloads). The loop advances ``step`` after the ``a
 Facts the harness needs about a technique are typed class attributes, never name checks in the core:
 ``kind`` (how quality is judged), ``compute_dtype`` (the matmul dtype it switches to: MFU's peak), ``zero_stage`` (the
 ZeRO stage of a sharding technique) and ``memory_note`` (how its per-rank memory departs from the ZeRO formula),
-``multi_process`` (the set runs on every process ``--nproc`` starts) and ``splits_batch`` (its ranks train slices of
-the global batch, or each the whole batch).
+``multi_process`` (the set runs on every process ``--nproc`` starts), ``splits_batch`` (its ranks train slices of
+the global batch, or each the whole batch) and ``owns_lr`` (it sets every step's LR: a workload's own schedule is not
+applied beside it).
 
 Three facts change what a trial measures, so every technique declares them in its own class body and ``register``
 refuses a class that does not (no default can be right for a technique nobody has looked at):
@@ -236,6 +237,8 @@ class Context:
     metric: str = ""  # the workload's quality metric and its direction (early stopping monitors it)
     higher_is_better: bool = True
     cache_dir: Path | None = None  # where a technique may cache what it computed once per sweep (scorers, ...)
+    forward_targets: str | None = None  # the model computes its own loss: the keyword of its forward that takes the
+    # targets (``model(x, targets=y)``); techniques that compute a loss from the model's logits refuse such a model
     has_preferences: bool = False  # the workload has the preference structure (prompts, pairs, a gold reward, a
     # reward model) that preference methods need: known at planning from the workload class
     preference: Preference | None = None  # in a trial: that structure itself (``BuiltWorkload.preference``, the
@@ -263,6 +266,15 @@ def model_blocks(model: nn.Module, ctx: Context) -> nn.ModuleList | nn.Sequentia
     if not isinstance(blocks, nn.ModuleList | nn.Sequential):
         raise TypeError(f"the model's blocks {path!r} are a {type(blocks).__name__}, not an nn.ModuleList")
     return blocks
+
+
+def own_loss_problem(ctx: Context, needs: str) -> str | None:
+    """Why a technique that needs the model's logits apart from its loss (``needs``: what it does with them) cannot
+    run on a model that computes its own loss in its forward (``ctx.forward_targets``), or None."""
+    if not ctx.forward_targets:
+        return None
+    return (f"{needs}; this model computes its own loss in its forward (forward_targets={ctx.forward_targets!r}): "
+            "return loss=(logits, targets) -> loss from build instead to run it")
 
 
 def model_structure(model: nn.Module, ctx: Context) -> ModelStructure:
@@ -345,6 +357,8 @@ class Technique:
     memory_note: ClassVar[str | None] = None  # how its per-rank memory departs from the ZeRO formula, if it does
     multi_process: ClassVar[bool] = False  # runs on every process torchrun starts (--nproc); sets without such a
     # technique run in one process, as the reference the multi-process sets are compared with
+    owns_lr: ClassVar[bool] = False  # sets the LR of every step itself (a schedule): the workload's own LR schedule
+    # (a user's build) is not applied beside it, and the report says the set replaced it
     splits_batch: ClassVar[bool] = True  # a multi-process technique's ranks each train a slice of the global
     # batch (data parallel); False: every rank trains the whole batch (tensor and pipeline parallelism)
     # How its findings read (see the module docstring): remedies, explanations, a curve to draw.

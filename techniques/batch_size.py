@@ -269,11 +269,13 @@ def rate_measure(built: Any, loop: ProbeLoop, seed: int, steps: int) -> Callable
 
 
 def flat_gradient(model: torch.nn.Module, loss_fn: Callable[..., torch.Tensor], batch: tuple[torch.Tensor, ...],
-                  device: torch.device) -> torch.Tensor:
-    """The gradient of ``batch``'s mean loss at the model's current parameters, flattened (no optimizer step)."""
+                  device: torch.device, forward_targets: str | None = None) -> torch.Tensor:
+    """The gradient of ``batch``'s mean loss at the model's current parameters, flattened (no optimizer step).
+    ``forward_targets``: the model computes its own loss, taking the targets by that keyword."""
     model.zero_grad(set_to_none=True)
-    x, y = batch
-    loss_fn(model(x.to(device)), y.to(device)).backward()
+    x, y = batch[0].to(device), batch[1].to(device)
+    out = model(x, **{forward_targets: y}) if forward_targets else model(x)
+    loss_fn(out, y).backward()
     params = [p for p in model.parameters() if p.requires_grad]
     return torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1) for p in params])
 
@@ -284,7 +286,8 @@ def noise_estimates(built: Any, micro_batch: int, n: int, repeats: int, seed: in
     batches = built.batches(micro_batch, seed)
 
     def grads(_i: int) -> torch.Tensor:
-        return flat_gradient(built.model, built.loss_fn, next(batches), device)
+        return flat_gradient(built.model, built.loss_fn, next(batches), device,
+                             getattr(built, "forward_targets", None))
 
     estimates = [noise_scale(grads, n, micro_batch) for _ in range(repeats)]
     built.model.zero_grad(set_to_none=True)

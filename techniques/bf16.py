@@ -37,6 +37,7 @@ from typing import Any
 
 import torch
 
+from bench.measure import cuda_caps
 from techniques.base import Bottleneck, Claim, Context, Kind, Phase, Remedy, Technique, register
 
 
@@ -58,7 +59,8 @@ class BF16(Technique):
     )
 
     def check(self, ctx: Context) -> str | None:
-        if ctx.is_cuda and not torch.cuda.is_bf16_supported():
+        # Asked of bench.measure.cuda_caps: the planner's process must not initialise CUDA (its trials do).
+        if ctx.is_cuda and not cuda_caps.bf16(ctx.device):
             return "this GPU has no bf16 support (needs compute capability 8.0+)"
         return None
 

@@ -19,9 +19,10 @@ Method card
   cnn and cnn_aug every stage's ``widths`` and ``blocks_per_stage``; mlp ``width`` and ``depth``; Hugging Face
   GPT-2 ``n_embd`` (a multiple of ``n_head``) and ``n_layer``, Llama ``hidden_size`` (a multiple of
   ``num_attention_heads``), ``intermediate_size`` and ``num_hidden_layers``. A model with neither is skipped:
-  "distill: needs a teacher: return `teacher_size` from build, or declare width/depth `scaling`". It is built from a fixed seed (``TEACHER_SEED``, 20000), trained with the harness's plain loop
-  (AdamW at the size's LR and batch, the batch order of the same fixed seed) for ``teacher_steps`` x the size's
-  quality budget, evaluated once on the workload's held-out set (``teacher_eval`` in the record: a distilled
+  "distill: needs a teacher: return teacher_size from build, or declare width/depth scaling". It is built from a fixed seed (``TEACHER_SEED``, 20000), trained with the harness's plain loop
+  (AdamW at the size's LR and batch, the batch order of the same fixed seed) for ``teacher_steps`` x the quality
+  budget's samples (the sweep's: ``--steps`` when given, else the size's; the report's line and caveat state it),
+  evaluated once on the workload's held-out set (``teacher_eval`` in the record: a distilled
   student can only be judged next to its teacher), and cached in the sweep's reference directory as
   ``teacher-<key>.pt``, the key a hash of the workload, the teacher's parameters, the dataset's sha256, its steps,
   batch, LR, seed and the scale factors. One teacher serves every trial and every seed of a sweep. Nothing is
@@ -88,11 +89,21 @@ from bench.core.files import save_torch_atomic
 from bench.core.structure import ModelStructure, describe
 from bench.workloads.base import get as get_workload  # the registry: a teacher is another build of it
 from techniques._model import module_tensors, n_params, once
-from techniques.base import Context, Kind, Phase, Probe, Technique, TrainConfig, logits_of, register
+from techniques.base import (
+    Context,
+    Kind,
+    Phase,
+    Probe,
+    Technique,
+    TrainConfig,
+    logits_of,
+    own_loss_problem,
+    register,
+)
 
 TEACHER_SEED = 20_000  # the teacher's initialisation and batch order: one teacher per key, whatever the trial seed
-NO_TEACHER = ("needs a teacher: return `teacher_size` from build, or declare width/depth `scaling` in the "
-              "`structure` it returns (docs/models.md)")
+NO_TEACHER = ("needs a teacher: return teacher_size from build, or declare width/depth scaling in the "
+              "structure it returns (docs/models.md)")
 
 
 def distillation_loss(student_logits: torch.Tensor, teacher_logits: torch.Tensor, base_loss: torch.Tensor,
@@ -133,7 +144,8 @@ class Distill(Technique):
         temperature: float = 2.0  # softmax temperature of both sides of the KL term
         width: float = 2.0  # the teacher's width factor
         depth: int = 1  # the teacher's depth factor
-        teacher_steps: float = 2.0  # the teacher trains this multiple of the size's quality budget
+        teacher_steps: float = 2.0  # the teacher trains this multiple of the quality budget's samples (the
+        # sweep's: --steps when given, else the size's), at its own batch; the report states what it trained
 
         def __post_init__(self) -> None:
             if not 0.0 <= self.alpha <= 1.0:
@@ -154,6 +166,9 @@ class Distill(Technique):
             return NO_TEACHER
         if ctx.world_size > 1:
             return "runs on one process: each rank would train and write the teacher"
+        own = own_loss_problem(ctx, "mixes the student's logits with the teacher's into its loss")
+        if own:
+            return own
         return None
 
     def tune(self, cfg: TrainConfig, probe: Probe, ctx: Context) -> TrainConfig:
@@ -186,8 +201,18 @@ class Distill(Technique):
         return (f"teacher {n_teacher:,} params ({what}; student {n_student:,}), " if n_teacher and n_student else
                 f"teacher ({what}), ") + (
             f"{first.get('teacher_metric')} {metric:.3g} after " if isinstance(metric, float) else "after ") + (
-            f"{first.get('teacher_steps_trained')} steps, " + once(found, "teacher_train_s", "trained") +
-            f"; alpha {first.get('alpha')}, T {first.get('temperature')}")
+            f"{first.get('teacher_steps_trained')} steps" + _teacher_budget(first) + ", " +
+            once(found, "teacher_train_s", "trained") + f"; alpha {first.get('alpha')}, T {first.get('temperature')}")
+
+    @classmethod
+    def caveat(cls, found: list[dict[str, Any]]) -> str | None:
+        """What the set's numbers leave out: the teacher's own training, longer than the students' and outside the
+        trial's clock (the option that sets it named)."""
+        first = next((f for f in found if f and f.get("teacher_steps_trained")), None)
+        if first is None:
+            return None
+        return (f"its teacher trained {first['teacher_steps_trained']:,} steps{_teacher_budget(first)} once per "
+                "sweep, outside every trial's clock (distill:teacher_steps sets it)")
 
     def results(self, ctx: Context) -> dict[str, Any] | None:
         o = self.options
@@ -196,6 +221,12 @@ class Distill(Technique):
         if hasattr(self, "_meta"):
             out.update(self._meta)
         return out
+
+
+def _teacher_budget(found: dict[str, Any]) -> str:
+    """`` (2x the quality budget of 7,680 samples)``: how the teacher's steps were set, where the record says."""
+    multiple, budget = found.get("teacher_steps"), found.get("teacher_budget_samples")
+    return f" ({multiple:g}x the quality budget of {budget:,} samples)" if multiple and budget else ""
 
 
 def load_or_train_teacher(workload_name: str, probe: Probe, ctx: Context, options: Distill.Options
@@ -217,10 +248,12 @@ def load_or_train_teacher(workload_name: str, probe: Probe, ctx: Context, option
         shape = {k: tparams[k] for k in (*scaling.width, *scaling.depth, *(b for _, b in scaling.multiple_of))}
         del student
         built = wl.build_from(tparams, TEACHER_SEED, probe.device)
-    if built.quality_steps <= 0:
-        raise ValueError("distill sizes the teacher's training by the workload size's quality budget "
-                         "(quality_steps), and this size has none")
-    steps = math.ceil(options.teacher_steps * built.quality_steps)
+    # The sweep's quality budget (--steps, or the size's) in samples: the teacher follows what the students train.
+    budget = ctx.total_samples or built.quality_steps * built.batch_size
+    if budget <= 0:
+        raise ValueError("distill sizes the teacher's training by the quality budget, and this run has none: give "
+                         "--steps")
+    steps = math.ceil(options.teacher_steps * budget / built.batch_size)
     key = hashlib.sha256(json.dumps(
         {"workload": workload_name, "params": tparams, "dataset": built.dataset.get("sha256"), "steps": steps,
          "batch": built.batch_size, "lr": built.lr, "seed": TEACHER_SEED, "width": options.width,
@@ -244,7 +277,8 @@ def load_or_train_teacher(workload_name: str, probe: Probe, ctx: Context, option
         elapsed = time.perf_counter() - started
         probe.shared_s += elapsed  # paid once for the sweep: not this trial's one-off cost
         meta = {"key": key, "teacher_train_s": round(elapsed, 3), "teacher_n_params": n_params(teacher),
-                "teacher_steps_trained": steps, "teacher_batch_size": built.batch_size, "teacher_lr": built.lr,
+                "teacher_steps_trained": steps, "teacher_budget_samples": budget,
+                "teacher_batch_size": built.batch_size, "teacher_lr": built.lr,
                 "teacher_seed": TEACHER_SEED, "teacher_metric": built.metric,
                 "teacher_eval": {k: round(float(v), 6) for k, v in evaluated.items()},
                 "teacher_shape": shape}

@@ -43,17 +43,23 @@ KV_CACHE_BYTES = 4  # the KV cache counted in fp32, the workload's parameter dty
 SEED_MIX = 0x9E3779B97F4A7C15  # the new layers' draws apart from the workload's (seeded with the same seed)
 
 
-def _sdpa_has_gqa() -> bool:
-    """Whether this torch's SDPA broadcasts key/value heads itself (``enable_gqa``, torch >= 2.5)."""
-    q, kv = torch.zeros(1, 2, 1, 2), torch.zeros(1, 1, 1, 2)
-    try:
-        F.scaled_dot_product_attention(q, kv, kv, enable_gqa=True)
-    except TypeError:
-        return False
-    return True
+SDPA_GQA: bool | None = None  # sdpa_gqa()'s answer, once asked
 
 
-SDPA_GQA = _sdpa_has_gqa()
+def sdpa_gqa() -> bool:
+    """Whether this torch's SDPA broadcasts key/value heads itself (``enable_gqa``, torch >= 2.5).
+
+    Asked on first use, not at import: a tensor op at import starts torch's OpenMP thread pool, and the fork server
+    (``bench.forkserver``) imports this module and must fork trials from a process without one."""
+    global SDPA_GQA
+    if SDPA_GQA is None:
+        q, kv = torch.zeros(1, 2, 1, 2), torch.zeros(1, 1, 1, 2)
+        try:
+            F.scaled_dot_product_attention(q, kv, kv, enable_gqa=True)
+            SDPA_GQA = True
+        except TypeError:
+            SDPA_GQA = False
+    return SDPA_GQA
 
 
 def init_generator(seed: int) -> torch.Generator:
@@ -88,7 +94,7 @@ class GroupedQueryAttention(nn.Module):
         k, v = (t.view(B, T, G, hd).transpose(1, 2) for t in self.kv(x).split(G * hd, dim=2))
         extra = {}
         if G != H:
-            if SDPA_GQA:
+            if sdpa_gqa():
                 extra["enable_gqa"] = True
             else:
                 k, v = k.repeat_interleave(H // G, dim=1), v.repeat_interleave(H // G, dim=1)

@@ -175,6 +175,17 @@ class Freeze(Technique):
     # ---- reading ------------------------------------------------------------------------------------------
 
     @classmethod
+    def caveat(cls, found: list[dict[str, Any]]) -> str | None:
+        """A weight frozen only because it is tied to a frozen one (a head tied to the embedding): trained from
+        scratch it stays at its random start, which explains a worse metric better than the step's numerics."""
+        tied = sorted({name for f in found if f for name in f.get("frozen_by_tying") or ()})
+        if not tied:
+            return None
+        return (f"it froze {', '.join(tied)} too, tied to a frozen input layer (one tensor), so the model's output "
+                "layer never trains from its initial weights: freeze a model whose head is untied, or start from "
+                "trained weights (transfer)")
+
+    @classmethod
     def summarize(cls, found: list[dict[str, Any]]) -> str:
         """The frozen blocks and parameters, and the optimizer-state and gradient bytes saved."""
         first = found[0]

@@ -71,6 +71,7 @@ class LRSchedule(Technique):
     hides_tensors = False
     tune_options = ("",)
     slot = "lr_schedule"
+    owns_lr = True  # a user's own schedule is replaced, and the report says so
 
     @dataclass(frozen=True)
     class Options:

@@ -94,7 +94,17 @@ from torch import nn
 
 from bench.core.structure import ModelStructure, describe
 from techniques import _reading as rd
-from techniques.base import Context, Kind, Phase, Technique, TrainOutput, model_structure, register, registry
+from techniques.base import (
+    Context,
+    Kind,
+    Phase,
+    Technique,
+    TrainOutput,
+    model_structure,
+    own_loss_problem,
+    register,
+    registry,
+)
 
 PAPER_WEIGHT = {"heads": 1.0, "sequential": 0.3}  # Gloeckle et al. sum the n losses; DeepSeek-V3's lambda (first 10T)
 RMS_EPS = 1e-6  # DeepSeek-V3's RMSNorm epsilon
@@ -370,6 +380,9 @@ class MTP(Technique):
                 what = ", ".join(others) or "no ddp"
                 return (f"with several processes mtp runs under ddp only (got {what}): other sharding would need "
                         "the added heads sharded too")
+        own = own_loss_problem(ctx, "adds prediction heads whose losses it computes beside the model's own from the hidden states")
+        if own:
+            return own
         return None
 
     def transform_model(self, model: nn.Module, ctx: Context) -> nn.Module:

@@ -89,6 +89,7 @@ from techniques.base import (
     Technique,
     TrainConfig,
     model_structure,
+    own_loss_problem,
     register,
 )
 from techniques.base import get as get_technique
@@ -423,6 +424,9 @@ class PP(Technique):
             if hooks:
                 return (f"pp runs every forward and backward in its pipeline schedule; {name} changes them "
                         f"({', '.join(hooks)}), which the schedule would skip")
+        own = own_loss_problem(ctx, "runs the model in stages and computes the loss from the last stage's logits")
+        if own:
+            return own
         return None
 
     def configure(self, cfg: TrainConfig) -> TrainConfig:

@@ -316,7 +316,7 @@ class Prune(Technique):
             return "prune runs on one process (each rank would prune and cut its own replica)"
         if self.options.mode == "structured" and ctx.structure is not None:
             return ctx.structure.lacks("channels", hint=(
-                "return `structure` from build with the MLP or the channel groups (docs/models.md); "
+                "return structure from build with the MLP or the channel groups (docs/models.md); "
                 "mode=unstructured prunes any model's Linear and Conv2d weights"))
         return None
 

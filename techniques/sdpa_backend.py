@@ -33,8 +33,12 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import json
+import subprocess
+import sys
 import warnings
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Literal
 
 import torch
@@ -51,10 +55,42 @@ BACKENDS = {
 }
 
 
-@functools.cache
+DTYPES = ("float32", "bfloat16", "float16")
+CHILD_TIMEOUT_S = 180.0  # a child that imports torch and runs a dozen small attentions
+
+
 def backend_problem(backend: str, device: str, dtype: str = "float32") -> str | None:
     """Why ``backend`` cannot run a small causal attention (forward and backward) on ``device`` in ``dtype``, in
-    torch's words, or None when it can."""
+    torch's words, or None when it can. On a CUDA device this process has not initialised (the planner's: it
+    launches the trials and holds no CUDA context, ``bench.measure.cuda_caps``), the kernels run in a child process,
+    every backend and dtype at once."""
+    if device.startswith("cuda") and not torch.cuda.is_initialized():
+        return problems_in_child(device).get(f"{backend}/{dtype}", f"the {backend} SDPA kernel was not probed")
+    return _probe(backend, device, dtype)
+
+
+@functools.cache
+def problems_in_child(device: str) -> dict[str, str | None]:
+    """``{"backend/dtype": problem or None}`` for every backend and dtype on ``device``, probed by
+    ``child_main`` in a child process; a child that fails gives its failure as every answer."""
+    # -c, not -m: run as __main__ the module would register its technique a second time
+    cmd = [sys.executable, "-c", "import sys; from techniques.sdpa_backend import child_main; child_main(sys.argv[1])",
+           device]
+    root = Path(__file__).resolve().parent.parent
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=CHILD_TIMEOUT_S, cwd=root)
+        lines = proc.stdout.strip().splitlines()
+        if proc.returncode == 0 and lines:
+            return json.loads(lines[-1])
+        why = f"exit {proc.returncode}: " + " | ".join(proc.stderr.strip().splitlines()[-2:])
+    except subprocess.TimeoutExpired:
+        why = f"it ran over {CHILD_TIMEOUT_S:g} s"
+    problem = f"the SDPA kernels could not be probed on {device} in a child process ({why})"
+    return {f"{b}/{d}": problem for b in BACKENDS for d in DTYPES}
+
+
+@functools.cache
+def _probe(backend: str, device: str, dtype: str) -> str | None:
     gen = torch.Generator().manual_seed(0)
     q, k, v = (torch.randn(2, 2, 16, 32, generator=gen).to(device=device, dtype=getattr(torch, dtype))
                .requires_grad_() for _ in range(3))
@@ -100,3 +136,8 @@ class SDPABackend(Technique):
 
     def forward_context(self, ctx: Context) -> contextlib.AbstractContextManager[Any]:
         return sdpa_kernel(BACKENDS[self.options.backend])
+
+
+def child_main(device: str) -> None:
+    """The child of ``problems_in_child``: every backend and dtype on ``device``, one JSON line on stdout."""
+    print(json.dumps({f"{b}/{d}": _probe(b, device, d) for b in BACKENDS for d in DTYPES}))

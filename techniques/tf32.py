@@ -34,6 +34,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from bench.measure import cuda_caps
 from techniques.base import Context, Kind, Phase, Technique, register
 
 
@@ -60,7 +61,7 @@ class TF32(Technique):
         if not ctx.is_cuda:
             return ("TF32 is a math mode of NVIDIA tensor cores (compute capability 8.0+); on this CPU fp32 "
                     "matmuls are unchanged by it (measured bit-identical), so there is nothing to measure")
-        major, minor = torch.cuda.get_device_capability(ctx.device)
+        major, minor = cuda_caps.capability(ctx.device)  # no CUDA context in the planner's process
         if major < 8:
             return f"this GPU (compute capability {major}.{minor}) has no TF32 tensor cores (needs 8.0+)"
         return None

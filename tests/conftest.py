@@ -33,13 +33,38 @@ def reference_dir(tmp_path_factory) -> Path:
     return tmp_path_factory.mktemp("references")
 
 
+@pytest.hookimpl(tryfirst=True)  # before pytest-benchmark's own configure reads the option
+def pytest_configure(config: pytest.Config) -> None:
+    """The normal run skips the benchmarks (tests/benchmarks/) where pytest-benchmark is installed, as
+    ``--benchmark-skip`` would; ``--benchmark-only`` (tox -e bench) still overrides it. Set here rather than in
+    pyproject's addopts, where the option would stop pytest on a machine without the plugin."""
+    if config.pluginmanager.hasplugin("benchmark"):
+        config.option.benchmark_skip = True
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if not config.pluginmanager.hasplugin("benchmark"):  # no plugin, no `benchmark` fixture: skipped, not errors
+        no_plugin = pytest.mark.skip(reason="needs pytest-benchmark (pip install 'trainbench[test]')")
+        for item in items:
+            if "benchmark" in getattr(item, "fixturenames", ()):
+                item.add_marker(no_plugin)
     if torch.cuda.is_available():
         return
     skip = pytest.mark.skip(reason="needs a CUDA device; none is visible to torch")
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+def fake_cuda(monkeypatch: pytest.MonkeyPatch, count: int = 1, name: str = "NVIDIA H200",
+              capability: tuple[int, int] = (9, 0)) -> None:
+    """The planner's process sees ``count`` CUDA devices (``bench.measure.cuda_caps``, which the sweep's parent asks
+    instead of torch.cuda); nothing runs on them."""
+    from bench.measure import cuda_caps
+
+    devices = tuple(cuda_caps.Device(name, capability) for _ in range(count))
+    monkeypatch.setattr(cuda_caps, "_cached", cuda_caps.CudaCaps(devices, "faked by a test",
+                                                                 None if count else "no device (faked by a test)"))
 
 
 @pytest.fixture

@@ -12,6 +12,10 @@ Three variants a model-parallel technique must refuse rather than train wrongly:
   Llama does), so a block cannot run on the hidden state alone.
 
 Each is a user's build (``--model tests/decoders.py:build``) returning its structure; none declares more than that.
+
+``build_inferred``: a GPT-2-style decoder (a fused ``c_attn`` split into q, k, v, causal SDPA, a GELU MLP, LayerNorm)
+that returns no structure: the harness infers its blocks, attention and MLP, the one description every technique
+reads (tp shards the MLP that prune:mode=structured shrinks).
 """
 
 from __future__ import annotations
@@ -128,7 +132,59 @@ STRUCTURE = {
 }
 
 
-def _spec(model: nn.Module) -> dict:
+class FusedAttention(nn.Module):
+    """GPT-2's attention as nanoGPT writes it: one c_attn projection split into q, k, v; the heads from its width."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        # no bias: a key bias gets no gradient (softmax ignores a constant per query), so AdamW moves it by rounding
+        # noise alone, which no two runs share
+        self.c_attn = nn.Linear(D, 3 * D, bias=False)
+        self.c_proj = nn.Linear(D, D)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        B, T_, C = x.size()
+        q, k, v = self.c_attn(x).split(C, dim=2)
+        q, k, v = (t.view(B, T_, -1, D // HEADS).transpose(1, 2) for t in (q, k, v))
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return self.c_proj(y.transpose(1, 2).contiguous().view(B, T_, C))
+
+
+class GeluMLP(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.c_fc, self.gelu, self.c_proj = nn.Linear(D, HIDDEN), nn.GELU(), nn.Linear(HIDDEN, D)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.c_proj(self.gelu(self.c_fc(x)))
+
+
+class GPTBlock(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.ln_1, self.attn, self.ln_2, self.mlp = nn.LayerNorm(D), FusedAttention(), nn.LayerNorm(D), GeluMLP()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x + self.attn(self.ln_1(x))
+        return x + self.mlp(self.ln_2(x))
+
+
+class InferredGPT(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.wte = nn.Embedding(VOCAB, D)
+        self.h = nn.ModuleList(GPTBlock() for _ in range(LAYERS))
+        self.ln_f = nn.LayerNorm(D)
+        self.lm_head = nn.Linear(D, VOCAB, bias=False)
+
+    def forward(self, idx: torch.Tensor) -> torch.Tensor:
+        x = self.wte(idx)
+        for block in self.h:
+            x = block(x)
+        return self.lm_head(self.ln_f(x))
+
+
+def _spec(model: nn.Module, structure: dict | None = STRUCTURE) -> dict:
     data = torch.randint(0, VOCAB, (256, T + 1), generator=torch.Generator().manual_seed(5))
 
     def batches(batch_size: int, bseed: int):
@@ -145,7 +201,7 @@ def _spec(model: nn.Module) -> dict:
 
     return {"model": model, "train_data": batches, "loss": loss, "evaluate": evaluate, "metric": "val_loss",
             "higher_is_better": False, "batch_size": BATCH, "lr": LR, "quality_steps": 10, "tokens_per_sample": T,
-            "structure": STRUCTURE}
+            **({"structure": structure} if structure else {})}
 
 
 def build(seed: int = 0) -> dict:
@@ -162,6 +218,10 @@ def build_fails(seed: int = 0) -> dict:
 
 def build_outside(seed: int = 0) -> dict:
     return _spec(Decoder(outside=True))
+
+
+def build_inferred(seed: int = 0) -> dict:
+    return _spec(InferredGPT(), structure=None)
 
 
 def workload(fn: str = "build"):

@@ -70,7 +70,8 @@ def record(label: str = "baseline", seed: int = 0, *, workload: str = "mlp", siz
            curve: list[list[Any]] | None = None, target: float | None = None, ttt: float | None = None,
            stt: int | None = None, train_time: float = 1.0, budget_samples: int = 640, cut: str | None = None,
            parity_result: ParityResult | None = None, memory: MemoryResult | None = None,
-           notes: list[str] | None = None) -> TrialRecord:
+           notes: list[str] | None = None, threads: int | None = None, quality_contention: float = 0.0,
+           technique_results: dict | None = None, trained_params: int | None = None) -> TrialRecord:
     names = [] if label == "baseline" else [p.split(":")[0] for p in label.split("+")]
     kind = kind or ("numeric" if {"bf16", "fp16", "tf32"} & set(names) else "exact")
     head: dict[str, Any] = dict(
@@ -83,8 +84,13 @@ def record(label: str = "baseline", seed: int = 0, *, workload: str = "mlp", siz
     )
     if status != "ok":
         return TrialRecord(**head)
-    build = BuildInfo(n_params=n_params, batch_size=batch, micro_batches=1, tokens_per_sample=0, threads=2,
-                      first_step_s=first, one_off_s=one_off)
+    # torchrun gives each rank 1 thread on a CPU unless --threads says otherwise (bench.run.launcher): the same
+    # 2 cores as a one-process trial's 2 threads
+    threads = threads if threads is not None else (2 if world_size == 1 else 1)
+    build = BuildInfo(n_params=n_params, batch_size=batch, micro_batches=1, tokens_per_sample=0, threads=threads,
+                      first_step_s=first, one_off_s=one_off, trained_params=trained_params,
+                      resources={"ranks": world_size, "threads": threads, "cores": world_size * threads,
+                                 "devices": 0})
     speed = None
     if sps is not None and mode != "quality":
         achieved = flops * sps / batch if flops else None
@@ -108,11 +114,14 @@ def record(label: str = "baseline", seed: int = 0, *, workload: str = "mlp", siz
             train_time_s=curve[-1][2], cut=cut, stopped_by=None, curve_columns=["samples", "steps", "train_time_s", "train_loss", metric],
             curve=curve, final=None if cut else curve[-1][-1], samples_to_target=stt,
             steps_to_target=stt // batch if stt is not None else None, time_to_target_s=ttt,
-            time_to_target_with_one_off_s=(ttt + (one_off or 0.0)) if ttt is not None else None, contention=IDLE)
+            time_to_target_with_one_off_s=(ttt + (one_off or 0.0)) if ttt is not None else None,
+            contention=Contention(quality_contention * train_time * 2, train_time, 2, quality_contention)
+            if quality_contention else IDLE, contended=quality_contention > 0.10)
     if memory is None and (peak is not None or rss is not None or breakdown is not None or breakdown_skipped):
         memory = MemoryResult(peak_bytes=peak, peak_source="tensor tracker (RSS beside it)",
                               peak_reserved_bytes=None, peak_rss_bytes=rss, breakdown=breakdown,
                               breakdown_skipped=breakdown_skipped)
     if parity_result is None and label != "baseline" and kind != "algorithmic":
         parity_result = parity(kind, tol=(5e-2, 2e-2) if kind == "numeric" else (1e-3, 1e-3))
-    return TrialRecord(**head, build=build, speed=speed, quality=quality, parity=parity_result, memory=memory)
+    return TrialRecord(**head, build=build, speed=speed, quality=quality, parity=parity_result, memory=memory,
+                       technique_results=technique_results or {})

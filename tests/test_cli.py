@@ -5,6 +5,7 @@ import json
 import pytest
 
 from bench.records.results import ResultStore
+from bench.report import summary as summary_mod
 
 
 @pytest.mark.slow
@@ -24,7 +25,11 @@ def test_smoke_sweep_end_to_end(cli, tmp_path):
     assert "preset" not in (out / "sweep.toml").read_text() and "smoke" in (out / "sweep.toml").read_text()
     summary = (out / "summary.md").read_text()
     assert "| gpt:tiny | bf16 |" in summary and "speedup" in summary
-    assert "Summary" in proc.stdout
+    # the terminal summary: its head, one line per workload and set, none wider than a terminal (paths aside)
+    lines = proc.stdout.splitlines()
+    assert any(line.lstrip().startswith("set") and "speed vs baseline" in line for line in lines)
+    assert "gpt:tiny" in lines and any(line.strip().startswith("bf16") for line in lines)
+    assert all(len(line) <= summary_mod.WIDTH for line in lines if out.name not in line), lines
     # both measurements, the references computed before the first trial and kept, and the report rendered
     assert all(r.speed and r.quality and r.parity for r in records)
     assert {r.quality.samples_trained for r in records if r.workload["name"] == "gpt"} == {20 * 16}

@@ -11,6 +11,7 @@ from bench.plan.config import (
     parse_technique_sets,
     parse_workloads,
 )
+from tests.conftest import fake_cuda
 
 
 def test_technique_sets_parse_combinations_and_options():
@@ -120,14 +121,14 @@ def test_the_quality_safety_cap_must_come_before_the_trial_timeout():
 
 
 def test_without_a_preset_the_device_chooses_gpu_on_cuda_and_quick_elsewhere(monkeypatch, tmp_path: Path):
-    monkeypatch.setattr("torch.cuda.is_available", lambda: False)
+    fake_cuda(monkeypatch, 0)
     assert build_config().name == "quick" and build_config(None, {"device": "cpu"}).name == "quick"
     assert build_config(None, {"device": "cuda"}).name == "gpu"  # said so: a batch executor's nodes have the GPU
     toml = tmp_path / "sweep.toml"
     toml.write_text('device = "cuda"\n')
     assert build_config(None, None, toml).name == "gpu"
     assert build_config(None, {"device": "cpu"}, toml).name == "quick"  # the flag beats the file
-    monkeypatch.setattr("torch.cuda.is_available", lambda: True)
+    fake_cuda(monkeypatch, 1)
     cfg = build_config()
     assert cfg.name == "gpu" and [w.label for w in cfg.workloads] == PRESETS["gpu"]["workloads"]
     assert build_config(None, {"device": "cpu"}).name == "quick"
@@ -135,7 +136,7 @@ def test_without_a_preset_the_device_chooses_gpu_on_cuda_and_quick_elsewhere(mon
 
 
 def test_the_gpu_preset_refuses_its_gpu_sizes_on_a_cpu_and_takes_named_workloads(monkeypatch):
-    monkeypatch.setattr("torch.cuda.is_available", lambda: False)
+    fake_cuda(monkeypatch, 0)
     for device in ("cpu", None):  # explicit, or auto on a machine without CUDA
         with pytest.raises(ConfigError) as info:
             build_config("gpu", {"device": device})

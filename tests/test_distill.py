@@ -126,7 +126,7 @@ def test_teacher_params_scale_width_and_depth():
         ([12, 24, 48], 1, workloads.get("cnn_aug").size_params("tiny")["elastic_alpha"])
     mlp = teacher_params(STRUCT["mlp"], workloads.get("mlp").size_params("tiny"), 2.0, 2)
     assert (mlp["width"], mlp["depth"], mlp["batch_size"]) == (512, 6, 64)
-    with pytest.raises(ValueError, match="distill: needs a teacher: return `teacher_size` from build"):
+    with pytest.raises(ValueError, match="distill: needs a teacher: return teacher_size from build"):
         teacher_params(ModelStructure(), {}, 2.0, 1)
 
 

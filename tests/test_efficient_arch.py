@@ -166,7 +166,7 @@ def test_gqa_with_every_head_equals_the_fused_attention():
 def test_query_heads_share_their_groups_key_and_value_head(fallback, monkeypatch):
     """4 heads whose key/value heads are equal within each pair (0 = 1, 2 = 3): mean-pooling them into 2 GQA
     heads loses nothing, so the output equals the MHA's only if query head i reads kv head i // 2."""
-    monkeypatch.setattr(ea, "SDPA_GQA", not fallback and ea.SDPA_GQA)  # enable_gqa, or repeat_interleave
+    monkeypatch.setattr(ea, "SDPA_GQA", not fallback and ea.sdpa_gqa())  # enable_gqa, or repeat_interleave
     attn = random_fused(n_head=4)
     d, hd = 64, 16
     with torch.no_grad():

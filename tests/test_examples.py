@@ -8,6 +8,7 @@ bf16 probe drew before the fix)."""
 from __future__ import annotations
 
 import importlib.util
+import sys
 from pathlib import Path
 
 import pytest
@@ -19,6 +20,7 @@ EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 def _load(name: str):
     spec = importlib.util.spec_from_file_location(f"example_{name}", EXAMPLES / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # as an import registers it (a dataclass looks its module up there)
     spec.loader.exec_module(module)  # a fresh module: its per-process caches are empty, as in a new process
     return module
 
@@ -28,7 +30,7 @@ def _weights(module, seed: int) -> list[torch.Tensor]:
     return [p.detach().clone() for p in module.build(size="small", seed=seed)["model"].parameters()]
 
 
-@pytest.mark.parametrize("name", ["lstm_lm", "small_resnet"])
+@pytest.mark.parametrize("name", ["lstm_lm", "small_resnet", "nanogpt_chars"])
 def test_the_first_build_in_a_process_is_the_same_as_a_later_one(name):
     fresh = _weights(_load(name), seed=1)
     module = _load(name)

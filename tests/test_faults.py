@@ -54,12 +54,17 @@ def _start(tmp_path: Path, techniques: str = '"baseline"', seed: int = 0) -> tup
     return proc, out, tmp
 
 
+def is_trial(p: psutil.Process) -> bool:
+    """A trial's process: fresh, past bench.guard's exec; or forked by the fork server, which names its children."""
+    return p.cmdline()[1:3] == ["-m", "bench.trial"] or p.name() == "bench.trial"
+
+
 def _trial_process(runner: subprocess.Popen, timeout: float = 120.0) -> psutil.Process:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         for child in psutil.Process(runner.pid).children(recursive=True):
             try:
-                if child.cmdline()[1:3] == ["-m", "bench.trial"]:  # the trial itself, past bench.guard's exec
+                if is_trial(child):
                     return child
             except psutil.NoSuchProcess:
                 continue
@@ -132,7 +137,7 @@ parent = psutil.Process(int(sys.argv[1]))
 while True:
     for p in parent.children(recursive=True):
         try:
-            if p.cmdline()[1:3] == ["-m", "bench.trial"]:  # the trial itself, past bench.guard's exec
+            if p.cmdline()[1:3] == ["-m", "bench.trial"] or p.name() == "bench.trial":  # fresh, or forked
                 p.kill()
                 sys.exit(0)
         except psutil.NoSuchProcess:

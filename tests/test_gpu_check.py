@@ -7,7 +7,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-import shlex
 import shutil
 import statistics
 import subprocess
@@ -22,10 +21,10 @@ import techniques.sdpa_backend as sdpa_backend
 from bench import trial
 from bench.dev import gpu_check
 from bench.plan import gpu, planner
-from bench.plan.config import GPU_CHECK, Budget, TechniqueSet, WorkloadSpec, build_config
+from bench.plan.config import GPU_CHECK, TechniqueSet, build_config
 from bench.records import reader
 from techniques.base import Phase
-from tests.conftest import run_cli
+from tests.conftest import fake_cuda, run_cli
 
 REPO = Path(__file__).resolve().parent.parent
 SCRIPT = REPO / "scripts" / "gpu_check.sh"
@@ -80,7 +79,8 @@ STUB_PYTHON = """#!/usr/bin/env bash
 case "$*" in
   -c*) echo "torch 2.11.0+cu130, CUDA 13.0, NVIDIA H200, compute capability (9, 0)" ;;
   "-m pytest"*) echo "10 passed in 31.73s" ;;
-  "-m bench sweep"*) echo "$*" > "$STUB_LOG"; out="${@: -1}"; [ "$out" = --resume ] && out="${@: -2:1}"
+  "-m bench sweep"*) echo "$*" > "$STUB_LOG"; cp "$5" "$STUB_LOG.toml"
+                     out="${@: -1}"; [ "$out" = --resume ] && out="${@: -2:1}"
                      mkdir -p "$out" && cp "$H200"/results.jsonl "$H200"/env.json "$H200"/sweep.toml "$out"/
                      head -c 3000000 /dev/zero > "$out/cache.bin" ;;
   "-m bench report"*) ;;
@@ -104,8 +104,9 @@ def test_the_scripts_stages_run_in_order_with_stubbed_gpu_tools(tmp_path):
     assert first.returncode == 0, first.stdout + first.stderr
     out = tmp_path / "example-h200"
     args = (tmp_path / "sweep-args").read_text()
-    assert "--preset gpu --device cuda --workloads gpt:gpt2-124m-b32" in args and "--repeats auto" in args
-    assert "--techniques baseline,tf32,bf16,bf16+compile,bf16+compile+fused_adamw --mode speed" in args
+    assert args.startswith("-m bench sweep --config ") and "--device cuda --decide-within 0 --out " in args
+    cfg = build_config(None, {"device": "cuda"}, tmp_path / "sweep-args.toml")  # the sweep the script asked for
+    assert cfg.to_toml() == gpu.check_config().to_toml()
     assert "--resume" not in args
     assert "gpu_check: checks " in first.stdout and "13 trials" in first.stdout
     assert (out / "pytest-m-gpu.txt").read_text() == "10 passed in 31.73s\n"
@@ -120,8 +121,9 @@ def test_the_scripts_stages_run_in_order_with_stubbed_gpu_tools(tmp_path):
 def test_the_script_parses_and_takes_its_plan_from_the_planner():
     assert subprocess.run(["bash", "-n", str(SCRIPT)], capture_output=True).returncode == 0
     text = SCRIPT.read_text()
-    assert "-m bench.dev.gpu_plan --left-s" in text and "--repeats auto" in text and "--preset gpu" in text
+    assert "-m bench.dev.gpu_plan --left-s" in text and '--config "$CHECK_CONFIG"' in text
     assert "pytest -q -m gpu" in text and "gpu_check keep" in text and "gpu_check times" in text
+    assert "gpu_check cut" in text and "gpu_check resumed" in text
 
 
 # ---- the plan ----------------------------------------------------------------------------------------------------
@@ -129,11 +131,9 @@ def test_the_script_parses_and_takes_its_plan_from_the_planner():
 
 @pytest.fixture
 def fake_h200(monkeypatch):
-    """What the techniques' checks ask of a CUDA device, answered as an H200 would: nothing runs on it."""
-    monkeypatch.setattr("torch.cuda.is_available", lambda: True)
-    monkeypatch.setattr("torch.cuda.get_device_capability", lambda device=None: (9, 0))
-    monkeypatch.setattr("torch.cuda.get_device_name", lambda device=None: "NVIDIA H200")
-    monkeypatch.setattr("torch.cuda.is_bf16_supported", lambda *a, **k: True)
+    """What the techniques' checks ask of a CUDA device (through bench.measure.cuda_caps), answered as an H200 would:
+    nothing runs on it."""
+    fake_cuda(monkeypatch, 1, "NVIDIA H200", (9, 0))
     monkeypatch.setattr("torch.backends.cusparselt.is_available", lambda: True)
     monkeypatch.setattr(sdpa_backend, "backend_problem", lambda *a, **k: None)  # its probe runs kernels
     return torch.device("cuda")
@@ -162,46 +162,11 @@ def test_gpu_check_runs_the_core_sets_in_speed_mode_at_repeats_auto():
     assert [w.label for w in cfg.workloads] == GPU_CHECK["workloads"] == ["gpt:gpt2-124m-b32"]
     assert [t.label for t in cfg.techniques] == GPU_CHECK["techniques"]
     assert cfg.mode == "speed" and cfg.sequential and cfg.repeats == 3  # verdicts need 3 pairs at least
+    assert cfg.order == "priority"
     assert cfg.budget == build_config("gpu", {"device": "cuda"}).budget  # the preset's window
 
 
-def test_gpu_check_fits_its_8_minute_slot_after_the_trial_cost_work_but_not_today():
-    plan = gpu.check_plan()
-    assert plan.budget_s == 480 and plan.fits and plan.decide_within_s > 60
-    e = plan.estimate
-    assert e.total_s + plan.tests_s == pytest.approx(480)  # the sequential phase gets exactly what is left
-    today = gpu.check_plan(costs=gpu.TODAY)
-    assert not today.fits  # docs/gpu.md says so: with today's costs the cap cuts it, and a second run resumes
-    assert today.estimate.planned_s > 2 * e.planned_s
-
-
-def test_the_plan_reaches_the_script_as_shell_assignments():
-    values = dict(line.split("=", 1) for line in gpu.shell(gpu.check_plan()).splitlines())
-    assert set(values) == {"CHECK_WORKLOADS", "CHECK_TECHNIQUES", "CHECK_MODE", "CHECK_DECIDE_WITHIN"}
-    unquoted = {k: shlex.split(v)[0] for k, v in values.items()}
-    assert unquoted["CHECK_TECHNIQUES"].split(",") == GPU_CHECK["techniques"]
-    assert int(unquoted["CHECK_DECIDE_WITHIN"]) == int(gpu.check_plan().decide_within_s)
-    tight = gpu.check_plan(budget_s=100.0, tests_s=0.0)
-    assert not tight.fits and "CHECK_DECIDE_WITHIN=0" in gpu.shell(tight)
-
-
 # ---- the arithmetic ----------------------------------------------------------------------------------------------
-
-
-def test_a_trial_estimate_adds_fixed_costs_one_off_window_passes_and_quality_run(monkeypatch):
-    monkeypatch.setattr(gpu, "step_s", lambda workload, techs, batch_size=None: 0.5)
-    w, plain, compiled = WorkloadSpec("gpt", "gpt2-124m-b32"), TechniqueSet(()), TechniqueSet.parse("bf16+compile")
-    costs = gpu.TrialCosts("test", fixed_s=3.0, compile_cold_s=20.0, compile_warm_s=4.0)
-    budget = Budget(warmup_steps=3, min_steps=10, min_seconds=2.0, max_seconds=10.0, parity_steps=8)
-    # speed: 3 fixed + 10 window steps of 0.5 s + (8 warm-up/parity + 10 phase + 4 memory) steps of 0.5 s
-    assert gpu.trial_s(w, plain, budget, "speed", costs, cold=True) == pytest.approx(3 + 5 + 11)
-    assert gpu.trial_s(w, compiled, budget, "speed", costs, cold=True) == pytest.approx(19 + 20)
-    assert gpu.trial_s(w, compiled, budget, "speed", costs, cold=False) == pytest.approx(19 + 4)
-    # quality: 120 steps at 0.5 s, 11 evaluations of 32 windows at a third of a 32-sample step each
-    q = gpu.trial_s(w, plain, Budget(max_train_seconds=150.0, timeout_s=300.0), "quality", costs, cold=True)
-    assert q == pytest.approx(3 + 60 + 11 * 0.5 / 3)
-    capped = gpu.trial_s(w, plain, Budget(max_train_seconds=30.0, timeout_s=300.0), "quality", costs, cold=True)
-    assert capped == pytest.approx(3 + 30 + 11 * 0.5 / 3)  # the safety cap stops the quality run
 
 
 def test_rates_follow_the_sets_compute_dtype_and_compile():
@@ -235,7 +200,17 @@ def test_the_h200_figures_are_those_of_the_committed_first_run():
     assert round(statistics.median(fixed), 1) == gpu.H200_FIXED_S and min(fixed) > 10
     one_off = [r.build.one_off_s for r in records if "compile" in r.technique_label]
     assert round(statistics.median(one_off), 1) == gpu.H200_COMPILE_COLD_S
+    eager = [r.build.one_off_s for r in records if "compile" not in r.technique_label]
+    assert round(statistics.median(eager), 2) == gpu.H200_EAGER_ONE_OFF_S
     assert gpu.VOCAB == records[0].workload["params"]["vocab_size"]
+    base = [r.speed.step_time_s.median for r in records if r.technique_label == "baseline"]
+    assert round(statistics.median(base), 4) == gpu.H200_FP32_STEP_B8_S
+    refs = sorted(json.loads(p.read_text())["seconds"] for p in (H200 / "references").glob("*.json"))
+    assert all(json.loads(p.read_text())["key"].endswith(f"-k{gpu.H200_REFERENCE_STEPS}")
+               for p in (H200 / "references").glob("*.json"))
+    assert round(statistics.median(refs), 1) == gpu.H200_REFERENCE_KEY_S  # 2.69, 2.76 and 12.27 s
+    assert round(refs[-1] - statistics.median(refs), 1) == gpu.H200_REFERENCE_FIRST_S  # seed 0: the first use
+    assert f"in {gpu.H200_TESTS_S}" in (H200 / "pytest-m-gpu.txt").read_text().splitlines()[-1]
 
 
 def test_the_pass_steps_are_the_trials():
@@ -248,8 +223,8 @@ def test_the_gpu_sizes_in_docs_are_the_estimates_of_the_code():
     for row in gpu.size_rows():
         assert "| " + " | ".join(row) + " |" in doc, row
     assert "| " + " | ".join(gpu.SIZE_COLUMNS) + " |" in doc
-    full = gpu.sweep_estimate(build_config("gpu", {"device": "cuda"}), gpu.TARGET)
-    assert f"{full.planned_s / 60:.0f} minutes" in doc
+    planned, sequential = gpu.preset_s(gpu.H200)
+    assert f"about {planned / 60:.0f} minutes" in doc and f"{(planned + sequential) / 60:.0f} minutes" in doc
 
 
 def test_the_cli_refuses_the_gpu_preset_on_a_cpu_in_one_line():
@@ -306,3 +281,73 @@ def test_bench_list_gives_each_gpu_size_its_parameters_batch_and_estimated_step_
     assert "GPU sizes" in result.stdout and "estimates, not measured" in result.stdout
     for row in gpu.size_rows():
         assert all(cell in result.stdout for cell in row), row
+
+
+# ---- the interpreter, the wheels, the arguments ------------------------------------------------------------------
+
+
+def test_bad_arguments_are_one_line_and_exit_2(tmp_path):
+    for args, words in ((["--fast"], "unknown argument '--fast' (valid: --rehearse, --wheels DIR, --checks-only"),
+                        (["--wheels", str(tmp_path / "none")], "no such directory (bash scripts/gpu_wheels.sh")):
+        result = subprocess.run(["bash", str(SCRIPT), *args], capture_output=True, text=True, timeout=60)
+        assert result.returncode == 2 and result.stdout == "" and result.stderr.count("\n") == 1, result.stderr
+        assert words in result.stderr
+
+
+def _script_copy(tmp_path: Path) -> Path:
+    """The script alone in a checkout of its own (no .venv beside it), as on a lent machine's copied tree."""
+    (tmp_path / "tree" / "scripts").mkdir(parents=True)
+    copy = tmp_path / "tree" / "scripts" / "gpu_check.sh"
+    shutil.copy(SCRIPT, copy)
+    return copy
+
+
+def test_without_a_venv_the_script_takes_the_first_python_on_path_that_imports_torch(tmp_path):
+    bin_dir, torch_dir = tmp_path / "bin", tmp_path / "with-torch"
+    bin_dir.mkdir()
+    torch_dir.mkdir()
+    (bin_dir / "python3").write_text("#!/bin/sh\nexit 1\n")  # an interpreter without torch comes first
+    (bin_dir / "python3").chmod(0o755)
+    (torch_dir / "python").write_text(f"#!/bin/sh\nexec {sys.executable} \"$@\"\n")  # this venv's, by another path
+    (torch_dir / "python").chmod(0o755)
+    env = {k: v for k, v in os.environ.items() if k != "PYTHON"}
+    env["PATH"] = f"{bin_dir}:{torch_dir}:/usr/bin:/bin"
+    result = subprocess.run(["bash", str(_script_copy(tmp_path)), "--rehearse", "--checks-only"], env=env,
+                            capture_output=True, text=True, timeout=120)
+    assert f"gpu_check: interpreter {torch_dir / 'python'} (" in result.stdout, result.stdout + result.stderr
+    (bin_dir / "dirname").symlink_to(shutil.which("dirname"))  # what the script needs before it looks
+    env["PATH"] = str(bin_dir)  # no python3 nor python there that imports torch
+    result = subprocess.run(["/bin/bash", str(_script_copy(tmp_path / "again")), "--checks-only"], env=env,
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode == 3 and result.stderr.startswith("gpu_check: no Python that imports torch")
+    assert result.stderr.count("\n") == 1 and "(nothing was run)" in result.stderr
+
+
+def _wheel(directory: Path, dist: str, version: str) -> Path:
+    """A minimal pure-Python wheel: one module and its dist-info."""
+    import zipfile
+
+    directory.mkdir(parents=True, exist_ok=True)
+    path = directory / f"{dist}-{version}-py3-none-any.whl"
+    info = f"{dist}-{version}.dist-info"
+    files = {f"{dist}.py": "WHO = 'a wheel gpu_check.sh installed'\n",
+             f"{info}/METADATA": f"Metadata-Version: 2.1\nName: {dist}\nVersion: {version}\n",
+             f"{info}/WHEEL": "Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n"}
+    files[f"{info}/RECORD"] = "".join(f"{name},,\n" for name in [*files, f"{info}/RECORD"])
+    with zipfile.ZipFile(path, "w") as z:
+        for name, text in files.items():
+            z.writestr(name, text)
+    return path
+
+
+def test_wheels_it_lacks_are_installed_without_a_network_into_a_site_of_its_own(tmp_path):
+    wheels, site = tmp_path / "wheels", tmp_path / "site"
+    _wheel(wheels, "gpu_check_probe", "1.0")
+    env = {**os.environ, "PYTHON": sys.executable, "GPU_CHECK_SITE": str(site), "PIP_NO_INDEX": "1"}
+    args = ["bash", str(SCRIPT), "--rehearse", "--checks-only", "--wheels", str(wheels)]
+    first = subprocess.run(args, env=env, capture_output=True, text=True, timeout=300)
+    assert first.returncode == 0, first.stdout + first.stderr
+    assert f"gpu_check: installed from {wheels} into {site}: gpu_check_probe-1.0" in first.stdout
+    assert (site / "gpu_check_probe.py").exists()
+    again = subprocess.run(args, env=env, capture_output=True, text=True, timeout=300)
+    assert f"every wheel of {wheels} is installed already" in again.stdout, again.stdout + again.stderr

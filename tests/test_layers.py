@@ -145,12 +145,13 @@ def test_the_cycle_finder_follows_function_level_and_type_checking_imports(tmp_p
 
 # ---- layers -------------------------------------------------------------------------------------------------
 
-# Each layer may import the layers before it in this order, and nothing above it. The trial layer is the four
-# modules the child process and `sweep --ab` launch by name, so they stay at bench/'s top; the entry points parse and
-# dispatch. report/ is not in the order: it may import only what REPORT_MAY_USE names, and only run/ (whose workflow
-# writes the summary and the report) and the entry points import it. dev/ (the docs check, the docs tables, the
-# schema doc, gpu_check's plan and time split) sits above everything: it may import any layer, and no layer imports it.
-TRIAL = ("bench.trial", "bench.loop", "bench.reference", "bench.guard")
+# Each layer may import the layers before it in this order, and nothing above it. The trial layer is the five
+# modules the child process, the fork server and `sweep --ab` launch by name, so they stay at bench/'s top; the entry
+# points parse and dispatch. report/ is not in the order: it may import only what REPORT_MAY_USE names, and only run/
+# (whose workflow writes the summary and the report) and the entry points import it. dev/ (the docs check, the docs
+# tables, the schema doc, gpu_check's plan and time split) sits above everything: it may import any layer, and no
+# layer imports it.
+TRIAL = ("bench.trial", "bench.loop", "bench.reference", "bench.guard", "bench.forkserver")
 ENTRY = ("bench", "bench.__main__", "bench.api", "bench.cli")
 ORDER = ("bench.core", "bench.measure", "bench.workloads", "techniques", "bench.records", "bench.analyze",
          "bench.plan", "trial", "bench.run", "entry", "bench.dev")

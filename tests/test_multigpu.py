@@ -29,7 +29,7 @@ from bench.plan.planner import plan
 from bench.run.launcher import TrialLauncher
 from bench.run.runner import SweepRunner
 from bench.trial import TrialSpec, _rank_device, trial_peak
-from tests.conftest import REPO, TINY_BUDGET
+from tests.conftest import REPO, TINY_BUDGET, fake_cuda
 
 CPU = torch.device("cpu")
 CUDA = torch.device("cuda")
@@ -47,7 +47,9 @@ def refuse(*args, **kwargs):
 
 @pytest.fixture
 def two_gpus(monkeypatch):
-    """torch sees two CUDA devices (faked: only asked whether they are there and how many)."""
+    """Two CUDA devices, as the runner's process asks (bench.measure.cuda_caps) and a trial's would (torch.cuda:
+    only whether they are there and how many)."""
+    fake_cuda(monkeypatch, 2)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
 

@@ -332,7 +332,8 @@ def test_the_device_busy_pass_claims_nothing_where_it_cannot_trace_the_device(ca
     """This CPU build of torch has no CUDA activity to trace: the pass says so and runs no step, never "idle"."""
     calls = []
     with caplog.at_level("WARNING", logger="bench.measure.phases"):
-        assert phases_mod.device_busy_pass(lambda: calls.append(1), torch.device("cpu"), steps=3) is None
+        busy, why = phases_mod.device_busy_pass(lambda: calls.append(1), torch.device("cpu"), steps=3)
+    assert busy is None and "cannot trace CUDA activity" in why
     assert calls == [] and "device busy not measured" in caplog.text
 
 
@@ -360,7 +361,8 @@ def test_the_device_busy_pass_claims_nothing_when_the_profiler_saw_no_device_op(
     monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: None)
     calls = []
     with caplog.at_level("WARNING", logger="bench.measure.phases"):
-        assert phases_mod.device_busy_pass(lambda: calls.append(1), torch.device("cpu"), steps=3) is None
+        busy, why = phases_mod.device_busy_pass(lambda: calls.append(1), torch.device("cpu"), steps=3)
+    assert busy is None and why == "the profiler traced no kernel on cpu"
     assert calls == [1, 1, 1, 1] and "traced no kernel" in caplog.text  # the profiler's warm-up step, then 3
 
 
@@ -383,8 +385,8 @@ def test_the_device_busy_pass_tells_an_idle_gpu_from_a_busy_one():
         time.sleep(0.05)  # the host works while the device waits
 
     busy_step()
-    busy = phases_mod.device_busy_pass(busy_step, device)
-    idle = phases_mod.device_busy_pass(idle_step, device)
+    busy, _ = phases_mod.device_busy_pass(busy_step, device)
+    idle, _ = phases_mod.device_busy_pass(idle_step, device)
     assert busy is not None and idle is not None
     assert busy.fraction > 0.8 and idle.fraction < 0.5 and busy.ops_per_step >= 8
     assert busy.mean_op_s > SHORT_OP_S  # 4096^3 bf16 products: long kernels

@@ -3,6 +3,7 @@ import torch
 
 from bench.plan.config import build_config
 from bench.plan.planner import plan
+from tests.conftest import fake_cuda
 
 CPU = torch.device("cpu")
 
@@ -99,7 +100,9 @@ def test_a_model_without_blocks_is_planned_as_such_and_per_block_techniques_neve
 
 @pytest.fixture
 def one_gpu(monkeypatch):
-    """torch sees one CUDA device (faked: torch.cuda is asked only whether it is there and how many)."""
+    """One CUDA device, as the planner's process asks (bench.measure.cuda_caps) and a trial's would (torch.cuda:
+    only whether it is there and how many)."""
+    fake_cuda(monkeypatch, 1)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)

@@ -82,12 +82,16 @@ def test_technique_runs_two_steps(name):
 
 
 def gpu_refusal(s: TechniqueSettings, device: torch.device) -> str | None:
-    """Why a technique of the set ``s`` cannot run on ``device``, asked of every technique of the set with the
-    context the planner gives them (the set's names: sparse24 and fp8 need the bf16 beside them)."""
+    """Why the set ``s`` cannot run on ``device``, asked as the planner asks: the workload first (its own check,
+    its data present: the cnn's Fashion-MNIST is a Debian package a GPU machine may lack), then every technique of
+    the set with the context the planner gives them (the set's names: sparse24 and fp8 need the bf16 beside them)."""
     from bench.plan.config import TechniqueSet
     from bench.plan.planner import available_packages
 
     wl = workloads.get(s.workload)
+    reason = wl.check()
+    if reason:
+        return f"workload {s.workload}: {reason}"
     techs = TechniqueSet.parse(s.label)
     ctx = techniques.Context(device=device, workload=s.workload, has_batchnorm=wl.batchnorm("tiny"),
                              has_preferences=wl.has_preferences, structure=wl.structure("tiny"),
@@ -103,6 +107,16 @@ def test_the_gpu_check_asks_every_technique_of_the_set_with_its_names():
     s = TechniqueSettings("bf16+fp8", "gpt", runs_on="gpu")
     assert gpu_refusal(s, CPU).startswith("fp8: ")  # bf16 runs on a CPU; fp8 refuses it
     assert gpu_refusal(TechniqueSettings("zero3+offload", "mlp"), CPU).startswith("zero3: zero3 needs several")
+
+
+def test_the_gpu_check_asks_the_workload_first_so_missing_data_skips_rather_than_fails(monkeypatch):
+    """A GPU machine without Fashion-MNIST: cudnn_benchmark's GPU test (on the cnn) is skipped with the workload's
+    reason, never failed when its model is built."""
+    cnn = workloads.get("cnn")
+    monkeypatch.setattr(type(cnn), "check", lambda self: "Fashion-MNIST not found under /nowhere (install the "
+                                                         "Debian package dataset-fashion-mnist)")
+    reason = gpu_refusal(SETTINGS["cudnn_benchmark"], torch.device("cuda"))  # a device object: nothing runs
+    assert reason.startswith("workload cnn: Fashion-MNIST not found")
 
 
 @pytest.mark.gpu

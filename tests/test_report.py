@@ -145,7 +145,9 @@ def test_summary_rows_come_from_the_analysis():
     assert by[("mlp:tiny", "baseline")].speedup == "reference"
     assert by[("mlp:tiny", "checkpointing")].note.startswith("skipped: checkpointing: workload 'mlp'")
     assert by[("gpt:tiny", "bf16")].note == ("1 timed window(s) shared the CPU with other processes (left out of the "
-                                             "speed numbers); no verdict: 2 pairs: a verdict needs 3")
+                                             "speed numbers); no verdict: 2 pairs: a verdict needs 3; 1 contended "
+                                             "quality run left out (its seed 1 25% of the cores used by other "
+                                             "processes): a clock shared with other work is not this machine's")
     combo = by[("gpt:tiny", "bf16+grad_accum:steps=4")]
     assert combo.speedup == "1.20x [1.15, 1.26] (no verdict: 2 pairs: a verdict needs 3)"
     assert "no verdict: 2 pairs: a verdict needs 3" in combo.note

@@ -88,7 +88,9 @@ def test_existing_results_are_not_overwritten(tmp_path, finished):
 
 @pytest.mark.slow  # waits out a real timeout
 def test_a_trial_past_its_timeout_is_killed_and_recorded(tmp_path):
-    records = SweepRunner(config(budget={"timeout_s": 0.5, "max_train_seconds": 0.4}), tmp_path / "s", CPU).run()
+    # A 3 s window: a forked trial of the tiny budget alone can end within 0.5 s.
+    budget = {"timeout_s": 0.5, "max_train_seconds": 0.4, "min_seconds": 3.0}
+    records = SweepRunner(config(budget=budget), tmp_path / "s", CPU).run()
     assert [r.status for r in records] == ["timeout"]
     assert "timeout_s=0.5" in records[0].reason
 

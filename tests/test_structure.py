@@ -19,7 +19,7 @@ from torch import nn
 
 import techniques  # noqa: F401  (registers every technique)
 from bench import workloads
-from bench.core.structure import Attention, Block, Cut, ModelStructure, infer
+from bench.core.structure import MLP, Attention, Block, Cut, ModelStructure, infer
 from bench.loop import plain_loop
 from bench.plan.config import Budget, TechniqueSpec
 from bench.workloads.base import Size, Workload, register
@@ -203,9 +203,10 @@ def test_inference_finds_the_gated_mlp_head_and_embedding_of_an_undescribed_deco
     found = infer(model, "layers")
     assert (found.embedding, found.final_norm, found.head, found.tied, found.n_blocks) == \
         ("embed", "norm", "lm_head", True, 2)
+    assert found.mlp == MLP(up="mlp.up_proj", down="mlp.down_proj", gate="mlp.gate_proj", hidden=48)
     groups = {g.name: g for g in found.hidden_channels()}
-    assert set(groups) == {"layers.0.mlp.down_proj:in", "layers.1.mlp.down_proj:in"}  # the attention is no group
-    g = groups["layers.0.mlp.down_proj:in"]
+    assert set(groups) == {"layers.0.mlp", "layers.1.mlp"}  # the MLP's, once each; the attention is no group
+    g = groups["layers.0.mlp"]
     assert {c.tensor for c in g.score if c.tensor.endswith("weight")} == \
         {"layers.0.mlp.gate_proj.weight", "layers.0.mlp.up_proj.weight"}
     assert Cut("layers.0.mlp.down_proj.weight", 1) in g.cuts
@@ -435,8 +436,8 @@ def test_distill_trains_a_bigger_teacher_of_the_same_build(user_workload):
 
 def test_distill_is_skipped_naming_the_teacher_it_lacks():
     reason = Distill().check(ctx_for(STRUCT))
-    assert reason == ("needs a teacher: return `teacher_size` from build, or declare width/depth `scaling` in "
-                      "the `structure` it returns (docs/models.md)")
+    assert reason == ("needs a teacher: return teacher_size from build, or declare width/depth scaling in "
+                      "the structure it returns (docs/models.md)")
 
 
 # ---- transfer:init -------------------------------------------------------------------------------------------------

@@ -31,7 +31,7 @@ import pytest
 import torch
 
 from bench import workloads
-from bench.core.structure import ModelStructure
+from bench.core.structure import MLP, ModelStructure
 from bench.loop import plain_loop
 from techniques import get
 from techniques.base import Context
@@ -317,6 +317,37 @@ def test_a_llama_style_decoder_trains_under_tp_as_in_one_process(tmp_path):
     seen = [b for name, b in ranks[0]["collectives"] if name.startswith("all_reduce")]
     assert seen == [BATCH * decoders.T * decoders.D * 4] * (7 * decoders.LAYERS)
     assert found["bytes_per_step"] == sum(seen)
+
+
+@distributed
+def test_tp_and_structured_prune_read_one_inferred_description(tmp_path):
+    """A model that returns no structure (a GPT-2-style decoder): the harness infers it once, and tp shards the same
+    attention and MLP that prune:mode=structured shrinks; tp trains as one process does."""
+    from techniques.prune import Prune, channel_groups
+
+    built = decoders.workload("build_inferred").build("default", 0, CPU)
+    s = built.structure
+    assert s.source == "inferred" and s.blocks == "h"
+    assert s.mlp == MLP(up="mlp.c_fc", down="mlp.c_proj", hidden=decoders.HIDDEN)
+    assert (s.attention.qkv, s.attention.out, s.attention.heads, s.attention.head_dim) == \
+        ("attn.c_attn", "attn.c_proj", decoders.HEADS, decoders.D // decoders.HEADS)
+    assert get("tp")().check(Context(device=CPU, world_size=2, structure=s, technique_names=("tp",))) is None
+    prune = Prune(Prune.Options(mode="structured", sparsity=0.5, start=0.0))
+    assert prune.check(Context(device=CPU, structure=s)) is None
+    groups = channel_groups(built.model, s)
+    assert [g.name for g in groups] == ["h.0.mlp", "h.1.mlp"]  # each block's MLP, once: the MLP tp shards
+
+    initial = {k: v.detach().clone() for k, v in built.model.named_parameters()}
+    loop = plain_loop(built, built.lr, CPU)
+    batches = built.batches(BATCH, 0)
+    ref_losses = [float(loop.step(next(batches))) for _ in range(STEPS)]
+    ref_params = {k: v.detach().clone() for k, v in built.model.named_parameters()}
+    torchrun("tp", str(tmp_path), str(STEPS), "build_inferred")
+    ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
+    torch.testing.assert_close(torch.tensor(ranks[0]["losses"]), torch.tensor(ref_losses), rtol=1e-4, atol=0)
+    moves = _relative_moves(torch.load(tmp_path / "params.pt"), ref_params, initial)
+    assert max(moves.values()) < 1e-3, {k: v for k, v in moves.items() if v >= 1e-3}
+    assert "mlp.c_fc (colwise)" in ranks[0]["results"]["sharded"]
 
 
 @distributed

@@ -44,7 +44,7 @@ CHECK_VIOLATIONS = [  # the check process's findings, called in this process (th
     ("build_raises", None, "raised RuntimeError: the dataset is not here"),
     ("build_list", None, "returned a list; it must return a dict or a"),
     ("build_no_evaluate", None, "lacks evaluate"),
-    ("build_unknown_key", None, "unknown key(s) 'optimizer'"),
+    ("build_unknown_key", None, "unknown key(s) 'optimiser'"),
     ("build_eval_without_metric", None, "holding the metric 'accuracy'; it returned acc"),
     ("build_bad_blocks", None, "blocks 'encoder.layers' is not a submodule"),
     ("build_not_a_model", None, "model must be an nn.Module"),

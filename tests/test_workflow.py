@@ -61,7 +61,7 @@ def test_the_api_and_the_cli_write_the_same_sweep(api_sweep, tmp_path):
     # Only how it was started differs: the command each recorded in env.json.
     assert json.loads((cli_out / "env.json").read_text())["command"].startswith("python -m bench sweep")
     assert json.loads((api_out / "env.json").read_text())["command"].startswith("bench.sweep(...) from Python")
-    assert f"report: {cli_out / 'report.md'}" in done.stdout and "Summary (against baseline" in done.stdout
+    assert f"report: {cli_out / 'report.md'}" in done.stdout and "speed vs baseline" in done.stdout
 
 
 def test_tune_rejects_an_unknown_option_before_running(tmp_path):

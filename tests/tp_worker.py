@@ -116,10 +116,11 @@ def main() -> None:
     full = {}
     for key, p in model.named_parameters():
         tensor = (p.full_tensor() if hasattr(p, "full_tensor") else p.detach()).clone()
-        if model_name == "gpt" and (key.endswith("attn.qkv.weight") or key.endswith("attn.qkv.bias")):
-            n_head, d = built.params["n_head"], built.params["d_model"]
+        a = built.structure.attention
+        fused = [f"{a.qkv}.weight", f"{a.qkv}.bias"] if a is not None and a.projections == "fused" else []
+        if any(key.endswith(name) for name in fused):  # back in the model's [q; k; v] order
             restored = torch.empty_like(tensor)
-            restored[head_major_rows(n_head, d // n_head)] = tensor
+            restored[head_major_rows(a.heads, a.head_dim)] = tensor
             tensor = restored
         full[key] = tensor
     if rank == 0:

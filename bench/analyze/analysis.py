@@ -41,6 +41,7 @@ import pandas as pd
 
 from bench.analyze import bottleneck, findings, mfu, pairs, stats
 from bench.analyze.findings import REPLICA_BYTES_PER_PARAM
+from bench.core.words import UNEQUAL
 from bench.measure.phases import PHASES
 from bench.records.frame import BASELINE, BREAKDOWN, MODEL_STATE, PARITY_OK, frame_of, records_frame
 from bench.records.reader import InputError, Sweep
@@ -167,7 +168,9 @@ def configurations(frame: pd.DataFrame, baseline: str = BASELINE, thresholds: Th
         ok = pairs.trials(g)
         ref_ok = pairs.trials(ref) if ref is not None and not is_ref else None
         row = _identity(machine, workload, technique, g, ok, is_ref)
+        row["caveats"] += recipe_caveats(ok, ref_ok) if ref_ok is not None else ()
         row.update(_speed(ok, ref_ok, th))
+        row.update(_resources(ok, ref_ok, th, row))
         row.update(_memory(ok, ref_ok, th))
         idle = None if is_ref else _trains_nothing(row["names"])
         if idle:
@@ -227,8 +230,56 @@ def _identity(machine: str, workload: str, technique: str, g: pd.DataFrame, ok: 
         "first_step_s": _median(ok["first_step_s"]), "one_off_s": _median(ok["one_off_s"]),
         "probe_s": _median(ok["probe_s"]),
         "world_size": g["world_size"].iloc[0],
-        "caveats": _caveats(ok, tuple(first["names"] or ())),
+        "trained_params": _median(ok["trained_params"]) if "trained_params" in ok else None,
+        "caveats": _caveats(ok, tuple(first["names"] or ())) + _size_caveat(ok),
     }
+
+
+def _size_caveat(ok: pd.DataFrame) -> tuple[str, ...]:
+    """A set whose techniques changed the model's size (a leaner architecture, extra heads) trains another model:
+    its speed and quality are that model's, which the set's cell and the advice say."""
+    trained, whole = (_median(ok[c]) if c in ok else None for c in ("trained_params", "n_params"))
+    if not trained or not whole or trained == whole:
+        return ()
+    return (f"it trains a model of {trained:,.0f} parameters, {trained / whole:.2f}x the workload's {whole:,.0f}: "
+            "its speed and quality are that model's",)
+
+
+def recipe_caveats(ok: pd.DataFrame, ref: pd.DataFrame | None) -> tuple[str, ...]:
+    """Where a set does not train with its reference's recipe: another optimizer (class, parameter groups, betas or
+    weight decay; the LR is what schedules and LR finders change, so it is not compared) or the workload's own LR
+    schedule replaced. The set's cell and the advice say so."""
+    if ref is None or not len(ok) or not len(ref):
+        return ()
+    mine, theirs = (next((r for r in rows["recipe"] if r), None) for rows in (ok, ref))
+    if not mine or not theirs:
+        return ()
+    out = []
+    a, b = _optimizer_shape(mine.get("optimizer")), _optimizer_shape(theirs.get("optimizer"))
+    if a != b and a and b:
+        out.append(f"its optimizer is not the reference's: {_optimizer_text(mine['optimizer'])} against "
+                   f"{_optimizer_text(theirs['optimizer'])}")
+    if theirs.get("schedule") == "the workload's" and mine.get("schedule") != "the workload's":
+        out.append(f"the workload's own LR schedule is {mine.get('schedule') or 'not applied'}")
+    return tuple(out)
+
+
+def _optimizer_shape(optimizer: dict[str, Any] | None) -> Any:
+    """An optimizer as it shapes training: its inner class (a sharding wrapper is its technique, not another
+    optimizer) and the hyper-parameters its groups hold, other than the LR and the group's size (which freezing
+    changes by design)."""
+    if not optimizer:
+        return None
+    name = optimizer["class"]
+    inner = name[name.index("(") + 1:-1] if "(" in name else name
+    return inner, frozenset(tuple(sorted((k, str(v)) for k, v in g.items() if k not in ("lr", "params")))
+                            for g in optimizer["groups"])
+
+
+def _optimizer_text(optimizer: dict[str, Any]) -> str:
+    groups = optimizer["groups"]
+    decay = "/".join(f"{g.get('weight_decay', 0):g}" for g in groups)
+    return f"{optimizer['class']} with {len(groups)} group(s) (weight decay {decay})"
 
 
 def _caveats(ok: pd.DataFrame, names: tuple[str, ...] = ()) -> tuple[str, ...]:
@@ -293,6 +344,44 @@ def _speed(ok: pd.DataFrame, ref: pd.DataFrame | None, th: Thresholds) -> dict[s
     row["max_looks"] = speedup.cap
     row["n_added"] = int(sum(a == "sequential" for a in ok["added_by"]))
     return row
+
+
+def _units(ok: pd.DataFrame) -> tuple[int | None, int | None]:
+    """(cores, devices) a set's trials ran on: the most common value over its trials (they share the sweep's
+    settings), None where no trial recorded it."""
+    out = []
+    for column in ("cores", "devices"):
+        found = [int(v) for v in ok[column] if _ok(v)] if column in ok else []
+        out.append(max(set(found), key=found.count) if found else None)
+    return out[0], out[1]
+
+
+def _resources(ok: pd.DataFrame, ref: pd.DataFrame | None, th: Thresholds, row: dict[str, Any]) -> dict[str, Any]:
+    """The resources of a set against its reference's. Across unequal ones (a 2-rank set beside a 1-thread
+    reference, 4 GPUs against 1) the throughput ratio is no speedup: its answer becomes "unequal resources" (never
+    "faster"), with why, and the ratio per core (per device on GPUs) gets the answer instead, on the same pairs."""
+    cores, devices = _units(ok)
+    out: dict[str, Any] = {"cores": cores, "devices": devices, "resource_unit": None, "resource_mine": None,
+                           "resource_ref": None, **_estimate_cols("speedup_per_unit", None, None)}
+    if ref is None or row["is_reference"] or not known_speedup(row):
+        return out
+    ref_cores, ref_devices = _units(ref)
+    unit, mine, theirs = ("device", devices, ref_devices) if (devices or ref_devices) else ("core", cores, ref_cores)
+    if not mine or not theirs or mine == theirs:
+        return out
+    speed = pairs.pair(ok, ref, pairs.THROUGHPUT)
+    per = _compare("speedup_per_unit", {k: v / mine for k, v in speed.mine.items()},
+                   {k: v / theirs for k, v in speed.ref.items()}, True, th.speed, ("faster", "slower"), speed.cap)
+    plural = lambda n: f"{n} {unit}{'s' if n != 1 else ''}"  # noqa: E731
+    out.update(per, resource_unit=unit, resource_mine=mine, resource_ref=theirs,
+               speedup_verdict=UNEQUAL, speedup_futile=False,
+               speedup_why=f"{plural(mine)} against the reference's {plural(theirs)}: the throughput ratio is not a "
+                           f"speedup; per {unit} it is {per['speedup_per_unit']:.2f}x")
+    return out
+
+
+def known_speedup(row: Mapping[str, Any]) -> bool:
+    return _ok(row.get("speedup"))
 
 
 def first_device(g: pd.DataFrame) -> str:
@@ -403,8 +492,35 @@ def _quality(ok: pd.DataFrame, ref: pd.DataFrame | None, kind: str, th: Threshol
     same = (kind == "exact" and row["curve_pairs"] > 0 and row["curve_max_rel_diff"] is not None
             and row["curve_max_rel_diff"] <= EXACT_CURVE_RTOL)
     row["quality_same_exact"] = same
-    row.update(_equal_time(complete, ref_complete, words, threshold, continued if kind != "exact" else None))
+    clocked = pairs.quality_clocks(ok)
+    ref_clocked = pairs.quality_clocks(ref) if ref is not None else None
+    row.update(_equal_time(clocked, ref_clocked, words, threshold, continued if kind != "exact" else None))
+    # a set with no complete quality run reads no clock: nothing of the reference's to say on its row
+    row["clock_contended"] = contended_clocks(ok, ref) if len(complete) else None
+    if row["clock_contended"] and row["delta_at_time_verdict"] in (None, stats.NONE) and ref_complete is not None \
+            and len(ref_complete):
+        row["delta_at_time_why"] = f"{row['delta_at_time_why'] or 'no interval'}; {row['clock_contended']}"
     return row
+
+
+def contended_clocks(ok: pd.DataFrame, ref: pd.DataFrame | None) -> str | None:
+    """Which complete quality runs (the set's, and its reference's) ran beside other processes even after their
+    retries, in a few words: their clocks are left out of quality at equal time and time to target; None: none."""
+    parts = []
+    for whose, rows in (("its", ok), ("the reference's", ref)):
+        if rows is None:
+            continue
+        runs = pairs.quality_runs(rows)
+        hit = [(seed, frac) for seed, c, frac in zip(runs["seed"], runs["quality_contended"],
+                                                     runs["quality_contention_frac"], strict=True) if c]
+        if hit:
+            seeds = ", ".join(f"seed {seed}" + (f" {frac:.0%}" if _ok(frac) else "") for seed, frac in hit)
+            parts.append(f"{whose} {seeds}")
+    if not parts:
+        return None
+    n = sum(p.count("seed ") for p in parts)
+    return (f"{n} contended quality run{'s' if n > 1 else ''} left out ({'; '.join(parts)} of the cores used by "
+            "other processes): a clock shared with other work is not this machine's")
 
 
 def _stopped_early(complete: pd.DataFrame) -> dict[str, Any]:
@@ -549,7 +665,7 @@ def _continuations(continued: pd.DataFrame | None) -> tuple[dict[Any, tuple[list
 def _time_to_target(ok: pd.DataFrame, ref: pd.DataFrame | None, th: Thresholds) -> dict[str, Any]:
     """Censored medians (a miss is +inf), the miss rate, and the ratio to the reference's time-to-target when
     neither side missed in any trial."""
-    runs = pairs.quality_runs(ok)
+    runs = pairs.quality_clocks(ok)  # a contended run's clock is not this machine's (``contended_clocks``)
     target = next((t for t in ok["target"] if t is not None), None)
     ttt = list(runs["time_to_target_s"])
     row: dict[str, Any] = {
@@ -561,12 +677,17 @@ def _time_to_target(ok: pd.DataFrame, ref: pd.DataFrame | None, th: Thresholds) 
     }
     times = pairs.pair(ok, ref, pairs.TIME_TO_TARGET)
     missed = any(times.misses)
+    contended = contended_clocks(ok, ref) if target is not None else None
     if ref is None or target is None or missed or not times.mine or not times.ref:
         row.update(_estimate_cols("ttt_ratio", None, None))
         if ref is not None and missed:
             row["ttt_ratio_why"] = "misses on one side: compare the censored medians and miss rates"
+        elif contended:
+            row["ttt_ratio_why"] = contended
         return row
     row.update(_compare("ttt_ratio", times.mine, times.ref, True, th.time_to_target, ("later", "sooner")))
+    if contended and row["ttt_ratio_verdict"] in (None, stats.NONE):
+        row["ttt_ratio_why"] = f"{row['ttt_ratio_why'] or 'no interval'}; {contended}"
     return row
 
 

@@ -175,6 +175,7 @@ class Comparison:
     overall: list[Overall] = field(default_factory=list)
     input_notes: list[str] = field(default_factory=list)  # what was wrong with the input (duplicated trial ids)
     max_looks: int | None = None  # a sequential design's cap (sweep.toml): ratios are repeated intervals
+    peak_moves: list[str] = field(default_factory=list)  # calibrated peaks that moved more than the noise
 
     @property
     def environment_mismatch(self) -> list[EnvDifference]:
@@ -457,8 +458,30 @@ def compare_dirs(base_dir: Path, new_dir: Path, threshold: float = DEFAULT_THRES
     rows, only_b, only_n = compare_records(base, new, threshold, cap)
     env = env_differences(base_src.env, new_src.env)
     settings = settings_differences(settings_b, settings_n)
-    return Comparison(base_dir, new_dir, threshold, rows, only_b, only_n, env, settings,
+    comp = Comparison(base_dir, new_dir, threshold, rows, only_b, only_n, env, settings,
                       overall_verdicts(rows, threshold, cap), notes, cap)
+    comp.peak_moves = peak_moves(base_src.env, new_src.env, comp.noise_floor(), threshold)
+    return comp
+
+
+def peak_moves(base: dict[str, Any], new: dict[str, Any], noise: float | None, threshold: float) -> list[str]:
+    """Each dtype whose calibrated matmul peak (env.json's ``peak_flops``, measured at the start of each sweep)
+    moved between the two sweeps by more than the noise of the throughputs compared (their largest spread, or the
+    threshold when there is no spread to read): MFU is then not comparable between them, and the machine itself
+    may explain a throughput change of that size."""
+    floor = noise if noise is not None else threshold
+    out = []
+    for dtype in sorted(set(base.get("peak_flops") or {}) & set(new.get("peak_flops") or {})):
+        a, b = ((env["peak_flops"][dtype] or {}).get("flops") for env in (base, new))
+        if not (isinstance(a, int | float) and isinstance(b, int | float)) or a <= 0 or b <= 0:
+            continue
+        moved = b / a - 1
+        if abs(moved) > floor:
+            out.append(f"the calibrated {dtype} matmul peak moved from {a / 1e9:,.0f} to {b / 1e9:,.0f} GFLOP/s "
+                       f"({moved:+.1%}) between the two sweeps, more than the {floor:.1%} noise of the throughputs "
+                       "compared: MFU is not comparable between them, and the machine itself may explain a "
+                       "throughput change of that size")
+    return out
 
 
 def design_cap_of(*settings: dict[str, Any]) -> int | None:

@@ -168,6 +168,9 @@ def why_hardware_differs(name: str, claim: Any, config: Any, ref: Any, env: dict
             absent = [f for f in wanted if flags.get(f) is False]
             unit = f" (no {' / '.join(absent)})" if absent and not str(config.machine).startswith("cuda") else ""
             reasons.append(f"{speed}: no fast {dtype} matmul units{unit}")
+        elif claim.metric == "speedup":  # a faster matmul that did not make the step faster: the rest of it did not
+            reasons.append(f"{speed}, so the matmuls are not what held it back: the rest of the step (per-op "
+                           f"overhead, casts to and from {dtype}, non-matmul ops) did not speed up")
         else:
             reasons.append(speed)
     device = str(config.machine).split(",")[0] if config.machine else ""
@@ -291,9 +294,11 @@ def _quality_finding(c: Any) -> tuple[str, str] | None:
                            f"reference's by up to {c.curve_max_rel_diff:.1%} at equal samples and its first steps "
                            "do not match the reference: it is not computing the same thing; check it")
     if c.delta_verdict == "worse":
-        return ("quality", f"{c.technique} changes {c.metric} on {c.workload} by {c.delta:+.4g} "
-                           f"[{c.delta_lo:+.4g}, {c.delta_hi:+.4g}] at equal samples: check its numerics before "
-                           "adopting it")
+        head = (f"{c.technique} changes {c.metric} on {c.workload} by {c.delta:+.4g} [{c.delta_lo:+.4g}, "
+                f"{c.delta_hi:+.4g}] at equal samples")
+        if c.caveats:  # what the record knows about the set explains it better than a guess at numerics
+            return ("quality", f"{head}; what it did to this model: {'; '.join(c.caveats)}")
+        return ("quality", f"{head}: check its numerics before adopting it")
     return None
 
 
@@ -311,9 +316,21 @@ def _technique_findings(c: Any, ref: Any) -> list[tuple[str, str]]:
             mem = f"; its peak memory is only {c.mem_ratio:.2f}x ({c.mem_ratio_source}): not a memory trade either"
         out.append(("slower", f"{c.technique} is {1 - c.speedup:.0%} {say('slower')} than {ref.technique} on "
                               f"{c.workload} ({c.speedup:.2f}x){mem}"))
+    if c.speedup_verdict == words.UNEQUAL and getattr(c, "resource_unit", None):
+        unit, mine, theirs = c.resource_unit, int(c.resource_mine), int(c.resource_ref)
+        per = f"{c.speedup_per_unit:.2f}x per {unit} ({say(c.speedup_per_unit_verdict)})"
+        fix = (f"to hold the cores equal, give the reference {mine} threads (without --threads it takes the "
+               "machine's cores and each rank 1 thread)" if unit == "core" else
+               "read it per device, or against a data-parallel set on as many devices")
+        out.append(("resources", f"{c.technique} on {c.workload} ran on {mine} {unit}s against the reference's "
+                                 f"{theirs}: its {c.speedup:.2f}x is not a speedup, {per}; {fix}"))
     quality = _quality_finding(c)
     if quality:
         out.append(quality)
+    said = quality[1] if quality else ""
+    # what the record knows about the set (a tied head frozen with it, another model size, another optimizer):
+    # its numbers are that set's, and the advice says so once
+    out += [("caveat", f"{c.technique} on {c.workload}: {text}") for text in c.caveats if text not in said]
     if c.parity_ok is False:
         head = (f"{c.technique} on {c.workload}: its first steps differ from the fp32 reference (losses by "
                 f"{c.parity_loss_diff:.2g}, parameter distance by {c.parity_distance_diff:.2g}; tolerances for "
@@ -385,6 +402,26 @@ def _setting_findings(configs: pd.DataFrame) -> list[Finding]:
     return out
 
 
+MODEL_SKIP_WORDS = ("its description (", "this model computes its own loss")  # a skip that names the model
+
+
+def _model_skip_findings(configs: pd.DataFrame) -> list[Finding]:
+    """Sets skipped for what the model is (a part its description lacks, a forward that does not trace, a loss it
+    computes itself): one finding per reason and workload, naming every set it skipped, so the advice names the line
+    to change once rather than per set."""
+    out = []
+    for (machine, workload), rows in configs.groupby(["machine", "workload"], sort=False):
+        by_reason: dict[str, list[str]] = {}
+        for c in rows.itertuples():
+            reason = c.skip_reason or ""
+            if any(w in reason for w in MODEL_SKIP_WORDS):
+                name, _, why = reason.partition(": ")
+                by_reason.setdefault(why or reason, []).append(c.technique)
+        for why, sets in by_reason.items():
+            out.append(Finding(machine, workload, None, "model", f"{', '.join(sets)} on {workload} skipped: {why}"))
+    return out
+
+
 def diagnose(configs: pd.DataFrame, interactions_: pd.DataFrame | None = None,
              claims: pd.DataFrame | None = None) -> list[Finding]:
     """Short, number-backed suggestions: bottlenecks (data wait, per-op overhead, the largest memory category),
@@ -420,6 +457,7 @@ def diagnose(configs: pd.DataFrame, interactions_: pd.DataFrame | None = None,
                                f"{len(where)} configuration{'s' if len(where) > 1 else ''} had trials end in "
                                f"{problem} ({', '.join(where)}): fix that before reading their numbers"))
     out += _setting_findings(configs)
+    out += _model_skip_findings(configs)
     if claims is not None and not claims.empty:
         below = claims[(claims["verdict"] == "below") & (claims["metric"] == "speedup")]
         for (machine, technique), rows in below.groupby(["machine", "technique"], sort=False):

@@ -15,7 +15,9 @@ the statistics engine (``bench.analyze.stats``) then pairs two samples on their 
   so it is no repeat of anything, and a failed trial has no value, so its pair drops out of the comparison.
   A timed window that stayed contended after its retries measured other processes too: it is left out of every
   quantity read from the window (``timed``). A quality run cut by the safety cap did not train the budget: it is left
-  out of every quality quantity (``quality_runs``). A sequential design's speed-only trials are trials like the
+  out of every quality quantity (``quality_runs``), and a quality run that stayed contended after its retries out of
+  every quantity read from its clock, time to target and quality at equal time (``quality_clocks``). A sequential
+  design's speed-only trials are trials like the
   others: they count in throughput and memory, and have no quality run.
 """
 
@@ -63,6 +65,14 @@ def quality_runs(rows: pd.DataFrame) -> pd.DataFrame:
     return _rows(ok, [bool(c) and not cut for c, cut in zip(ok["curve"], ok["cut"], strict=True)])
 
 
+def quality_clocks(rows: pd.DataFrame) -> pd.DataFrame:
+    """``quality_runs`` whose training clock ran without other processes on the cores (``quality_contended``: still
+    contended after its retries): what quality at equal time and time to target read."""
+    runs = quality_runs(rows)
+    flags = runs["quality_contended"] if "quality_contended" in runs else [False] * len(runs)
+    return _rows(runs, [not bool(c) for c in flags])
+
+
 def values(rows: pd.DataFrame, column: str) -> dict[Key, float]:
     """{key: value} of the rows with a finite ``column``: what the statistics engine pairs on."""
     return {k: float(v) for k, v in zip(rows["key"], rows[column], strict=True)
@@ -78,7 +88,7 @@ def cap(rows: pd.DataFrame) -> int | None:
 
 # A one-sided quantity: the trials it is read from, and its column of the frame.
 _READ = {THROUGHPUT: (timed, "samples_per_s"), FINAL_METRIC: (quality_runs, "final"),
-         TIME_TO_TARGET: (quality_runs, "time_to_target_s")}
+         TIME_TO_TARGET: (quality_clocks, "time_to_target_s")}
 
 
 def samples(rows: pd.DataFrame, quantity: str) -> dict[Key, float]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 
+from rich.markup import escape
 from rich.table import Table
 
 from bench import workloads
@@ -20,6 +21,8 @@ def cmd_list(args: argparse.Namespace) -> int:
 
     plugins.load_entry_points()
     device = resolve_device(args.device)
+    if getattr(args, "model", None):
+        return _list_for_model(args.model, device, args.nproc)
     wl_table = Table(title="Workloads (sizes with their quality budget and validation target)")
     for col in ("name", "sizes", "available", "about"):
         wl_table.add_column(col, overflow="fold")
@@ -27,7 +30,7 @@ def cmd_list(args: argparse.Namespace) -> int:
         wl = cls()
         reason = wl.check()
         sizes = "; ".join(_size_text(size, wl.size_params(size)) for size in cls.sizes)
-        wl_table.add_row(name, sizes, "yes" if reason is None else f"no: {reason}", cls.summary)
+        wl_table.add_row(*map(escape, (name, sizes, "yes" if reason is None else f"no: {reason}", cls.summary)))
     out.print(wl_table)
     out.print(_gpu_sizes_table())
 
@@ -37,9 +40,30 @@ def cmd_list(args: argparse.Namespace) -> int:
         t_table.add_column(col, overflow="fold")
     for name, cls in sorted(techniques.registry().items()):
         reason = cls().check(ctx)
-        t_table.add_row(name, cls.kind.value, cls.option_help() or "-", "yes" if reason is None else f"no: {reason}",
-                        cls.summary)
+        # escaped: rich reads "[deepspeed]" in an install hint as markup and drops it
+        t_table.add_row(*map(escape, (name, cls.kind.value, cls.option_help() or "-",
+                                      "yes" if reason is None else f"no: {reason}", cls.summary)))
     out.print(t_table)
+    return 0
+
+
+def _list_for_model(source: str, device: object, nproc: int) -> int:
+    """``bench list --model``: which techniques run on the user's model, and why each other one is skipped."""
+    import techniques
+    from bench.plan.planner import applicability
+
+    spec, reasons = applicability(source, device, nproc)  # type: ignore[arg-type]
+    runs = [name for name, why in reasons.items() if why is None]
+    table = Table(title=f"Techniques on {spec.label} ({source}) on {device}, multi-process ones with {nproc} ranks")
+    for col in ("name", "kind", f"runs on {spec.name}", "about"):
+        table.add_column(col, overflow="fold")
+    known = techniques.registry()
+    for name, why in reasons.items():
+        table.add_row(*map(escape, (name, known[name].kind.value, "yes" if why is None else f"no: {why}",
+                                    known[name].summary)))
+    out.print(table)
+    out.print(f"{len(runs)} of {len(reasons)} techniques run on {spec.label}: {', '.join(runs)}", markup=False,
+              highlight=False, soft_wrap=True)
     return 0
 
 

@@ -58,6 +58,10 @@ def _add_design(p: argparse.ArgumentParser) -> None:
     p.add_argument("--decide-within", type=float, metavar="SECONDS",
                    help="time the sequential phase may spend, shared by the open configurations, the closest to a "
                         "decision first (default: half the wall time of the planned trials)")
+    p.add_argument("--order", choices=["shuffled", "priority"],
+                   help="run order: shuffled (default: each repeat's configurations in a seeded random order) or "
+                        "priority (the sets in the order given, the baseline beside the first, each through all its "
+                        "repeats before the next, so a sweep cut short has its first comparisons complete)")
     p.add_argument("--threshold", default="5%",
                    help="with --ab: the smallest throughput change of B against A that counts, as a percentage or "
                         "fraction (default 5%%); the sequential phase adds pairs while B's verdict against this "
@@ -87,12 +91,19 @@ def _add_budget(p: argparse.ArgumentParser) -> None:
 def _add_processes(p: argparse.ArgumentParser) -> None:
     """Where a trial's processes run: processes per node, nodes, the device."""
     p.add_argument("--nproc", type=int,
-                   help="processes per node for data-parallel / sharding sets (ddp, zero1-3, deepspeed), started "
-                        "with torchrun (gloo on CPU, NCCL on CUDA); other sets run in one process as the reference")
+                   help="processes per node for the multi-process sets: data parallel and sharding (ddp, "
+                        "zero1-3, deepspeed, fedavg, local_sgd) and model parallel (tp, pp), started with torchrun "
+                        "(gloo on CPU, NCCL on CUDA); other sets run in one process as the reference. Each rank "
+                        "runs --threads threads (1 without it), so with --threads a set of N ranks uses N times the "
+                        "reference's cores, which the report labels")
     p.add_argument("--nnodes", type=int, help="nodes taking part (multi-node: run the same sweep on every node)")
     p.add_argument("--node-rank", type=int, default=0, help="this node's rank (multi-node; node 0 records results)")
     p.add_argument("--rdzv-endpoint", help="HOST:PORT of the rendezvous, the same on every node (multi-node)")
     p.add_argument("--device", choices=["auto", "cpu", "cuda"], help="device for every trial (default: auto)")
+    p.add_argument("--isolation", choices=["fork", "fresh"],
+                   help="how each one-process trial's process starts: fork (default: from a server that imported "
+                        "torch and the harness once) or fresh (a new interpreter each, about 2 s more per trial); "
+                        "torchrun trials always start fresh; every record says which (docs/methodology.md)")
 
 
 def _add_output(p: argparse.ArgumentParser) -> None:
@@ -109,6 +120,10 @@ def _add_output(p: argparse.ArgumentParser) -> None:
                    help="A/B run: every trial runs with this checkout's code (OUT/a) and with another's (OUT/b), "
                         "alternating; REV_OR_DIR is a git revision (checked out into a temporary worktree) or a "
                         "directory holding another checkout ('.' for an A/A run); writes OUT/compare.md")
+    p.add_argument("--ab-isolation", choices=["fork", "fresh"],
+                   help="with --ab .: side B's trials start this way, side A's as --isolation says, so the A/B run "
+                        "compares the two ways of starting a trial (against another checkout both sides start "
+                        "fresh)")
 
 
 def _add_executor(p: argparse.ArgumentParser) -> None:
@@ -152,6 +167,11 @@ def _add_list(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("list", help="show workloads (with sizes) and techniques (with kind, options, availability)")
     p.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto",
                    help="device to check availability against")
+    p.add_argument("--model", metavar="PATH.py:FUNCTION",
+                   help="your model (as sweep --model takes it): checked once, then which techniques run on it and "
+                        "why the others would be skipped")
+    p.add_argument("--nproc", type=int, default=2,
+                   help="with --model: the ranks multi-process techniques are asked about (default 2)")
 
 
 def _add_env(sub: argparse._SubParsersAction) -> None:
@@ -318,8 +338,8 @@ def _add_tune_trials(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-repeats", type=int, metavar="N",
                    help="pairs per comparison at most: the sequential design's cap (default 8)")
     p.add_argument("--nproc", type=int,
-                   help="processes for the data-parallel / sharding candidates (ddp, zero1-3, deepspeed), started "
-                        "with torchrun; other sets run in one process")
+                   help="processes for the multi-process candidates: data parallel and sharding (ddp, zero1-3, "
+                        "deepspeed) and model parallel (tp, pp), started with torchrun; other sets run in one process")
     p.add_argument("--seed", type=int, help="seed of the first round (round r uses seed + r mod 3)")
     p.add_argument("--steps", type=int, help="quality runs: optimizer steps (default: the workload size's budget)")
     p.add_argument("--seconds", type=float,

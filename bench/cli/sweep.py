@@ -61,6 +61,7 @@ def sweep_config_from_args(args: argparse.Namespace, resume_dir: Path | None) ->
         "repeats": args.repeats,
         "max_repeats": args.max_repeats,
         "decide_within": args.decide_within,
+        "order": getattr(args, "order", None),
         "seed": args.seed,
         "device": args.device,
         "threads": args.threads,
@@ -74,6 +75,7 @@ def sweep_config_from_args(args: argparse.Namespace, resume_dir: Path | None) ->
         "price_per_hour": args.price_per_hour,
         "instance": args.instance,
         "shard": args.shard,
+        "isolation": args.isolation,
     }
     return build_config(args.preset, overrides, config_path)  # no --preset: gpu on CUDA, else quick
 
@@ -89,6 +91,8 @@ def _sweep(args: argparse.Namespace) -> int:
     if args.ab and args.executor not in (None, "local"):
         raise ConfigError("--ab runs both sides on this machine, back to back, so drift hits both alike; it does not "
                           f"combine with --executor {args.executor}")
+    if args.ab_isolation and not args.ab:
+        raise ConfigError("--ab-isolation sets how side B's trials start in an A/B run: use it with --ab .")
     if args.threshold != "5%" and not args.ab:
         raise ConfigError("--threshold sets the A/B comparison's threshold (sweep --ab); a sweep's report takes its "
                           "own: python -m bench report DIR --threshold ...")
@@ -100,7 +104,19 @@ def _sweep(args: argparse.Namespace) -> int:
 @contextmanager
 def _progress_bar() -> Iterator[Callable[[int, int, str], None]]:
     """A bar of trials on stderr, with the time taken and rich's estimate of the time left (from the pace of the
-    trials so far); yields ``show(total, done, last line)``."""
+    trials so far); yields ``show(total, done, last line)``. Where stderr is no terminal (a file, a CI log) a bar
+    redraws nothing readable: one line per finished trial instead."""
+    if not err.is_terminal:
+        started, shown = time.perf_counter(), [-1]
+
+        def line(total: int, done: int, last: str) -> None:
+            if done != shown[0]:
+                shown[0] = done
+                err.print(f"[{done}/{total}] {time.perf_counter() - started:.0f} s {last}", markup=False,
+                          highlight=False, soft_wrap=True)
+
+        yield line
+        return
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                   TextColumn("left"), TimeRemainingColumn(), TextColumn("{task.fields[last]}"), console=err,
                   transient=False) as bar:
@@ -127,6 +143,8 @@ def _sweep_one(args: argparse.Namespace) -> int:
             where = f"on {s.device}" if s.device is not None else f"through the {s.executor} executor"
             shard = f" (shard {args.shard})" if s.cfg.shard else ""
             err.print(f"[bold]trainbench[/] sweep '{s.cfg.name}'{shard} {where} -> {s.out_dir}")
+            for warning in s.warnings:
+                err.print(f"[yellow]warning[/]: {warning}", highlight=False)
             bar.append(stack.enter_context(_progress_bar()))
 
         def on_progress(p: Progress) -> None:
@@ -188,13 +206,15 @@ def _sweep_ab(args: argparse.Namespace) -> int:
         try:
             result = workflow.sweep_ab(cfg, args.ab, args.out, threshold=threshold,
                                        resume=args.resume, extend=args.extend, command=command_line(args),
-                                       launch=launch, on_start=banner, on_progress=on_progress)
+                                       launch=launch, on_start=banner, on_progress=on_progress,
+                                       isolation_b=args.ab_isolation)
         except KeyboardInterrupt as exc:
             if not started:
                 raise
             out_dir = started[0].out_dir
+            again = f" --ab-isolation {args.ab_isolation}" if args.ab_isolation else ""
             err.print(f"[yellow]{interrupted_word(exc)}[/]: finished trials are saved in {out_dir}/a and "
-                      f"{out_dir}/b; continue with: python -m bench sweep --ab {shlex.quote(args.ab)} "
+                      f"{out_dir}/b; continue with: python -m bench sweep --ab {shlex.quote(args.ab)}{again} "
                       f"--resume --out {out_dir}")
             return interrupted_code(exc)
     if result is None:

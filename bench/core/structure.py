@@ -26,7 +26,10 @@ block; a ``Cut``'s tensor path is from the model's root.
 from __future__ import annotations
 
 import dataclasses
+import linecache
 import operator
+import os
+import traceback
 import types
 import typing
 from dataclasses import dataclass, field
@@ -214,8 +217,8 @@ class ModelStructure:
         # only the notes about a lacking part: a CNN's "no token embedding" is not explained by its attention
         relevant = [n for n in self.notes if any(word in n for p in lacking for word in NOTE_WORDS.get(p, (p,)))]
         if relevant:
-            text += f" ({'; '.join(relevant)})"
-        return f"{text}: {hint or HOW_TO_DESCRIBE}"
+            text += f": {'; '.join(relevant)}"
+        return f"{text}; {hint or HOW_TO_DESCRIBE}"
 
     # ---- JSON ------------------------------------------------------------------------------------------------
 
@@ -238,7 +241,7 @@ PART_NAMES = {
 NOTE_WORDS = {"blocks": ("block",), "attention": ("attention",), "mlp": ("MLP", "channel"),
               "embedding": ("embedding",), "head": ("head",), "final_norm": ("final norm",),
               "channels": ("channel",), "teacher": ()}
-HOW_TO_DESCRIBE = "return `structure` from build (docs/models.md)"
+HOW_TO_DESCRIBE = "return structure from build (docs/models.md, Structure)"
 
 
 def _build(cls: type, data: Any, where: str) -> Any:
@@ -307,7 +310,22 @@ def _trace(module: nn.Module, leaves: set[str]) -> tuple[torch.fx.Graph | None, 
     try:
         return _BlocksAsLeaves(leaves).trace(module), None
     except Exception as exc:  # a data-dependent branch, an untraceable call: nothing inferred from the trace
-        return None, f"{type(exc).__name__}: {' '.join(str(exc).split())[:120]}"
+        return None, trace_failure(exc)
+
+
+def trace_failure(exc: BaseException) -> str:
+    """Why a symbolic trace failed, in one line that names the line of the model's code that broke it
+    (``model.py:182 (assert t <= self.block_size)``: the innermost frame outside torch), then the error."""
+    where = ""
+    torch_dir = os.path.dirname(torch.__file__)
+    for frame, lineno in traceback.walk_tb(exc.__traceback__):
+        path = frame.f_code.co_filename
+        if not path.startswith(torch_dir) and os.path.abspath(path) != os.path.abspath(__file__):
+            code = " ".join(linecache.getline(path, lineno).split())
+            code = code if len(code) <= 60 else code[:57] + "..."
+            where = f"{os.path.basename(path)}:{lineno}" + (f" ({code})" if code else "")
+    error = " ".join(str(exc).split()).split(". ")[0][:100]
+    return f"{where}: {type(exc).__name__}: {error}" if where else f"{type(exc).__name__}: {error}"
 
 
 def _producer(modules: dict[str, nn.Module], node: torch.fx.Node) -> nn.Module | None:
@@ -329,35 +347,45 @@ def _channel_wise(modules: dict[str, nn.Module], node: torch.fx.Node) -> bool:
     return False
 
 
+def _walk_group(modules: dict[str, nn.Module], consumer: torch.fx.Node
+                ) -> tuple[set[torch.fx.Node], list[torch.fx.Node]] | None:
+    """The nodes between a consumer (a Linear or Conv2d) and its producers, walking back from its input through
+    channel-wise ops and products, and the producers; None when the walk meets anything else or a value of the
+    group leaves it (a residual, a second consumer)."""
+    if _producer(modules, consumer) is None or not consumer.args:
+        return None
+    inner: set[torch.fx.Node] = set()
+    producers: list[torch.fx.Node] = []
+    stack = [consumer.args[0]]
+    while stack:
+        node = stack.pop()
+        if not isinstance(node, torch.fx.Node) or node in inner:
+            return None
+        inner.add(node)
+        if _producer(modules, node) is not None:
+            producers.append(node)
+        elif _channel_wise(modules, node):
+            stack.append(node.args[0] if node.args else None)
+        elif node.op == "call_function" and node.target in (operator.mul, torch.mul) and len(node.args) == 2:
+            stack += list(node.args)
+        else:
+            return None
+    if not producers or any(user not in inner and user is not consumer for n in inner for user in n.users):
+        return None
+    return inner, producers
+
+
 def _groups_in(graph: torch.fx.Graph, root: nn.Module, prefix: str) -> list[Channels]:
     """Channel groups in a traced graph (see the module docstring): walking back from each consumer's input through
     channel-wise ops and products to its producers, every node on the way used only inside the group."""
     modules = dict(root.named_modules())
     groups = []
     for consumer in graph.nodes:
-        cmod = _producer(modules, consumer)
-        if cmod is None or not consumer.args:
+        walked = _walk_group(modules, consumer)
+        if walked is None:
             continue
-        inner, producers, ok = set(), [], True
-        stack = [consumer.args[0]]
-        while stack and ok:
-            node = stack.pop()
-            if not isinstance(node, torch.fx.Node) or node in inner:
-                ok = False
-                break
-            inner.add(node)
-            if _producer(modules, node) is not None:
-                producers.append(node)
-            elif _channel_wise(modules, node):
-                stack.append(node.args[0] if node.args else None)
-            elif node.op == "call_function" and node.target in (operator.mul, torch.mul) and len(node.args) == 2:
-                stack += list(node.args)
-            else:
-                ok = False
-        if not ok or not producers:
-            continue
-        if any(user not in inner and user is not consumer for n in inner for user in n.users):
-            continue  # a channel's value leaves the group (a residual, a second consumer): not removable
+        inner, producers = walked
+        cmod = modules[str(consumer.target)]
         width = cmod.in_features if isinstance(cmod, nn.Linear) else cmod.in_channels
         pmods = [modules[str(p.target)] for p in producers]
         if any((m.out_features if isinstance(m, nn.Linear) else m.out_channels) != width for m in pmods):
@@ -378,6 +406,156 @@ def _groups_in(graph: torch.fx.Graph, root: nn.Module, prefix: str) -> list[Chan
     return groups
 
 
+def _mlp_in(graph: torch.fx.Graph, block: nn.Module) -> tuple[MLP | None, str | None]:
+    """The block's MLP, read off the same walk as its channel groups: a Linear fed through element-wise
+    activations by one Linear (``down(act(up(x)))``) or by the product of two (``down(act(gate(x)) * up(x))``, the
+    gate the branch with the activation), with no BatchNorm between; (None, why) when there is none or several."""
+    modules = dict(block.named_modules())
+    found = []
+    for consumer in graph.nodes:
+        walked = _walk_group(modules, consumer)
+        if walked is None or not isinstance(modules[str(consumer.target)], nn.Linear):
+            continue
+        inner, producers = walked
+        pmods = [modules[str(p.target)] for p in producers]
+        width = modules[str(consumer.target)].in_features
+        if len(producers) > 2 or any(not isinstance(m, nn.Linear) or m.out_features != width for m in pmods):
+            continue
+        if any(n.op == "call_module" and isinstance(modules[str(n.target)], nn.modules.batchnorm._BatchNorm)
+               for n in inner):
+            continue  # its channels also cut a BatchNorm: a channel group, not the MLP form
+        gate = None
+        if len(producers) == 2:
+            activated = [p for p in producers if _activated_before_product(modules, p, inner)]
+            if len(activated) != 1:
+                continue
+            gate = activated[0]
+        up = next(p for p in producers if p is not gate)
+        found.append(MLP(up=str(up.target), down=str(consumer.target), gate=str(gate.target) if gate else None,
+                         hidden=width))
+    if len(found) == 1:
+        return found[0], None
+    return None, ("no MLP (a Linear feeding one Linear through activations)" if not found else
+                  f"{len(found)} MLP-like Linear pairs ({', '.join(m.down for m in found)}), not one")
+
+
+def _activated_before_product(modules: dict[str, nn.Module], producer: torch.fx.Node,
+                              inner: set[torch.fx.Node]) -> bool:
+    """Whether ``producer``'s output passes a channel-wise op before it reaches a product inside ``inner``."""
+    node = producer
+    while True:
+        users = [u for u in node.users if u in inner]
+        if len(users) != 1:
+            return False
+        node = users[0]
+        if node.op == "call_function" and node.target in (operator.mul, torch.mul):
+            return False
+        if _channel_wise(modules, node):
+            return True
+
+
+# Ops that only move or cut a tensor's elements (what lies between an attention's projections and SDPA).
+_SHAPE_METHODS = {"view", "reshape", "transpose", "permute", "contiguous", "flatten", "unflatten", "split", "chunk"}
+_SHAPE_FUNCTIONS = {torch.reshape, torch.transpose, torch.permute, torch.flatten, torch.split, torch.chunk,
+                    operator.getitem}
+
+
+def _is_shape_op(node: torch.fx.Node) -> bool:
+    return (node.op == "call_method" and node.target in _SHAPE_METHODS) or \
+        (node.op == "call_function" and node.target in _SHAPE_FUNCTIONS)
+
+
+def _projection_of(modules: dict[str, nn.Module], node: Any) -> tuple[torch.fx.Node, int | None] | None:
+    """The Linear whose output reaches ``node`` through shape ops alone, and which piece of it (the index taken
+    from a split or chunk of its output; None: all of it); None when anything else lies between."""
+    piece = None
+    while isinstance(node, torch.fx.Node):
+        if node.op == "call_module" and isinstance(modules.get(str(node.target)), nn.Linear):
+            return node, piece
+        if not _is_shape_op(node) or not node.args:
+            return None
+        if node.target is operator.getitem:
+            if piece is not None or not isinstance(node.args[1], int):
+                return None
+            piece = node.args[1]
+        node = node.args[0]
+    return None
+
+
+def _attention_in(graph: torch.fx.Graph, block: nn.Module) -> tuple[Attention | None, str | None]:
+    """The block's attention, when it provably is one: a single ``F.scaled_dot_product_attention`` whose query,
+    key and value are Linear outputs reached through shape ops alone (one fused projection split in three, q, k, v in
+    that order, or three projections), whose output reaches one Linear the same way; heads and head size from the
+    shapes of one run of the block on a small input. (None, why) otherwise: rotary embeddings or a repeat of
+    key/value heads between the projections and SDPA are not shape ops, so such attention is not inferred."""
+    modules = dict(block.named_modules())
+    calls = [n for n in graph.nodes if n.op == "call_function" and n.target is F.scaled_dot_product_attention]
+    if len(calls) != 1:
+        return None, f"{len(calls)} calls of scaled_dot_product_attention, not one"
+    sdpa = calls[0]
+    names = ("query", "key", "value")
+    args = [sdpa.args[i] if len(sdpa.args) > i else sdpa.kwargs.get(names[i]) for i in range(3)]
+    projections = [_projection_of(modules, a) for a in args]
+    if any(p is None for p in projections):
+        return None, "its query, key or value is not a Linear's output reshaped (rotary embeddings or repeated heads?)"
+    sources = [p[0] for p in projections]  # type: ignore[index]
+    pieces = [p[1] for p in projections]  # type: ignore[index]
+    fused = len(set(sources)) == 1 and pieces == [0, 1, 2]
+    if not fused and (len(set(sources)) != 3 or any(i is not None for i in pieces)):
+        return None, "its query, key and value are neither one fused projection's three pieces nor three projections"
+    node, out = sdpa, None
+    while out is None:
+        users = list(node.users)
+        if len(users) != 1:
+            return None, "the attention's output is not one Linear's input"
+        node = users[0]
+        if node.op == "call_module" and isinstance(modules.get(str(node.target)), nn.Linear):
+            out = node
+        elif not _is_shape_op(node):
+            return None, "the attention's output reaches its projection through other ops than reshapes"
+    shapes = _shapes(graph, block, modules[str(sources[0].target)].in_features)
+    if shapes is None:
+        return None, "one run of the block on a small input failed (it takes more than the hidden state?)"
+    q, k = (shapes.get(a.name) if isinstance(a, torch.fx.Node) else None for a in args[:2])
+    if q is None or k is None or len(q) != 4 or len(k) != 4:
+        return None, "its query and key are not (batch, heads, positions, head size)"
+    heads, kv_heads, head_dim = int(q[1]), int(k[1]), int(q[-1])
+    paths = [str(s.target) for s in dict.fromkeys(sources)] + [str(out.target)]
+    parents = {p.rpartition(".")[0] for p in paths}
+    module = parents.pop() if len(parents) == 1 and "" not in parents else None
+    if fused:
+        return Attention(heads=heads, kv_heads=kv_heads, head_dim=head_dim, module=module, qkv=paths[0],
+                         out=paths[1]), None
+    return Attention(heads=heads, kv_heads=kv_heads, head_dim=head_dim, module=module, q=paths[0], k=paths[1],
+                     v=paths[2], out=paths[3]), None
+
+
+def _shapes(graph: torch.fx.Graph, block: nn.Module, width: int) -> dict[str, tuple[int, ...]] | None:
+    """The shape of every node's value when the block runs once on a (2, 8, width) input, in eval mode without
+    gradients and without drawing from the global RNG (the trial's own draws stay the same); None when it fails."""
+    from torch.fx.passes.shape_prop import ShapeProp
+
+    placeholders = [n for n in graph.nodes if n.op == "placeholder"]
+    if not placeholders or any(not n.args for n in placeholders[1:]):  # a second input without a default
+        return None
+    param = next(block.parameters(), None)
+    x = torch.zeros(2, 8, width, device=param.device if param is not None else None,
+                    dtype=param.dtype if param is not None and param.is_floating_point() else None)
+    modes = [(m, m.training) for m in block.modules()]
+    try:
+        gm = torch.fx.GraphModule(block, graph)
+        gm.eval()
+        with torch.random.fork_rng(devices=[]), torch.no_grad():
+            ShapeProp(gm).propagate(x)
+    except Exception:
+        return None
+    finally:
+        for m, training in modes:
+            m.training = training
+    return {n.name: tuple(n.meta["tensor_meta"].shape) for n in gm.graph.nodes
+            if isinstance(n.meta.get("tensor_meta"), torch.fx.passes.shape_prop.TensorMetadata)}
+
+
 def infer(model: nn.Module, blocks: str | None) -> ModelStructure:
     """What can be proven about ``model`` without being told (see the module docstring)."""
     notes: list[str] = []
@@ -392,8 +570,8 @@ def infer(model: nn.Module, blocks: str | None) -> ModelStructure:
     channels: list[Channels] = []
     modules = dict(model.named_modules())
     if graph is None:
-        notes.append(f"the model's forward could not be traced ({why}): no head, final norm, embedding or channel "
-                     "groups outside the blocks")
+        notes.append(f"the model's forward does not trace ({why}): no embedding, head, final norm or channel groups "
+                     "found outside the blocks")
     else:
         channels += _groups_in(graph, model, "")
         out = next(n for n in graph.nodes if n.op == "output")
@@ -411,35 +589,59 @@ def infer(model: nn.Module, blocks: str | None) -> ModelStructure:
                     isinstance(n.args[0], torch.fx.Node) and n.args[0].op == "placeholder":
                 embedding = str(n.target)
                 break
-    attention = None
+    attention, mlp = None, None
     graphs = [graph] if graph is not None else []
     complete = graph is not None
     if block_list is not None and n_blocks:
+        parts = []  # each block's (attention, MLP) as inferred from its own trace: one description for all blocks
+        traced = True
         for i, block in enumerate(block_list):
             g, why = _trace(block, set())
             if g is None:
-                notes.append(f"block {i} ({type(block).__name__}) could not be traced ({why}): no channel groups "
-                             "inside it")
-                complete = False
+                notes.append(f"block {i} ({type(block).__name__}) could not be traced ({why}): no attention, MLP or "
+                             "channel groups inside it")
+                complete = traced = False
                 break
             graphs.append(g)
             channels += _groups_in(g, block, f"{blocks}.{i}.")
+            parts.append((_attention_in(g, block), _mlp_in(g, block)))
         mha = [(p, m) for p, m in block_list[0].named_modules() if isinstance(m, nn.MultiheadAttention)]
         if len(mha) == 1:
             path, m = mha[0]
             attention = Attention(heads=m.num_heads, kv_heads=m.num_heads, head_dim=m.head_dim, module=path,
                                   out=f"{path}.out_proj", packed=True)
-        if attention is None:
-            notes.append("attention other than nn.MultiheadAttention is not inferred")
+        elif traced:
+            attention, why = _same_in_every_block([a for a, _ in parts], "attention")
+            if attention is None:
+                notes.append(f"attention not inferred: {why}")
+        if traced:
+            mlp, why = _same_in_every_block([m for _, m in parts], "MLP")
+            if mlp is None:
+                notes.append(f"MLP not inferred: {why}")
+            else:  # its hidden units are the MLP's: one group per block in the MLP's form, not twice
+                ours = {f"{blocks}.{i}.{mlp.down}:in" for i in range(n_blocks)}
+                channels = [c for c in channels if c.name not in ours]
+    tied = bool(head and embedding and modules[head].weight is modules[embedding].weight)
     tied = bool(head and embedding and modules[head].weight is modules[embedding].weight)
     sdpa = any(n.op == "call_function" and n.target is F.scaled_dot_product_attention for g in graphs for n in g.nodes)
     mha = any(isinstance(m, nn.MultiheadAttention) for m in model.modules())
     calls_sdpa = True if sdpa else (False if complete and not mha else None)  # None: a part was not traced
     return ModelStructure(
-        blocks=blocks, n_blocks=n_blocks, block=Block(attention=attention) if attention else None,
+        blocks=blocks, n_blocks=n_blocks, block=Block(attention=attention, mlp=mlp) if attention or mlp else None,
         embedding=embedding, final_norm=final_norm, head=head, tied=tied, channels=tuple(channels),
         convolutional=any(isinstance(m, nn.Conv2d) for m in model.modules()), calls_sdpa=calls_sdpa, source="inferred",
         notes=tuple(notes))
+
+
+def _same_in_every_block(found: list[tuple[Any, str | None]], what: str) -> tuple[Any, str | None]:
+    """The part every block has alike (block 0's, when each block's own trace found the same), or (None, why)."""
+    first, why = found[0]
+    if first is None:
+        return None, f"in block 0, {why}" if why else "not found in block 0"
+    differ = next((i for i, (part, _) in enumerate(found) if part != first), None)
+    if differ is not None:
+        return None, f"block {differ}'s {what} differs from block 0's"
+    return first, None
 
 
 def find_blocks(model: nn.Module) -> str | None:

@@ -45,6 +45,9 @@ SHARED = {
                                        "decide it", "muted"),
     "no verdict": _w("no verdict", "fewer than 3 pairs, or no interval: the estimate is shown and nothing is decided",
                      "muted"),
+    "unequal resources": _w("unequal resources", "the set ran on more (or fewer) cores or devices than the "
+                                                 "reference: its throughput ratio is shown but counts as no speedup, "
+                                                 "and its ratio per core (per device) is judged instead", "warn"),
 }
 CHANGES = {
     "faster": _w("faster", _CHANGE.format(what="throughput ratio", side="above 1 +", threshold="5% unless set"),
@@ -165,6 +168,7 @@ _DISTINCT = {"faster", "slower", "equivalent", "inconclusive", "futile", "mismat
 MARK_OPEN, MARK_CLOSE = "\u27e6", "\u27e7"  # ⟦ ⟧: never in a record, a number or a word of ours
 _marking: ContextVar[bool] = ContextVar("marking", default=False)
 NONE = "no verdict"  # the engine's answer without a decision (bench.analyze.stats.NONE)
+UNEQUAL = "unequal resources"  # a throughput ratio across unequal cores or devices: no speedup, its per-unit one is
 
 
 @contextmanager

@@ -17,7 +17,8 @@ did not survive Holm's correction over the report's comparisons says so. Two tab
 instead of a report, so a new technique cannot be missing from them: docs/techniques.md's table (name, kind,
 options, summary) and docs/commands.md's table of what each technique's row in "What the techniques found" says
 (its ``summarize`` docstring); one from the committed reports' env.json files: docs/examples.md's machines, each
-named by its fingerprint (``machine_name``). The README's result tables open with their machine's fingerprint line.
+named by its fingerprint (``machine_name``); one from the GPU check's plan: docs/gpu.md's cost of the check, part by
+part (``bench.plan.gpu.check_plan`` with the first H200 run's costs). The README's result tables open with their machine's fingerprint line.
 Only the block's body is rewritten; the prose around it is the author's.
 """
 
@@ -425,6 +426,14 @@ def findings_table(_: analysis.Analysis | None = None) -> list[str]:
     return _table(["technique", "what it found (one line per configuration, seeds in order)", "figure"], rows)
 
 
+def gpu_check_cost(_: analysis.Analysis | None = None) -> list[str]:
+    """What scripts/gpu_check.sh costs on an H200, part by part, by its plan (the first H200 run's costs)."""
+    from bench.plan import gpu
+
+    plan = gpu.check_plan(costs=gpu.H200)
+    return _table(gpu.COST_COLUMNS, gpu.cost_rows(plan))
+
+
 def glossary(_: analysis.Analysis | None = None) -> list[str]:
     """docs/methodology.md: every answer word and term, with what it means (``bench.core.words``, where the code
     that writes them reads them too)."""
@@ -494,6 +503,7 @@ TABLES: dict[str, Spec] = {
     "techniques": Spec("docs/techniques.md", None, technique_table),
     "commands-findings": Spec("docs/commands.md", None, findings_table),
     "glossary": Spec("docs/methodology.md", None, glossary),
+    "gpu-check-cost": Spec("docs/gpu.md", None, gpu_check_cost),
 }
 CARDS = _cards()
 ALL = {**TABLES, **CARDS}

@@ -1,9 +1,17 @@
-"""What ``scripts/gpu_check.sh`` says and keeps at its end: where a sweep's time went, read from its records, and
-the sweep directory kept under a size, so the whole report comes back from a remote machine.
+"""What ``scripts/gpu_check.sh`` says and keeps at its end: where a sweep's time went, read from its records, what a
+cap cut, whether a resume measured anything twice, and the sweep directory kept under a size, so the whole report
+comes back from a remote machine.
 
-    python -m bench.dev.gpu_check times OUT [--script NAME=SECONDS ...]
+    python -m bench.dev.gpu_check times OUT [--script NAME=SECONDS ...] [--json FILE]
+    python -m bench.dev.gpu_check cut OUT
+    python -m bench.dev.gpu_check resumed OUT --first FIRST.jsonl
     python -m bench.dev.gpu_check keep OUT --limit-mib 64
     python -m bench.dev.gpu_check restore OUT
+
+What a cap cut: the planned trials of the sweep (its sweep.toml, in its run order) that have no record; ``cut``
+prints them by set and adds a section saying so to the report of what finished (report.md), so the report never
+reads as the whole plan. A resume measured nothing twice when every trial id appears once and the records of the cut
+pass (``--first``: a copy of its results.jsonl) open the file unchanged.
 
 Where the time went: each record's ``stages`` (seconds per stage of the trial, where the harness records them)
 summed over the sweep; for records without them, each trial's wall time split into its timed window, its quality
@@ -19,13 +27,17 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 import shutil
 import sys
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from bench.core.errors import ConfigError
+from bench.plan.config import SweepConfig, build_config
+from bench.plan.planner import run_order, trial_id, world_size_for
 from bench.records import reader
 from bench.records.results import TrialRecord
 
@@ -87,6 +99,77 @@ def time_lines(records: Sequence[TrialRecord], script: Mapping[str, float] | Non
     lines.append("by set (trials, wall time): " + "; ".join(
         f"{label} {len(v)}, {sum(v):.0f} s" for label, v in sorted(by_set.items(), key=lambda kv: -sum(kv[1]))))
     return lines
+
+
+def planned_ids_of(cfg: SweepConfig) -> list[str]:
+    """The planned trials of a sweep, in run order."""
+    return [trial_id(w, t, cfg.seed + r, r, world_size_for(t, cfg.world_size)) for r, w, t in run_order(cfg)]
+
+
+def planned_ids(out: Path) -> list[str]:
+    """The planned trials of the sweep in ``out`` (its sweep.toml), in run order."""
+    return planned_ids_of(build_config(None, None, out / "sweep.toml"))
+
+
+def cut_lines(out: Path) -> list[str]:
+    """What the cap cut: the planned trials without a record, by set (empty when none)."""
+    done = {r.trial_id for r in reader.read_records(out / "results.jsonl")} if (out / "results.jsonl").exists() else set()
+    planned = planned_ids(out)
+    missing = [i for i in planned if i not in done]
+    if not missing:
+        return []
+    by_set: dict[str, list[str]] = defaultdict(list)
+    for i in planned:
+        by_set[i.split("/")[1]].append(i)
+    sets = [f"{label} {sum(i not in done for i in ids)} of {len(ids)}" for label, ids in by_set.items()
+            if any(i not in done for i in ids)]
+    return [f"cut by the cap: {len(missing)} of the {len(planned)} planned trials did not run ({'; '.join(sets)}); "
+            "running the script again resumes them, and no finished trial is measured again",
+            "  not run: " + ", ".join(missing)]
+
+
+CUT_HEADING = "## Cut by the time cap (scripts/gpu_check.sh)"
+
+
+def note_cut(out: Path) -> list[str]:
+    """``cut_lines``, also written at the end of the report of what finished (report.md; replaced, not added twice)."""
+    lines = cut_lines(out)
+    report = out / "report.md"
+    if lines and report.exists():
+        text = report.read_text().split("\n" + CUT_HEADING)[0].rstrip("\n")
+        body = "\n".join([CUT_HEADING, "", "The tables above hold only the trials that finished before the slot's "
+                          "cap stopped the sweep. " + lines[0][0].upper() + lines[0][1:] + ".", "",
+                          "N" + lines[1].strip()[1:] + "."])
+        report.write_text(f"{text}\n\n{body}\n")
+    return lines
+
+
+def resumed(out: Path, first: Path) -> tuple[bool, list[str]]:
+    """Whether the resume in ``out`` measured nothing twice (every trial id once; the cut pass's records, ``first``,
+    open the file unchanged), and lines saying so."""
+    def complete(path: Path) -> list[str]:  # a line cut mid-write by the cap is repaired away by the resume
+        out_lines = []
+        for line in path.read_text().splitlines() if path.exists() else []:
+            try:
+                json.loads(line)
+            except ValueError:
+                continue
+            out_lines.append(line)
+        return out_lines
+
+    before, now = complete(first), complete(out / "results.jsonl")
+    twice = [i for i, n in Counter(json.loads(line)["trial_id"] for line in now).items() if n > 1]
+    kept = now[:len(before)] == before
+    lines = []
+    if twice:
+        lines.append(f"resume: measured twice: {', '.join(twice)}")
+    if not kept:
+        lines.append(f"resume: the {len(before)} records of the cut pass do not open results.jsonl unchanged")
+    left = cut_lines(out)
+    if not twice and kept:
+        lines.append(f"resume: the {len(before)} trials of the cut pass kept as they were, {len(now) - len(before)} "
+                     "measured after it, none twice" + ("; every planned trial recorded" if not left else ""))
+    return not twice and kept, lines + left
 
 
 def _size(path: Path) -> int:
@@ -156,23 +239,43 @@ def main(argv: list[str] | None = None) -> int:
     times.add_argument("out", type=Path)
     times.add_argument("--script", action="append", default=[], metavar="NAME=SECONDS",
                        help="a stage of the script itself, in order")
+    times.add_argument("--json", type=Path, help="also write the script's stages here (the next plan reads them)")
+    cut = sub.add_parser("cut", help="what the cap cut (also noted in report.md)")
+    cut.add_argument("out", type=Path)
+    again = sub.add_parser("resumed", help="whether a resume measured any trial twice")
+    again.add_argument("out", type=Path)
+    again.add_argument("--first", type=Path, required=True, help="a copy of results.jsonl after the cut pass")
     keep = sub.add_parser("keep", help="keep the directory under a size")
     keep.add_argument("out", type=Path)
     keep.add_argument("--limit-mib", type=float, default=64.0)
     back = sub.add_parser("restore", help="move back what keep moved")
     back.add_argument("out", type=Path)
     args = parser.parse_args(argv)
+    code = 0
     if args.command == "times":
         path = args.out / "results.jsonl"
         records = reader.read_records(path) if path.exists() else []
-        lines = time_lines(records, _script_stages(args.script))
+        script = _script_stages(args.script)
+        lines = time_lines(records, script)
+        if (args.out / "sweep.toml").exists():  # and what the cap cut, if anything (gpu-check.txt keeps it)
+            try:
+                lines += cut_lines(args.out)
+            except (ConfigError, ValueError) as exc:  # a sweep.toml this checkout cannot read: no plan to compare
+                lines.append(f"what was cut is unknown: {exc}")
+        if args.json is not None:
+            args.json.write_text(json.dumps({"script": script}, indent=1) + "\n")
+    elif args.command == "cut":
+        lines = note_cut(args.out) or ["nothing was cut: every planned trial has a record"]
+    elif args.command == "resumed":
+        ok, lines = resumed(args.out, args.first)
+        code = 0 if ok else 1
     elif args.command == "keep":
         lines = keep_under(args.out, int(args.limit_mib * 2**20))
     else:
         lines = restore(args.out)
     for line in lines:
         print(line)
-    return 0
+    return code
 
 
 if __name__ == "__main__":

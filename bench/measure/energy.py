@@ -130,7 +130,8 @@ class EnergyMeter:
     """Energy used during a window: ``start()``, then ``stop() -> EnergyResult``.
 
     On CUDA the window's edges should already be synchronised by the caller (the step timer does it) so queued
-    kernels are not billed to the next window.
+    kernels are not billed to the next window. A counter that fails to read at either edge (an NVML error, a RAPL
+    file gone) gives no joules and says why (``failed``): energy is auxiliary, it never fails the trial.
     """
 
     def __init__(self, device: torch.device | str, powercap_root: Path = POWERCAP_ROOT) -> None:
@@ -139,6 +140,7 @@ class EnergyMeter:
         self._source: str | None = None
         self._reason: str | None = None
         self._start: Any = None
+        self.failed: str | None = None  # why a counter that was there could not be read (this window)
         if self.device.type == "cuda":
             try:
                 self._reader = _NvmlReader(self.device)
@@ -160,26 +162,40 @@ class EnergyMeter:
     def available(self) -> bool:
         return self._reader is not None
 
+    def _read(self, edge: str) -> Any:
+        """The counters now, or None (and ``failed`` says why) when reading them fails."""
+        try:
+            return self._reader.read()
+        except Exception as exc:  # NVMLError, OSError, ValueError: the window's energy is lost, not the trial
+            self.failed = (f"reading the {self._source} energy counter at the window's {edge} failed: "
+                           f"{type(exc).__name__}: {exc}").splitlines()[0][:300]
+            log.warning("energy not measured: %s", self.failed)
+            return None
+
     def start(self) -> None:
         """Read the counters at the start of the window."""
-        self._start = self._reader.read() if self._reader is not None else None
+        self.failed = None
+        self._start = self._read("start") if self._reader is not None else None
 
     def stop(self) -> EnergyResult:
         """Joules since ``start()``, or None with the reason."""
         if self._reader is None:
             return EnergyResult(joules=None, source=None, reason=self._reason)
+        if self.failed is not None:  # the start could not be read
+            return EnergyResult(joules=None, source=self._source, reason=self.failed)
         if self._start is None:
             raise RuntimeError("EnergyMeter.stop() called before start()")
-        end = self._reader.read()
-        try:
-            if isinstance(self._reader, RaplReader):
-                try:
-                    joules = self._reader.joules_between(self._start, end)
-                except ValueError as exc:  # an energy reading is auxiliary: it never fails the trial's measurements
-                    return EnergyResult(joules=None, source=self._source, reason=str(exc))
-            else:
-                # The NVML counter is 64-bit millijoules: it does not wrap in practice.
-                joules = (end - self._start) / 1000.0
-        finally:
-            self._start = None
+        end = self._read("end")
+        start, self._start = self._start, None
+        if end is None:
+            return EnergyResult(joules=None, source=self._source, reason=self.failed)
+        if isinstance(self._reader, RaplReader):
+            try:
+                joules = self._reader.joules_between(start, end)
+            except ValueError as exc:  # an energy reading is auxiliary: it never fails the trial's measurements
+                self.failed = str(exc)
+                return EnergyResult(joules=None, source=self._source, reason=str(exc))
+        else:
+            # The NVML counter is 64-bit millijoules: it does not wrap in practice.
+            joules = (end - start) / 1000.0
         return EnergyResult(joules=joules, source=self._source, reason=None)

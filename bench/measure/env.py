@@ -59,6 +59,11 @@ def _cpuinfo() -> tuple[str | None, set[str]]:
     return model or platform.processor() or None, flags
 
 
+def cpu_model() -> str | None:
+    """The CPU's model name, as ``fingerprint`` records it (``cpu_model``)."""
+    return _cpuinfo()[0]
+
+
 def _version(package: str) -> str | None:
     try:
         return importlib.metadata.version(package)

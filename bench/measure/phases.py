@@ -139,40 +139,78 @@ BUSY_STEPS = 5  # steps of the device-busy pass: a few hundred milliseconds on a
 
 
 def device_busy_pass(step: Callable[[], object], device: torch.device, steps: int = BUSY_STEPS
-                     ) -> trace_mod.DeviceBusy | None:
-    """How busy a CUDA device is while ``step`` (one training step, data fetch included) runs ``steps`` times.
+                     ) -> tuple[trace_mod.DeviceBusy | None, str | None]:
+    """How busy a CUDA device is while ``step`` (one training step, data fetch included) runs ``steps`` times:
+    ``(busy, None)``, or ``(None, why)`` when it cannot be said.
 
     Only the device's activity is traced (``torch.profiler`` with ``ProfilerActivity.CUDA``: CUPTI records each
     kernel, copy and memset; no CPU operator is recorded, so the host is not slowed the way a full trace slows it),
     no region is synchronised, and the device is synchronised only at the pass's edges, as in the timed window. One
     more step runs first as the profiler's warm-up (CUPTI set up, nothing kept). The busy fraction is the union of
-    the device's ops over the pass's host wall time. None when the profiler cannot trace the device or saw no
-    device op (it then logs why nothing is claimed)."""
+    the device's ops over the pass's host wall time.
+
+    The figure is one measurement of the trial, never its failure: a profiler that cannot trace the device, fails to
+    start, step, stop or export, a trace that cannot be read, or one without a device op (nothing to say rather
+    than "idle"), gives ``(None, why)`` and the trial goes on. An error of ``step`` itself (the training step) is
+    the trial's and is raised, after the profiler is stopped."""
     import torch
     from torch.profiler import ProfilerActivity
 
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "busy.json"
-        prof = torch.profiler.profile(
-            activities=[ProfilerActivity.CUDA], schedule=torch.profiler.schedule(wait=0, warmup=1, active=1),
-            on_trace_ready=lambda p: p.export_chrome_trace(str(path)))
+        export_failed: list[str] = []
+
+        def export(prof: torch.profiler.profile) -> None:  # called from prof.step() or prof.stop()
+            failed = _attempt(lambda: prof.export_chrome_trace(str(path)), "exporting its trace")
+            if failed:
+                export_failed.append(failed)
+
         try:
+            prof = torch.profiler.profile(
+                activities=[ProfilerActivity.CUDA], schedule=torch.profiler.schedule(wait=0, warmup=1, active=1),
+                on_trace_ready=export)
             prof.start()
-        except (RuntimeError, AssertionError) as exc:  # a torch without CUDA activity (no CUPTI): claim nothing
-            log.warning("the profiler cannot trace CUDA activity here (%s): device busy not measured", exc)
-            return None
+        except Exception as exc:  # a torch without CUDA activity (no CUPTI), or a profiler that cannot start
+            return _not_measured(f"the profiler cannot trace CUDA activity here ({_why(exc)})")
+        failed = None
         try:
             step()  # the profiler's warm-up
             torch.cuda.synchronize(device)  # nothing launched before the pass runs inside it
-            prof.step()  # recording from here
+            failed = _attempt(prof.step, "starting to record")
             t0 = time.perf_counter()
             for _ in range(steps):
                 step()
             torch.cuda.synchronize(device)  # everything the pass launched ran inside it
             wall = time.perf_counter() - t0
         finally:
-            prof.stop()  # the trace is written here
-        busy = trace_mod.from_activity(trace_mod.load(path), wall, steps) if path.exists() else None
+            stopped = _attempt(prof.stop, "stopping")  # the trace is written here
+        failed = failed or stopped or (export_failed[0] if export_failed else None)
+        if failed:
+            return _not_measured(f"the profiler failed {failed}")
+        if not path.exists():
+            return _not_measured("the profiler wrote no trace")
+        try:
+            busy = trace_mod.from_activity(trace_mod.load(path), wall, steps)
+        except Exception as exc:  # a truncated or unexpected trace: the figure is lost, not the trial
+            return _not_measured(f"its trace could not be read ({_why(exc)})")
     if busy is None:
-        log.warning("the device-busy pass traced no kernel on %s: device busy not measured", device)
-    return busy
+        return _not_measured(f"the profiler traced no kernel on {device}")
+    return busy, None
+
+
+def _why(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {exc}".splitlines()[0][:300]
+
+
+def _attempt(call: Callable[[], object], what: str) -> str | None:
+    """Run a profiler call; what failed, or None."""
+    try:
+        call()
+    except Exception as exc:  # the profiler's own failure: the pass's figure is lost, the trial goes on
+        return f"{what} ({_why(exc)})"
+    return None
+
+
+def _not_measured(why: str) -> tuple[None, str]:
+    log.warning("device busy not measured: %s", why)
+    return None, why

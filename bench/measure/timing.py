@@ -61,6 +61,7 @@ class WindowResult:
     n_steps: int
     data_wait_s: float = 0.0
     data_wait_per_step_s: list[float] = field(default_factory=list)
+    events_failed: str | None = None  # CUDA: why the step times are the host's instead of the events'
 
     def compute_step_times_s(self) -> list[float]:
         """Step times with the data wait of each step subtracted (clamped at 0).
@@ -101,14 +102,22 @@ class StepTimer:
     ``clock`` is injectable so the arithmetic can be tested with a fake clock. ``barrier`` (several ranks:
     ``host_barrier``) runs at both edges after the device sync and before the clock is read; None in one process,
     where the window is exactly as before.
+
+    On CUDA the steps are timed by events (``events``: on by default there), and the host's clock is read at each
+    step too, for nothing more than a clock call: if an event cannot be created, recorded or read, the per-step times
+    are the host's (its launch-to-launch intervals, whose median is the device's step only once the launch queue is
+    full) and ``WindowResult.events_failed`` says why. The window's total is the host's between synchronised edges
+    either way, so samples/s does not depend on the events.
     """
 
     def __init__(self, device: torch.device | str, clock: Callable[[], float] = time.perf_counter,
-                 barrier: Callable[[], None] | None = None) -> None:
+                 barrier: Callable[[], None] | None = None, events: bool | None = None) -> None:
         self.device = torch.device(device)
         self.clock = clock
         self.barrier = barrier
         self._cuda = self.device.type == "cuda"
+        self._use_events = self._cuda if events is None else events
+        self._events_failed: str | None = None
         self._t0: float | None = None
         self._stamps: list[float] = []
         self._events: list[torch.cuda.Event] = []
@@ -126,12 +135,25 @@ class StepTimer:
         """Sync the device (so earlier queued work is not billed to this window), meet the other ranks, and start
         the window."""
         self._stamps, self._events, self._waits, self._pending_wait = [], [], [], 0.0
+        self._events_failed = None
         self._sync()
         self._t0 = self.clock()
-        if self._cuda:
-            start = torch.cuda.Event(enable_timing=True)
-            start.record(torch.cuda.current_stream(self.device))
-            self._events.append(start)
+        self._record_event()
+
+    def _record_event(self) -> None:
+        """One CUDA event on the current stream, unless events are off or have failed (then they stay off)."""
+        if not self._use_events or self._events_failed is not None:
+            return
+        try:
+            ev = torch.cuda.Event(enable_timing=True)
+            ev.record(torch.cuda.current_stream(self.device))
+            self._events.append(ev)
+        except Exception as exc:  # the step times fall back to the host's; the window goes on
+            self._event_failure("recording a CUDA event", exc)
+
+    def _event_failure(self, what: str, exc: BaseException) -> None:
+        self._events_failed = f"{what} failed ({type(exc).__name__}: {exc})".splitlines()[0][:300]
+        log.warning("step times from the host's clock: %s", self._events_failed)
 
     def data_wait(self, seconds: float) -> None:
         """Add time spent waiting for the next batch to the step in progress."""
@@ -141,12 +163,8 @@ class StepTimer:
         """Mark the end of one step. No sync: on CUDA an event is recorded on the current stream."""
         if self._t0 is None:
             raise RuntimeError("StepTimer.step_done() called before start()")
-        if self._cuda:
-            ev = torch.cuda.Event(enable_timing=True)
-            ev.record(torch.cuda.current_stream(self.device))
-            self._events.append(ev)
-        else:
-            self._stamps.append(self.clock())
+        self._record_event()
+        self._stamps.append(self.clock())  # a clock call: the fallback should the events fail
         self._waits.append(self._pending_wait)
         self._pending_wait = 0.0
 
@@ -157,10 +175,13 @@ class StepTimer:
         self._sync()
         end = self.clock()
         total = end - self._t0
-        if self._cuda:
-            # Events can be read only after the sync above; elapsed_time is in milliseconds.
-            steps = [a.elapsed_time(b) / 1000.0 for a, b in zip(self._events, self._events[1:], strict=False)]
-        else:
+        steps = None
+        if self._use_events and self._events_failed is None:
+            try:  # events can be read only after the sync above; elapsed_time is in milliseconds
+                steps = [a.elapsed_time(b) / 1000.0 for a, b in zip(self._events, self._events[1:], strict=False)]
+            except Exception as exc:
+                self._event_failure("reading the CUDA events", exc)
+        if steps is None:
             edges = [self._t0, *self._stamps]
             steps = [b - a for a, b in zip(edges, edges[1:], strict=False)]
         # A data wait reported after the last step_done() belongs to no step but still happened inside the window.
@@ -171,6 +192,7 @@ class StepTimer:
             n_steps=len(steps),
             data_wait_s=sum(waits) + self._pending_wait,
             data_wait_per_step_s=waits,
+            events_failed=self._events_failed,
         )
         self._t0 = None
         return result

@@ -16,13 +16,13 @@ from pathlib import Path
 from typing import Any
 
 import tomli_w
-import torch
 
 import techniques
 from bench import workloads
 from bench.analyze import cost
 from bench.core.errors import ConfigError
 from bench.core.text import shown
+from bench.measure import cuda_caps
 from bench.plan import plugins
 from bench.records.results import MODES
 from techniques.base import OptionError
@@ -246,6 +246,16 @@ class SweepConfig:
     # time the planned trials took, so a sequential sweep takes at most about 1.5x a fixed one). Like the price, it
     # changes no measurement, only how many are made: kept out of the settings hash.
     decide_within: float | None = None
+    # The run order (``bench.plan.planner``): "shuffled" (each repeat's configurations in a seeded random order) or
+    # "priority" (the technique sets in the order given, the baseline beside the first, each through all its repeats
+    # before the next: a sweep cut short has the first comparisons complete). Changes no measurement: kept out of the
+    # settings hash, so a resume may change it.
+    order: str = "shuffled"
+    # How trial processes start: forked from the sweep's fork server, which imported torch and the harness once
+    # (``fork``), or each a fresh interpreter (``fresh``); bench.run.isolation says which trials always start fresh.
+    # Not a measurement setting (docs/methodology.md, "Fork isolation": what a trial measures reads the same either
+    # way), so kept out of the settings hash like the price; each record says how its trial started.
+    isolation: str = field(default_factory=lambda: default_isolation())  # defined below, with ISOLATIONS
 
     def __post_init__(self) -> None:
         for f in dataclasses.fields(self):
@@ -279,6 +289,10 @@ class SweepConfig:
                               "lower --repeats or split the sweep")
         if self.mode not in MODES:
             raise ConfigError(f"mode must be one of {', '.join(MODES)}; got {shown(self.mode)}")
+        if self.order not in ORDERS:
+            raise ConfigError(f"order must be one of {', '.join(ORDERS)}; got {shown(self.order)}")
+        if self.isolation not in ISOLATIONS:
+            raise ConfigError(f"isolation must be one of {', '.join(ISOLATIONS)}; got {shown(self.isolation)}")
         if self.device not in ("auto", "cpu", "cuda"):
             raise ConfigError(f"device must be one of auto, cpu, cuda; got {shown(self.device)}")
         if self.nproc < 1 or self.nnodes < 1:
@@ -358,10 +372,13 @@ class SweepConfig:
     def to_toml(self) -> str:
         # The price goes into sweep.toml (the report reads it) but not into to_dict(), whose settings a resume
         # must keep: a price changes no measurement.
-        extra = {"decide_within": self.decide_within} if self.decide_within is not None else {}
-        return tomli_w.dumps({**self.to_dict(), **self._price_dict(), **extra})
+        extra: dict[str, Any] = {"decide_within": self.decide_within} if self.decide_within is not None else {}
+        if self.order != ORDERS[0]:
+            extra["order"] = self.order
+        return tomli_w.dumps({**self.to_dict(), **self._price_dict(), **extra, "isolation": self.isolation})
 
 
+ORDERS = ("shuffled", "priority")  # SweepConfig.order: the first is the default
 MIN_SEQUENTIAL_START = 3  # bench.analyze.stats.MIN_REPEATS: a sequential design's first look
 DEFAULT_MAX_REPEATS = 8  # --repeats auto: pairs per configuration at most (docs/methodology.md: why 8)
 MAX_SEQUENTIAL_REPEATS = 200  # the design's levels are simulated for the cap: a larger one is a typo
@@ -420,19 +437,30 @@ PRESETS: dict[str, dict[str, Any]] = {
 # auto. bench.plan.gpu.check_plan sizes it; tests/test_gpu_check.py holds it to the time budget.
 GPU_CHECK: dict[str, Any] = {
     "workloads": ["gpt:gpt2-124m-b32"],
-    "techniques": ["baseline", "tf32", "bf16", "bf16+compile", "bf16+compile+fused_adamw"],
+    # In the order users ask about them, which the check runs them in (priority): bf16 against the baseline, then
+    # compile, then tf32, then the bare loop's recipe; a check cut short has the first comparisons complete.
+    "techniques": ["baseline", "bf16", "bf16+compile", "tf32", "bf16+compile+fused_adamw"],
     "mode": "speed",
+    "order": "priority",
 }
 
-SWEEP_KEYS = ("preset", "workloads", "techniques", "repeats", "max_repeats", "decide_within", "seed", "device", "nproc", "nnodes", "threads", "mode",
-              "budget", "models", "blocks", "technique_plugins", "price_per_hour", "instance", "prices", "shard")
+SWEEP_KEYS = ("preset", "workloads", "techniques", "repeats", "max_repeats", "decide_within", "order", "seed", "device", "nproc", "nnodes", "threads", "mode",
+              "budget", "models", "blocks", "technique_plugins", "price_per_hour", "instance", "prices", "shard",
+              "isolation")
+ISOLATIONS = ("fork", "fresh")  # bench.run.isolation
+ISOLATION_ENV = "TRAINBENCH_ISOLATION"  # the default when neither a flag nor a config names one (tests: fresh)
+
+
+def default_isolation() -> str:
+    """``fork``, unless ``TRAINBENCH_ISOLATION`` says otherwise (the test suite runs once with it set to fresh)."""
+    return os.environ.get(ISOLATION_ENV) or "fork"
 RECORDED_KEYS = ("sources_sha256",)  # written into sweep.toml by the harness; not settings a user gives
 
 
 def default_preset(device: str) -> str:
     """The preset a sweep starts from when none is named: ``gpu`` where its trials run on CUDA (``--device cuda``, or
     ``auto`` on a machine whose torch sees a GPU), else ``quick``."""
-    return "gpu" if device == "cuda" or (device == "auto" and torch.cuda.is_available()) else "quick"
+    return "gpu" if device == "cuda" or (device == "auto" and cuda_caps.available()) else "quick"
 
 
 def build_config(
@@ -494,6 +522,7 @@ def build_config(
         techniques=tuple(parse_technique_sets(_names("techniques", merged["techniques"]))),
         **_repeats(merged.get("repeats", 3), merged.get("max_repeats")),
         decide_within=merged.get("decide_within"),
+        order=merged.get("order", ORDERS[0]),
         seed=merged.get("seed", 0),
         device=merged.get("device", "auto"),
         nproc=merged.get("nproc", 1),
@@ -508,6 +537,7 @@ def build_config(
         instance=merged.get("instance"),
         prices=tuple(sorted(merged.get("prices", {}).items())),
         shard=parse_shard(merged["shard"]) if merged.get("shard") is not None else None,
+        isolation=merged["isolation"] if "isolation" in merged else default_isolation(),
     )
 
 
@@ -515,7 +545,7 @@ def _check_gpu_sizes_have_a_gpu(preset: str, merged: dict[str, Any]) -> None:
     """The gpu preset's own workloads on a CPU would take hours a trial: refused with what to run instead. Its sets on
     workloads the user names (``--workloads gpt:tiny``) run anywhere, the CUDA-only ones skipped with their reasons."""
     device = merged.get("device", "auto")
-    on_cpu = device == "cpu" or (device == "auto" and not torch.cuda.is_available())
+    on_cpu = device == "cpu" or (device == "auto" and not cuda_caps.available())
     if preset == "gpu" and on_cpu and merged.get("workloads") == PRESETS["gpu"]["workloads"]:
         raise ConfigError(f"the gpu preset's workloads ({', '.join(PRESETS['gpu']['workloads'])}) are sized for a "
                           "datacenter GPU and this sweep runs on the CPU, where each of their trials would take "

@@ -5,6 +5,11 @@ report says why) instead of silently dropping them. Repeats are interleaved acro
 everything, then repeat 1, ...) so slow drift of the machine hits all configurations alike, and within a repeat the
 order of the configurations is shuffled with ``random.Random(f"{seed}:{repeat}")`` (the sweep's recorded seed), so
 no set always runs first or right after another; each record keeps its ``position`` in the run order.
+
+``order = "priority"`` (``--order priority``, gpu_check.sh's) runs the sets in the order given instead: the baseline
+beside the first set (which of the two runs first alternating by repeat), then each further set through all its
+repeats, so a sweep cut short (a time-capped GPU slot) has its first comparisons complete rather than every
+comparison a pair short.
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ from dataclasses import dataclass
 import torch
 
 from bench import workloads
+from bench.measure import cuda_caps
 from bench.plan.config import Budget, ConfigError, SweepConfig, TechniqueSet, WorkloadSpec
 from techniques.base import Context, Technique, TrainConfig, batch_shards
 
@@ -45,12 +51,15 @@ class Trial:
 
 
 def resolve_device(name: str) -> torch.device:
+    # Asked of NVML or a child process (bench.measure.cuda_caps): the runner launches trials and must not hold a
+    # CUDA context of its own on the devices they train on.
     if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if name == "cuda" and not torch.cuda.is_available():
+        return torch.device("cuda" if cuda_caps.available() else "cpu")
+    if name == "cuda" and not cuda_caps.available():
         from bench.plan.config import ConfigError
 
-        raise ConfigError("--device cuda was asked for, but torch sees no CUDA device (use --device cpu or auto)")
+        raise ConfigError(f"--device cuda was asked for, but torch sees no CUDA device ({cuda_caps.get().reason}; "
+                          "use --device cpu or auto)")
     return torch.device(name)
 
 
@@ -58,10 +67,10 @@ def check_nproc(device: torch.device, nproc: int) -> None:
     """Refuse ``--nproc`` beyond the CUDA devices this node's processes can see: rank ``LOCAL_RANK`` takes
     ``cuda:LOCAL_RANK``, so a fifth rank on a 4-GPU node would fail inside every multi-process trial (or two ranks
     share a device, which NCCL refuses). On the CPU gloo runs any number of ranks. Raises ConfigError before anything
-    is written or launched; asking torch for the count does not create a CUDA context in this process."""
+    is written or launched; the count comes from ``bench.measure.cuda_caps``, which creates no CUDA context here."""
     if device.type != "cuda" or nproc <= 1:
         return
-    visible = torch.cuda.device_count()
+    visible = cuda_caps.device_count()
     if nproc > visible:
         shown = os.environ.get("CUDA_VISIBLE_DEVICES")
         where = f" (CUDA_VISIBLE_DEVICES={shown})" if shown is not None else ""
@@ -101,6 +110,7 @@ def incompatibility(techs: TechniqueSet, workload: WorkloadSpec, device: torch.d
         has_batchnorm=wl.batchnorm(workload.size),
         has_preferences=wl.has_preferences,
         structure=wl.structure(workload.size),
+        forward_targets=wl.forward_targets(workload.size),
         available_packages=available_packages(),
         technique_names=techs.names,
     )
@@ -143,6 +153,24 @@ def _batch_split_problem(instances: list[Technique], params: dict, world_size: i
     return None
 
 
+def applicability(source: str, device: torch.device, nproc: int = 2, blocks: str | None = None
+                  ) -> tuple[WorkloadSpec, dict[str, str | None]]:
+    """``bench list --model SOURCE``: the user's model at its default size, checked as a sweep checks it (built and
+    stepped once in a child process), and for every registered technique alone why it cannot run on that model here
+    (None: it can). Multi-process techniques are asked with ``nproc`` ranks."""
+    import techniques
+    from bench.plan import user_models as user
+
+    plugin = user.parse_model(source, blocks)
+    wl = user.register_model(plugin, device.type)
+    spec = WorkloadSpec.parse(wl.name)
+    out = {}
+    for name in sorted(techniques.registry()):
+        techs = TechniqueSet.parse(name)
+        out[name] = incompatibility(techs, spec, device, world_size_for(techs, nproc))
+    return spec, out
+
+
 def world_size_for(techs: TechniqueSet, world_size: int) -> int:
     """Sets with a multi-process technique (data-parallel, sharding, model-parallel) run on every process; the
     others (the baseline included) run in one process, so they are the single-process reference the distributed
@@ -171,29 +199,57 @@ def shard(trials: list[Trial], workloads_in_order: tuple[WorkloadSpec, ...], ind
 
 def full_plan(cfg: SweepConfig, device: torch.device) -> list[Trial]:
     """Every trial of the sweep, whatever the shard, in run order."""
-    sets = list(cfg.techniques)
-    if TechniqueSet(()) not in sets:
+    if TechniqueSet(()) not in cfg.techniques:
         log.info("adding the baseline technique set: speedups are measured against it")
-        sets.insert(0, TechniqueSet(()))
+    sets = technique_sets(cfg)
     worlds = {t: world_size_for(t, cfg.world_size) for t in sets}
     reasons = {(w, t): incompatibility(t, w, device, worlds[t]) for w in cfg.workloads for t in sets}
     trials = []
+    for repeat, workload, techs in run_order(cfg):
+        seed = cfg.seed + repeat
+        trials.append(Trial(
+            trial_id=trial_id(workload, techs, seed, repeat, worlds[techs]),
+            workload=workload,
+            techniques=techs,
+            seed=seed,
+            repeat=repeat,
+            world_size=worlds[techs],
+            skip_reason=reasons[(workload, techs)],
+            position=len(trials),
+        ))
+    return trials
+
+
+def technique_sets(cfg: SweepConfig) -> list[TechniqueSet]:
+    """The sweep's sets, the baseline first when the config names none (speedups need it)."""
+    sets = list(cfg.techniques)
+    if TechniqueSet(()) not in sets:
+        sets.insert(0, TechniqueSet(()))
+    return sets
+
+
+def priority_groups(cfg: SweepConfig) -> list[list[TechniqueSet]]:
+    """The sets as ``order = "priority"`` runs them: the baseline with the first other set, then one set a group."""
+    others = [t for t in technique_sets(cfg) if t != TechniqueSet(())]
+    return [[TechniqueSet(()), *others[:1]], *([t] for t in others[1:])]
+
+
+def run_order(cfg: SweepConfig) -> list[tuple[int, WorkloadSpec, TechniqueSet]]:
+    """(repeat, workload, set) of every trial in run order (``cfg.order``; the module's docstring says why each)."""
+    if cfg.order == "priority":
+        order = []
+        for group in priority_groups(cfg):
+            for repeat in range(cfg.repeats):
+                sides = group if repeat % 2 == 0 else group[::-1]  # ABBA: drift hits both sides of a pair alike
+                order += [(repeat, w, t) for w in cfg.workloads for t in sides]
+        return order
+    sets = technique_sets(cfg)
+    order = []
     for repeat in range(cfg.repeats):
         configs = [(w, t) for w in cfg.workloads for t in sets]
         random.Random(f"{cfg.seed}:{repeat}").shuffle(configs)
-        seed = cfg.seed + repeat
-        for workload, techs in configs:
-            trials.append(Trial(
-                trial_id=trial_id(workload, techs, seed, repeat, worlds[techs]),
-                workload=workload,
-                techniques=techs,
-                seed=seed,
-                repeat=repeat,
-                world_size=worlds[techs],
-                skip_reason=reasons[(workload, techs)],
-                position=len(trials),
-            ))
-    return trials
+        order += [(repeat, w, t) for w, t in configs]
+    return order
 
 
 @dataclass(frozen=True)

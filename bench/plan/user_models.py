@@ -23,7 +23,7 @@ import random
 import subprocess
 import sys
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -52,6 +52,7 @@ from bench.plan.plugins import (
 )
 from bench.workloads.base import Batch, BuiltWorkload, Workload, forget, registry
 from bench.workloads.mlp_mnist1d import shuffled_batches
+from techniques.base import logits_of
 
 PARAMETERS = ("size", "seed", "device")
 DEFAULT_SIZE = "default"  # a build without a ``size`` parameter (or without a default for it) has this one size
@@ -64,7 +65,8 @@ class ModelSpec:
 
     model: nn.Module
     train_data: Any  # (inputs, targets) tensors | a torch Dataset of (input, target) | batches(batch_size, seed)
-    loss: Callable[[Any, Any], torch.Tensor]  # (model output, targets) -> scalar mean loss
+    loss: Callable[[Any, Any], torch.Tensor] | None  # (model output, targets) -> scalar mean loss; None with
+    # forward_targets: the loss the forward returns (a tuple's one scalar tensor, a dict's or an output's ``loss``)
     evaluate: Callable[[nn.Module], dict[str, float]]  # held-out metrics; called under eval() and no_grad()
     metric: str  # the key of ``evaluate``'s result the reports follow
     higher_is_better: bool
@@ -78,9 +80,16 @@ class ModelSpec:
     blocks: str | None = None  # dotted path of the nn.ModuleList of repeated blocks (default: found, see find_blocks)
     structure: ModelStructure | dict[str, Any] | None = None  # the model's parts (bench.core.structure; default: inferred)
     teacher_size: str | None = None  # another size of this build that distill may train as the teacher
+    forward_targets: str | None = None  # the model computes its own loss: its forward's parameter for the targets
+    # (nanoGPT's "targets", Hugging Face's "labels"); the harness calls model(inputs, **{forward_targets: targets})
+    optimizer: Callable[[list[nn.Parameter]], torch.optim.Optimizer] | None = None  # your optimizer, made from the
+    # trainable parameters (weight-decay groups, betas); default: AdamW at ``lr``
+    schedule: Callable[[torch.optim.Optimizer], Any] | None = None  # your LR schedule, made on the optimizer and
+    # stepped after every optimizer step (a torch LRScheduler); default: a constant LR
 
 
 REQUIRED = tuple(f.name for f in dataclasses.fields(ModelSpec) if f.default is dataclasses.MISSING)
+OWN_LOSS = "docs/models.md, Models that compute their own loss"
 OPTIONAL = tuple(f.name for f in dataclasses.fields(ModelSpec) if f.default is not dataclasses.MISSING)
 
 
@@ -154,6 +163,7 @@ class UserWorkload(Workload):
                               f"{type(exc).__name__}: {' '.join(str(exc).split())[:300]}") from None
         spec = validate(raw, self.where)
         model = spec.model.to(device)
+        lr = spec.lr if spec.optimizer is None else _optimizer_lr(spec.optimizer, model, self.where)
         named = spec.blocks or self.plugin.blocks
         blocks = check_blocks(model, named, self.where) if named else find_blocks(model)
         batches, n_train = _batches_of(spec.train_data, self.where)
@@ -162,13 +172,13 @@ class UserWorkload(Workload):
         return BuiltWorkload(
             model=model,
             batches=batches,
-            loss_fn=spec.loss,
+            loss_fn=spec.loss if spec.loss is not None else returned_loss,
             evaluate=spec.evaluate,
             metric=spec.metric,
             higher_is_better=spec.higher_is_better,
             batch_size=spec.batch_size,
             tokens_per_sample=spec.tokens_per_sample,
-            lr=spec.lr,
+            lr=lr,
             target=spec.target,
             margin=spec.margin,
             quality_steps=steps,
@@ -182,7 +192,13 @@ class UserWorkload(Workload):
             pipeline=_pipeline_of(spec.train_data),
             source=self.origin.record(),
             structure=structure,
+            forward_targets=spec.forward_targets,
+            optimizer=spec.optimizer,
+            schedule=spec.schedule,
         )
+
+    def forward_targets(self, size: str) -> str | None:
+        return self.size_params(size).get("forward_targets")
 
 
 def _structure_of(spec: ModelSpec, model: nn.Module, blocks: str | None, where: str, named: bool = False
@@ -218,6 +234,56 @@ def _structure_of(spec: ModelSpec, model: nn.Module, blocks: str | None, where: 
     return structure
 
 
+def _optimizer_lr(factory: Callable[..., Any], model: nn.Module, where: str) -> float:
+    """The largest group LR of the optimizer ``factory`` makes for the model: the LR the workload trains at, which a
+    technique that picks the LR (lr_finder) scales. Made once on the model's parameters and dropped (an optimizer
+    holds no state before its first step)."""
+    try:
+        optimizer = factory([p for p in model.parameters() if p.requires_grad])
+    except Exception as exc:
+        raise PluginError(f"{where}: optimizer(parameters) raised {type(exc).__name__}: "
+                          f"{' '.join(str(exc).split())[:300]}") from None
+    if not isinstance(optimizer, torch.optim.Optimizer):
+        raise PluginError(f"{where}: optimizer(parameters) must return a torch.optim.Optimizer; it returned "
+                          f"{type(optimizer).__name__}")
+    lrs = [float(g["lr"]) for g in optimizer.param_groups]
+    if not lrs or not all(_is_number(x) and x > 0 for x in lrs):
+        raise PluginError(f"{where}: the optimizer's parameter groups must each have an LR > 0; got {lrs}")
+    return max(lrs)
+
+
+def returned_loss(out: Any, targets: Any = None) -> torch.Tensor:
+    """The loss a model that computes its own returned: itself when it returned only a scalar, a dict's (or
+    Hugging Face output's) ``loss``, or the one scalar tensor of a tuple (nanoGPT's ``(logits, loss)``)."""
+    if isinstance(out, torch.Tensor) and out.dim() == 0:
+        return out
+    if isinstance(out, Mapping) and isinstance(out.get("loss"), torch.Tensor):
+        return out["loss"]
+    if isinstance(getattr(out, "loss", None), torch.Tensor):
+        return out.loss
+    if isinstance(out, tuple | list):
+        scalars = [t for t in out if isinstance(t, torch.Tensor) and t.dim() == 0]
+        if len(scalars) == 1:
+            return scalars[0]
+    raise TypeError(f"the forward returned {described(out)}, with no loss to take (a scalar tensor alone, one in a "
+                    "tuple, or a dict's or an output's 'loss')")
+
+
+def described(value: Any, depth: int = 0) -> str:
+    """What a model returned, in a user's terms: ``a tuple (tensor [16, 1, 65], None)``."""
+    if isinstance(value, torch.Tensor):
+        return f"tensor {list(value.shape)}" if value.dim() else "a scalar tensor"
+    if value is None:
+        return "None"
+    if isinstance(value, tuple | list) and depth < 1:
+        inner = ", ".join(described(v, depth + 1) for v in list(value)[:4]) + (", ..." if len(value) > 4 else "")
+        return f"a {type(value).__name__} ({inner})"
+    if isinstance(value, Mapping) and depth < 1:
+        inner = ", ".join(f"{k}: {described(v, depth + 1)}" for k, v in list(value.items())[:4])
+        return f"a {type(value).__name__} {{{inner}}}"
+    return f"a {type(value).__name__}"
+
+
 def _seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
     random.seed(seed)
@@ -237,12 +303,24 @@ def validate(raw: Any, where: str) -> ModelSpec:
     if unknown:
         raise PluginError(f"{where}: build returned unknown key(s) {', '.join(shown(k) for k in unknown)} "
                           f"(valid: {', '.join(REQUIRED + OPTIONAL)})")
+    if "loss" not in values and values.get("forward_targets"):
+        values["loss"] = None  # the loss the forward returns
     missing = [k for k in REQUIRED if k not in values]
     if missing:
         raise PluginError(f"{where}: build's result lacks {', '.join(missing)} (required: {', '.join(REQUIRED)})")
     v = values
     _expect(isinstance(v["model"], nn.Module), where, "model", "an nn.Module", v["model"])
-    _expect(callable(v["loss"]), where, "loss", "a function (output, targets) -> scalar loss", v["loss"])
+    _expect(v.get("forward_targets") is None or (isinstance(v["forward_targets"], str) and
+                                                  v["forward_targets"].isidentifier()), where, "forward_targets",
+            "the name of the forward's parameter that takes the targets (e.g. 'targets', 'labels'), or None",
+            v.get("forward_targets"))
+    _expect(callable(v["loss"]) or (v["loss"] is None and v.get("forward_targets")), where, "loss",
+            "a function (output, targets) -> scalar loss (or None with forward_targets: the loss the forward "
+            "returns)", v["loss"])
+    for key, what in (("optimizer", "a function (parameters) -> torch.optim.Optimizer, or None"),
+                      ("schedule", "a function (optimizer) -> an LR scheduler stepped once per optimizer step, "
+                                      "or None")):
+        _expect(v.get(key) is None or callable(v[key]), where, key, what, v.get(key))
     _expect(callable(v["evaluate"]), where, "evaluate", "a function (model) -> dict of metrics", v["evaluate"])
     _expect(isinstance(v["metric"], str) and v["metric"] != "", where, "metric", "the name of a key of evaluate's "
             "result", v["metric"])
@@ -458,11 +536,7 @@ def check(plugin: Plugin, size: str, device: torch.device) -> dict[str, Any]:
                           f"{built.batch_size} and 2; it must honour batch_size (techniques split and resize it)")
     x, y = (t.to(device) if isinstance(t, torch.Tensor) else t for t in batch)
     model = built.model.train()
-    try:
-        loss = built.loss_fn(model(x), y)
-    except Exception as exc:
-        raise PluginError(f"{where}: the forward pass and loss on a training batch raised {type(exc).__name__}: "
-                          f"{' '.join(str(exc).split())[:300]}") from None
+    loss = _first_loss(built, model, x, y, where)
     if not (isinstance(loss, torch.Tensor) and loss.numel() == 1 and loss.is_floating_point()):
         what = f"a tensor of shape {list(loss.shape)}" if isinstance(loss, torch.Tensor) else type(loss).__name__
         raise PluginError(f"{where}: loss returned {what}; it must return a scalar floating-point tensor (the mean "
@@ -495,7 +569,68 @@ def check(plugin: Plugin, size: str, device: torch.device) -> dict[str, Any]:
         "n_params": sum(p.numel() for p in model.parameters()), "sha256": wl.origin.sha256,
         "block_types": dict(Counter(type(b).__name__ for b in model.get_submodule(blocks))) if blocks else {},
         "structure": built.structure.to_dict() if built.structure is not None else None,
+        "forward_targets": built.forward_targets, "optimizer": built.optimizer is not None,
+        "schedule": built.schedule is not None,
     }
+
+
+def _said(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {' '.join(str(exc).split())[:200]}"
+
+
+def _forward_parameters(model: nn.Module) -> list[str]:
+    try:
+        return list(inspect.signature(model.forward).parameters)
+    except (TypeError, ValueError):
+        return []
+
+
+TARGET_NAMES = ("targets", "labels", "target", "label", "y")  # what a forward calls the targets it computes a loss of
+
+
+def _first_loss(built: BuiltWorkload, model: nn.Module, x: Any, y: Any, where: str) -> torch.Tensor:
+    """The loss of one training batch, computed as the loop computes it; a failure is one line in the user's terms:
+    what the forward returned, what the loss expected, and what to change."""
+    kw = built.forward_targets
+    params = _forward_parameters(model)
+    if kw:
+        if kw not in params and not any(p.startswith("**") for p in params) and "kwargs" not in params:
+            raise PluginError(f"{where}: forward_targets={kw!r}, but the model's forward takes "
+                              f"({', '.join(params)}): name the parameter that takes the targets ({OWN_LOSS})")
+        try:
+            out = model(x, **{kw: y})
+        except Exception as exc:
+            raise PluginError(f"{where}: the forward with the targets, model(inputs, {kw}=targets), raised "
+                              f"{_said(exc)} (inputs {described(x)}, targets {described(y)})") from None
+        try:
+            return built.loss_fn(out, y)
+        except Exception as exc:
+            raise PluginError(f"{where}: taking the loss from the forward's output raised {_said(exc)}; the forward "
+                              f"with {kw}=targets returned {described(out)}: return its loss as a scalar tensor "
+                              f"(alone, in a tuple, or as 'loss' in a dict or output), or give loss=(output, "
+                              f"targets) -> the loss to pick it ({OWN_LOSS})") from None
+    try:
+        out = model(x)
+    except Exception as exc:
+        named = next((p for p in params[1:] if p in TARGET_NAMES), None)
+        hint = (f"; if the forward needs the targets ({named!r}) to compute its own loss, return "
+                f"forward_targets={named!r} from build ({OWN_LOSS})") if named else ""
+        raise PluginError(f"{where}: the forward pass on a training batch raised {_said(exc)} (inputs "
+                          f"{described(x)}){hint}") from None
+    try:
+        return built.loss_fn(logits_of(out), y)
+    except Exception as exc:
+        named = next((p for p in params[1:] if p in TARGET_NAMES), None)
+        if named:
+            hint = (f"; the forward takes {named!r}: if the model computes its own loss, return "
+                    f"forward_targets={named!r} from build, and the harness calls model(inputs, {named}=targets) "
+                    f"and takes the loss it returns ({OWN_LOSS})")
+        elif isinstance(out, tuple | list | Mapping):
+            hint = "; loss receives the forward's whole output: take the logits from it (out[0], out['logits'])"
+        else:
+            hint = ""
+        raise PluginError(f"{where}: loss(output, targets) raised {_said(exc)}; the forward, called without "
+                          f"targets, returned {described(out)} and the targets are {described(y)}{hint}") from None
 
 
 def _as_float(v: Any) -> float | None:

@@ -32,14 +32,14 @@ COLUMN_DTYPES: dict[str, str] = {
                   "inductor_cache"),  # cold | warm | None: text, since most sweeps hold no value (no category)
     **_each(TIME, "timestamp_utc"),
     # Nested values (tuples, lists, dicts) stay Python objects: there is no flat dtype for a curve.
-    **_each(OBJECT, "key names components notes contention_retries curve curve_extra mem_held technique_results rank_peak_rss_bytes continuation "
+    **_each(OBJECT, "key names components notes contention_retries recipe curve curve_extra mem_held technique_results rank_peak_rss_bytes continuation "
                     "stages"),
-    **_each(BOOL, "contended higher_is_better parity_ok"),
+    **_each(BOOL, "contended quality_contended higher_is_better parity_ok"),
     **_each(INT, "seed repeat position batch_size window_steps flops_per_step peak_bytes peak_rss_bytes "
                  "mem_params_bytes mem_grads_bytes mem_optimizer_bytes mem_activations_bytes mem_other_bytes "
                  "budget_samples samples_trained samples_to_target steps_to_target world_size n_params "
                  "clean_rss_at_rest_bytes clean_rss_peak_bytes model_state_bytes state_params_bytes "
-                 "state_grads_bytes state_optimizer_bytes zero_stage max_looks"),
+                 "state_grads_bytes state_optimizer_bytes zero_stage max_looks threads cores devices trained_params"),
     **_each(FLOAT, "first_step_s one_off_s probe_s samples_per_s tokens_per_s step_time_s step_time_iqr_s "
                    "data_wait_frac contention_frac achieved_flops peak_flops mfu mfu_datasheet target final "
                    "train_time_s time_to_target_s time_to_target_one_off_s parity_loss_diff parity_start_diff "
@@ -47,7 +47,7 @@ COLUMN_DTYPES: dict[str, str] = {
                    "phase_forward_share phase_backward_share phase_optimizer_share phase_other_share phase_device_busy "
                    "phase_device_op_s "
                    "samples_per_s_per_device zero_formula_bytes wall_s margin parity_harmless_drift "
-                   "parity_bug_loss_drift parity_bug_distance_drift parity_k_tol"),
+                   "parity_bug_loss_drift parity_bug_distance_drift parity_k_tol quality_contention_frac"),
 }
 
 # Categories in a fixed order where the values are known (a status count shows every status), else in order of

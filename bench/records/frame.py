@@ -28,6 +28,11 @@ BASELINE = "baseline"  # the label of the empty technique set, the default refer
 BREAKDOWN = ("params", "grads", "optimizer", "activations", "other")
 MODEL_STATE = ("params", "grads", "optimizer")  # per-rank model state of multi-process trials, from local shards
 
+# Other processes used more than this fraction of the CPUs while a trial measured (its timed window or its quality
+# run): that measurement's clock is not this machine's. The trial retries such a measurement; the analysis leaves
+# one that stayed contended out of what reads its clock.
+CONTENDED_ABOVE = 0.10
+
 # A trial's parity answer as the frame's parity_ok: inconclusive is neither a match nor a mismatch.
 PARITY_OK = {"ok": True, "mismatch": False, "inconclusive": None}
 
@@ -51,14 +56,14 @@ RECORD_COLUMNS = [
     "source", "machine", "key", "sweep_id", "trial_id", "timestamp_utc", "workload", "technique", "names",
     "components", "kind", "mode", "seed", "repeat", "position", "device", "status", "reason", "notes",
     "added_by", "wall_s", "stages", "inductor_cache", "max_looks", "margin",
-    "batch_size", "first_step_s", "one_off_s", "probe_s",
+    "batch_size", "first_step_s", "one_off_s", "probe_s", "trained_params", "threads", "cores", "devices", "recipe",
     "samples_per_s", "tokens_per_s", "step_time_s", "step_time_iqr_s", "window_steps", "data_wait_frac",
     "contention_frac", "contended", "contention_retries", "flops_per_step", "achieved_flops", "compute_dtype",
     "peak_flops", "mfu",
     "mfu_datasheet",
     "peak_bytes", "peak_rss_bytes", *(f"mem_{c}_bytes" for c in BREAKDOWN), "mem_held", "breakdown_skipped",
     "metric", "higher_is_better", "target", "budget_samples", "samples_trained", "final", "train_time_s", "cut",
-    "stopped_by", "curve", "curve_extra", "samples_to_target", "steps_to_target", "time_to_target_s", "time_to_target_one_off_s",
+    "stopped_by", "quality_contended", "quality_contention_frac", "curve", "curve_extra", "samples_to_target", "steps_to_target", "time_to_target_s", "time_to_target_one_off_s",
     "parity_kind", "parity_ok", "parity_loss_diff", "parity_start_diff", "parity_distance_diff", "parity_loss_tol",
     "parity_distance_tol", "parity_note", "parity_answer", "parity_harmless_drift", "parity_bug_loss_drift",
     "parity_bug_distance_drift", "parity_k_tol", "energy_j", "technique_results",
@@ -83,7 +88,9 @@ def _record_row(r: TrialRecord, source: str, machine: str, max_looks: int | None
         "inductor_cache": (r.caches or {}).get("inductor"), "max_looks": max_looks, "margin": q.margin if q else None,
         "batch_size": b.batch_size if b else wl.get("batch_size"),
         "first_step_s": b.first_step_s if b else None, "one_off_s": b.one_off_s if b else None,
-        "probe_s": b.probe_s if b else None,
+        "probe_s": b.probe_s if b else None, "trained_params": b.trained_params if b else None,
+        **_resources(r),
+        "recipe": b.recipe if b else None,
         "samples_per_s": s.samples_per_s if s else None, "tokens_per_s": s.tokens_per_s if s else None,
         "step_time_s": s.step_time_s.median if s else None, "step_time_iqr_s": s.step_time_s.iqr if s else None,
         "window_steps": s.steps if s else None, "data_wait_frac": s.data_wait_frac if s else None,
@@ -100,7 +107,11 @@ def _record_row(r: TrialRecord, source: str, machine: str, max_looks: int | None
         "target": q.target if q else wl.get("target"),
         "budget_samples": q.budget_samples if q else None, "samples_trained": q.samples_trained if q else None,
         "final": q.final if q else None, "train_time_s": q.train_time_s if q else None, "cut": q.cut if q else None,
-        "stopped_by": q.stopped_by if q else None, "curve": q.curve if q else [],
+        "stopped_by": q.stopped_by if q else None,
+        "quality_contended": bool(q and (q.contended or (q.contention is not None
+                                                          and q.contention.fraction > CONTENDED_ABOVE))),
+        "quality_contention_frac": q.contention.fraction if q and q.contention is not None else None,
+        "curve": q.curve if q else [],
         "curve_extra": q.curve_extra if q else None,
         "samples_to_target": q.samples_to_target if q else None,
         "steps_to_target": q.steps_to_target if q else None,
@@ -125,6 +136,18 @@ def _record_row(r: TrialRecord, source: str, machine: str, max_looks: int | None
         "continues": r.continues,
         "continuation": dataclasses.asdict(q.continuation) if q and q.continuation else None,
     }
+
+
+def _resources(r: TrialRecord) -> dict[str, Any]:
+    """What the trial ran on (``build.resources``; for a record before that field, from its world size, threads and
+    device): threads per rank, cores (ranks x threads) and devices (GPUs; 0 on the CPU)."""
+    b = r.build
+    if b is not None and b.resources:
+        return {k: b.resources.get(k) for k in ("threads", "cores", "devices")}
+    threads = b.threads if b is not None else None
+    ranks = r.world_size or 1
+    return {"threads": threads, "cores": ranks * threads if threads else None,
+            "devices": ranks if str(r.device).startswith("cuda") else 0 if b is not None else None}
 
 
 def _components(label: str) -> tuple[str, ...]:

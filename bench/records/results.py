@@ -139,6 +139,13 @@ class BuildInfo:
                                      "leaner architecture, extra prediction heads), when it differs from n_params; "
                                      "a technique that shrinks the model during training reports it in "
                                      "technique_results", None)
+    resources: dict[str, int] | None = doc("what the trial ran on: ranks, threads (torch threads of each rank), "
+                                           "cores (ranks x threads) and devices (GPUs: one per rank on CUDA, 0 on "
+                                           "the CPU); a comparison across unequal resources is labelled", None)
+    recipe: dict[str, Any] | None = doc("the optimizer stepped (optimizer: class and each parameter group's "
+                                        "hyper-parameters and size), whose LR schedule ran (schedule: the "
+                                        "workload's own, 'replaced by' a technique that owns the LR, or None) and "
+                                        "whether the workload brought its own optimizer (own_optimizer)", None)
 
 
 @dataclass(frozen=True)
@@ -237,6 +244,12 @@ class QualityResult:
     curve_extra: dict[str, list[float | None]] | None = doc("the workload's other held-out metrics at each curve row "
                                                             "(its curve_metrics, e.g. a preference workload's "
                                                             "proxy_reward and kl), aligned with curve", None)
+    contended: bool = doc("other processes used more than 10% of the CPUs during the quality run after its "
+                          "retries: its training clock is not this machine's, so equal-time and time-to-target "
+                          "comparisons leave it out (records before this field: read from contention)", False)
+    contention_retries: list[float] = doc("contention fraction of each quality run trained again from a fresh "
+                                          "build because others used the CPUs (at most budget.contention_retries, "
+                                          "after a pause)", factory=list)
 
     def __post_init__(self) -> None:
         # Every reader indexes a curve's rows by column (samples, steps, clock, loss, metric): a row of another
@@ -377,6 +390,11 @@ class TrialRecord:
     energy: EnergyResult | None = doc("energy over the timed window", None)
     phases: PhaseResult | None = doc("where a step's time goes (a pass after the timed window)", None)
     notes: list[str] = doc("remarks of the harness about this record", factory=list)
+    unavailable: dict[str, str] = doc("measurements that were attempted and failed, by name, with why; the trial "
+                                      "went on without them: device_busy (the device-busy pass's profiler or its "
+                                      "trace), energy (a counter that could not be read at the window's edges), "
+                                      "step_times (CUDA events: the window's step times are then the host's)",
+                                      factory=dict)
     technique_results: dict[str, Any] = doc("what each technique found, by name (an LR range test's curve and "
                                             "choice, a batch-size search trace, early stopping's savings)",
                                             factory=dict)
@@ -399,6 +417,12 @@ class TrialRecord:
         "filled: the one-off cost measured in full) or warm (filled by an earlier trial of the same workload and "
         "set: the first step's one-off is smaller, and the analysis takes the set's one-off cost from its cold "
         "trials); absent: not used", None)
+    isolation: str | None = doc(
+        "how the trial's process started: fork (forked from the sweep's fork server, which had imported torch and the "
+        "harness once; the child maps the file pages the server held, so RSS counts what a fresh process's counts) or "
+        "fresh (a new interpreter: torchrun trials, --isolation fresh, sweep --ab against another checkout, batch "
+        "jobs, a sweep whose server could not start); docs/methodology.md, 'Fork isolation'. None: a skipped trial, "
+        "or a record from before the field", None)
     continues: str | None = doc("the trial_id of the trial whose quality run this one continues past its budget "
                                 "(a time-budgeted continuation, quality.continuation); such records are kept out of "
                                 "every statistic but quality at equal time", None)

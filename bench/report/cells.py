@@ -182,6 +182,8 @@ def saving_cell(c: Any, p: float, machines_ratio: float = 1.0) -> Cell:
         return Cell(f"{text} ({machines_ratio:g}x the machines; {say(words.NO_SAVING)}: the interval includes 0)", "muted")
     if c.speedup_verdict in (None, stats.NONE):
         return Cell(f"{text} ({say(stats.NONE)}: {c.speedup_why or 'no interval'})", "muted")
+    if c.speedup_verdict == words.UNEQUAL:
+        return Cell(f"{say(words.NO_SAVING)} ({say(words.UNEQUAL)}: {c.speedup_why})", "muted")
     if c.speedup_verdict == stats.EQUIVALENT:
         return Cell(f"{say(words.NO_SAVING)} (speed {say(stats.EQUIVALENT)}; {text})", "muted")
     if c.speedup_verdict == stats.INCONCLUSIVE:
@@ -250,10 +252,30 @@ def and_list(items: list[str]) -> str:
 # ---- one configuration in a line: the summary, the terminal, the docs tables --------------------------------
 
 
+def unequal_resources(c: Any) -> bool:
+    """The set ran on other cores or devices than its reference: its throughput ratio is no speedup."""
+    return c.speedup_verdict == words.UNEQUAL and known(c.speedup)
+
+
+def unequal_text(c: Any, terse: bool = False) -> str:
+    """``1.28x on 2 cores against 1: unequal resources; per core 0.64x [0.55, 0.75] slower``: the throughput ratio
+    labelled with the resources it compares, and the ratio per core (per device) with its answer."""
+    unit, mine, theirs = c.resource_unit, int(c.resource_mine), int(c.resource_ref)
+    per = ratio_text(c.speedup_per_unit, c.speedup_per_unit_lo, c.speedup_per_unit_hi, c.speedup_per_unit_verdict,
+                     c.speedup_per_unit_why, brief=True, terse=terse) if known(c.speedup_per_unit) else "-"
+    if terse:
+        return f"{c.speedup:.2f}x on {mine}/{theirs} {unit}s; {per}/{unit}"
+    plural = "s" if mine != 1 else ""
+    return (f"{c.speedup:.2f}x{interval(c.speedup_lo, c.speedup_hi)} on {mine} {unit}{plural} against "
+            f"{theirs}: {say(words.UNEQUAL)}; per {unit} {per}")
+
+
 def speed_brief(c: Any) -> str:
     """The speedup against the reference with its interval and answer ("reference" on the reference's row)."""
     if c.is_reference:
         return "reference" if known(c.sps_median) else "-"
+    if unequal_resources(c):
+        return unequal_text(c)
     return ratio_cell(c.speedup, c.speedup_lo, c.speedup_hi, c.speedup_verdict, c.speedup_why, brief=True).text
 
 
@@ -301,6 +323,8 @@ def equal_time_brief(c: Any) -> str:
     if c.is_reference or c.kind == "exact":
         return "-"
     text = difference_cell(c, "delta_at_time", brief=True).text
+    if text == "-" and getattr(c, "clock_contended", None):
+        return f"not compared: {c.clock_contended}"
     unscored = c.equal_time_faster - c.equal_time_continued
     if text != "-" and unscored > 0:
         text += f"; {unscored} run(s) that took less time scored where they ended"
@@ -322,6 +346,9 @@ def ttt_brief(c: Any, with_ratio: bool = True) -> str:
     if with_ratio and not c.is_reference and known(c.ttt_ratio):
         text += "; " + ratio_cell(c.ttt_ratio, c.ttt_ratio_lo, c.ttt_ratio_hi, c.ttt_ratio_verdict, c.ttt_ratio_why,
                                   brief=True).text
+    contended = getattr(c, "clock_contended", None)
+    if contended and contended.split(" (")[0] not in text:
+        text += f"; {contended.split(' (')[0]}"
     return text
 
 
@@ -348,6 +375,8 @@ def sps_cell(c: Any) -> Cell:
 def speedup_cell(c: Any) -> Cell:
     if c.is_reference:
         return Cell("1 (reference)", "muted") if c.n_ok else Cell("-")
+    if unequal_resources(c):
+        return Cell(unequal_text(c), tone(words.UNEQUAL))
     return ratio_cell(c.speedup, c.speedup_lo, c.speedup_hi, c.speedup_verdict, c.speedup_why)
 
 
@@ -435,8 +464,9 @@ def quality_cell(c: Any) -> Cell:
 def equal_time_text(c: Any) -> str:
     """The metric at the reference's training clock, and how a faster set got there: trained on past its budget
     (``bench.run.continuation``), or why it could not be ("" without an equal-time value)."""
+    contended = getattr(c, "clock_contended", None)
     if not known(c.delta_at_time):
-        return ""
+        return f"; at equal time: not compared ({contended})" if contended else ""
     at = delta_cell(c.delta_at_time, c.delta_at_time_lo, c.delta_at_time_hi, c.delta_at_time_verdict,
                     c.delta_at_time_why)
     how = []
@@ -452,6 +482,8 @@ def equal_time_text(c: Any) -> str:
         how.append(f"{c.equal_time_faster - c.equal_time_continued} run(s) that took less time scored where they "
                    "ended: no "
                    "continuation recorded")
+    if contended and contended not in at.text:
+        how.append(contended)
     return f"; at equal time ({fmt_secs(c.equal_time_s)}): {at.text}" + (f" ({'; '.join(how)})" if how else "")
 
 
@@ -496,10 +528,15 @@ def ttt_cell(c: Any) -> Cell:
         asides.append(f"{fmt_secs(c.ttt_one_off_median)} with one-off")
     text = fmt_secs(c.ttt_median) + interval + (f" ({'; '.join(asides)})" if asides else "")
     text += f"; {fmt_num(c.stt_median)} samples; {missed}"
+    contended = getattr(c, "clock_contended", None)
     if c.is_reference or not known(c.ttt_ratio):
         why = f"; {c.ttt_ratio_why}" if c.ttt_ratio_why and not c.is_reference else ""
+        if c.is_reference and contended:
+            why = f"; {contended}"
         return Cell(text + why)
     cell = ratio_cell(c.ttt_ratio, c.ttt_ratio_lo, c.ttt_ratio_hi, c.ttt_ratio_verdict, c.ttt_ratio_why)
+    if contended and contended not in cell.text:
+        cell.text += f" ({contended})"
     return Cell(f"{text}; {cell.text}", cell.tone)
 
 
@@ -559,6 +596,8 @@ def speed_terse(c: Any) -> str:
         return f"{fmt_num(c.sps_median)} samples/s" if known(c.sps_median) else "-"
     if not known(c.speedup):
         return "-"
+    if unequal_resources(c):
+        return unequal_text(c, terse=True)
     if c.speedup_verdict in (None, stats.NONE):
         return f"{c.speedup:.2f}x ({say(stats.NONE)}: {_reason(c.speedup_why, True, terse=True)})"
     return ratio_text(c.speedup, c.speedup_lo, c.speedup_hi, c.speedup_verdict, terse=True)
@@ -599,6 +638,10 @@ def flags(c: Any) -> list[str]:
         out.append(f"parity: {parity_brief(c)}")
     if c.n_contended:
         out.append(f"{c.n_contended} contended window(s) left out")
+    if getattr(c, "clock_contended", None):
+        out.append(c.clock_contended.split(" (")[0] + " of equal time and time to target")
+    if unequal_resources(c):
+        out.append(f"{say(words.UNEQUAL)}: {int(c.resource_mine)} {c.resource_unit}s against {int(c.resource_ref)}")
     if c.problems:
         out.append(c.status)
     elif c.skip_reason:

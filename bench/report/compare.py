@@ -82,6 +82,9 @@ def to_markdown(comp: Comparison, title: str = "Comparison") -> str:
         lines += ["Environments match (device, library versions, CPU/GPU, threads; from env.json).", ""]
     if comp.settings:
         lines += ["**Sweep settings differ** (sweep.toml):", ""] + [f"- {cell(s)}" for s in comp.settings] + [""]
+    if comp.peak_moves:
+        lines += ["**The machine's peak moved** (each sweep calibrates its matmul peaks when it starts):", ""]
+        lines += [f"- {cell(m)}" for m in comp.peak_moves] + [""]
     for kind, text in (("measured", "Calibrated peak FLOP/s differ by more than 10% (a measurement: contention "
                                     "or another machine)"),
                        ("code", "Code"), ("other", "Other env.json differences")):

@@ -84,6 +84,8 @@ def rows_of(configs: pd.DataFrame) -> list[SummaryRow]:
                          "speed numbers)")
         if not c.is_reference and c.speedup_verdict == stats.NONE and c.speedup_why:
             notes.append(f"{cells.say(stats.NONE)}: {c.speedup_why}")
+        if c.clock_contended:
+            notes.append(c.clock_contended)
         rows.append(SummaryRow(
             workload=c.workload, techniques=c.technique, n_ok=c.n_ok, n_total=c.n_total, samples_per_s=c.sps_median,
             speedup=cells.speed_brief(c), peak=_peak(c), memory_ratio=cells.memory_brief(c),

@@ -37,7 +37,7 @@ import torch
 
 from bench.analyze import compare as compare_mod
 from bench.core.files import REPO_DIR, write_atomic
-from bench.plan.config import ConfigError, SweepConfig
+from bench.plan.config import ISOLATIONS, ConfigError, SweepConfig
 from bench.plan.planner import Trial, plan
 from bench.records import reader
 from bench.records.results import TrialRecord
@@ -140,26 +140,42 @@ class AbResult:
     markdown: str
 
 
+def side_configs(cfg: SweepConfig, other: Checkout, isolation_b: str | None) -> tuple[SweepConfig, SweepConfig]:
+    """Each side's settings: ``cfg`` for both, except how their trials start (``bench.run.isolation``). Against
+    another checkout both sides start fresh (its trials cannot fork from this checkout's server, and only the code
+    may differ between the sides); ``isolation_b`` (``--ab . --ab-isolation fresh``) makes the isolation the one
+    difference instead, to compare the two ways of starting a trial on this checkout."""
+    other_code = other.code_dir.resolve() != REPO_DIR.resolve()
+    if isolation_b is not None and other_code:
+        raise ConfigError(f"--ab-isolation compares how trials start on this checkout: use it with --ab . (the "
+                          f"trials of {other.spec} start fresh, since the fork server imports this checkout's code)")
+    if isolation_b is not None and isolation_b not in ISOLATIONS:
+        raise ConfigError(f"--ab-isolation must be one of {', '.join(ISOLATIONS)}; got {isolation_b!r}")
+    cfg_a = dataclasses.replace(cfg, isolation="fresh") if other_code else cfg
+    return cfg_a, dataclasses.replace(cfg_a, isolation=isolation_b) if isolation_b else cfg_a
+
+
 class AbRunner:
     """Runs the plan of ``cfg`` on two checkouts, alternating per trial, into OUT/a and OUT/b."""
 
     def __init__(
         self, cfg: SweepConfig, out_dir: Path, device: torch.device, other: Checkout, resume: bool = False,
         command: str = "", threshold: float = compare_mod.DEFAULT_THRESHOLD, extend: bool = False,
-        launch: Launch | None = None,
+        launch: Launch | None = None, isolation_b: str | None = None,
     ) -> None:
         if cfg.plugins and not (other.code_dir / "bench" / "plugins.py").is_file():
             raise ConfigError(f"--ab {other.spec}: that checkout predates --model and --technique, so its trial code "
                               "cannot load them; compare against a revision that has bench/plan/plugins.py")
-        self.cfg = cfg
+        cfg_a, cfg_b = side_configs(cfg, other, isolation_b)
+        self.cfg = cfg_a
         self.out_dir = Path(out_dir)
         self.resume = resume
         self.other = other
         self.threshold = threshold
         self.runners = {
-            "a": SweepRunner(cfg, self.out_dir / "a", device, resume=resume, command=command, code_dir=REPO_DIR,
+            "a": SweepRunner(cfg_a, self.out_dir / "a", device, resume=resume, command=command, code_dir=REPO_DIR,
                              extend=extend, launch=launch),
-            "b": SweepRunner(cfg, self.out_dir / "b", device, resume=resume, command=command, extend=extend,
+            "b": SweepRunner(cfg_b, self.out_dir / "b", device, resume=resume, command=command, extend=extend,
                              code_dir=other.code_dir, launch=launch),
         }
         self.device = device
@@ -184,7 +200,9 @@ class AbRunner:
             mine = Checkout(REPO_DIR, ".", _commit_of(REPO_DIR))
             if self.recorder:
                 write_atomic(self.out_dir / "ab.json", json.dumps(
-                    {"a": mine.describe(), "b": self.other.describe(), "command": self.command,
+                    {"a": {**mine.describe(), "isolation": self.runners["a"].cfg.isolation},
+                     "b": {**self.other.describe(), "isolation": self.runners["b"].cfg.isolation},
+                     "command": self.command,
                      "threshold": self.threshold,
                      "order": "per trial, alternating which side goes first (ABBA, balanced per configuration)"},
                     indent=2) + "\n")
@@ -193,6 +211,7 @@ class AbRunner:
             trials = plan(self.cfg, self.device)
             done = self._agree_on_done(trials)
             for side, runner in self.runners.items():  # each side's references come from its own code
+                runner.launcher.start_server([t for t in trials if t.trial_id not in done[side]])
                 runner.launcher.prepare_references([t for t in trials if t.trial_id not in done[side]])
             total, count = 2 * len(trials), 0
             for trial, sides in abba_order(trials):

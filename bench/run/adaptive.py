@@ -42,7 +42,7 @@ from bench.records.results import TrialRecord
 log = logging.getLogger(__name__)
 
 ADDED_BY = "sequential"
-PLANNED_SPEED_SHARE = 0.5  # before a configuration's first speed-only trial: its cost as a share of a full trial's
+PLANNED_SPEED_SHARE = 0.5  # before a configuration's first speed-only trial: a full (speed and quality) trial's share
 BUDGET_SHARE = 0.5  # --decide-within's default: this share of the planned trials' wall time
 
 
@@ -94,9 +94,11 @@ def open_configurations(cfg: SweepConfig, records: list[TrialRecord]) -> list[Op
             continue
         if exhausted(cfg, int(c.n_total)):
             continue
+        # across unequal resources the speed answer is the one per core or device (the analysis's)
+        speed = "speedup_per_unit" if getattr(c, "resource_unit", None) else "speedup"
         verdicts = [(name, getattr(c, f"{prefix}_verdict"), getattr(c, f"{prefix}_n"),
                      getattr(c, f"{prefix}_needed", None), bool(getattr(c, f"{prefix}_futile", False)))
-                    for name, prefix in (("speed", "speedup"), ("memory", "mem_ratio"))]
+                    for name, prefix in (("speed", speed), ("memory", "mem_ratio"))]
         found += open_of(verdicts, cfg.max_repeats, workloads[c.workload], sets[c.technique],
                          int(c.world_size or 1), trial_cost(records, c.workload, c.technique))
     return informative_first(found)
@@ -146,12 +148,19 @@ def speed_trial(cfg: SweepConfig, workload: WorkloadSpec, techniques: TechniqueS
 
 
 def trial_cost(records: list[TrialRecord], workload: str, technique: str) -> float:
-    """The median wall time of this configuration's speed-only trials, or a share of its full trials'."""
+    """The estimated wall time of one more speed-only trial of this configuration: the median of the speed-only
+    trials it has, those the sequential phase added first, then planned trials that were speed-only already (a
+    ``--mode speed`` sweep: the same stages as an added one), those that found their compile cache warm first (as
+    an added trial will); else a share of its full trials' (a quality run is most of a full trial)."""
     mine = [r for r in records if r.workload_label == workload and r.technique_label == technique
             and r.status == "ok" and r.wall_s]
     added = [r.wall_s for r in mine if r.added_by == ADDED_BY]
     if added:
         return float(np.median(added))
+    speed_only = [r for r in mine if r.mode == "speed"]
+    if speed_only:
+        warm = [r.wall_s for r in speed_only if (r.caches or {}).get("inductor") == "warm"]
+        return float(np.median(warm or [r.wall_s for r in speed_only]))
     full = [r.wall_s for r in mine]
     return PLANNED_SPEED_SHARE * float(np.median(full)) if full else 0.0
 

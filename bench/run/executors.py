@@ -117,7 +117,9 @@ class LocalExecutor:
         env = runner.prepare()
         trials = plan(runner.cfg, runner.device)
         done = runner.agree_on_done(trials, done)
-        runner.launcher.prepare_references([t for t in trials if t.trial_id not in done])
+        pending = [t for t in trials if t.trial_id not in done]
+        runner.launcher.start_server(pending)
+        runner.launcher.prepare_references(pending)
         return env, trials, done
 
     def run(self, runner: Sweep, trials: list[Trial], env: dict) -> Iterator[tuple[Trial, TrialRecord]]:

@@ -4,8 +4,12 @@ The sweep's runner uses it on this machine (``--executor local``); a batch-sched
 node (``bench.run.executors``), so a trial is launched, killed and recorded the same way wherever it runs. Everything
 here is picklable: a job receives the launcher itself.
 
-The launching process never spins: it blocks in ``Popen.wait`` (a peer harness measured here busy-waited in its
-parent and slowed training 3x on a 2-core machine).
+The launching process never spins: it blocks in ``Popen.wait``, or on the fork server's socket (a peer harness
+measured here busy-waited in its parent and slowed training 3x on a 2-core machine).
+
+A one-process trial is forked from the sweep's fork server when it may (``bench.run.isolation``: it imported torch and
+the harness once), else started fresh (``python -m bench.guard ... python -m bench.trial``); either way it is the same
+trial in a process of its own, timed, killed and recorded alike, and its record says which (``isolation``).
 
 TorchInductor's caches (``TORCHINDUCTOR_CACHE_DIR``: the FX graph, AOTAutograd and kernel caches) are shared by the
 trials of one workload and technique set (``OUT/cache/inductor/``): the first trial of a set compiles from an empty
@@ -51,7 +55,8 @@ from bench.measure import stages as stages_mod
 from bench.plan.config import ConfigError, SweepConfig
 from bench.plan.planner import Trial, check_nproc, reference_key, world_size_for
 from bench.records.results import TrialRecord, memory_exhausted
-from bench.run import sweepdir
+from bench.run import isolation, sweepdir
+from bench.run.isolation import ForkServer
 from bench.trial import LAUNCHED_AT, TrialSpec
 from techniques.base import set_kind
 
@@ -93,6 +98,9 @@ class TrialLauncher:
     device: torch.device | None  # None on a submitter whose trials run elsewhere (bench.run.executors)
     code_dir: Path  # the checkout whose code trial processes run (their cwd): see SweepRunner
     launch: Launch = field(default_factory=Launch)
+    # The sweep's fork server (bench.run.isolation): one-process trials fork from it; None: every trial starts fresh
+    # (always under a batch executor, whose jobs receive the launcher pickled: a server is this machine's)
+    server: ForkServer | None = field(default=None, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if self.device is not None:  # also where a batch job resolves the device on its node
@@ -194,6 +202,7 @@ class TrialLauncher:
             wall = time.perf_counter() - started
             record.wall_s = round(wall, 3)
             record.stages = times.stages(record.stages, started, wall)
+            record.isolation = times.isolation
         record.continues = trial.continues  # how the analysis tells a continuation from a planned trial
         return record
 
@@ -292,7 +301,7 @@ class TrialLauncher:
         timeout = self.cfg.budget.timeout_s
         spec_path, record_path, log_path = tmp_path / "spec.json", tmp_path / "record.json", tmp_path / "stderr"
         spec_path.write_text(self._spec(trial, env).to_json())
-        child_env = dict(os.environ, PYTHONUNBUFFERED="1", TORCHINDUCTOR_CACHE_DIR=str(inductor))
+        child_env = dict(isolation.base_env(), TORCHINDUCTOR_CACHE_DIR=str(inductor))
         cmd = [sys.executable, "-m", "bench.trial", str(spec_path), str(record_path)]
         if trial.world_size > 1:
             # The same id on every node (a stable digest: Python's hash() differs between processes).
@@ -304,9 +313,7 @@ class TrialLauncher:
         with open(log_path, "wb") as err:
             times.popen = time.perf_counter()
             child_env[LAUNCHED_AT] = repr(time.time())
-            # A new session makes the child a process group we can kill whole (compile workers included).
-            proc = subprocess.Popen(cmd, cwd=self.code_dir, env=child_env, stdout=err, stderr=err,
-                                    start_new_session=True)
+            proc = self._start(trial, cmd, child_env, err, log_path, times)
             try:
                 rc = proc.wait(timeout=timeout)
             except subprocess.TimeoutExpired:
@@ -319,13 +326,40 @@ class TrialLauncher:
         times.exited(record_path)
         oom_after = oom_kills()
         oom_killed = None if oom_before is None or oom_after is None else oom_after > oom_before
-        return self._outcome(trial, rc, tmp_path, oom_killed)
+        return self._outcome(trial, rc, tmp_path, oom_killed, getattr(proc, "lost", None))
 
-    def _outcome(self, trial: Trial, rc: int, tmp_path: Path, oom_killed: bool | None) -> TrialRecord:
-        """The trial's record, or a record of how its process ended when it wrote none."""
+    def _start(self, trial: Trial, cmd: list[str], env: dict[str, str], err: Any, log_path: Path,
+               times: LaunchTimes) -> subprocess.Popen | isolation.Forked:
+        """The trial's process: forked from the sweep's server when it may (``bench.run.isolation``), else fresh."""
+        if self.forks(trial):
+            forked = self.server.spawn("bench.trial", cmd[-2:], env, log_path)
+            if forked is not None:
+                times.isolation = "fork"
+                return forked
+        times.isolation = "fresh"
+        # A new session makes the child a process group we can kill whole (compile workers included).
+        return subprocess.Popen(cmd, cwd=self.code_dir, env=env, stdout=err, stderr=err, start_new_session=True)
+
+    def start_server(self, trials: list[Trial]) -> None:
+        """Start the fork server when some of ``trials`` will fork: its imports go on in the background (call it
+        after the calibration, which is timed, and before the references' process, which it overlaps)."""
+        if self.server is not None and any(self.forks(t) for t in trials):
+            self.server.start()
+
+    def forks(self, trial: Trial) -> bool:
+        """Whether the trial's process is forked from the sweep's server (unless the server cannot, at the time)."""
+        return (self.server is not None and not trial.skip_reason
+                and isolation.fresh_reason(self.cfg, self.code_dir, trial) is None)
+
+    def _outcome(self, trial: Trial, rc: int, tmp_path: Path, oom_killed: bool | None,
+                 lost: str | None = None) -> TrialRecord:
+        """The trial's record, or a record of how its process ended when it wrote none (``lost``: the fork server
+        ended first, taking the trial with it)."""
         record_path = tmp_path / "record.json"
         if record_path.exists() and record_path.stat().st_size:
             return self._read_record(trial, record_path)
+        if lost:
+            return self.bare_record(trial, "killed", lost[:1000])
         first = _first_rank_error(tmp_path)
         if first:  # the rank that failed first says why; torchrun ended the others
             return self.bare_record(trial, first["status"], f"rank {first['rank']}: {first['reason']}")
@@ -377,6 +411,7 @@ class LaunchTimes:
     exit: float | None = None  # when its exit (or kill) was seen
     exit_epoch: float | None = None  # the same moment, time.time()
     written_epoch: float | None = None  # the record file's modification time
+    isolation: str | None = None  # how the process started: fork or fresh (bench.run.isolation)
 
     def exited(self, record_path: Path) -> None:
         self.exit, self.exit_epoch = time.perf_counter(), time.time()

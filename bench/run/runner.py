@@ -28,9 +28,10 @@ from bench.core.files import REPO_DIR, RUNS_DIR, write_atomic
 from bench.plan.config import ConfigError, SweepConfig, check_shard
 from bench.plan.planner import Trial, check_nproc
 from bench.records.results import ResultStore, TrialRecord
-from bench.run import adaptive, nodes, sweepdir
+from bench.run import adaptive, isolation, nodes, sweepdir
 from bench.run.continuation import continuation_trials
 from bench.run.executors import Executor, LocalExecutor  # they see the runner as their Sweep protocol
+from bench.run.isolation import ForkServer
 from bench.run.launcher import Launch, TrialLauncher
 
 log = logging.getLogger(__name__)
@@ -79,11 +80,22 @@ class SweepRunner:
         self.store = ResultStore(self.out_dir / "results.jsonl")
         self.lock = sweepdir.SweepLock(self.out_dir)
         self.claimed = False
+        self._server: ForkServer | None = None  # the sweep's fork server, made on first use: see fork_server
 
     @property
     def launcher(self) -> TrialLauncher:
         """How this sweep's trials are launched (the settings as claimed: a resume may have extended the plan)."""
-        return TrialLauncher(self.cfg, self.out_dir, self.device, self.code_dir, self.launch)
+        return TrialLauncher(self.cfg, self.out_dir, self.device, self.code_dir, self.launch, self.fork_server)
+
+    @property
+    def fork_server(self) -> ForkServer | None:
+        """The sweep's fork server (``bench.run.isolation``), one for all its trials, started when first asked for a
+        trial and stopped by ``close()``; None where no trial forks (``--isolation fresh``, another checkout, a
+        batch executor, whose jobs start each trial fresh on their node)."""
+        if self._server is None and isinstance(self.executor, LocalExecutor) and (
+                isolation.fresh_reason(self.cfg, self.code_dir) is None):
+            self._server = ForkServer(self.code_dir)
+        return self._server
 
     @property
     def config_hash(self) -> str:
@@ -142,7 +154,9 @@ class SweepRunner:
             raise
 
     def close(self) -> None:
-        """Release the directory's lock (the kernel also drops it if this process dies)."""
+        """Stop the fork server; release the directory's lock (the kernel also drops it if this process dies)."""
+        if self._server is not None:
+            self._server.stop()
         self.lock.release()
         self.claimed = False
 
@@ -201,6 +215,7 @@ class SweepRunner:
         once per batch between ``claim()`` and ``close()``."""
         trials = list(trials)
         if references:
+            self.launcher.start_server(trials)  # its imports beside the references' process
             self.launcher.prepare_references(trials)
         total = finished + len(trials) if total is None else total
         for trial, record in self.executor.run(self, trials, env):

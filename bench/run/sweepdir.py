@@ -200,7 +200,8 @@ def resumed_config(out_dir: Path, cfg: SweepConfig, extend: bool) -> SweepConfig
            "technique_plugins": tuple(dict.fromkeys([*stored.technique_plugins, *cfg.technique_plugins])),
            "techniques": tuple(sets),
            "repeats": max(stored.repeats, cfg.repeats),
-           "max_repeats": stored.max_repeats, "decide_within": cfg.decide_within})
+           "max_repeats": stored.max_repeats, "decide_within": cfg.decide_within, "order": cfg.order,
+           "isolation": cfg.isolation})
 
 
 def _check_sources(stored: dict[str, str], now: dict[str, str], out_dir: Path) -> None:

@@ -21,6 +21,7 @@ so far are saved; a resume continues from them.
 from __future__ import annotations
 
 import logging
+import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -54,6 +55,7 @@ class Start:
     cfg: SweepConfig  # as claimed: a resume with --extend may have grown the plan
     device: torch.device | None  # None: a batch executor resolves it on the nodes
     executor: str  # "local", "slurm", "submitit-local"
+    warnings: tuple[str, ...] = ()  # what the caller should hear before the trials start (oversubscribed cores)
 
 
 @dataclass
@@ -118,8 +120,12 @@ def sweep(cfg: SweepConfig, out: Path | str | None = None, *, resume: bool = Fal
     runner = SweepRunner(cfg, out_dir, device, resume=resume, command=command, launch=launch, extend=extend,
                          executor=executor)
     runner.claim()
+    warned = oversubscription(runner.cfg) if executor.name == "local" and device is not None and \
+        device.type == "cpu" else None
+    if warned and on_start is None:  # a caller with a banner says it there (the CLI); else the log does
+        log.warning("%s", warned)
     if on_start:
-        on_start(Start(out_dir, runner.cfg, device, executor.name))
+        on_start(Start(out_dir, runner.cfg, device, executor.name, (warned,) if warned else ()))
     started = time.perf_counter()
     resumed = 0
 
@@ -136,6 +142,40 @@ def sweep(cfg: SweepConfig, out: Path | str | None = None, *, resume: bool = Fal
     return done
 
 
+LOAD_SAMPLE_S = 0.5  # how long the other processes' CPU use is read before a sweep starts
+
+
+def oversubscription(cfg: SweepConfig, sample_s: float = LOAD_SAMPLE_S) -> str | None:
+    """Why the trials' threads will not find free cores, or None: the threads of the busiest trial (a one-process
+    trial's, or a node's ranks x theirs) against the cores this process may use less what other processes keep
+    busy now. Threads that outnumber the free cores slow every step many-fold the moment anything else runs, and the
+    report then calls the sweep noisy without saying why."""
+    import torch
+
+    from bench.measure.timing import CpuContention, allowed_cpus
+    from bench.plan.planner import world_size_for
+
+    cores = len(allowed_cpus() or ()) or os.cpu_count() or 1
+    one = cfg.threads or torch.get_num_threads()
+    multi = any(world_size_for(t, cfg.world_size) > 1 for t in cfg.techniques)
+    ranks = cfg.nproc * (cfg.threads or 1) if multi else 0  # torchrun gives each rank 1 thread unless --threads
+    threads = max(one, ranks)
+    meter = CpuContention()
+    meter.start()
+    time.sleep(sample_s)
+    others = meter.stop().fraction * cores
+    free = cores - others
+    if threads <= free + 0.5:  # half a core of other work is a shell, a logger: not what makes steps crawl
+        return None
+    busy = f", while other processes keep about {others:.1f} of them busy" if others >= 0.5 else ""
+    fits = max(1, int(free) // (cfg.nproc if multi else 1))
+    fix = f"use --threads {fits} or run on an idle machine" if fits < (cfg.threads or one) else \
+        f"run on an idle machine (--threads {fits} is the fewest{'; or fewer --nproc ranks' if multi else ''})"
+    return (f"the trials will run {threads} thread(s) on {cores} core(s){busy}: with more threads than free cores "
+            f"a step slows down many times over whenever anything else runs (the report then calls it noisy); "
+            f"{fix}")
+
+
 def _summary_and_report(out_dir: Path, records: list[TrialRecord], wall_s: float, cfg: SweepConfig
                         ) -> tuple[Summary, dict[str, Path]]:
     from bench.report import write_report
@@ -149,11 +189,13 @@ def _summary_and_report(out_dir: Path, records: list[TrialRecord], wall_s: float
 def sweep_ab(cfg: SweepConfig, other: str, out: Path | str | None = None, *, threshold: float | None = None,
              resume: bool = False, extend: bool = False, command: str = "", launch: Launch | None = None,
              on_start: StartCallback | None = None,
-             on_progress: Callable[[ab.AbProgress], None] | None = None) -> ab.AbResult | None:
+             on_progress: Callable[[ab.AbProgress], None] | None = None,
+             isolation_b: str | None = None) -> ab.AbResult | None:
     """``sweep --ab OTHER``: the plan of ``cfg`` run with this checkout's code (OUT/a) and ``other``'s (OUT/b, a
     directory or a git revision), trials interleaved, then B compared with A (OUT/compare.md). ``out`` defaults to
     ``default_out_dir`` with ``-ab``. A temporary worktree of a revision is always removed. None on the other
-    nodes of a multi-node run (node 0 records and compares)."""
+    nodes of a multi-node run (node 0 records and compares). ``isolation_b``: side B's trials start this way
+    instead (``--ab . --ab-isolation fresh``: the same code, fork against fresh; ``bench.run.ab.side_configs``)."""
     from bench.analyze.compare import DEFAULT_THRESHOLD
     from bench.run import ab
 
@@ -165,7 +207,8 @@ def sweep_ab(cfg: SweepConfig, other: str, out: Path | str | None = None, *, thr
     checkout = ab.resolve_checkout(other)
     try:
         runner = ab.AbRunner(cfg, out_dir, device, checkout, resume=resume, command=command, extend=extend,
-                             launch=launch, threshold=DEFAULT_THRESHOLD if threshold is None else threshold)
+                             launch=launch, threshold=DEFAULT_THRESHOLD if threshold is None else threshold,
+                             isolation_b=isolation_b)
         runner.claim()
         if on_start:
             on_start(Start(out_dir, runner.cfg, device, "local"))

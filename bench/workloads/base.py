@@ -232,6 +232,12 @@ class BuiltWorkload:
     # config, returned by a user's build or inferred; None: not described, and the trial describes the built model
     source_task: Callable[[], SourceTask] | None = None  # builds the pretraining task the model's description
     # declares (``SourceTask``), on demand: reading its data costs seconds; None when the workload provides none
+    forward_targets: str | None = None  # the model computes its own loss (nanoGPT, Hugging Face): the keyword its
+    # forward takes the targets by; ``loss_fn`` then reads the loss off the whole output (``bench.loop.TrainLoop``)
+    optimizer: Callable[[list[nn.Parameter]], torch.optim.Optimizer] | None = None  # the model's own optimizer
+    # (parameter groups, betas, weight decay), built on the trainable parameters; None: the default AdamW at ``lr``
+    schedule: Callable[[torch.optim.Optimizer], Any] | None = None  # the model's own LR schedule, made on the
+    # optimizer and stepped after each optimizer step (an ``LRScheduler``); None: a constant LR
 
 
 class Workload(abc.ABC):
@@ -271,6 +277,12 @@ class Workload(abc.ABC):
         against; the built model carries the same in ``BuiltWorkload.structure``). None: not described, and the plan
         cannot refuse a technique for a part the model lacks."""
         return self.structure_from(self.size_params(size))
+
+    def forward_targets(self, size: str) -> str | None:
+        """The keyword by which the model at ``size`` takes the targets when it computes its own loss, known without
+        building it (techniques that compute a loss from its logits are refused before the sweep); None: it does
+        not (every built-in workload)."""
+        return None
 
     def structure_from(self, params: dict[str, Any]) -> ModelStructure | None:
         """The structure of the model built from ``params`` (a size's own, or a scaled teacher's)."""

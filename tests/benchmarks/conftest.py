@@ -1,4 +1,4 @@
-"""Benchmarks (pytest-benchmark): skipped by the normal test run (``--benchmark-skip`` in pyproject's addopts);
+"""Benchmarks (pytest-benchmark): skipped by the normal test run (``--benchmark-skip``, set by tests/conftest.py);
 ``tox -e bench`` runs them with ``--benchmark-only`` and stores JSON under .benchmarks/ (see README).
 
 ``TRAINBENCH_BENCH_THREADS=N`` pins torch's intra-op threads (on a shared 2-core machine one thread is far more

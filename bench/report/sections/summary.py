@@ -28,6 +28,8 @@ from bench.report.cells import (
     say,
     tie_digits,
     undecided,
+    unequal_resources,
+    unequal_text,
 )
 from bench.report.document import Bullets, FigureRef, Item, Paragraph, Section
 from bench.report.sections import Context
@@ -42,10 +44,11 @@ def build(ctx: Context) -> Section:
 
 
 def _speed_points(analysis: Analysis, rows: pd.DataFrame, others: pd.DataFrame) -> list[str]:
+    speed_contended = ["speed not reported: every timed window here stayed contended (other processes used the "
+                       "cores; see the status column): measure again on an idle machine"]
+    if not any(known(v) for v in rows["sps_median"]) and any(int(n or 0) for n in rows["n_contended"]):
+        return speed_contended + _memory_points(others)
     if not any(known(v) for v in rows["sps_median"]) and not any(known(v) for v in rows["peak_bytes"]):
-        if any(int(n or 0) for n in rows["n_contended"]):
-            return ["speed not reported: every timed window here stayed contended (other processes used the cores; "
-                    "see the status column): measure again on an idle machine"]
         if not int(sum(int(n or 0) for n in rows["n_ok"])):
             return ["nothing measured here: no trial of this workload finished ok (the status column says why)"]
         return ["speed and memory not measured here (quality runs only: --mode quality)"]
@@ -67,6 +70,10 @@ def _speed_points(analysis: Analysis, rows: pd.DataFrame, others: pd.DataFrame) 
                      + _left_out(higher, "higher", tie_digits(higher, best["speedup"])))
     elif not any(int(r.n_ok) > 0 for r in rows.itertuples() if r.is_reference):
         parts.append(f"no speedups: the reference '{analysis.baseline}' has no successful trial here")
+    elif any(int(r.n_ok or 0) for r in others.itertuples()) and all(
+            int(r.n_contended or 0) and not int(r.n_speed or 0) for r in others.itertuples() if int(r.n_ok or 0)):
+        parts.append("speed not compared: every timed window of the other sets stayed contended (other processes "
+                     "used the cores; see the status column): measure again on an idle machine")
     elif len(others) and all(v in (None, stats.NONE) for v in others["speedup_verdict"]):
         why = next((w for w in others["speedup_why"] if w), "no interval")
         points = ", ".join(f"{r.technique} {r.speedup:.2f}x" for r in others.itertuples() if known(r.speedup))
@@ -74,17 +81,7 @@ def _speed_points(analysis: Analysis, rows: pd.DataFrame, others: pd.DataFrame) 
     elif len(others):
         parts.append(f"no technique set was {say('faster')} than {analysis.baseline} (by more than "
                      f"{analysis.thresholds.speed:.0%} with 95% confidence)")
-    smaller = others[others["mem_ratio_verdict"] == "less"]
-    if len(smaller):
-        least = smaller.loc[smaller["mem_ratio"].astype(float).idxmin()]
-        speed = (f", at {least['speedup']:.2f}x speed ({say(least['speedup_verdict'])})"
-                 if known(least["speedup"]) else "")
-        lower = beyond_winner(undecided(others.itertuples(), "mem_ratio"), least["mem_ratio"],
-                                      lower_wins=True)
-        digits = tie_digits(lower, least["mem_ratio"])
-        parts.append(f"least memory{' decided' if lower else ''}: {least['technique']} at "
-                     f"{least['mem_ratio']:.{digits}f}x peak memory ({least['mem_ratio_source']}){speed}"
-                     + _left_out(lower, "lower", digits))
+    parts += _memory_points(others)
     slower = others[others["speedup_verdict"] == "slower"]
     if len(slower):
         parts.append(f"{say('slower')} than the reference: " + ", ".join(
@@ -93,11 +90,30 @@ def _speed_points(analysis: Analysis, rows: pd.DataFrame, others: pd.DataFrame) 
     if len(same):
         parts.append(f"as fast as the reference ({say(stats.EQUIVALENT)}: the whole interval within "
                      f"+-{analysis.thresholds.speed:.0%}): " + ", ".join(f"{r.technique} ({r.speedup:.2f}x)" for r in same.itertuples()))
+    unequal = [r for r in others.itertuples() if unequal_resources(r)]
+    if unequal:
+        parts.append(f"not speedups ({say(words.UNEQUAL)}: other cores or devices than the reference, so each is "
+                     "judged per core or device): " + "; ".join(f"{r.technique} {unequal_text(r)}" for r in unequal))
     open_ = others[others["speedup_verdict"] == stats.INCONCLUSIVE]
     if len(open_):
         parts.append(f"speed {say(stats.INCONCLUSIVE)}: " + ", ".join(
             f"{r.technique} ({r.speedup:.2f}x [{r.speedup_lo:.2f}, {r.speedup_hi:.2f}])" for r in open_.itertuples()))
     return parts
+
+
+def _memory_points(others: pd.DataFrame) -> list[str]:
+    """The set with the least memory decided, and those left out as undecided below it."""
+    smaller = others[others["mem_ratio_verdict"] == "less"]
+    if not len(smaller):
+        return []
+    least = smaller.loc[smaller["mem_ratio"].astype(float).idxmin()]
+    speed = (f", at {least['speedup']:.2f}x speed ({say(least['speedup_verdict'])})"
+             if known(least["speedup"]) else "")
+    lower = beyond_winner(undecided(others.itertuples(), "mem_ratio"), least["mem_ratio"], lower_wins=True)
+    digits = tie_digits(lower, least["mem_ratio"])
+    return [f"least memory{' decided' if lower else ''}: {least['technique']} at "
+            f"{least['mem_ratio']:.{digits}f}x peak memory ({least['mem_ratio_source']}){speed}"
+            + _left_out(lower, "lower", digits)]
 
 
 def _left_out(items: list[Undecided], side: str, digits: int = 2) -> str:
@@ -233,10 +249,10 @@ def decisions(analysis: Analysis) -> list[str]:
     speed = others[[known(v) for v in others["speedup"]]]
     out = []
     if len(speed):
-        decided = sum(w not in (None, *stats.UNDECIDED) for w in speed["speedup_verdict"])
+        decided = sum(w not in (None, words.UNEQUAL, *stats.UNDECIDED) for w in speed["speedup_verdict"])
         line = (f"Speed verdicts decided: {decided} of {len(speed)} ("
                 + _count(speed["speedup_verdict"], ("faster", "slower", stats.EQUIVALENT, stats.INCONCLUSIVE,
-                                                    stats.NONE)) + ")")
+                                                    stats.NONE, words.UNEQUAL)) + ")")
         added = int(sum(int(n or 0) for n in speed["n_added"]))
         caps = [int(c) for c in speed["max_looks"] if known(c)]
         if caps:
