@@ -76,3 +76,17 @@ def test_an_ab_figure_counts_the_answers_of_its_runs_compared_b_against_a(tmp_pa
     assert "-->0 of 1<!--" in figure("aa-*", "ab-changes")
     with pytest.raises(docs_figures.FigureError, match="no A/B run"):
         figure("none-*", "ab-overall")
+
+
+def test_the_fixed_cost_figure_is_the_one_the_report_adds_up_from_the_stage_times():
+    """docs/overhead.md quotes a sweep's fixed cost per trial: the same figure as its report's "Where the sweep's
+    time went", and an error for a sweep whose records hold no stage times."""
+    analyse = docs_tables.analyser(REPO)
+    report = "example-cpu-trial-cost/smoke-after"
+    text = docs_figures.render(docs_figures.Marker(report, "-", "-", "fixed-cost"), analyse(f"reports/{report}"))
+    per_trial = text.split(" per trial")[0]
+    assert f"of fixed cost, {per_trial} per trial." in (REPO / "reports" / report / "report.md").read_text()
+    assert "in measured steps; largest: imports" in text
+    older = "example-cpu-trial-cost/default-before"
+    with pytest.raises(docs_figures.FigureError, match="no trial with stage times"):
+        docs_figures.render(docs_figures.Marker(older, "-", "-", "fixed-cost"), analyse(f"reports/{older}"))

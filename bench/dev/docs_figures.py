@@ -27,7 +27,7 @@ from typing import Any
 
 import pandas as pd
 
-from bench.analyze import analysis, compare, mfu, stats
+from bench.analyze import analysis, compare, mfu, stats, time_spent
 from bench.core.files import REPO_DIR
 from bench.core.words import CHANGES, say
 from bench.report import cells
@@ -134,6 +134,24 @@ AB_QUANTITIES: dict[str, Callable[[list[compare.Comparison]], str]] = {
     "ab-overall": _overall_speed,
     "ab-changes": _changed,
 }
+
+
+# ---- the harness's own cost per trial (docs/overhead.md) -----------------------------------------------------
+
+
+def _fixed_cost(a: analysis.Analysis) -> str:
+    """What the sweep's trials cost besides their measured steps, from the records' stage times, as the report's
+    "Where the sweep's time went" adds them up: "3.62 s per trial; 26% of the trials' 344.0 s in measured steps;
+    largest: imports 84 s, build 72 s, one_off 68 s"."""
+    spent = time_spent.of_records(a.sweep.records)
+    if spent is None or not spent.trials:
+        raise FigureError(f"{a.sweep.sources[0].path} has no trial with stage times (an older trainbench)")
+    largest = ", ".join(f"{name} {seconds:.0f} s" for name, seconds in spent.largest_fixed())
+    return (f"{cells.fmt_secs(spent.fixed_s / spent.trials)} per trial; {spent.share(spent.measured_s):.0%} of the "
+            f"trials' {cells.fmt_secs(spent.wall_s)} in measured steps; largest: {largest}")
+
+
+SWEEP_QUANTITIES["fixed-cost"] = _fixed_cost
 
 
 def ab_runs(marker: Marker, root: Path = REPO_DIR) -> list[compare.Comparison]:
