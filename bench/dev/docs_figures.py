@@ -27,10 +27,11 @@ from typing import Any
 
 import pandas as pd
 
-from bench.analyze import analysis, compare, mfu, stats, time_spent
+from bench.analyze import analysis, compare, mfu, time_spent
 from bench.core.files import REPO_DIR
 from bench.core.words import CHANGES, say
 from bench.report import cells
+from bench.report.sections import summary as summary_section
 from bench.report.sections.summary import decisions
 
 MARKER = re.compile(r"<!-- figure (?P<report>\S+) (?P<workload>\S+) (?P<set>\S+) (?P<quantity>\S+) -->"
@@ -60,15 +61,10 @@ def _config(a: analysis.Analysis, m: Marker) -> Any:
     return next(rows.itertuples())
 
 
-def _speed_answers(a: analysis.Analysis) -> pd.Series:
-    others = a.configs[~a.configs["is_reference"].astype(bool)]
-    return others.loc[[cells.known(v) for v in others["speedup"]], "speedup_verdict"]
-
-
 def _decided(a: analysis.Analysis) -> str:
-    answers = _speed_answers(a)
-    done = sum(w not in (None, *stats.UNDECIDED) for w in answers)
-    return f"{done} of {len(answers)}"
+    """As the report's Summary counts them (one function: an answer across unequal resources is not decided)."""
+    speed = summary_section.speed_answers(a)
+    return f"{summary_section.speed_decided(speed)} of {len(speed)}"
 
 
 def _elapsed(a: analysis.Analysis) -> str:
@@ -107,7 +103,7 @@ SWEEP_QUANTITIES: dict[str, Callable[[analysis.Analysis], str]] = {
     "decisions": lambda a: decisions(a)[0] if decisions(a) else "-",
     "elapsed": _elapsed,
     "noise": _noise,
-    "faster": lambda a: f"{sum(w == 'faster' for w in _speed_answers(a))} {say('faster')}",
+    "faster": lambda a: f"{sum(w == 'faster' for w in summary_section.speed_answers(a)['speedup_verdict'])} {say('faster')}",
 }
 
 
