@@ -18,6 +18,7 @@ Measured (committed examples, against each sweep's reference; python -m bench.de
 <!-- generated: card-efficient_arch (python -m bench.dev.docs_tables, from the committed examples; do not edit by hand) -->
 - AMD EPYC (AVX2 only), `reports/example-cpu-model-techniques/cnn`: cnn:tiny 0.78x [0.13, 4.78] (no verdict: 2 pairs: a verdict needs 3), memory 1.46x more.
 - AMD EPYC (AVX2 only), `reports/example-cpu-model-techniques/gpt`: gpt:tiny 0.92x [0.41, 2.05] inconclusive, memory 0.95x less.
+- AMD EPYC (AVX-512, avx512_bf16), `reports/example-cpu-user-models-structure`: small_resnet:small 0.78x [0.49, 1.23] inconclusive, memory 1.52x more.
 <!-- end generated -->
 """
 

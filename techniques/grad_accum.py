@@ -12,6 +12,7 @@ Measured (committed examples, against each sweep's reference; python -m bench.de
 <!-- generated: card-grad_accum (python -m bench.dev.docs_tables, from the committed examples; do not edit by hand) -->
 - AMD EPYC (AVX2 only), `reports/example-cpu`: cnn:tiny grad_accum:steps=4 0.36x [0.22, 0.59] slower, memory 0.39x less; gpt:tiny grad_accum:steps=4 0.62x [0.42, 0.89] slower, memory 0.37x less; mlp:tiny grad_accum:steps=4 0.33x [0.27, 0.40] slower, memory 1.00x equivalent.
 - AMD EPYC (AVX-512, avx512_bf16), `reports/example-cpu-auto`: cnn:tiny grad_accum:steps=4 0.45x [0.24, 0.84] slower, memory 0.36x less; gpt:tiny grad_accum:steps=4 0.73x [0.44, 1.19] inconclusive, memory 0.37x less; mlp:tiny grad_accum:steps=4 0.48x [0.26, 0.88] slower, memory 1.00x equivalent.
+- AMD EPYC (AVX-512, avx512_bf16), `reports/example-cpu-outside-model`: nanogpt_chars:tiny grad_accum:steps=2 0.82x (no verdict: 1 repeat: a verdict needs 3), memory 0.66x less.
 <!-- end generated -->
 
 In your own training loop (plain PyTorch; ``tests/test_snippets.py`` runs it):

@@ -11,6 +11,7 @@ Method card
 
 Measured (committed examples, against each sweep's reference; python -m bench.dev.docs_tables writes this block):
 <!-- generated: card-lr_schedule (python -m bench.dev.docs_tables, from the committed examples; do not edit by hand) -->
+- AMD EPYC (AVX-512, avx512_bf16), `reports/example-cpu-outside-model`: nanogpt_chars:tiny no speed answer (its report.md says why), memory 1.00x equivalent.
 - AMD EPYC (AVX2 only), `reports/example-cpu-convergence`: cnn:tiny, gpt:tiny, mlp:tiny, quality and time to target only (no speed window): their answers are in its report.md.
 <!-- end generated -->
 

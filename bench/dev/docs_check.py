@@ -14,7 +14,8 @@ fails on each of these:
   sentence ("et al.", an arXiv id, "published");
 - a reference to a file the repository does not have (a markdown link, or a backticked path under one of its
   folders), and a link to a heading a page does not have;
-- an internal issue number ("issue 40", "#40"): the reader has no issue tracker; say what the issue was;
+- an internal issue number (the word "issue" or a hash sign followed by a number): the reader has no issue
+  tracker; say what the issue was;
 - an inline figure whose paragraph does not name its report (``reports/...``): the reader must be able to open it.
 """
 
@@ -246,7 +247,7 @@ def references(path: str, unit: Unit, root: Path = REPO_DIR) -> list[Problem]:
         first = token.split("/")[0]
         if first in FOLDERS and "/" in token and " " not in token and not NOT_PATHS.search(token):
             found += _resolve(path, unit.line_at(m.start()), token, root, root, f"`{m.group(2)}`")
-        elif re.fullmatch(r"[A-Z][A-Z_]*\.md", token):  # README.md, DESIGN.md: a top-level page
+        elif re.fullmatch(r"[A-Z][A-Z_]*\.md", token):  # README.md, CHANGES.md: a top-level page
             found += _resolve(path, unit.line_at(m.start()), token, root, root, f"`{token}`")
     return found
 

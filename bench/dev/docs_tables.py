@@ -427,11 +427,28 @@ def findings_table(_: analysis.Analysis | None = None) -> list[str]:
 
 
 def gpu_check_cost(_: analysis.Analysis | None = None) -> list[str]:
-    """What scripts/gpu_check.sh costs on an H200, part by part, by its plan (the first H200 run's costs)."""
+    """What scripts/gpu_check.sh costs on an H200, part by part, by its plan (the first H200 run's costs); each part's
+    split by stage is left to ``python -m bench.dev.gpu_plan``, which prints it."""
     from bench.plan import gpu
 
     plan = gpu.check_plan(costs=gpu.H200)
-    return _table(gpu.COST_COLUMNS, gpu.cost_rows(plan))
+    keep = [i for i, c in enumerate(gpu.COST_COLUMNS) if c != "by stage (s)"]
+    return _table([gpu.COST_COLUMNS[i] for i in keep], [[r[i] for i in keep] for r in gpu.cost_rows(plan)])
+
+
+def gpu_preset_size(_: analysis.Analysis | None = None) -> list[str]:
+    """docs/gpu.md: the gpu preset's sizes on one H200 (``bench.plan.gpu.size_rows``), then the whole preset's time
+    (``preset_s``): estimates from the first H200 run's costs, not measurements."""
+    from bench.plan import gpu
+    from bench.plan.config import TechniqueSet, build_config
+
+    cfg = build_config("gpu", {"device": "cuda"})
+    trials = cfg.repeats * len(cfg.workloads) * len({TechniqueSet(()), *cfg.techniques})  # as preset_s counts them
+    planned, sequential = gpu.preset_s(gpu.H200)
+    return _table(gpu.SIZE_COLUMNS, gpu.size_rows()) + [
+        "", f"The whole preset, every configuration assumed to run: {trials} planned trials in about "
+        f"{planned / 60:.0f} minutes, and at most half that again for the sequential phase: "
+        f"{(planned + sequential) / 60:.0f} minutes at most (estimates)."]
 
 
 def glossary(_: analysis.Analysis | None = None) -> list[str]:
@@ -447,6 +464,7 @@ CARD_REPORTS = ("reports/example-cpu", "reports/example-cpu-auto", "reports/exam
                 "reports/example-cpu-2rank", "reports/example-cpu-model-techniques/cnn",
                 "reports/example-cpu-model-techniques/gpt", "reports/example-cpu-model-techniques/mlp",
                 "reports/example-cpu-parallelism/gpt", "reports/example-cpu-parallelism/mlp",
+                "reports/example-cpu-user-models-structure", "reports/example-cpu-outside-model",
                 "reports/example-cpu-preference", "reports/example-cpu-bottleneck", "reports/example-cpu-convergence",
                 "reports/example-h200-first")
 
@@ -462,7 +480,7 @@ def card_measured(name: str) -> Callable[[Any], list[str]]:
         for report in CARD_REPORTS:
             a = analyse(report)
             rows = [c for c in a.configs.itertuples() if tuple(c.names or ()) == (name,)]  # alone, any options
-            cells_ = [f"{c.workload}{'' if c.technique == name else ' ' + c.technique} {cells.speed_brief(c)}, "
+            cells_ = [f"{c.workload}{'' if c.technique == name else ' ' + c.technique} {_card_speed(c)}, "
                       f"memory {cells.memory_brief(c)}" for c in rows if cells.known(c.speedup) or cells.known(c.mem_ratio)]
             if cells_:
                 lines.append(f"- {machine_name(a.sweep.sources[0].env)}, `{report}`: " + "; ".join(cells_) + ".")
@@ -473,6 +491,12 @@ def card_measured(name: str) -> Callable[[Any], list[str]]:
         return lines or ["- Not measured alone in a committed report."]
 
     return render
+
+
+def _card_speed(c: Any) -> str:
+    """A card's speed answer; where the report gives none (every window contended, say), that it gave none."""
+    speed = cells.speed_brief(c)
+    return speed if speed != "-" else "no speed answer (its report.md says why)"
 
 
 def _cards() -> dict[str, Spec]:
@@ -504,6 +528,7 @@ TABLES: dict[str, Spec] = {
     "commands-findings": Spec("docs/commands.md", None, findings_table),
     "glossary": Spec("docs/methodology.md", None, glossary),
     "gpu-check-cost": Spec("docs/gpu.md", None, gpu_check_cost),
+    "gpu-preset-size": Spec("docs/gpu.md", None, gpu_preset_size),
 }
 CARDS = _cards()
 ALL = {**TABLES, **CARDS}
