@@ -56,7 +56,8 @@ def sweep(
 
     ``workloads``, ``techniques``, ``models`` and ``technique_plugins`` take a comma string or a list, as
     ``--workloads``/``--techniques``/``--model``/``--technique`` do. Other options by the CLI's names:
-    ``repeats``, ``seed``, ``mode``, ``threads``, ``nproc``, ``nnodes``, ``shard`` (``"0/2"``: this machine's part
+    ``repeats``, ``max_repeats``, ``decide_within``, ``order``, ``seed``, ``mode``, ``threads``, ``nproc``, ``nnodes``,
+    ``price_per_hour``, ``instance``, ``shard`` (``"0/2"``: this machine's part
     of a sweep split over several, docs/clusters.md), ``isolation`` (``"fork"``, the default, or ``"fresh"``: how
     each trial's process starts, docs/methodology.md), and the budget's ``steps``,
     ``eval_points``, ``seconds``, ``window_steps``, ``window_seconds``, ``timeout``, ``memory`` (bool).
@@ -67,7 +68,8 @@ def sweep(
     from bench.run import workflow
 
     budget = {BUDGET_ARGS[k]: options.pop(k) for k in list(options) if k in BUDGET_ARGS}
-    known = {"repeats", "seed", "mode", "threads", "nproc", "nnodes", "shard", "isolation"}
+    known = {"repeats", "max_repeats", "decide_within", "order", "seed", "mode", "threads", "nproc", "nnodes", "shard",
+             "isolation", "price_per_hour", "instance"}
     unknown = sorted(set(options) - known)
     if unknown:
         raise ConfigError(f"bench.sweep() got unknown option(s) {', '.join(unknown)} (valid: workloads, techniques, "

@@ -96,8 +96,8 @@ from bench.measure.trace import DeviceBusy
 from bench.plan import plugins, user_models
 from bench.plan.config import Budget, TechniqueSet, TechniqueSpec
 from bench.plan.planner import ReferenceKey
-from bench.records.frame import CONTENDED_ABOVE
 from bench.records.results import (
+    CONTENDED_ABOVE,
     BuildInfo,
     Contention,
     ContinuationResult,

@@ -4,7 +4,7 @@
 - quality, bit for bit: the eval curves' losses and metrics, the final metric, steps and samples to target, parity's
   losses and distances, the tensor memory breakdown, FLOPs per step, parameter counts and status. Trials that
   compiled with TorchInductor (``caches.inductor`` in their records) are reported apart: compiled CPU code is not
-  bitwise deterministic from process to process in either mode (docs/methodology.md), so they are held to a
+  bitwise deterministic from process to process in either mode, so they are held to a
   relative difference of ``--compiled-rtol`` instead;
 - memory, within ``--memory-rtol``: the window's peak RSS and the clean pass's RSS at rest and peak, trial by
   trial (their ratio fork / fresh), the figures the fork server's page mapping exists for.

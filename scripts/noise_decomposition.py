@@ -13,8 +13,8 @@ From the records alone (no trial is run), per configuration (workload x set) wit
   every configuration at once, and the share of the between-process variance it explains;
 - **machine**: the share of timed windows the contention check flagged, and the VM's steal time over the windows.
 
-The table in docs/methodology.md ("Where the noise comes from") is this script's output on the committed sweeps it
-names, one line per machine.
+Its output on the committed sweeps it names is one line per machine; docs/methodology.md ("Where the noise comes
+from") quotes each sweep's noise from its report.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The stopping rule of ``--repeats auto`` in simulation: the table in docs/methodology.md.
+"""The stopping rule of ``--repeats auto`` in simulation: the error rates and pairs of each scenario, as a table.
 
     .venv/bin/python scripts/simulate_stopping_rule.py [--sims 2000] [--cap 20]
 

@@ -39,6 +39,19 @@ def test_sweep_rejects_an_unknown_option_before_running(tmp_path):
     assert not (tmp_path / "out").exists()
 
 
+@pytest.mark.parametrize(("option", "value", "refusal"), [
+    ("order", "sideways", "order must be one of shuffled, priority"),
+    ("max_repeats", 1, r"max_repeats \(1\) must be at least"),
+    ("decide_within", -5.0, "decide_within must be a number of seconds"),
+    ("price_per_hour", -1.0, "price_per_hour must be a price"),
+])
+def test_sweep_takes_the_clis_design_and_price_settings_and_validates_them_alike(tmp_path, option, value, refusal):
+    # The API passes them to the one config (not "unknown option"), which refuses a bad value before anything runs.
+    with pytest.raises(bench.ConfigError, match=refusal):
+        bench.sweep("mlp", "baseline", out=tmp_path / "out", **{option: value})
+    assert not (tmp_path / "out").exists()
+
+
 def test_sweep_refuses_what_the_cli_refuses(tmp_path):
     with pytest.raises(bench.ConfigError, match="nnodes=1"):
         bench.sweep("mlp", "bf16", nnodes=2, out=tmp_path / "out")

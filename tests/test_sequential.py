@@ -64,7 +64,7 @@ def test_no_effect_on_a_quiet_machine_is_called_equivalent():
 
 
 def test_decisiveness_at_a_cap_of_twenty():
-    """What the design decides within a cap of 20 pairs (docs/methodology.md has the table). A 10% effect at 10%
+    """What the design decides within a cap of 20 pairs (``scripts/simulate_stopping_rule.py --cap 20`` prints the table). A 10% effect at 10%
     CV per trial is not among them: clearing a 5% threshold with a 95% interval needs about 95 pairs at that noise
     with any design (fixed-n power: (1.96 + 1.28)^2 x (0.141 / 0.0465)^2), so it stays inconclusive at the cap."""
     assert sequential.simulate(1.2, 0.10, CAP, seed=3)["faster"] >= 0.90

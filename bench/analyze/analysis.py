@@ -53,7 +53,7 @@ PROBLEM_STATUSES = ("failed", "oom", "killed", "timeout", "diverged")
 # An exact set's eval curve must match the reference set's at every evaluation, seed by seed, within this fraction
 # of how far the reference's metric moved over the run (its range: a fraction of the value itself would blow up
 # where the metric starts near 0, an accuracy of 0.1 before training). Exact techniques reorder floating-point sums,
-# and some models amplify that over a run: see docs/methodology.md for what was measured.
+# and some models amplify that over a run, which this tolerance allows for.
 EXACT_CURVE_RTOL = 0.01
 
 

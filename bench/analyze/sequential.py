@@ -22,7 +22,7 @@ cannot (its interval is unbounded below n = 4 or 5). The price: the guarantee ho
 new cap (a little wider at every look), and the analysis always uses the cap the sweep recorded.
 
 The verdict (``bench.analyze.stats.verdict``) is read off these intervals exactly as off a fixed-n one; its error rates under
-repeated looks are simulated in ``tests/test_sequential.py`` and in docs/methodology.md.
+repeated looks are simulated in ``tests/test_sequential.py`` and by ``scripts/simulate_stopping_rule.py``.
 """
 
 from __future__ import annotations
@@ -122,7 +122,7 @@ def futile(n: int, sd, wanted, max_n: int | None, confidence: float = 0.95, marg
     Why the optimism: at 3 pairs both the spread and the distance are rough, and reading them as they fall (stopping
     when ``pairs_needed`` exceeds the cap) stopped configurations that would have been decided: in simulation at a
     cap of 20, a 20% effect at 10% CV per trial was called faster 54% of the time instead of 93%. With a margin of 1.5
-    the answers stay within a point of the rule without futility in every scenario of docs/methodology.md, and a
+    the answers stay within a point of the rule without futility in every scenario ``scripts/simulate_stopping_rule.py`` simulates, and a
     no-effect configuration at 10% CV gets about half the pairs (``scripts/simulate_stopping_rule.py``).
     Elementwise over arrays of ``sd`` and ``wanted`` (the simulation); a 0-d array for floats (a report)."""
     sd = np.asarray(sd, dtype=float)

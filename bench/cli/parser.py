@@ -102,7 +102,7 @@ def _add_processes(p: argparse.ArgumentParser) -> None:
     p.add_argument("--device", choices=["auto", "cpu", "cuda"], help="device for every trial (default: auto)")
     p.add_argument("--isolation", choices=["fork", "fresh"],
                    help="how each one-process trial's process starts: fork (default: from a server that imported "
-                        "torch and the harness once) or fresh (a new interpreter each, about 2 s more per trial); "
+                        "torch and the harness once) or fresh (a new interpreter each, which imports torch again); "
                         "torchrun trials always start fresh; every record says which (docs/methodology.md)")
 
 

@@ -555,7 +555,7 @@ def _check_gpu_sizes_have_a_gpu(preset: str, merged: dict[str, Any]) -> None:
 
 
 def _repeats(repeats: Any, max_repeats: Any) -> dict[str, Any]:
-    """``repeats = "auto"`` (a sequential design from 3 repeats up to ``max_repeats``, default 10) or a whole number
+    """``repeats = "auto"`` (a sequential design from 3 repeats up to ``max_repeats``, default ``DEFAULT_MAX_REPEATS``) or a whole number
     (a fixed design, unless ``max_repeats`` is given too: then sequential from that many)."""
     if max_repeats is not None:
         _check_type("max_repeats", max_repeats, "int")

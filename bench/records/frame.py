@@ -22,16 +22,11 @@ import pandas as pd
 
 from bench.measure.phases import PHASES
 from bench.records.reader import Sweep
-from bench.records.results import TrialRecord
+from bench.records.results import CONTENDED_ABOVE, TrialRecord
 
 BASELINE = "baseline"  # the label of the empty technique set, the default reference
 BREAKDOWN = ("params", "grads", "optimizer", "activations", "other")
 MODEL_STATE = ("params", "grads", "optimizer")  # per-rank model state of multi-process trials, from local shards
-
-# Other processes used more than this fraction of the CPUs while a trial measured (its timed window or its quality
-# run): that measurement's clock is not this machine's. The trial retries such a measurement; the analysis leaves
-# one that stayed contended out of what reads its clock.
-CONTENDED_ABOVE = 0.10
 
 # A trial's parity answer as the frame's parity_ok: inconclusive is neither a match nor a mismatch.
 PARITY_OK = {"ok": True, "mismatch": False, "inconclusive": None}

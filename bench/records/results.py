@@ -48,6 +48,12 @@ MODES = ("speed", "quality", "both")
 # workloads over 8 steps: exact techniques differ by <= 1.4e-7 (checkpointing: 0), bf16/fp16 by <= 4.3e-3 (loss)
 # and 4.0e-3 (distance); a 10% learning-rate change by 1.3-1.9e-2 (loss) and 0.100-0.103 (distance), a 1% change by
 # 1.4-2.4e-3 and 0.010. So exact sets catch a 1% learning-rate bug, numeric ones a 10% bug.
+# Other processes used more than this fraction of the CPUs while a trial measured (its timed window or its quality
+# run): that measurement's clock is not this machine's. The trial retries such a measurement; the analysis leaves
+# one that stayed contended out of what reads its clock. Here, not in frame.py, because the trial imports it and
+# frame.py imports pandas, whose pyarrow starts a thread: the fork server refuses imports that start threads.
+CONTENDED_ABOVE = 0.10
+
 PARITY_TOLERANCES = {"exact": (1e-3, 1e-3), "numeric": (5e-2, 2e-2)}
 
 # Both tolerances are calibrated per reference (``bench.reference``): the reference process also trains the same

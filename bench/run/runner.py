@@ -7,8 +7,8 @@ executor's (``bench.run.executors``: this machine, one trial after another, by d
 
 Work done once per sweep rather than once per trial lives beside the records: the parity references and the decoded
 datasets (``OUT/references/``, ``OUT/references/datasets/``) and each technique set's TorchInductor cache
-(``OUT/cache/inductor/``, ``bench.run.launcher``); docs/methodology.md ("A trial's stages") says why none of it
-changes a measurement.
+(``OUT/cache/inductor/``, ``bench.run.launcher``); none of it is inside a timed
+window or a quality run's clock, so none changes a measurement.
 
 Multi-node sweeps run the same command on every node; before the first trial the nodes agree on the trials already
 done (``bench.run.nodes``), so a resumed sweep launches the same trials, in the same order, on every node.

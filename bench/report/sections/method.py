@@ -41,7 +41,7 @@ def _method(analysis: Analysis) -> list[str]:
         "repeats and its IQR. MFU (Chowdhery et al. 2022, PaLM, appendix B): achieved FLOP/s = model FLOPs per "
         "step x steps / the window's wall time (the clock of samples/s), the FLOPs counted by torch's "
         "FlopCounterMode on the eager fp32 reference step (matmuls, convolutions and, on GPUs, attention; not "
-        "nanoGPT's 6N + 12LTd per token formula: docs/methodology.md compares the two). The headline divides it "
+        "nanoGPT's 6N + 12LTd per token formula). The headline divides it "
         "by one peak for every set, the device's dense bfloat16 peak (datasheet and calibrated; a CPU's fastest "
         "calibrated dtype), as torchtitan and llm.c quote MFU; 'own dtype' "
         "divides by the calibrated peak of the set's own compute dtype, at the trial's thread count.",
