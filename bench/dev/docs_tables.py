@@ -414,18 +414,6 @@ def technique_table(_: analysis.Analysis | None = None) -> list[str]:
     return _table(["name", "kind", "options", "what"], rows)
 
 
-def findings_table(_: analysis.Analysis | None = None) -> list[str]:
-    """docs/commands.md: what each technique's row in the report's "What the techniques found" says (its
-    ``summarize`` docstring), and the figure it adds (``result_curve``)."""
-    rows = []
-    for t in _registered():
-        if t.summarize.__func__ is Technique.summarize.__func__:  # type: ignore[attr-defined]
-            continue  # it reports no results of its own (a registry test holds results() to a summary)
-        figure = f"{t.result_curve.title} (`figures/{t.result_curve.name}.png`)" if t.result_curve else "-"
-        rows.append([f"`{t.name}`", " ".join((inspect.getdoc(t.summarize) or "").split()), figure])
-    return _table(["technique", "what it found (one line per configuration, seeds in order)", "figure"], rows)
-
-
 def gpu_check_cost(_: analysis.Analysis | None = None) -> list[str]:
     """What scripts/gpu_check.sh costs on an H200, part by part, by its plan (the first H200 run's costs); each part's
     split by stage is left to ``python -m bench.dev.gpu_plan``, which prints it."""
@@ -525,7 +513,6 @@ TABLES: dict[str, Spec] = {
     "examples-bf16-claim": Spec("docs/examples.md", "reports/example-cpu-bf16", claims_check),
     "examples-machines": Spec("docs/examples.md", None, machines),
     "techniques": Spec("docs/techniques.md", None, technique_table),
-    "commands-findings": Spec("docs/commands.md", None, findings_table),
     "glossary": Spec("docs/methodology.md", None, glossary),
     "gpu-check-cost": Spec("docs/gpu.md", None, gpu_check_cost),
     "gpu-preset-size": Spec("docs/gpu.md", None, gpu_preset_size),
