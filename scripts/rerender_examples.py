@@ -1,5 +1,7 @@
 """Re-render every committed example report (report.md, report.html, figures, summary.md) from its results.jsonl,
-after a change to the analysis or the report; no trial is run. Then refresh the docs tables quoted from them.
+after a change to the analysis or the report; no trial is run. A committed tune search's tune.json and tune.md are
+replayed from its records (the search is a function of them), keeping its recorded elapsed time. Then refresh the
+docs tables quoted from them.
 
     .venv/bin/python scripts/rerender_examples.py && .venv/bin/python -m bench.dev.docs_tables
 """
@@ -28,14 +30,33 @@ def resummarize(d: Path) -> None:
     (d / "summary.md").write_text(md + (f"\n{wall}\n" if wall else ""))
 
 
+def retune(d: Path) -> None:
+    """tune.json and tune.md of a committed search again, from its records, as the search decided them."""
+    import json
+
+    from bench.records.results import ResultStore
+    from bench.report import tune as tune_report
+    from bench.run import tune, tune_setup
+
+    elapsed = json.loads((d / "tune.json").read_text()).get("elapsed_s")
+    t = tune_setup.setup({}, {}, preset=None, config_path=None, out_dir=d, resume=True, max_repeats=None)
+    records = ResultStore(d / "results.jsonl").read()
+    result = tune.result_dict(records, tune.next_step(t.settings, records, t.refuse), t.settings, elapsed)
+    tune.write_json(d, result)
+    tune_report.write(d, result, tune_report.snippets_for(result["recommended"]))
+
+
 def main() -> int:
     # The sides of an A/B run (a directory beside ab.json, e.g. reports/example-cpu-aa-rate) are compared, not
     # reported: their record is the comparison (compare.md), so they get no report of their own.
-    dirs = sorted(p.parent for p in REPORTS.glob("example-*/**/results.jsonl") if not (p.parent.parent / "ab.json").is_file())
+    dirs = sorted(p.parent for pattern in ("example-*/**/results.jsonl", "tune-*/results.jsonl")
+                  for p in REPORTS.glob(pattern) if not (p.parent.parent / "ab.json").is_file())
     for d in dirs:
         subprocess.run([sys.executable, "-m", "bench", "report", str(d)], check=True, stdout=subprocess.DEVNULL)
         if (d / "summary.md").is_file():
             resummarize(d)
+        if (d / "tune.json").is_file():
+            retune(d)
         print(f"re-rendered {d.relative_to(REPORTS.parent)}")
     return 0
 

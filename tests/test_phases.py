@@ -294,7 +294,7 @@ def test_a_gpu_step_without_busy_data_is_not_called_compute_bound():
     what it knows and what it does not."""
     line = diagnose(_GPU_STEP, ("bf16",), "cuda")
     assert line.startswith("forward and backward take 77% of the step (host-side phase shares; device busy "
-                           "unknown: `bench profile` measures it); try compile"), line
+                           "unknown: python -m bench profile measures it); try compile"), line
     assert "compute-bound" not in line
     assert diagnose(_GPU_STEP, ("bf16",), "cpu").startswith("compute-bound: 77%")  # the CPU is synchronous
 

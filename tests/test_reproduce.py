@@ -67,11 +67,9 @@ def _line(d: Path, rerun: bool = False) -> str:
 def test_each_committed_report_shows_the_line_that_remakes_it(d):
     block = re.search(r"Reproduce:\n\n```\n(.*?)\n```", (d / "report.md").read_text(), re.S)
     assert block, f"{d}/report.md has no Reproduce block"
-    # `python -m bench reproduce DIR` and the rerun line; a report rendered before the reproduce command shows the
-    # rerun line alone (the committed examples until they are re-rendered with the final renderer)
+    # `python -m bench reproduce DIR` (for a sweep; a tune search's line reruns it), then the line that re-renders
     shown = block.group(1)
-    assert shown.startswith(_line(d) + "\n") or shown.splitlines()[0] == _line(d, rerun=True), \
-        f"re-render it: python -m bench report {d}"
+    assert shown.startswith(_line(d) + "\n"), f"re-render it: python scripts/rerender_examples.py ({d})"
 
 
 def test_a_sweeps_reproduce_line_reruns_and_compares_then_says_how_to_rerun_alone(tmp_path):

@@ -154,7 +154,7 @@ def diagnose(share: dict[str, float], names: Sequence[str] = (), device: str = "
         return explained(Bottleneck.COMPUTE, compute)  # type: ignore[return-value]
     if on_gpu and busy is None:
         return (f"forward and backward take {compute}% of the step (host-side phase shares; device busy unknown: "
-                f"`bench profile` measures it); {fix}")
+                f"python -m bench profile measures it); {fix}")
     if on_gpu:
         return f"compute-bound: the GPU is busy {_pct(busy)} of the step, forward and backward {compute}%; {fix}"
     return f"compute-bound: {compute}% of the step is forward and backward; {fix}"

@@ -18,7 +18,7 @@ def build(ctx: Context) -> Section | None:
     return Section("Where the step's time goes", "phases", "Step phases", [
         Paragraph("Each set's step split into its labelled phases, timed in a pass of its own after the timed "
                   "window (median share over seeds), and the bottleneck the shares point to "
-                  "(`python -m bench profile WORKLOAD --techniques SET` adds a trace and the top operators)."),
+                  "(python -m bench profile WORKLOAD --techniques SET adds a trace and the top operators)."),
         table, FigureRef("phases")])
 
 
