@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from bench.core.files import REPO_DIR
 from bench.dev import docs_check
 
 CARD = '''"""A technique.
@@ -101,3 +102,16 @@ def test_the_check_prints_file_line_and_the_fix(tmp_path, capsys):
     assert out.startswith("README.md:3: 0.50x, [0.40, 0.60] typed by hand")
     assert "quote it as an inline figure" in out
     assert docs_check.main(["--bogus"], repo) == 2
+
+
+# What a reader can take in: docs/ as a whole and the README as a front page. Generated blocks count (a reader reads
+# them too); a page that outgrows its share is cut, not the budget raised.
+DOCS_WORDS = 20_000
+README_LINES = 120
+
+
+def test_the_docs_keep_within_their_budget():
+    words = sum(len(p.read_text().split()) for p in (REPO_DIR / "docs").glob("*.md"))
+    assert words <= DOCS_WORDS, f"docs/ holds {words:,} words, over its {DOCS_WORDS:,}: cut prose, link instead"
+    lines = len((REPO_DIR / "README.md").read_text().splitlines())
+    assert lines <= README_LINES, f"README.md has {lines} lines, over its {README_LINES}: it is a front page"
