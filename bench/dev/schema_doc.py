@@ -20,9 +20,9 @@ INTRO = """# Records (`results.jsonl`, schema 2)
 
 *Generated from `bench/records/results.py` by `python -m bench.dev.schema_doc`; do not edit by hand.*
 
-A sweep appends one JSON object per trial to `results.jsonl` as each trial finishes, and never rewrites it. A record
-holds what its trial measured, section by section ([methodology](methodology.md)); a section that did not run is
-`null`. Units are in the field names or fixed: seconds, bytes, FLOPs, joules, samples.
+A sweep appends one JSON object per trial to `results.jsonl` and never rewrites it. A record holds what its trial
+measured, section by section ([methodology](methodology.md)); a section that did not run is `null`. Units are in the
+field names or fixed: seconds, bytes, FLOPs, joules, samples.
 
 ## Reading records
 
@@ -38,7 +38,7 @@ for r in sweep.records:                           # TrialRecord objects
 ```
 
 `load` also reads `env.json` and `sweep.toml`, and counts a trial id written twice once (`sweep.notes` says so).
-For a pandas frame, use `bench.load` ([Python API](api.md)).
+For a pandas frame: `bench.load` ([Python API](api.md)).
 
 Schema-1 records load with their quality dropped: their run's length depended on the set's speed. Fields added
 within schema 2 have defaults, so older records load with them empty or `null`.
