@@ -20,14 +20,14 @@ INTRO = """# Records (`results.jsonl`, schema 2)
 
 *Generated from `bench/records/results.py` by `python -m bench.dev.schema_doc`; do not edit by hand.*
 
-A sweep appends one JSON object per trial to `results.jsonl` as each trial finishes, and never rewrites it. A record
-holds what its trial measured, section by section ([methodology](methodology.md)); a section that did not run is
-`null`. Units are in the field names or fixed: seconds, bytes, FLOPs, joules, samples.
+A sweep appends one JSON object per trial to `results.jsonl` and never rewrites it. A record holds what its trial
+measured, section by section ([methodology](methodology.md)); a section that did not run is `null`. Units are in the
+field names or fixed: seconds, bytes, FLOPs, joules, samples.
 
 ## Reading records
 
-Read them with the one reader, `bench.records.reader`: it checks each record's structure and value types against
-the tables below, and stops at the first bad line with `file:line: what is wrong`.
+`bench.records.reader` checks each record against the tables below and stops at the first bad line with
+`file:line: what is wrong`.
 
 ```python
 from bench.records.reader import load
@@ -37,12 +37,11 @@ for r in sweep.records:                           # TrialRecord objects
     print(r.trial_id, r.status, r.speed.samples_per_s if r.speed else None)
 ```
 
-`load` also reads `env.json` and `sweep.toml`, counts a trial id written twice once, and says so in `sweep.notes`.
-For a pandas frame, one row per trial, use `bench.load` ([Python API](api.md)).
+`load` also reads `env.json` and `sweep.toml`, and counts a trial id written twice once (`sweep.notes` says so).
+For a pandas frame: `bench.load` ([Python API](api.md)).
 
-Schema-1 records (before the measurement protocol v2) load with their quality dropped: their metric came from a run
-whose length depended on the set's speed. Fields added within schema 2 have defaults, so older records load with
-them empty or `null`; the newest are `isolation`, `unavailable`, `build.resources` and `build.recipe`.
+Schema-1 records load with their quality dropped: their run's length depended on the set's speed. Fields added
+within schema 2 have defaults, so older records load with them empty or `null`.
 """
 
 
