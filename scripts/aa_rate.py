@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""How often the A/A gate cries wolf, and how often it catches a uniform slowdown (issue 25).
+"""How often the A/A gate cries wolf, and how often it catches a uniform slowdown.
 
 Runs N A/A gates (`python -m bench sweep --ab .` with the gate's settings and `--repeats auto`) back to back, each
 into its own directory under one output directory, and counts the runs whose comparison of B against A gave any

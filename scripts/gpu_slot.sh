@@ -4,7 +4,7 @@
 # what its command writes under $OUT. Sized by gpu_check.sh's own cap (8 minutes) to fit a 10-minute command.
 #
 #   OUT=/some/dir bash scripts/gpu_slot.sh               # on the GPU machine (carry wheels/ with the tree)
-#   OUT=/some/dir bash scripts/gpu_slot.sh --rehearse    # the same on a CPU: what CI and a rehearsal run
+#   OUT=/some/dir bash scripts/gpu_slot.sh --rehearse    # the same on a CPU (CI runs gpu_check.sh --rehearse)
 #
 # A second call on the same (still warm) machine resumes the check where the first one's cap stopped it: its
 # output directory, runs/gpu-slot/ (git-ignored), stays there between calls. On a fresh machine, carry runs/gpu-slot/

@@ -1,7 +1,13 @@
-"""Baseline: plain fp32 training with AdamW, no technique applied. Every speedup is measured against it.
+"""Baseline: plain fp32 training with AdamW, eager, no technique applied.
 
-Method card: it does nothing, on purpose. Its records are the reference for speedups, memory ratios, accuracy
-deltas and loss parity.
+Method card
+- What: nothing, on purpose. Its trials are the reference for every speedup, memory ratio, quality difference and
+  parity check of the other sets of a workload (``--baseline`` names another reference).
+
+Measured (committed examples, against each sweep's reference; python -m bench.dev.docs_tables writes this block):
+<!-- generated: card-baseline (python -m bench.dev.docs_tables, from the committed examples; do not edit by hand) -->
+- Not measured alone in a committed report.
+<!-- end generated -->
 """
 
 from __future__ import annotations

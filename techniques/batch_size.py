@@ -2,41 +2,22 @@
 learning rate to match.
 
 Method card
-- What: before training, ``tune`` probes a fresh copy of the workload and picks the batch, in one of three modes:
-  - ``memory``: the largest batch whose probe step fits ``memory * (1 - margin)`` bytes: doubling from the
-    workload's batch, then bisection between the last size that fit and the first that did not. On CUDA the peak is
-    ``torch.cuda.max_memory_allocated`` (an out-of-memory error counts as "does not fit"); on CPU it is the tensor
-    tracker's peak (params + grads + optimizer state + activations of one step), NOT the process RSS, which also
-    holds torch itself and the allocator's cached pages. With gradient accumulation it searches the micro-batch.
-  - ``throughput``: samples/s of a few timed steps at each power of two from ``min_batch`` to ``max_batch`` (capped
-    by the training set, and where CUDA runs out of memory); the fastest wins.
-  - ``noise``: trains ``warmup_steps`` ordinary steps (at initialisation the noise scale is not representative),
-    then estimates the simple noise scale B_simple = tr(Sigma) / |G|^2 from micro-batch gradients taken at the same
-    parameters (McCandlish et al. 2018, Appendix A) and picks the power of two nearest to it.
-  The LR follows the batch: ``sqrt`` (lr * sqrt(new/old)) for Adam-family optimizers, the harness's default AdamW,
-  so ``auto`` means sqrt; ``linear`` (lr * new/old) is the rule for SGD; ``none`` keeps the LR.
-- When it helps: B_simple approximates the critical batch. Well below it, steps are wasted on gradient noise and a
-  larger batch trains in fewer steps almost for free; above it, more samples per step buy little. Larger batches
-  also raise throughput until the hardware saturates, which the throughput mode finds directly.
-- Caveat: the harness compares quality at equal SAMPLES. A larger batch takes fewer optimizer steps for the same
-  samples, so on the small budgets here it usually reaches a worse metric, even when its throughput is higher;
-  the time-to-target comparison says whether the trade paid off. The probes' time is the trial's ``probe_s``.
-  The probes run the plain fp32 model without the set's other techniques: the memory mode sizes the batch for
-  plain training (with checkpointing or bf16 in the set, a larger batch would fit), and the throughput mode times
-  plain steps. A failed noise estimate (the averaged |G|^2 not positive) keeps the workload's batch.
-- Measured, mode=noise (AMD EPYC (AVX2 only), tiny workloads, 5 seeds, 30 evaluations; reports/example-cpu-convergence): B_simple
-  per seed 90-202 (cnn, median 188), 104-381 (mlp, median 176) and 3-79 (gpt: unstable even with 16 repeats); the
-  batches chosen (cnn 64-256 against 32, mlp 128-512 against 64) train 2 to 8 times fewer steps on the same samples; at
-  these budgets their runs missed the target in cnn 4/5, gpt 2/5, mlp 1/5 (the baseline's in none), and the final
-  metric's differences are inconclusive (cnn accuracy -0.089 [-0.202, +0.024], gpt val_loss +0.25 [-0.28, +0.77],
-  mlp accuracy -0.027 [-0.083, +0.030]). The probe cost 2.2-3.3 s per trial.
-- Sources: McCandlish, Kaplan, Amodei et al., "An Empirical Model of Large-Batch Training" (2018,
-  arXiv:1812.06162); Smith, Kindermans, Le, "Don't Decay the Learning Rate, Increase the Batch Size" (ICLR 2018);
-  Goyal et al., "Accurate, Large Minibatch SGD" (2017, the linear rule for SGD); Hoffer, Hubara, Soudry, "Train
-  longer, generalize better" (2017) and Malladi et al., "On the SDEs and Scaling Rules for Adaptive Gradient
-  Algorithms" (NeurIPS 2022) for the square-root rule with Adam; PyTorch Lightning's ``BatchSizeFinder``
-  (``power`` / ``binsearch`` modes), the usual finder, which searches for the largest batch that runs and reports no
-  noise scale.
+- What: ``tune`` probes a fresh copy of the workload: ``mode=memory`` the largest batch whose step fits ``memory``
+  (the tensor tracker's peak on CPU, the CUDA allocator's on GPU); ``throughput`` the fastest power of two;
+  ``noise`` the power of two nearest the simple noise scale, estimated after a warm-up (McCandlish et al. 2018). The
+  LR follows: square root for Adam-family optimizers (``auto``), ``linear`` for SGD, ``none``.
+- When it should pay: a batch well below the critical batch wastes steps on gradient noise; a larger one also raises
+  throughput until the hardware saturates, which ``throughput`` finds directly.
+- Caveats: at equal samples a larger batch takes fewer steps and on short budgets usually ends worse; time to target
+  says whether the trade paid. The probes run plain fp32, their time a one-off cost.
+- Sources: McCandlish et al., "An Empirical Model of Large-Batch Training" (arXiv:1812.06162); Smith et al., "Don't
+  Decay the Learning Rate, Increase the Batch Size" (ICLR 2018); Malladi et al., NeurIPS 2022 (the square-root rule
+  for Adam); PyTorch Lightning's ``BatchSizeFinder``.
+
+Measured (committed examples, against each sweep's reference; python -m bench.dev.docs_tables writes this block):
+<!-- generated: card-batch_size (python -m bench.dev.docs_tables, from the committed examples; do not edit by hand) -->
+- AMD EPYC (AVX2 only), `reports/example-cpu-convergence`: cnn:tiny, gpt:tiny, mlp:tiny, quality and time to target only (no speed window): their answers are in its report.md.
+<!-- end generated -->
 """
 
 from __future__ import annotations

@@ -1,24 +1,19 @@
 """Best-of-n: no training; at evaluation, sample n completions per prompt and keep the one the proxy scores best.
 
 Method card
-- What: the policy stays at the start (the steps of its quality run train nothing: no loss, no gradient, the
-  optimizer steps over no gradient and leaves the weights as they are). Evaluation samples ``n`` completions of
-  each prompt from the policy and returns the one the reward model scores highest (ties: the first). Its KL to the
-  starting policy has a closed form, ``log n - (n - 1) / n`` (Stiennon et al. 2020, appendix G.3; Beirami et al.
-  2024 show it is an upper bound, exact for distinct rewards), recorded instead of a sample estimate (the
-  best-of-n distribution's log-probability of a sample is not available).
-- Why it is here: the no-training baseline of RLHF work (Gao et al. 2022 fit their over-optimisation laws to it
-  and to RL alike): the gold reward it reaches at a KL of log n - (n - 1) / n is what a trained method must beat at
-  the same KL; its cost is inference, n samples and n reward-model forwards per prompt, every time, instead of
-  training once.
-- Options: ``n`` (4) samples per prompt.
-- What is measured: gold reward (of the kept completions), proxy reward (the best of n scores, optimistic by
-  construction) and the KL formula at every evaluation; in ``technique_results`` n, the KL formula, and the
-  inference FLOPs per prompt (n samples without KV cache, n reward-model forwards) against a plain sample's.
-- Memory: the reward model is held beside the model (it scores the n samples).
-- Sources: Stiennon et al., "Learning to summarize from human feedback", NeurIPS 2020 (arXiv:2009.01325); Gao,
-  Schulman, Hilton, "Scaling Laws for Reward Model Overoptimization", ICML 2023 (arXiv:2210.10760); Beirami et al.,
-  "Theoretical guarantees on the best-of-n alignment policy", 2024 (arXiv:2401.01879).
+- What: the policy stays at the start; evaluation samples ``n`` (4) completions a prompt and keeps the reward model's
+  best. Its KL to the start is the closed form ``log n - (n - 1) / n`` (Stiennon et al. 2020; an upper bound, Beirami
+  et al. 2024).
+- Why it is here: the no-training baseline of RLHF work: what a trained method must beat at the same KL. Its cost is
+  inference, n samples and n reward-model forwards at every answer, instead of training once; the record counts them
+  against a plain sample's.
+- Sources: Stiennon et al., NeurIPS 2020 (arXiv:2009.01325); Gao et al., ICML 2023 (arXiv:2210.10760); Beirami et
+  al., 2024 (arXiv:2401.01879).
+
+Measured (committed examples, against each sweep's reference; python -m bench.dev.docs_tables writes this block):
+<!-- generated: card-best_of_n (python -m bench.dev.docs_tables, from the committed examples; do not edit by hand) -->
+- AMD EPYC (AVX2 only), `reports/example-cpu-preference`: pref:tiny, quality and time to target only (no speed window): their answers are in its report.md.
+<!-- end generated -->
 """
 
 from __future__ import annotations

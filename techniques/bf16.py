@@ -1,26 +1,24 @@
-"""bf16 mixed precision: run forward and loss under ``torch.autocast(dtype=torch.bfloat16)``.
+"""bf16 mixed precision: forward and loss under ``torch.autocast(dtype=torch.bfloat16)``.
 
 Method card
-- What: matmuls and convolutions run in bfloat16, reductions and the optimizer stay fp32; parameters stay fp32.
-  bf16 keeps fp32's exponent range, so no loss scaling is needed (unlike fp16).
-- When it helps: on hardware with fast bf16 matrix units (NVIDIA Ampere and newer; CPUs with AVX512-BF16 or AMX).
-  On a CPU without them autocast adds casts and can be slower.
-- Measured here, on four machines (committed reports; machines named as in docs/examples.md):
-  - AMD EPYC (AVX2 only: no avx512_bf16 or AMX), reports/example-cpu, 3 repeats: slower everywhere, mlp:tiny 0.10x
-    [0.07, 0.15], gpt:tiny 0.09x [0.06, 0.14], cnn:tiny 0.29x [0.16, 0.52] of fp32's samples/s, each "slower":
-    its calibrated bf16 matmul peak is about 17 GFLOP/s against fp32's 146.
-  - AMD EPYC (AVX-512, avx512_bf16), reports/example-cpu-auto: gpt:tiny 0.78x [0.58, 1.06], mlp:tiny 0.86x
-    [0.65, 1.15], cnn:tiny 0.93x [0.68, 1.27], each inconclusive, although bf16's calibrated peak is above
-    fp32's: the tiny steps are spent in casts, small kernels and the optimizer.
-  - Intel Xeon (AMX), reports/example-cpu-bf16: gpt:small 1.66x [1.60, 1.72] faster, within the published
-    1.5-2x; gpt:tiny 0.59x [0.44, 0.80] and mlp:tiny 0.82x [0.81, 0.83], both slower.
-  - One NVIDIA H200, reports/example-h200-first: gpt:gpt2-124m at batch 8, 3.79x [3.20, 4.49] of fp32's
-    samples/s with no verdict (2 pairs: a verdict needs 3).
+- What: matmuls and convolutions run in bfloat16; parameters, reductions and the optimizer stay fp32. bf16 keeps
+  fp32's exponent range, so no loss scaling is needed. Kind numeric.
+- When it should pay: where bf16 matrix units outrun fp32's (NVIDIA Ampere and newer, Intel AMX) and the matmuls are
+  large enough to hide the casts; elsewhere autocast only adds casts. Of the committed CPUs it was faster only on the
+  AMX Xeon, at gpt:small, and slower or inconclusive on every tiny model, avx512_bf16 included. On a GPU it ran
+  once, on one H200 (`reports/example-h200-first`), with too few pairs for a verdict.
 - Sources: Micikevicius et al., "Mixed Precision Training", ICLR 2018; Kalamkar et al., "A Study of BFLOAT16 for
   Deep Learning Training", arXiv:1905.12322; PyTorch AMP docs.
 
-In your own training loop (plain PyTorch: ``model``, ``optimizer``, ``loss_fn``, ``batches`` and ``device``
-are your loop's; ``tests/test_snippets.py`` runs this block on a toy loop):
+Measured (committed examples, against each sweep's reference; python -m bench.dev.docs_tables writes this block):
+<!-- generated: card-bf16 (python -m bench.dev.docs_tables, from the committed examples; do not edit by hand) -->
+- AMD EPYC (AVX2 only), `reports/example-cpu`: cnn:tiny 0.29x [0.16, 0.52] slower, memory 0.60x less; gpt:tiny 0.09x [0.06, 0.14] slower, memory 0.68x less; mlp:tiny 0.10x [0.07, 0.15] slower, memory 1.00x [0.99, 1.02] inconclusive.
+- AMD EPYC (AVX-512, avx512_bf16), `reports/example-cpu-auto`: cnn:tiny 0.93x [0.68, 1.27] inconclusive, memory 0.59x less; gpt:tiny 0.78x [0.58, 1.06] inconclusive, memory 0.68x less; mlp:tiny 0.86x [0.65, 1.15] inconclusive, memory 1.00x equivalent.
+- Intel Xeon (AMX), `reports/example-cpu-bf16`: gpt:small 1.66x [1.60, 1.72] faster, memory 0.64x less; gpt:tiny 0.59x [0.44, 0.80] slower, memory 0.68x less; mlp:tiny 0.82x [0.81, 0.83] slower, memory 1.00x equivalent.
+- 1 x NVIDIA H200, `reports/example-h200-first`: gpt:gpt2-124m 3.79x [3.20, 4.49] (no verdict: 2 pairs: a verdict needs 3), memory 0.68x (no verdict: 2 pairs: a verdict needs 3).
+<!-- end generated -->
+
+In your own training loop (plain PyTorch; ``tests/test_snippets.py`` runs it):
 
 ```python
 for x, y in batches:

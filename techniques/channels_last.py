@@ -1,45 +1,21 @@
 """channels_last: convolutional models in the NHWC memory format.
 
 Method card
-- What: ``model.to(memory_format=torch.channels_last)`` gives every 4-D parameter and buffer (the Conv2d weights)
-  NHWC strides: the same shape (N, C, H, W), with the channels now the innermost, contiguous dimension. A forward
-  pre-hook on the model converts its 4-D tensor inputs the same way, so the first convolution meets NHWC on both
-  sides; PyTorch then keeps the activations NHWC from layer to layer (convolution, BatchNorm, ReLU and the residual
-  adds preserve the format), and the weight gradients come out NHWC too.
-- Why a pre-hook and not ``wrap_data``: the hook sits on the model, so it converts every forward's input, the
-  evaluation's included (``evaluate`` calls the model directly, never through the training batches), whatever
-  supplies the batches (the workload's own or a ``loader``), after the loop has moved them to the device. Inputs
-  that are not 4-D (token ids, vectors) pass untouched. It uses ``.to(memory_format=...)``: for a 1-channel image
-  (Fashion-MNIST's N x 1 x 28 x 28) ``.contiguous(memory_format=...)`` keeps the NCHW strides (784, 784, 28, 1),
-  while ``.to`` writes the channels_last ones (784, 1, 28, 1), as PyTorch's tutorial warns (the same bytes).
-- When it helps: convolutions on NVIDIA tensor cores (Volta and newer) in fp16/bf16 (and TF32): cuDNN's fastest
-  convolution kernels are NHWC, and an NCHW model pays a transpose before and after each one (NVIDIA's guide
-  recommends NHWC "where possible"); PyTorch's tutorial measured +8-35% for AMP training of torchvision models on a
-  V100, +22% for ResNet-50. On CPUs, oneDNN computes convolutions in NHWC or blocked layouts, so NCHW tensors are
-  reordered around each one; Intel's PyTorch extension turns channels_last on by default for that reason.
-- Refusals: models without convolutions gain nothing (only 4-D tensors change). ``check`` asks the model's
-  description (``bench.core.structure``: declared by the built-in workloads, derived for Hugging Face models, inferred
-  from a user's modules by the check that builds it before the sweep) and refuses one without Conv2d at plan time;
-  where that is not known the trial checks the model it transforms: a ValueError saying it has no nn.Conv2d.
-- Kind ``numeric`` (measured, not assumed: a deterministic probe, not a report): on the AMD EPYC (AVX2 only)
-  (torch 2.13, oneDNN) the NHWC
-  convolution and BatchNorm kernels sum in another order. cnn:tiny, seed 0, 2 threads, against the baseline: the
-  first forward's logits differ by up to 3.1e-6, every parameter's first gradient by 1e-7 to 6e-7 (relative
-  1e-6 to 1e-5); the losses of steps 1-3 happened to be bit-equal, step 4 differs by 5.1e-5 (2.2e-5 relative), and
-  over 8 steps by up to 6.8e-4 (3.5e-4 relative), the parameters by up to 1.2e-3. The harness's parity check (8
-  steps, numeric tolerance) passes. cuDNN's NHWC kernels are other kernels again: on a GPU expect a difference of
-  the same kind (not bit-equality), with its own size.
-- Measured (reports/example-cpu-bottleneck, AMD EPYC (AVX2 only), 5 repeats): 1.01x [0.85, 1.19] on cnn:tiny and
-  1.03x [0.86, 1.23] on cnn_aug:tiny, both inconclusive: 28 x 28 images with 8-32 channels likely leave oneDNN
-  little reordering to save. Not yet run on a GPU.
-- Sources: PyTorch tutorial, "Channels Last Memory Format in PyTorch" (Fedyunin;
-  pytorch.org/tutorials/intermediate/memory_format_tutorial.html), its "Performance Gains" section; NVIDIA,
-  "Convolutional Layers User's Guide" (Deep Learning Performance documentation), "Tensor Layouts In Memory: NCHW vs
-  NHWC" (docs.nvidia.com/deeplearning/performance/dl-performance-convolutional); Intel Extension for PyTorch docs,
-  "Channels Last".
+- What: ``model.to(memory_format=torch.channels_last)`` gives the 4-D weights NHWC strides, and a forward pre-hook
+  converts 4-D inputs (evaluation's too); the layers keep the format. Kind numeric: NHWC kernels sum in another
+  order.
+- When it should pay: convolutions on NVIDIA tensor cores in fp16/bf16 or TF32, whose fastest cuDNN kernels are NHWC
+  (an NCHW model pays a transpose around each); not measured on a GPU. oneDNN on CPUs reorders NCHW too; expect
+  little from small images with few channels. Refused without ``nn.Conv2d``.
+- Sources: PyTorch tutorial "Channels Last Memory Format in PyTorch" (published: +22% for AMP training of ResNet-50
+  on a V100); NVIDIA, "Convolutional Layers User's Guide" (NCHW vs NHWC); Intel Extension for PyTorch docs.
 
-In your own training loop (plain PyTorch: ``model``, ``optimizer``, ``loss_fn``, ``batches`` and ``device``
-are your loop's; ``tests/test_snippets.py`` runs this block on a toy loop):
+Measured (committed examples, against each sweep's reference; python -m bench.dev.docs_tables writes this block):
+<!-- generated: card-channels_last (python -m bench.dev.docs_tables, from the committed examples; do not edit by hand) -->
+- AMD EPYC (AVX2 only), `reports/example-cpu-bottleneck`: cnn:tiny 1.01x [0.85, 1.19] inconclusive, memory 1.04x more; cnn_aug:tiny 1.03x [0.86, 1.23] inconclusive, memory 1.04x more.
+<!-- end generated -->
+
+In your own training loop (plain PyTorch; ``tests/test_snippets.py`` runs it):
 
 ```python
 cnn = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU(), nn.AdaptiveAvgPool2d(1),

@@ -1,23 +1,22 @@
-"""Activation checkpointing per block: keep only each block's input, recompute its inside during backward.
+"""Activation checkpointing per block: keep each block's input, recompute its inside in backward.
 
 Method card
-- What: every module in ``model.blocks`` is wrapped so its forward runs under ``torch.utils.checkpoint`` (non-reentrant).
-  Activations inside a block are freed after the forward and recomputed in the backward pass.
-- When it helps: memory-bound training (bigger batch or model on the same device). Costs one extra forward per block,
-  so expect roughly 20-35% lower throughput; it pays off only when the memory it frees buys a larger batch or model.
-- BatchNorm: the recomputation in backward runs the block's forward a second time, and a BatchNorm layer in
-  training mode would update its running statistics again (twice per step, so evaluation, which uses them, sees
-  different statistics: measured on cnn:tiny, an eval curve up to 24% away from the baseline's while the training
-  losses matched exactly). The recomputation here holds BatchNorm's running statistics still (momentum 0 and the
-  batch counter restored), so checkpointing stays exact for BatchNorm models too.
-- Functional form: ``apply_checkpointing(model)``.
-- Measured here (reports/example-cpu, AMD EPYC (AVX2 only), 3 repeats): gpt:tiny 0.61x [0.50, 0.74] slower at 0.64x
-  the tensor peak (less), cnn:tiny 0.53x [0.41, 0.69] slower at 0.81x (less); mlp:tiny 0.42x [0.17, 1.04]
-  inconclusive, its tensor peak 1.00x (equivalent).
-- Sources: Chen et al., "Training Deep Nets with Sublinear Memory Cost", arXiv:1604.06174; torch.utils.checkpoint docs.
+- What: each block runs under ``torch.utils.checkpoint`` (non-reentrant): its inner activations are freed after the
+  forward and recomputed in the backward. BatchNorm's running statistics are held still during the recomputation,
+  so it stays exact. Functional form: ``apply_checkpointing(model)``.
+- When it should pay: when memory limits the batch or the model. It costs about one extra forward per step on any
+  device, and pays only when the memory it frees buys a larger batch or model.
+- Sources: Chen et al., "Training Deep Nets with Sublinear Memory Cost", arXiv:1604.06174; torch.utils.checkpoint
+  docs.
 
-In your own training loop (plain PyTorch: ``model``, ``optimizer``, ``loss_fn``, ``batches`` and ``device``
-are your loop's; ``tests/test_snippets.py`` runs this block on a toy loop):
+Measured (committed examples, against each sweep's reference; python -m bench.dev.docs_tables writes this block):
+<!-- generated: card-checkpointing (python -m bench.dev.docs_tables, from the committed examples; do not edit by hand) -->
+- AMD EPYC (AVX2 only), `reports/example-cpu`: cnn:tiny 0.53x [0.41, 0.69] slower, memory 0.81x less; gpt:tiny 0.61x [0.50, 0.74] slower, memory 0.64x less; mlp:tiny 0.42x [0.17, 1.04] inconclusive, memory 1.00x equivalent.
+- AMD EPYC (AVX-512, avx512_bf16), `reports/example-cpu-auto`: cnn:tiny 0.58x [0.45, 0.74] slower, memory 0.80x less; gpt:tiny 0.75x [0.65, 0.85] slower, memory 0.64x less; mlp:tiny 0.52x [0.39, 0.70] slower, memory 1.00x equivalent.
+- AMD EPYC (AVX-512, avx512_bf16), `reports/example-cpu-outside-model`: nanogpt_chars:tiny 0.74x (no verdict: 1 repeat: a verdict needs 3), memory 0.69x less.
+<!-- end generated -->
+
+In your own training loop (plain PyTorch; ``tests/test_snippets.py`` runs it):
 
 ```python
 from torch.utils.checkpoint import checkpoint

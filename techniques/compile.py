@@ -1,28 +1,24 @@
 """torch.compile: capture the model with TorchDynamo and generate fused kernels with Inductor.
 
 Method card
-- What: ``torch.compile(model, mode=...)``. The first steps pay the compile time (reported separately as
-  ``first_step_s``); later steps run the generated code.
-- When it helps: models dominated by small elementwise ops that fuse (normalisation, activations), and on GPUs
-  with CUDA graphs (``mode=reduce-overhead``). On CPUs the gain is usually small, and compile time can exceed
-  the whole budget's gain: the report compares them.
-- With FSDP (zero2 / zero3) each block is compiled on its own before sharding, torchtitan's order; the rest of
-  the model stays eager (a whole-model graph compiled before fully_shard fails on DTensor parameters).
-- What it captured: the record's ``technique_results.compile`` counts the graphs TorchDynamo compiled and its graph
-  breaks, and the report shows them. Measured: the example LSTM language model (``examples/lstm_lm.py``) captures
-  no graph at all (Dynamo does not trace ``nn.LSTM`` by default and skips the frame), so its "compiled" trials ran
-  eager: one-off 0.32 s, curves bit-identical to the baseline, 1.05x [0.61, 1.82] inconclusive
-  (reports/example-cpu-user-models).
-- Measurement: every trial runs in its own process. The first trial of a workload and set compiles from an empty
-  ``TORCHINDUCTOR_CACHE_DIR`` of its own, so its one-off cost is a cold-cache figure; the set's later trials share
-  that cache (``bench.run.launcher``: repeats and speed-only pairs load what it compiled), their records say
-  ``caches.inductor: warm``, and the analysis reports the cold trials' one-off cost for the set. The tensor-level
-  memory tracker cannot see inside compiled graphs: compiled trials report RSS (and CUDA allocator peaks) only.
-- Sources: Ansel et al., "PyTorch 2: Faster Machine Learning Through Dynamic Python Bytecode Transformation and
-  Graph Compilation", ASPLOS 2024; PyTorch 2.0 announcement (+21% fp32 / +51% AMP training on A100, 163 models).
+- What: ``torch.compile(model, mode=...)``. The first steps compile, a one-off cost reported apart; later steps run
+  generated code. Under ``zero2``/``zero3`` each block compiles before sharding. The record counts the graphs
+  captured: a model Dynamo cannot trace (``nn.LSTM``) runs eager, and the report says so.
+- When it should pay: steps dominated by small ops that fuse (norms, activations) or by kernel launches
+  (``mode=reduce-overhead``: CUDA graphs). On one H200 it ran only with ``bf16`` (`reports/example-h200-first`). On
+  a short run compiling can cost more than it saves; time to target with one-off costs says which.
+- Caveats: a set's first trial compiles from a cold Inductor cache, the later ones reuse it. Compiled trials report
+  RSS and CUDA peaks only: the tensor tracker cannot see inside the graphs.
+- Sources: Ansel et al., "PyTorch 2", ASPLOS 2024; the PyTorch 2.0 announcement (published: +21% fp32 and +51% AMP
+  training speed over 163 models on an A100).
 
-In your own training loop (plain PyTorch: ``model``, ``optimizer``, ``loss_fn``, ``batches`` and ``device``
-are your loop's; ``tests/test_snippets.py`` runs this block on a toy loop):
+Measured (committed examples, against each sweep's reference; python -m bench.dev.docs_tables writes this block):
+<!-- generated: card-compile (python -m bench.dev.docs_tables, from the committed examples; do not edit by hand) -->
+- AMD EPYC (AVX2 only), `reports/example-cpu`: cnn:tiny 1.00x [0.66, 1.53] inconclusive, memory 1.23x [1.20, 1.26] more (RSS); gpt:tiny 0.86x [0.33, 2.26] inconclusive, memory 1.25x [1.23, 1.26] more (RSS); mlp:tiny 0.86x [0.65, 1.12] inconclusive, memory 1.24x [1.23, 1.25] more (RSS).
+- AMD EPYC (AVX-512, avx512_bf16), `reports/example-cpu-auto`: cnn:tiny 0.95x [0.50, 1.82] inconclusive, memory 1.20x [1.17, 1.23] more (RSS); gpt:tiny 0.96x [0.69, 1.34] inconclusive, memory 1.24x [1.23, 1.25] more (RSS); mlp:tiny 0.85x [0.70, 1.03] inconclusive, memory 1.23x more (RSS).
+<!-- end generated -->
+
+In your own training loop (plain PyTorch; ``tests/test_snippets.py`` runs it):
 
 ```python
 compiled = torch.compile(model)  # the first steps compile (a one-off cost); later steps run generated code

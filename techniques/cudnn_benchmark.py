@@ -1,34 +1,20 @@
 """cudnn_benchmark: cuDNN's autotuner picks each convolution's algorithm by timing them.
 
 Method card
-- What: ``torch.backends.cudnn.benchmark = True`` for the trial. The first time a convolution meets a new
-  configuration (input shape, dtype, memory format, weights), cuDNN runs the algorithms it has for it and keeps the
-  fastest; later calls of that configuration reuse the choice. Off (PyTorch's default), cuDNN's heuristics choose
-  without timing. ``torch.backends.cudnn.benchmark_limit`` caps how many algorithms are tried (cuDNN v8 API). The
-  switch is process-global: ``finalize`` restores what it was; outside a trial process (``apply_cudnn_benchmark``)
-  the caller owns it.
-- When it helps: convolutional models on an NVIDIA GPU whose input shapes stay fixed, where the heuristic's choice is
-  not the fastest. The autotuning runs once per configuration, so it lands in the trial's first step (timed on its
-  own, outside the timed window) and again for every new shape: a model whose inputs change size (a sequence-length
-  curriculum, images of varying size) tunes again each time and can end up slower.
-- Kind ``numeric``: another algorithm sums in another order, so results are close to the baseline's, not
-  bit-identical; PyTorch's reproducibility notes add that the choice itself can differ from run to run (timing noise),
-  so two runs of this set need not match each other either (``torch.backends.cudnn.deterministic`` is the switch for
-  that, not used here).
-- Refusals: ``check`` refuses anything but a CUDA device with cuDNN (the switch does nothing elsewhere), and a model
-  whose description says it has no convolution (``bench.core.structure``: ``convolutional``, which looks for Conv2d);
-  where that is not known, the trial checks the model it is given for any ``nn.Conv*`` layer (a ValueError without
-  one). It names no workload.
-- Measured: nothing yet. The GPU path has not run here (no GPU in the session that added it); the CPU tests check the
-  refusals and that the switch is set and restored. ``pytest -m gpu tests/test_cudnn_benchmark.py`` trains it on a
-  GPU.
-- Sources: PyTorch docs, ``torch.backends.cudnn.benchmark`` and ``benchmark_limit``
-  (pytorch.org/docs/stable/backends.html); PyTorch docs, "Reproducibility", section "CUDA convolution benchmarking"
-  (pytorch.org/docs/stable/notes/randomness.html); PyTorch Performance Tuning Guide, "Enable cuDNN auto-tuner"
-  (pytorch.org/tutorials/recipes/recipes/tuning_guide.html).
+- What: ``torch.backends.cudnn.benchmark = True`` for the trial: the first time a convolution meets a new shape,
+  cuDNN times its algorithms and keeps the fastest. Process-global: ``finalize`` restores it. Kind numeric: another
+  algorithm sums in another order, and the choice can differ from run to run.
+- When it should pay: convolutional models on an NVIDIA GPU with fixed input shapes. The tuning lands in the first
+  step (outside the timed window) and again at every new shape, so changing shapes can end up slower.
+- Refused off CUDA and without convolutions. Not yet run on a GPU (``pytest -m gpu tests/test_cudnn_benchmark.py``).
+- Sources: PyTorch docs, ``torch.backends.cudnn.benchmark`` and "Reproducibility"; PyTorch Performance Tuning Guide.
 
-In your own training loop (plain PyTorch: ``model``, ``optimizer``, ``loss_fn``, ``batches`` and ``device``
-are your loop's; ``tests/test_snippets.py`` runs this block on a toy loop):
+Measured (committed examples, against each sweep's reference; python -m bench.dev.docs_tables writes this block):
+<!-- generated: card-cudnn_benchmark (python -m bench.dev.docs_tables, from the committed examples; do not edit by hand) -->
+- Not measured alone in a committed report.
+<!-- end generated -->
+
+In your own training loop (plain PyTorch; ``tests/test_snippets.py`` runs it):
 
 ```python
 torch.backends.cudnn.benchmark = True  # cuDNN times its convolution algorithms once per input shape, keeps the fastest

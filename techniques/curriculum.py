@@ -1,36 +1,22 @@
 """Curriculum learning: short sequences first (language models), or easy examples first (classifiers).
 
 Method card
-- What, sequence workloads: sequence-length warm-up. Over the first ``warmup`` fraction of the planned steps the
-  training sequences are cut to a length that grows linearly from ``start`` x the full length to the full length
-  (rounded down to a multiple of ``step_len``), then stay full (Li et al. 2022; Composer's ``SeqLengthWarmup`` with
-  truncation). Samples per step stay the same; tokens per step shrink, so early steps are cheaper. Throughput and
-  FLOPs count the real lengths (``tokens_trained``; FLOPs once per distinct shape).
-- What, classifiers: difficulty ordering with a pacing function (Hacohen & Weinshall 2019). Each training example's
-  difficulty is its loss under a scorer: the workload's own model trained once over the workload's quality budget
-  from a fixed seed (10000), then cached in the sweep's reference directory, so every trial and seed shares it.
-  At step s the batch is drawn from the ``n(s)`` easiest examples, ``n`` growing linearly from ``start`` x the
-  training set to all of it over ``warmup`` of the planned steps; after that, uniformly from all.
-- ``order``: ``easy_first`` (the curriculum), ``hard_first`` (the anti-curriculum), ``random`` (the same pacing and,
-  for sequences, the same lengths in a random order). ``random`` is the control that separates the order from what
-  comes with it: fewer distinct examples early (classifiers) or fewer tokens (sequences). Wu et al. 2021 found that
-  on standard benchmarks the three orderings are often indistinguishable; the report's time-to-target table says
-  whether this harness sees a difference on its workloads.
-- Costs: the scorer's training time is reported (``scorer_train_s``) and paid once per sweep (cached), not by each
-  trial. Compare at equal samples: a length warm-up trains fewer tokens in the same samples, which is its point.
-- Measured (AMD EPYC (AVX2 only), tiny workloads, 5 seeds, 30 evaluations; reports/example-cpu-convergence): the
-  length warm-up on gpt trained 85% of the plan's tokens; its val_loss difference, +0.134 [+0.028, +0.239], is
-  inconclusive (p = 0.024 alone, not after Holm's correction over the report's 27 quality comparisons), and its
-  median time to target was 2.10 s against 1.11 s with 2/5 runs missing it (no ratio: misses on one side). With the
-  same lengths in random order: +0.004 [-0.093, +0.101] inconclusive, 1.27x [0.85, 1.90] to target, inconclusive.
-  Whether the order or the shorter sequences cost quality is not decided by these 5 seeds.
-  On the classifiers every order's final accuracy difference is inconclusive; hard-first reached the mlp target
-  later (1.68x [1.19, 2.37] later); to the cnn target easy-first 1.35x [0.85, 2.15] and random 1.19x [0.89, 1.58], to
-  the mlp target random 1.09x [0.79, 1.49], all inconclusive (easy-first missed the mlp target in 1/5 runs).
-- Sources: Bengio et al., "Curriculum Learning", ICML 2009; Hacohen & Weinshall, "On the Power of Curriculum
-  Learning in Training Deep Networks", ICML 2019 (arXiv:1904.03626); Li, Zhang, He, "The Stability-Efficiency
-  Dilemma: Investigating Sequence Length Warmup for Training GPT Models", NeurIPS 2022 (arXiv:2108.06084); Wu, Dyer,
-  Neyshabur, "When Do Curricula Work?", ICLR 2021 (arXiv:2012.03107); MosaicML Composer ``SeqLengthWarmup``.
+- What, sequences: a length warm-up. Over ``warmup`` of the planned steps the sequences grow linearly from ``start`` x
+  the full length (Li et al. 2022; Composer's ``SeqLengthWarmup``): samples per step stay, tokens per step shrink,
+  and throughput and FLOPs count the real lengths.
+- What, classifiers: each example's difficulty is its loss under a scorer (the workload's model trained once per
+  sweep, cached, its time reported apart); batches are drawn from the easiest examples, their pool growing to the
+  whole set over ``warmup`` (Hacohen & Weinshall 2019).
+- ``order``: ``easy_first``, ``hard_first`` or ``random`` (the control: same pacing, same lengths). Wu et al. 2021
+  found the three often indistinguishable.
+- When it should pay: early steps of a length warm-up are cheaper on any device; compare at equal samples.
+- Sources: Bengio et al., "Curriculum Learning", ICML 2009; Hacohen & Weinshall, ICML 2019 (arXiv:1904.03626); Li
+  et al., NeurIPS 2022 (arXiv:2108.06084); Wu et al., "When Do Curricula Work?", ICLR 2021 (arXiv:2012.03107).
+
+Measured (committed examples, against each sweep's reference; python -m bench.dev.docs_tables writes this block):
+<!-- generated: card-curriculum (python -m bench.dev.docs_tables, from the committed examples; do not edit by hand) -->
+- AMD EPYC (AVX2 only), `reports/example-cpu-convergence`: cnn:tiny, gpt:tiny, mlp:tiny, quality and time to target only (no speed window): their answers are in its report.md.
+<!-- end generated -->
 """
 
 from __future__ import annotations

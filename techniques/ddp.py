@@ -1,22 +1,21 @@
 """Data parallelism: DistributedDataParallel across the processes torchrun starts.
 
 Method card
-- What: every rank holds the full model, trains on its slice of the global batch, and gradients are averaged
-  across ranks with all-reduce during backward (bucketed, overlapping communication with computation). The global
-  batch and the math equal one process with the same batch: parity checks that.
-- When it helps: more devices than one, compute-bound steps. Per-rank model state is unchanged (16 bytes/param for
-  fp32 AdamW), plus DDP's gradient buckets (another 4 bytes/param: gradients are copied into buckets unless
-  ``gradient_as_bucket_view``, the ``bucket_view=true`` option). On one CPU, several ranks only split the same
-  cores: expect no gain there.
-- With gradient accumulation the micro-batches before the last run under ``no_sync``: gradients accumulate
-  locally and are all-reduced once per optimizer step (a test counts the bucket reductions). Its speed against
-  all-reducing every micro-batch is in no committed report.
-- Measured (2 gloo ranks x 1 thread vs 1 process x 2 threads, AMD EPYC (AVX2 only), reports/example-cpu-2rank):
-  mlp:large 0.79x [0.62, 1.01], gpt:tiny 0.67x [0.46, 0.97], no verdict (2 repeats: a verdict needs 3); per-rank
-  model state 771 MiB for mlp:large, the formula exactly (exact byte counts), and the clean RSS at rest 1.26 GiB
-  (the buckets add 193 MiB). ``bucket_view=true`` drops that copy; its saving is in no committed report.
-- Sources: Li et al., "PyTorch Distributed: Experiences on Accelerating Data Parallel Training", VLDB 2020;
-  torch.nn.parallel.DistributedDataParallel docs.
+- What: every rank holds the whole model and trains its slice of the global batch; gradients are all-reduced in
+  buckets during backward, overlapping compute. The math is one process's (parity checks it). With ``grad_accum``
+  only the last micro-batch all-reduces (``no_sync``).
+- When it should pay: several devices and compute-bound steps. Per-rank model state is the whole replica, plus a
+  bucket copy of the gradients unless ``bucket_view=true`` (``gradient_as_bucket_view``). On one CPU the ranks only
+  split the same cores. No multi-process trial has run on a GPU yet (`docs/distributed.md`).
+- Sources: Li et al., "PyTorch Distributed: Experiences on Accelerating Data Parallel Training", VLDB 2020; PyTorch
+  ``DistributedDataParallel`` docs.
+
+Measured (committed examples, against each sweep's reference; python -m bench.dev.docs_tables writes this block):
+<!-- generated: card-ddp (python -m bench.dev.docs_tables, from the committed examples; do not edit by hand) -->
+- AMD EPYC (AVX2 only), `reports/example-cpu-2rank`: gpt:tiny 0.67x [0.46, 0.97] (no verdict: 2 pairs: a verdict needs 3), memory 0.97x [0.77, 1.23] (no verdict: 2 pairs: a verdict needs 3) (RSS); mlp:large 0.79x [0.62, 1.01] (no verdict: 2 pairs: a verdict needs 3), memory 1.16x [1.14, 1.19] (no verdict: 2 pairs: a verdict needs 3) (RSS).
+- AMD EPYC (AVX2 only), `reports/example-cpu-parallelism/gpt`: gpt:tiny 0.93x [0.63, 1.38] inconclusive, memory 0.99x [0.98, 1.00] inconclusive (the whole interval below 1, not clear of the threshold) (RSS).
+- AMD EPYC (AVX2 only), `reports/example-cpu-parallelism/mlp`: mlp:tiny 0.38x [0.28, 0.51] slower, memory 1.02x [1.00, 1.04] inconclusive (the whole interval above 1, not clear of the threshold) (RSS).
+<!-- end generated -->
 """
 
 from __future__ import annotations

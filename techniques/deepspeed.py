@@ -1,15 +1,17 @@
 """DeepSpeed ZeRO stages 1-3 (optional extra: ``pip install 'trainbench[deepspeed]'``).
 
 Method card
-- What: ``deepspeed.initialize`` wraps model and optimizer in an engine that shards optimizer state (stage 1),
-  gradients (2) and parameters (3) across ranks; the engine owns backward and the optimizer step.
-- When it helps: as zero1/zero2/zero3, with DeepSpeed's own communication scheduling and offload engines. It is
-  the reference implementation of the ZeRO paper; the torch-native techniques are the default here.
-- Limits here: gradient accumulation belongs to the engine (it scales the loss itself), so this technique does not
-  combine with ``grad_accum``; the optimizer is torch's AdamW (``torch_adam``) so no extension has to be compiled.
-  Without the package it is skipped with that reason.
-- Sources: Rajbhandari et al., ZeRO, SC 2020; Rasley et al., "DeepSpeed: System Optimizations Enable Training Deep
-  Learning Models with Over 100 Billion Parameters", KDD 2020; DeepSpeed configuration docs.
+- What: ``deepspeed.initialize`` wraps model and optimizer in an engine that shards optimizer state (``stage=1``),
+  gradients (2) and parameters (3); the engine owns backward and the optimizer step. The optimizer is torch's AdamW,
+  so nothing is compiled.
+- When it should pay: as ``zero1``-``zero3``; it is the ZeRO paper's own implementation. Not run on a GPU yet.
+- Refuses ``grad_accum`` (the engine accumulates itself), ``fp16`` and ``compile``.
+- Sources: Rajbhandari et al., ZeRO, SC 2020; Rasley et al., "DeepSpeed", KDD 2020; DeepSpeed configuration docs.
+
+Measured (committed examples, against each sweep's reference; python -m bench.dev.docs_tables writes this block):
+<!-- generated: card-deepspeed (python -m bench.dev.docs_tables, from the committed examples; do not edit by hand) -->
+- Not measured alone in a committed report.
+<!-- end generated -->
 """
 
 from __future__ import annotations

@@ -1,75 +1,36 @@
 """Knowledge distillation: the workload's model learns from a larger teacher of the same family as well as the labels.
 
 Method card
-- What: the loss of every step is (Hinton, Vinyals, Dean 2015)
+- What: each step's loss is ``alpha * T^2 * KL(softmax(t / T) || softmax(s / T)) + (1 - alpha) * base_loss`` (Hinton,
+  Vinyals, Dean 2015), ``s`` the student's logits (the trial's model), ``t`` the teacher's on the same batch, ``T`` the
+  ``temperature``, the KL in float32 as a mean over positions. The teacher is the same build at another size (a
+  user's build returns ``teacher_size``) or scaled up through the model's description (its width keys x ``width``,
+  its depth keys x ``depth``). It is trained once per sweep from a fixed seed for ``teacher_steps`` x the quality
+  budget's samples, evaluated once (``teacher_eval`` in the record) and cached beside the sweep's references; nothing
+  is downloaded. Its forward runs online every step under ``no_grad`` (not precomputed: the batch order follows the
+  trial's seed and augmentation draws afresh). Kind algorithmic.
+- When it should pay: never in step time. Each step adds the teacher's forward, up to ``width^2 x depth`` times the
+  student's forward FLOPs, and memory for its weights and activations; on a GPU a small student leaves the device
+  launch-bound, so the teacher's forward may cost less than its FLOPs suggest (not measured). What it buys is
+  quality at a fixed student size, which matters when the student's size is what ships: read quality at equal
+  samples and time to target against the baseline. ``alpha=0`` is the control: the same step cost, the plain loss.
+- Options: ``alpha`` (0.5), ``temperature`` (2.0), ``width`` (2.0), ``depth`` (1), ``teacher_steps`` (2.0). The
+  teacher's training is reported as ``teacher_train_s``, not charged to the trial's one-off cost (N students of one
+  teacher each pay a share). Refused with ``mtp``, with several processes (each rank would train the teacher), for a
+  model that computes its own loss in its forward, and for one with neither ``teacher_size`` nor declared scaling.
+  Not implemented: hidden-state (hint) losses, a pretrained teacher, precomputed logits.
+- Sources: Hinton, Vinyals, Dean, "Distilling the Knowledge in a Neural Network", arXiv:1503.02531; Beyer et al.,
+  "Knowledge distillation: A good teacher is patient and consistent", CVPR 2022 (arXiv:2106.05237: the teacher
+  should see the student's view of each example); Sanh et al., DistilBERT, arXiv:1910.01108 (published: 97% of
+  BERT-base's GLUE score with 40% fewer parameters, 60% faster at inference).
 
-      alpha * T^2 * KL(softmax(t / T) || softmax(s / T)) + (1 - alpha) * base_loss
-
-  with ``s`` the student's logits (the trial's model), ``t`` the teacher's on the same batch, ``T`` the
-  ``temperature`` and ``base_loss`` the workload's own loss against the labels. The KL divergence is the mean over
-  positions (``batchmean`` over the flattened positions: a GPT's (B, T, V) logits are B*T rows of V, a classifier's
-  (B, C) are B rows), computed in float32 whatever the autocast. The ``T^2`` factor keeps the soft targets'
-  gradients the same size as T changes (at high T the gradient of ``T^2 * KL`` on a logit tends to
-  ``(s_i - t_i) / C`` per row, Hinton et al. eq. 3), so ``alpha`` weighs the two terms the same at any T.
-- The teacher, as the model's description (``bench.core.structure``) says, never by the workload's name: another size of
-  the same build (``teacher_size``, which a user's build may return: the teacher is ``build(size=teacher_size)``;
-  ``width`` and ``depth`` are then unused), or the same build scaled up (``scaling``: ``teacher_params``): the
-  declared width keys x ``width`` (a key that must stay a multiple of another, such as the width of whole heads,
-  rounded to it), the depth keys x ``depth``. Declared: gpt ``d_model`` (a multiple of ``n_head``) and ``n_layer``;
-  cnn and cnn_aug every stage's ``widths`` and ``blocks_per_stage``; mlp ``width`` and ``depth``; Hugging Face
-  GPT-2 ``n_embd`` (a multiple of ``n_head``) and ``n_layer``, Llama ``hidden_size`` (a multiple of
-  ``num_attention_heads``), ``intermediate_size`` and ``num_hidden_layers``. A model with neither is skipped:
-  "distill: needs a teacher: return teacher_size from build, or declare width/depth scaling". It is built from a fixed seed (``TEACHER_SEED``, 20000), trained with the harness's plain loop
-  (AdamW at the size's LR and batch, the batch order of the same fixed seed) for ``teacher_steps`` x the quality
-  budget's samples (the sweep's: ``--steps`` when given, else the size's; the report's line and caveat state it),
-  evaluated once on the workload's held-out set (``teacher_eval`` in the record: a distilled
-  student can only be judged next to its teacher), and cached in the sweep's reference directory as
-  ``teacher-<key>.pt``, the key a hash of the workload, the teacher's parameters, the dataset's sha256, its steps,
-  batch, LR, seed and the scale factors. One teacher serves every trial and every seed of a sweep. Nothing is
-  downloaded.
-- In training the teacher sits beside the model on the trial's device in eval mode with ``requires_grad`` off: it is
-  not part of the model, gets no gradient and is not in the optimizer. Its logits are computed online, every step,
-  under ``no_grad``: each step pays a teacher forward on top of the student's forward and backward. They are not
-  precomputed: that needs a fixed data order (the logits of example i at its augmentation of epoch e), while the
-  trial's batch order follows its seed, ``cnn_aug`` augments each sample afresh, a curriculum reorders or cuts the
-  batches, and Beyer et al. 2022 find that the teacher should see exactly the student's view of each example.
-- When it helps: when a model of the student's size is what you must ship (latency, memory at inference) and a
-  larger model can be trained once. Distillation then buys quality at a fixed student size, or the same quality
-  from a smaller student: DistilBERT kept 97% of BERT-base's GLUE score with 40% fewer parameters and ran 60%
-  faster at inference. It does not make a training step faster: the student here is the workload's model, so the
-  interesting measurements are the final metric and the time to target at equal samples, against the baseline.
-  ``alpha=0`` is the control: the same step cost (the teacher still runs), the plain loss.
-- Costs: (1) the teacher's training, once per sweep and key. It is reported as ``teacher_train_s`` (its training
-  and its one evaluation, kept in the cache so a cache hit still reports it) and is not charged to the trial's
-  one-off cost (``probe_s``): a user who trains N students from one teacher pays ``teacher_train_s / N`` per
-  student, and the report amortises it over the trials that share the key. (2) Every step runs the teacher's
-  forward: the step time includes it, and since FLOPs per step are counted on the trial's own loop
-  (``own_flops``), they include it too, so the MFU counts the teacher's forward as useful work. (3) Memory: the
-  teacher's weights and, during its forward, its activations (no gradients, no optimizer state).
-- CPU vs GPU: on a CPU the teacher's forward (up to ``width^2 x depth`` x the student's forward FLOPs: hidden
-  matmuls grow with width squared, the input and output layers with width) adds its full time to every step, and
-  training the teacher once takes ``teacher_steps`` x the baseline's quality run times the teacher's relative
-  cost. On a GPU a small student rarely fills the device, so
-  the teacher's forward costs less than its FLOPs suggest; the published gains are inference-time gains of the
-  smaller student (DistilBERT's 60%), not training-time ones.
-- Not implemented: intermediate-layer (hint) losses (FitNets, DistilBERT's cosine loss on hidden states), a
-  pretrained or downloaded teacher, precomputed teacher logits, teachers of another family, more than one process
-  (each rank would train and write the teacher), a user's model with neither a ``teacher_size`` nor ``scaling``
-  (its build's size parameters are opaque to the harness).
-- Measured (AMD EPYC (AVX2 only); tiny sizes, `--preset quick`, 3 seeds; reports/example-cpu-model-techniques):
-  the teacher's forward every step cost samples/s on gpt (0.57x [0.45, 0.73] slower); on cnn (0.75x [0.54, 1.03])
-  and mlp (0.48x [0.19, 1.24]) inconclusive; memory 1.55x, 1.74x, 1.78x (more: its weights are in the breakdown).
-  At equal samples cnn's accuracy difference, +0.036 [+0.015, +0.058] (teacher 0.801 against the baseline student's
-  0.718), is inconclusive (p = 0.019 alone, not after Holm's correction over the report's 8 comparisons); gpt (+0.13
-  val_loss [-0.25, +0.51]) and mlp (-0.000 [-0.054, +0.054]) inconclusive. At equal time no gain was shown: gpt
-  +0.48 [+0.03, +0.94] val_loss (inconclusive after Holm), mlp -0.111 [-0.229, +0.006], cnn -0.000
-  [-0.026, +0.025], all inconclusive. The teachers (twice the width) trained once in 15.7 s (gpt), 8.8 s (cnn) and 3.5 s
-  (mlp).
-- Sources: Hinton, Vinyals, Dean, "Distilling the Knowledge in a Neural Network", 2015 (arXiv:1503.02531); Beyer,
-  Zhai, Royer, Markeeva, Anil, Kolesnikov, "Knowledge distillation: A good teacher is patient and consistent",
-  CVPR 2022 (arXiv:2106.05237); Sanh, Debut, Chaumond, Wolf, "DistilBERT, a distilled version of BERT: smaller,
-  faster, cheaper and lighter", 2019 (arXiv:1910.01108); PyTorch ``torch.nn.functional.kl_div`` (``log_target``,
-  ``reduction="batchmean"``).
+Measured (committed examples, against each sweep's reference; python -m bench.dev.docs_tables writes this block):
+<!-- generated: card-distill (python -m bench.dev.docs_tables, from the committed examples; do not edit by hand) -->
+- AMD EPYC (AVX2 only), `reports/example-cpu-model-techniques/cnn`: cnn:tiny 0.75x [0.54, 1.03] inconclusive, memory 1.74x more.
+- AMD EPYC (AVX2 only), `reports/example-cpu-model-techniques/gpt`: gpt:tiny 0.57x [0.45, 0.73] slower, memory 1.55x more.
+- AMD EPYC (AVX2 only), `reports/example-cpu-model-techniques/mlp`: mlp:tiny 0.48x [0.19, 1.24] inconclusive, memory 1.78x more.
+- AMD EPYC (AVX-512, avx512_bf16), `reports/example-cpu-user-models-structure`: lstm_lm:small, small_resnet:small, quality and time to target only (no speed window): their answers are in its report.md.
+<!-- end generated -->
 """
 
 from __future__ import annotations

@@ -1,36 +1,22 @@
 """Direct preference optimisation: the policy trained offline on the workload's preference pairs, no reward model.
 
 Method card
-- What: for a pair (prompt x, preferred y_w, dispreferred y_l) and the frozen starting policy pi_ref, with
-  ``h = [log pi(y_w|x) - log pi_ref(y_w|x)] - [log pi(y_l|x) - log pi_ref(y_l|x)]`` (sequence log-probabilities,
-  summed over the completion's characters), the loss of every step is the mean over its pairs of
+- What: for a pair (prompt, preferred, dispreferred) and the frozen starting policy, ``h`` is the preferred minus the
+  dispreferred completion's log-ratio against the start; the loss is ``-log sigmoid(beta h)`` (DPO) or
+  ``(h - 1/(2 beta))^2`` (``loss=ipo``). A batch of B sequences is B/2 fixed pairs: DPO never samples.
+- ``beta`` (0.1) weighs the implicit KL regularisation. IPO's loss has a finite optimum where DPO's keeps pushing
+  pairs it already orders: how DPO over-fits deterministic preferences (Azar et al.).
+- When it should pay: pairs exist and sampling is expensive: the cheapest step of the preference methods, on any
+  device. It learns only where the pairs are, so an optimum far from the start is reached slower than on-policy.
+- The record keeps the implicit-reward accuracy and estimated FLOPs per step. With TRL installed, a test checks the
+  loss against ``trl.DPOTrainer``'s.
+- Sources: Rafailov et al., NeurIPS 2023 (arXiv:2305.18290); Azar et al., AISTATS 2024 (arXiv:2310.12036); Tajwar et
+  al., ICML 2024 (arXiv:2404.14367); Xu et al., ICML 2024 (arXiv:2404.10719).
 
-      sigmoid (DPO, Rafailov et al. 2023, eq. 7):  -log sigmoid(beta * h)
-      ipo     (IPO, Azar et al. 2023, eq. 17):     (h - 1 / (2 * beta))^2
-
-  computed in float32 (``dpo_loss``, usable without the harness). A batch of B sequences is B/2 pairs (both sides
-  are trained sequences), drawn without replacement from the workload's training pairs, a permutation per epoch from
-  the trial's seed. The pairs are fixed (sampled once from the starting policy): DPO is offline and never samples.
-- Options: ``beta`` (0.1, the paper's default): the strength of the implicit KL regularisation (the optimum of
-  the KL-regularised objective it solves is pi_ref * exp(r / beta)); large beta keeps the policy near the start.
-  ``loss`` = sigmoid | ipo: IPO's squared loss has a finite optimum (h = 1 / (2 beta)) where DPO's logistic loss
-  keeps pushing h up on pairs it already orders, which is how DPO over-fits deterministic preferences (Azar et al.).
-- What is measured: the workload's gold reward, proxy reward and KL(policy || start) at every evaluation (the
-  frontier); in ``technique_results`` the implicit-reward accuracy and margin of the last batch (the fraction of its
-  pairs with h > 0, the mean beta * h), the pairs trained and epochs, and an estimate of the FLOPs per step (policy
-  forward and backward of the 2 x B/2 sequences, the reference's forward of them).
-- When it helps: when pairs exist and sampling is expensive (no generation in the loop: the cheapest step of the
-  methods here). Its limit is the data: it learns only where the starting policy's samples put the pairs, so an
-  optimum far from them is reached more slowly than by an on-policy method (Tajwar et al. 2024); Xu et al. 2024
-  find a tuned PPO ahead of DPO on harder tasks.
-- Memory: the starting policy (the reference) is held beside the model (``held_parts``); no reward model.
-- Cross-check: with TRL installed (``pip install trl``), the loss on fixed log-probabilities equals
-  ``trl.DPOTrainer``'s (tests/test_dpo.py); without it that test skips with the reason.
-- Sources: Rafailov, Sharma, Mitchell, Ermon, Manning, Finn, "Direct Preference Optimization: Your Language Model
-  is Secretly a Reward Model", NeurIPS 2023 (arXiv:2305.18290); Azar et al., "A General Theoretical Paradigm to
-  Understand Learning from Human Preferences", AISTATS 2024 (arXiv:2310.12036); Tajwar et al., "Preference
-  Fine-Tuning of LLMs Should Leverage Suboptimal, On-Policy Data", ICML 2024 (arXiv:2404.14367); Xu et al., "Is DPO
-  Superior to PPO for LLM Alignment?", ICML 2024 (arXiv:2404.10719).
+Measured (committed examples, against each sweep's reference; python -m bench.dev.docs_tables writes this block):
+<!-- generated: card-dpo (python -m bench.dev.docs_tables, from the committed examples; do not edit by hand) -->
+- AMD EPYC (AVX2 only), `reports/example-cpu-preference`: pref:tiny dpo:loss=ipo 1.06x [1.04, 1.09] inconclusive (the whole interval above 1, not clear of the threshold), memory 0.76x less; pref:tiny 1.05x [1.03, 1.07] inconclusive (the whole interval above 1, not clear of the threshold), memory 0.76x less.
+<!-- end generated -->
 """
 
 from __future__ import annotations

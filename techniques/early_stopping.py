@@ -1,30 +1,19 @@
-"""Early stopping: end the quality run when the workload's metric stops improving, diverges, or reaches a threshold.
+"""Early stopping: end the quality run when the metric stops improving, diverges, or reaches a threshold.
 
 Method card
-- What: at every evaluation of the quality run the workload's held-out metric is checked, with PyTorch Lightning's
-  ``EarlyStopping`` semantics: ``check_finite`` stops at once on NaN/inf; ``stopping_threshold`` stops once the
-  metric is better than that; ``divergence_threshold`` stops once it is worse than that; otherwise an evaluation
-  improves when it beats the best so far by more than ``min_delta`` (in the metric's direction, taken from the
-  workload), and ``patience`` evaluations in a row without improvement stop the run. Patience counts evaluations,
-  not steps (the quality run evaluates ``eval_points`` times over its budget).
-- What it reports: where it stopped (step, samples, evaluation), why, and the samples and training time it did not
-  spend against the full budget; the report sets the metric at its stop beside the full run of the same seed (the
-  baseline trial of that seed), so what it gave up is paired seed by seed.
-- When it helps: long runs that plateau or overfit, where the last evaluations buy nothing. It never makes a step
-  faster and cannot reach a target sooner than the same run without it: its saving is the budget after the stop.
-  On the tiny CPU workloads (150 steps, 10 evaluations) the metric still improves at the end of the budget for
-  most seeds, so expect it to stop rarely, or to stop on noise and give up quality: the numbers say which.
-- Measured (AMD EPYC (AVX2 only), tiny workloads, 5 seeds, 30 evaluations; reports/example-cpu-convergence): with
-  the default patience of 3 evaluations (15 steps apart) it stopped 5/5 cnn and 5/5 mlp runs, saving 13-70% of the
-  steps; the accuracy at the stop against the full run of the same seed is inconclusive (cnn -0.034 [-0.092,
-  +0.025], mlp -0.076 [-0.191, +0.039]), and 4/5 cnn runs stopped before the target. The tiny curves are noisy
-  enough for three evaluations without a new best to happen mid-climb: raise patience or min_delta for short runs.
-- Sources: Prechelt, "Early Stopping - But When?", in Neural Networks: Tricks of the Trade, 1998; PyTorch Lightning
-  ``lightning.pytorch.callbacks.EarlyStopping`` (monitor, min_delta, patience, mode, stopping_threshold,
-  divergence_threshold, check_finite).
+- What: Lightning's ``EarlyStopping`` rules at each evaluation: stop on a non-finite metric, a threshold, or
+  ``patience`` evaluations without beating the best by ``min_delta``. The report sets the metric at the stop beside
+  the full run of the same seed.
+- When it should pay: long runs that plateau or overfit; its saving is the budget after the stop, on any device. On
+  short, noisy curves a pause mid-climb stops it: raise ``patience`` or ``min_delta`` there.
+- Sources: Prechelt, "Early Stopping - But When?", 1998; PyTorch Lightning ``EarlyStopping``.
 
-In your own training loop (plain PyTorch: ``model``, ``optimizer``, ``loss_fn``, ``batches`` and ``device``
-are your loop's; ``tests/test_snippets.py`` runs this block on a toy loop):
+Measured (committed examples, against each sweep's reference; python -m bench.dev.docs_tables writes this block):
+<!-- generated: card-early_stopping (python -m bench.dev.docs_tables, from the committed examples; do not edit by hand) -->
+- AMD EPYC (AVX2 only), `reports/example-cpu-convergence`: cnn:tiny, gpt:tiny, mlp:tiny, quality and time to target only (no speed window): their answers are in its report.md.
+<!-- end generated -->
+
+In your own training loop (plain PyTorch; ``tests/test_snippets.py`` runs it):
 
 ```python
 import math

@@ -1,94 +1,25 @@
 """efficient_arch: a leaner model of the same build (grouped-query attention, depthwise-separable convs).
 
 Method card
-- Which variant is the model's description's answer (``bench.core.structure``), never its workload's name: a model whose
-  blocks' attention is described gets grouped-query attention; else one whose blocks hold plain kxk ``nn.Conv2d``
-  layers gets depthwise-separable convolutions; any other is skipped, the missing part named.
-- What, attention: grouped-query attention (GQA, Ainslie et al. 2023); multi-query attention (MQA, Shazeer 2019)
-  when ``kv_heads=1``. In every block the key and value projections are cut from ``K`` heads (the model's key/value
-  heads, ``n_head`` for multi-head attention) to ``g = kv_heads``: separate ``k``/``v`` projections (Llama's
-  ``k_proj``, ``v_proj``) become ``SharedHeads`` (a Linear(d, g hd), its heads repeated), a fused ``[q; k; v]``
-  projection (the gpt workload's ``attn.qkv``, GPT-2's transposed Conv1D ``c_attn``) becomes ``GroupedQKV`` (a
-  Linear(d, n_head hd) for q and a Linear(d, 2 g hd) for k and v). Each repeats its heads ``K / g`` times, in place
-  (output head ``i`` is kept head ``i // (K / g)``: query head ``i`` reads its group's key/value head), so the
-  attention module's own forward, its kernel, masks and rotary embeddings (which act per head, after the
-  projection: a repeated head rotates as its original would) are unchanged: the same math as GQA. Per block the
-  projections' parameters go from ``3d^2 + 3d`` (qkv, biased) to ``d^2 + d + 2d g hd + 2 g hd``; the output
-  projection and the MLP are unchanged. ``kv_heads = n_head`` is the control: the baseline's parameter count and
-  math exactly (a test checks the outputs are equal).
-- What, convolutions: depthwise-separable convolutions, MobileNet-style (Howard et al. 2017). Every plain kxk
-  ``nn.Conv2d`` under the model's blocks (one group, no bias or dilation, zero padding: the cnn workload's and
-  examples/small_resnet.py's BasicBlock ``conv1`` and ``conv2``) becomes ``DepthwiseSeparableConv``: a depthwise kxk
-  conv (``groups = c_in``, the same stride and padding, no bias), BatchNorm, ReLU and a pointwise 1x1 conv to
-  ``c_out`` (no bias); what followed the conv follows as before. A stem before the blocks, 1x1 shortcuts and the
-  head are unchanged. A 3x3 conv's ``9 c_in c_out`` weights become ``9 c_in + c_out c_in`` (plus the inner
-  BatchNorm's ``2 c_in``); its FLOPs per output position ``2 * 9 c_in c_out`` become ``2 * (9 c_in + c_in c_out)``.
-- Initialisation: the kept key/value heads keep their current values (each group's first head), the query and
-  output projections are untouched: no random draw, so a run is reproducible and the trial draws what it would
-  without the technique (the model is freshly initialised when it runs, so the kept heads are drawn as the
-  model's own init draws them). The convolutions are drawn with PyTorch's default (uniform in +-1/sqrt(fan_in),
-  what ``kaiming_uniform_(a=sqrt(5))`` gives) and BatchNorm's (weight 1, bias 0), from a generator of their own
-  seeded from the trial's seed. The new layers take the replaced layer's device, dtype and (for convs) memory
-  format. ``gqa_from_mha`` converts a *trained* fused multi-head attention into ``GroupedQueryAttention``
-  (Ainslie et al.'s uptraining recipe: each group's key and value heads mean-pooled); the technique does not use
-  it.
-- ``kv_heads`` (default 1, MQA) must divide the model's key/value heads (gpt:tiny 2, small 4, gpt2-124m 12;
-  hf:tiny and hf:llama-tiny 2). Where the plan knows the head count (a described model) a ``kv_heads`` that does
-  not divide is skipped with the valid values; else refused when the model is transformed. The convolution variant
-  has no options (``kv_heads`` other than 1 is refused there by ``check``, so no two labels name the same trial).
-- Why: fewer parameters and FLOPs per step at, one hopes, nearly the same quality; the harness compares it
-  with the baseline at equal wall-clock (time-to-target) and on its final metric. GQA's gain is mostly at
-  inference: the KV cache a decoder keeps per token shrinks by ``n_head / kv_heads`` (``results``:
-  ``kv_cache_bytes_per_token``, ``2 * n_layer * kv_heads * hd`` values in fp32), and decoding, which is bound
-  by reading that cache, speeds up. In training only the K/V projections shrink: ``d^2 (2 - 2g / n_head)``
-  multiply-adds per token and block out of the block's ``12 d^2`` (plus attention): for MQA on gpt:tiny 7.8%
-  of the counted forward FLOPs and 7.5% of the parameters (``results``); the attention itself (QK^T, AV) still
-  runs for all ``n_head`` query heads. Depthwise-separable convs cut a 3x3 conv's FLOPs to
-  ``1 / c_out + 1 / 9`` of them (8 to 9 times fewer at MobileNet's widths, 4 to 7 times at cnn:tiny's 8-32
-  channels; cnn:tiny's whole forward and its parameters 4.5 times fewer: counts, exact).
-- Sources and their published numbers: Ainslie, Lee-Thorp, de Jong, Zemlyanskiy, Lebron, Sanghai, "GQA: Training
-  Generalized Multi-Query Transformer Models from Multi-Head Checkpoints", EMNLP 2023 (arXiv:2305.13245):
-  uptrained T5-XXL with GQA-8 reaches quality close to multi-head attention (47.1 against 47.2 average over
-  their tasks) at a decoding time per sample close to MQA's (0.28 s against 0.24 s MQA and 1.51 s MHA, TPUv4).
-  Shazeer, "Fast Transformer Decoding: One Write-Head is All You Need", 2019 (arXiv:1911.02150): MQA decoding
-  about 12x faster per token than MHA (incremental decoding on TPUv2) at a small quality loss. Howard et al.,
-  "MobileNets: Efficient Convolutional Neural Networks for Mobile Vision Applications", 2017
-  (arXiv:1704.04861): depthwise-separable 3x3 convolutions use 8-9x fewer computations than standard ones at a
-  small accuracy cost; published: MobileNet reaches VGG16's ImageNet accuracy within 0.9% (70.6% against 71.5%) with 27x
-  fewer mult-adds (569M against 15300M) and 32x fewer parameters. PyTorch docs:
-  ``torch.nn.functional.scaled_dot_product_attention`` (``enable_gqa``),
-  ``torch.utils.flop_counter.FlopCounterMode``.
-- CPU against GPU: fewer FLOPs are not less time. A depthwise conv does 9 multiply-adds per value it reads, so
-  it is memory-bound and often slower per FLOP than a dense conv on CPUs and GPUs alike (cuDNN's and oneDNN's
-  dense kernels are far better tuned); the split also adds a BatchNorm and a ReLU per conv. Expect the CNN's
-  step time to fall much less than its FLOPs, or not at all. GQA's training saving is small (above); on a GPU
-  with a long context and at inference it matters more. FLOPs: ``results`` counts one sample's forward before
-  and after with ``FlopCounterMode`` (the trial's ``flops_per_step`` counts the converted model's step,
-  ``own_flops``). On CPU torch has no FLOP formula for its attention kernel
-  (``aten::_scaled_dot_product_flash_attention_for_cpu``), so there the count holds the projections and MLP
-  but not QK^T and AV, before and after alike (``attention_flops_counted`` says which); CUDA's attention
-  kernels are counted, GQA's at ``n_head`` query heads.
-- Grouped convs' backward in FlopCounterMode (torch 2.13): its ``convolution_backward`` formula ignores
-  ``groups``, so a depthwise conv's weight gradient came out ``c_in`` times over (a fix is proposed in
-  pytorch/pytorch PR #183405). ``bench/measure/flops.py`` corrects the formula: on cnn:tiny (batch 32) the
-  variant's forward and backward count 26.6 MFLOP (torch's own formula: 58.9), the baseline 123.0 MFLOP.
-- Cost of the general form: the repeated key/value heads are materialised (``repeat_interleave``) before the
-  attention kernel, so attention's activations and FLOPs are multi-head attention's (what ``enable_gqa`` would save
-  in memory is not saved); the saving in training is the projections'. The FLOPs before and after are counted once,
-  on one training sample ``tune`` draws from a fresh copy of the workload (a one-off probe, outside the steps).
-- Not implemented: models without described attention or kxk convs in their blocks (an MLP; an LSTM) are refused
-  with the part named; ``nn.MultiheadAttention`` (its projections are parameters inside its forward) is refused; no
-  sliding-window or latent attention, no inverted residuals (MobileNetV2), no width multiplier. Refused with ``tp``
-  (it shards the fused ``qkv`` by head) and ``pp`` (its stages would receive the FLOP count's whole-model input).
-- Measured (AMD EPYC (AVX2 only); tiny sizes, `--preset quick`, 3 seeds; reports/example-cpu-model-techniques;
-  before the port to the model description, with a ``GroupedQueryAttention`` module drawn afresh and SDPA's
-  ``enable_gqa``: the parameter and FLOP counts are the same now, the speed and quality not re-measured):
-  gpt with multi-query attention (1 KV head for 2): 102,464 parameters (-7.5%), forward FLOPs x0.922, 0.92x
-  [0.41, 2.05] samples/s and -0.024 [-0.322, +0.274] val_loss (both inconclusive), 0.95x memory (less), KV cache per
-  token 1,024 -> 512 bytes. cnn depthwise-separable: 4,394 parameters (0.22x) and x0.222 FLOPs, yet 0.78x samples/s
-  (no verdict: one window contended, 2 pairs left), 1.46x memory (more: more, smaller activations), MFU 1.0% against
-  6.2%, accuracy -0.085 [-0.129, -0.041] (inconclusive: p = 0.014 alone, not after Holm's correction over the
-  report's 8 comparisons) and 3/3 missed the target: whether fewer FLOPs buy time on this CPU is not decided.
+- What: the model's description decides. Blocks with described attention get grouped-query attention: the key and
+  value projections cut to ``kv_heads`` heads (default 1: multi-query), each repeated to the query heads in place, so
+  the attention's own forward, masks and rotary embeddings are unchanged. Else blocks with plain kxk ``nn.Conv2d``
+  get depthwise-separable convolutions (a depthwise kxk conv, BatchNorm, ReLU, a pointwise 1x1). Anything else is
+  skipped, the missing part named.
+- When it should pay: fewer parameters and FLOPs per step. GQA's gain is mostly at inference (a smaller KV cache);
+  in training only the key/value projections shrink. A depthwise conv is memory-bound, often slower per FLOP than a
+  dense one, so time falls less than FLOPs, if at all. Not measured on a GPU. The record counts parameters, FLOPs
+  and KV-cache bytes before and after.
+- Refused with ``tp`` and ``pp``, and for ``nn.MultiheadAttention``.
+- Sources: Ainslie et al., "GQA", EMNLP 2023 (arXiv:2305.13245); Shazeer, "Fast Transformer Decoding", 2019
+  (arXiv:1911.02150); Howard et al., "MobileNets", 2017 (arXiv:1704.04861).
+
+Measured (committed examples, against each sweep's reference; python -m bench.dev.docs_tables writes this block):
+<!-- generated: card-efficient_arch (python -m bench.dev.docs_tables, from the committed examples; do not edit by hand) -->
+- AMD EPYC (AVX2 only), `reports/example-cpu-model-techniques/cnn`: cnn:tiny 0.78x [0.13, 4.78] (no verdict: 2 pairs: a verdict needs 3), memory 1.46x more.
+- AMD EPYC (AVX2 only), `reports/example-cpu-model-techniques/gpt`: gpt:tiny 0.92x [0.41, 2.05] inconclusive, memory 0.95x less.
+- AMD EPYC (AVX-512, avx512_bf16), `reports/example-cpu-user-models-structure`: small_resnet:small 0.78x [0.49, 1.23] inconclusive, memory 1.52x more.
+<!-- end generated -->
 """
 
 from __future__ import annotations

@@ -1,46 +1,22 @@
 """Federated averaging (FedAvg) over simulated clients that never share data.
 
 Method card
-- What (McMahan et al. 2017): the training set is partitioned across ``clients`` clients, IID or non-IID by label
-  (``partition=dirichlet``: each class split over the clients in Dirichlet(``alpha``) proportions, Hsu et al. 2019;
-  small alpha, strong skew). Each round a ``fraction`` of the clients starts from the global model, trains
-  ``local_steps`` optimizer steps on its own data only, and the server replaces the global model by their average
-  weighted by each client's number of samples. Evaluation (and so time-to-target) sees the global model: mid-round
-  it is the model of the last finished round.
-- Simulation on torchrun ranks: client c lives on rank c mod N (its data, its optimizer state); each round every
-  rank picks the same number of its own clients (stratified sampling, seeded by the trial's seed and the round),
-  trains them one after the other, adds each one's weighted parameters to a flat buffer, and one all-reduce of
-  that buffer per round (torch.distributed) forms the average. A round is ``local_steps`` x (participants / N) of
-  the harness's steps; each step trains one client per rank on the rank's share of the global batch (B / N
-  samples), so samples per step are the global batch, as for every other set, and quality at equal samples
-  compares with centralised training directly.
-- Optimizer: the set's own (the workload's AdamW), and each client keeps its optimizer state between rounds (a
-  cross-silo setting: clients are organisations that keep their state). McMahan et al. use stateless SGD clients;
-  with stateful clients, one client with any E is plain training exactly (a test checks it).
-- Communication, two numbers in ``technique_results.fedavg``: ``federated`` counts what a real deployment would
-  send (the model down to each participant and its update up: 2 x model bytes x participants per round, for
-  fp32); ``communication`` counts what this simulation's all-reduce passed (the flat buffer, once per round per
-  rank). On one host the all-reduce costs little: the wall-clock here is the clients' training, not a network.
-- Local batches are drawn with replacement from the client's own samples, from a generator of its own; so
-  ``curriculum`` and ``loader`` (which would feed other batches) are refused with it. The global model exists at
-  round ends only: the quality run's last steps after its last finished round are in no evaluated model (the record
-  says how many: ``quality_run_steps_after_last_round``; choose a budget that rounds divide), and time-to-target is
-  in whole rounds.
-- Needs a classifier's in-memory training set (``mlp``, ``cnn``); the language model has no labels to partition.
-- When it helps: never for speed on one machine; it is for data that cannot move. What to read here is the quality
-  cost at equal samples and the rounds it needs, IID against non-IID (McMahan et al.: 10-100x fewer rounds than
-  FedSGD on IID data; Zhao et al. 2018 and Hsu et al. 2019: accuracy drops sharply as alpha goes to 0).
-- Measured (mlp:tiny, 2 gloo ranks, 4 clients, E = 5, 15 rounds in the 150-step budget, 3 seeds;
-  reports/example-cpu-parallelism/mlp, on the AMD EPYC (AVX2 only)): accuracy at equal samples -0.073 [-0.201, +0.055] inconclusive with IID clients and
-  -0.235 [-0.448, -0.022] with Dirichlet(0.1) (label skew 0.60 against 0.03), inconclusive too (p = 0.042 alone,
-  not after Holm's correction over the report's 6 comparisons; at equal time -0.242 [-0.265, -0.219] worse); both
-  missed the target in 3/3 runs, which centralised training reaches in 105 steps; 2.31 MB down and as much up per
-  round, 69 MB over the budget.
-- Sources: McMahan et al., "Communication-Efficient Learning of Deep Networks from Decentralized Data", AISTATS
-  2017 (arXiv:1602.05629); Hsu, Qi, Brown, "Measuring the Effects of Non-Identical Data Distribution for
-  Federated Visual Classification", 2019 (arXiv:1909.06335); Zhao et al., "Federated Learning with Non-IID Data",
-  2018 (arXiv:1806.00582); Li et al., "Federated Learning on Non-IID Data Silos: An Experimental Study" (NIID-Bench),
-  ICDE 2022 (the minimum client size of 10 samples).
+- What: the training set is split over ``clients``, IID or by label in Dirichlet(``alpha``) proportions
+  (``partition=dirichlet``; small alpha, strong skew). Each round a ``fraction`` of clients trains ``local_steps``
+  steps on its own data from the global model, and the global model becomes their average weighted by samples.
+  Clients live on the torchrun ranks; one all-reduce per round forms the average. Samples per step are the global
+  batch, so quality compares with centralised training directly. Clients keep their optimizer state (cross-silo).
+- Two communication counts: what a deployment would send (the model down and its update up, per participant and
+  round) and what the simulation's all-reduce passed. Needs a classifier's in-memory training set.
+- When it should pay: never for speed on one machine: it is for data that cannot move. Read the quality cost and the
+  rounds, IID against skewed. Not run on a GPU.
+- Sources: McMahan et al., AISTATS 2017 (arXiv:1602.05629); Hsu et al., 2019 (arXiv:1909.06335); Zhao et al., 2018
+  (arXiv:1806.00582).
+
+Measured (committed examples, against each sweep's reference; python -m bench.dev.docs_tables writes this block):
+<!-- generated: card-fedavg (python -m bench.dev.docs_tables, from the committed examples; do not edit by hand) -->
+- AMD EPYC (AVX2 only), `reports/example-cpu-parallelism/mlp`: mlp:tiny fedavg:alpha=0.1:partition=dirichlet 0.82x [0.44, 1.53] inconclusive, memory 1.02x [1.01, 1.03] more (RSS); mlp:tiny 0.81x [0.54, 1.21] inconclusive, memory 1.02x [1.00, 1.03] inconclusive (the whole interval above 1, not clear of the threshold) (RSS).
+<!-- end generated -->
 """
 
 from __future__ import annotations

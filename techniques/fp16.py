@@ -1,19 +1,20 @@
 """fp16 mixed precision with dynamic loss scaling (``torch.autocast`` + ``torch.amp.GradScaler``).
 
 Method card
-- What: matmuls run in float16; because fp16's range is narrow, the loss is multiplied by a scale before backward
-  so small gradients do not flush to zero, gradients are unscaled before the step, and steps with inf/NaN
-  gradients are skipped while the scale backs off (Micikevicius et al. 2018).
-- When it helps: GPUs with fp16 tensor cores (Volta and newer). On GPUs with bf16 prefer bf16 (no scaler).
-  On CPUs there is usually no fast fp16 matmul: the calibrated matmul peaks put fp16 at 23 GFLOP/s against fp32's
-  146 on the AMD EPYC (AVX2 only) of reports/example-cpu and 48 against 392 on the AMD EPYC (AVX-512, avx512_bf16)
-  of reports/example-cpu-auto (321 against 333 on the Intel Xeon (AMX) of reports/example-cpu-bf16), so fp16
-  autocast should run several times slower on the EPYCs: an estimate from the peaks, since no committed report
-  measured fp16. It runs and is measured as it is; the report shows the slowdown rather than hiding it.
+- What: matmuls run in float16. fp16's range is narrow, so the loss is scaled up before backward (small gradients
+  would flush to zero), gradients are unscaled before the step, and a step with inf/NaN gradients is skipped while
+  the scale backs off. Options: ``init_scale``, ``growth_interval``.
+- When it should pay: GPUs with fp16 tensor cores (Volta and newer); where bf16 is fast too, bf16 needs no scaler.
+  Not measured on a GPU. On the two committed AMD EPYCs the calibrated fp16 matmul peak (each report's Setup) is far
+  below fp32's, so expect it slower there; no committed report measured it.
 - Sources: Micikevicius et al., "Mixed Precision Training", ICLR 2018 (arXiv:1710.03740); PyTorch AMP docs.
 
-In your own training loop (plain PyTorch: ``model``, ``optimizer``, ``loss_fn``, ``batches`` and ``device``
-are your loop's; ``tests/test_snippets.py`` runs this block on a toy loop):
+Measured (committed examples, against each sweep's reference; python -m bench.dev.docs_tables writes this block):
+<!-- generated: card-fp16 (python -m bench.dev.docs_tables, from the committed examples; do not edit by hand) -->
+- Not measured alone in a committed report.
+<!-- end generated -->
+
+In your own training loop (plain PyTorch; ``tests/test_snippets.py`` runs it):
 
 ```python
 scaler = torch.amp.GradScaler(device, enabled=device == "cuda")  # dynamic loss scaling (a no-op when disabled)

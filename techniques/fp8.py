@@ -1,55 +1,24 @@
 """float8 training with torchao: the Linear layers' matmuls run in fp8 on GPUs with fp8 tensor cores.
 
 Method card
-- What: ``torchao.float8.convert_to_float8_training`` swaps the targeted ``nn.Linear`` layers for ``Float8Linear``
-  (the same weight and bias Parameters). In each of the three matmuls of a Linear (output, grad_input, grad_weight)
-  both operands are scaled and cast to float8 just before ``torch._scaled_mm``: inputs and weights to e4m3, output
-  gradients to e5m2 (Micikevicius et al. 2022), with dynamic scales ``s = fp8_max / amax`` computed from the tensor
-  itself each step; the product is accumulated in higher precision and unscaled. ``recipe=tensorwise`` (torchao's
-  default: one scale per tensor, cuBLAS kernel, fastest) or ``recipe=rowwise`` (one scale per row, e4m3 everywhere,
-  scales rounded down to powers of two, CUTLASS kernel: more robust to outliers, slower), from
-  ``Float8LinearConfig.from_recipe_name``. Master weights, the optimizer and every non-Linear op keep their dtype
-  (fp32 here, or bf16 under ``bf16`` autocast, the combination torchtitan trains with).
-- Which layers (``filter=dims16``, default): every ``nn.Linear`` whose in_features and out_features are multiples of 16
-  (``torch._scaled_mm``'s requirement) and whose weight no other module holds. GPT's head is tied to ``wte`` and
-  stays in high precision (torchtitan leaves its output layer out of float8 by default too: the logits are the most
-  precision-sensitive matmul). ``filter=auto`` applies torchao's ``_auto_filter_for_recipe`` on top: it also skips
-  layers its H100 microbenchmarks found too small to gain (tensorwise: K <= 4096 and N <= 1024; rowwise: N <= 2048
-  or K <= 1024, ...); on this project's workloads up to gpt:small that leaves nothing, which is an error.
-- When it helps: large matmuls on GPUs with fp8 tensor cores (NVIDIA Ada and Hopper, compute capability 8.9+; twice
-  the bf16 peak on H100). The scaling and casting add memory-bound passes (amax reductions, casts), which only large
-  M, K, N amortise; torchao's README has published its own benchmark: small shapes (M, K, N = 1024, 2048, 1024) ran at 0.80x and large ones (4096,
-  8192, 16384) at 1.39x of bf16 on an H100. torchao and torchtitan say float8 training needs ``torch.compile`` to
-  fuse the scaling and casting kernels: eager fp8 is not what fp8 is meant to cost, and the report says so beside
-  every set that holds fp8 without ``compile`` (``setting_caveat``). Compare ``bf16+fp8+compile`` with
-  ``bf16+compile``: the claims check measures fp8 against the same set without it, paired by seed, and names the
-  claim's conditions the setting does not meet (compile, an 8B model, 8 GPUs). On the workloads here expect a
-  slowdown even compiled: torchao's tensorwise size filter (skip when K <= 4096 and N <= 1024) would skip half the
-  Linear layers of gpt:gpt2-124m (each block's two 768-wide output projections), and the other half (768 -> 2304
-  and 768 -> 3072) are far from the shapes where fp8 gained. The technique's results count the layers the filter
-  would skip.
-- CPU: not offered. torchao can emulate float8 (``Float8LinearConfig(emulate=True)``: casts to fp8 and back around an
-  ordinary matmul), which would measure fp8's numerics, not its speed, so on a CPU or an older GPU the technique is
-  skipped with its reason (the tests use the emulation to check the layer swap).
-- Kind: NUMERIC, like bf16: the same model and training, with matmul operands rounded to 8 bits (e4m3: 3 mantissa
-  bits); loss drift against the baseline is recorded, not failed.
-- FLOPs: the same matmuls (``own_flops`` False). ``compute_dtype`` stays unset (the harness calibrates no float8 peak
-  yet): MFU is measured against the set's other dtype (bf16's peak with ``bf16``, fp32's alone), so it is not an
-  fp8 utilisation.
-- Refused: qat and sparse24 (they swap the same Linear layers), prune (its reparametrised weight is no Parameter),
-  tp (float8 needs its own tensor-parallel plans, ``Float8ColwiseParallel``, not wired up here).
-- Not implemented: delayed or static scaling, ``rowwise_with_gw_hp``, float8 all-gather with FSDP2
-  (``enable_fsdp_float8_all_gather``), MX formats.
-- Functional form: ``apply_float8(model, recipe, filter)``.
-- Measured on one H200 (torch 2.11, torchao 0.18, 2026-12-04; reports/example-h200-first), gpt:gpt2-124m at batch
-  8, eager (no compile): bf16+fp8 0.68x [0.59, 0.78] of fp32, slower (3 pairs), and 0.17x [0.13, 0.23] of bf16, no
-  verdict (2 pairs); its phase pass timed a 181 ms step against bf16's 31 ms (medians, no verdict). Its GPU tests
-  passed there (reports/example-h200-first/pytest-m-gpu.txt). ``bf16+fp8+compile`` has not run yet.
-- Sources: Micikevicius et al., "FP8 Formats for Deep Learning", arXiv:2209.05433 (2022); torchao float8 README
-  (github.com/pytorch/ao/tree/main/torchao/float8: "e2e pretraining throughput speedups of up to 1.5x at 512 GPU /
-  405B parameter count scale, and up to 1.25x at 8 GPU / 8B parameter count scale", with torch.compile; its
-  torchtitan table for Llama3-8B on 8xH100 with FSDP2: +25.03% tokens/s with tensorwise and float8 all-gather,
-  +10.05% with rowwise, over bf16); PyTorch blog, "Supercharging Training using float8 and FSDP2" (2024).
+- What: ``convert_to_float8_training`` swaps the targeted ``nn.Linear`` layers for ``Float8Linear``: in each of a
+  Linear's three matmuls both operands are scaled dynamically and cast to float8 (e4m3, gradients e5m2) before
+  ``torch._scaled_mm``. ``recipe``: ``tensorwise`` (one scale a tensor, fastest) or ``rowwise`` (one a row, more
+  robust). ``filter=dims16`` takes layers whose sizes divide by 16 (not a tied head); ``auto`` adds torchao's size
+  filter. Kind numeric.
+- When it should pay: large matmuls on compute capability 8.9+ (Ada, Hopper), with ``torch.compile`` to fuse the
+  scaling and casting; small shapes lose to bf16. Refused elsewhere (CPU emulation would measure numerics, not
+  speed). On one H200 it ran only as ``bf16+fp8`` without compile (`reports/example-h200-first`, the README's GPU
+  table); ``bf16+fp8+compile`` has not run.
+- Refused with qat, sparse24, prune and tp.
+- Sources: Micikevicius et al., "FP8 Formats for Deep Learning", arXiv:2209.05433; torchao float8 README (published:
+  up to 1.25x at 8 GPUs / 8B parameters and 1.5x at 512 GPUs / 405B, with torch.compile, over bf16); PyTorch blog,
+  "Supercharging Training using float8 and FSDP2" (2024).
+
+Measured (committed examples, against each sweep's reference; python -m bench.dev.docs_tables writes this block):
+<!-- generated: card-fp8 (python -m bench.dev.docs_tables, from the committed examples; do not edit by hand) -->
+- Not measured alone in a committed report.
+<!-- end generated -->
 """
 
 from __future__ import annotations

@@ -1,53 +1,36 @@
 """Layer freezing: the input layers and the first ``blocks`` blocks are not trained.
 
 Method card
-- What: the model's input layers (the direct child modules registered before its blocks, at every level of the
-  blocks' path ``ctx.blocks``: gpt ``wte`` and ``wpe``, cnn and cnn_aug ``stem``, mlp none) and the first ``k =
-  blocks`` blocks get ``requires_grad=False``. The optimizer holds only trainable parameters (``bench.loop.
-  build_optimizer``), so the frozen ones get no gradient, no AdamW state and no update, weight decay included.
-  Every parameter of the model that is the same tensor as a frozen one is frozen with it: gpt's head is tied to
-  ``wte``, so ``freeze`` on gpt also freezes the head's weight (the record's ``frozen_by_tying`` says so); only
-  ``ln_f`` and the blocks from ``k`` on stay trainable there.
-- Why it saves work: with everything before block ``k`` frozen and the inputs (token ids, images) needing no
-  gradient, no activation before block ``k`` requires grad, so autograd's backward stops at block ``k``: the frozen
-  blocks' backward is skipped entirely (input and weight gradients), block ``k``'s first layers skip their input
-  gradient, and a frozen tied head skips its weight gradient. The forward is unchanged. The step's FLOPs are counted
-  on the trial's own loop (``own_flops``). Memory falls too: no gradients and no optimizer state for the frozen
-  parameters (2 x 4 bytes each for AdamW's fp32 moments, plus 4 bytes of gradient), and the frozen blocks keep no
-  activations for a backward.
-- When it helps: fine-tuning a pretrained model (``transfer+freeze:blocks=k``): the early layers hold general
-  features (Yosinski et al. 2014) that the fine-tune task need not change, and fewer trainable parameters overfit
-  less on a small target set. Trained from scratch, freezing random early layers keeps them random: a cheaper step,
-  usually a worse model.
-- BatchNorm: frozen modules stay in training mode, as in the usual torchvision fine-tuning recipe (``model.train()``
-  on the whole model): a frozen BatchNorm normalises with the batch's statistics and keeps updating its running
-  statistics; only its affine weight and bias are frozen. (The harness switches the whole model back to training
-  mode after each evaluation, so an eval-mode "frozen BatchNorm", Detectron's ``FrozenBatchNorm2d``, would need a
-  module swap: not implemented.)
-- Order with ``transfer``: both act in phase SURGERY and either order gives the same model: ``transfer`` copies the
-  checkpoint into the existing parameters in place (``load_state_dict``), which keeps their ``requires_grad``.
-- A transform of a later phase that replaces modules with new parameters (a converter) would train what was frozen:
-  the frozen tensors are counted again when the optimizer is attached, and such a set fails with that reason.
-- Costs: fewer parameters learn, so quality per step may drop; the trade-off is the sweep's time-to-target.
-- CPU vs GPU: the saving is the skipped backward FLOPs, a fraction of the step that the record's ``flops_per_step``
-  shows; on a CPU the step time follows the FLOPs closely, on a GPU small models are launch-bound and gain less.
-- Not implemented: gradual unfreezing (ULMFiT's schedule), FreezeOut's per-layer learning-rate annealing to zero,
-  freezing parameters registered directly on the model (outside child modules).
-- Measured (AMD EPYC (AVX2 only); tiny sizes, `--preset quick`, 3 seeds; reports/example-cpu-model-techniques):
-  after `transfer`, freezing block 0 and the input layers ran 1.33x [0.98, 1.79] (gpt) and 1.37x [1.03, 1.81]
-  (cnn) the samples/s, both inconclusive (cnn's whole interval above 1, not clear of 5%), at 0.59x / 0.58x the peak
-  memory (less); its quality differences are inconclusive (gpt val_loss -0.057 [-0.315, +0.202], cnn +0.043
-  [-0.026, +0.113]), and both reached the target sooner (0.16x [0.07, 0.37] and 0.46x [0.24, 0.87] the baseline's
-  time). From scratch on gpt: 1.47x [1.21, 1.79] faster but +1.35 [+1.08, +1.63] val_loss worse, 3/3 missed the
-  target (the random embedding and the tied head never train); cnn (-0.001 [-0.067, +0.065]; 1.33x [0.87, 2.05])
-  and mlp (-0.023 [-0.127, +0.081]; 1.14x [0.38, 3.44]): inconclusive.
-- Sources: Yosinski, Clune, Bengio, Lipson, "How transferable are features in deep neural networks?", NeurIPS 2014
-  (arXiv:1411.1792); Howard & Ruder, "Universal Language Model Fine-tuning for Text Classification", ACL 2018
-  (arXiv:1801.06146; gradual unfreezing); Lee, Tang, Lin, "What Would Elsa Do? Freezing Layers During Transformer
-  Fine-Tuning", 2019 (arXiv:1911.03090; freezing up to the first 3/4 of BERT's layers kept about 90% of the
-  fine-tuned quality); Brock, Lim, Ritchie, Weston, "FreezeOut: Accelerate Training by Progressively Freezing
-  Layers", 2017 (arXiv:1706.04983; up to 20% less wall-clock on CIFAR at about 3% accuracy cost); PyTorch
-  "Finetuning Torchvision Models" tutorial (``requires_grad = False``, the optimizer given only trainable ones).
+- What: the model's input layers (the child modules registered before its blocks: gpt ``wte`` and ``wpe``, cnn
+  ``stem``, mlp none) and its first ``blocks`` blocks get ``requires_grad=False``, and the optimizer holds only the
+  trainable parameters: the frozen ones get no gradient, no AdamW state and no update. A parameter tied to a frozen
+  one is frozen with it: on gpt the head, tied to ``wte`` (the record's ``frozen_by_tying`` says so). Kind
+  algorithmic.
+- When it should pay: autograd's backward stops at the first trainable block, so the frozen blocks' backward (about
+  twice their forward's FLOPs) is skipped, with their saved activations, and each frozen parameter needs no gradient
+  and no AdamW moments. The forward is unchanged. Where a step is compute-bound (a CPU, a GPU the model fills) the
+  time falls about with the FLOPs (the record's ``flops_per_step``, counted on the trial's own loop); a small model
+  on a GPU is launch-bound and gains less. In quality it pays when fine-tuning a pretrained model
+  (``transfer+freeze:blocks=k``), whose early layers hold general features; trained from scratch, frozen layers stay
+  random: a cheaper step, usually a worse model.
+- Options and caveats: ``blocks`` (1). A frozen BatchNorm stays in training mode, as in torchvision's fine-tuning
+  recipe: it normalises with the batch's statistics and updates its running ones; only its affine weight and bias are
+  frozen. ``transfer`` and ``freeze`` give the same model in either order. A later transform that replaces modules
+  would train what was frozen: such a set fails with that reason. Not implemented: gradual unfreezing (ULMFiT),
+  FreezeOut's schedule, parameters registered directly on the model. `reports/example-cpu-model-techniques` also ran
+  ``transfer+freeze:blocks=1``; its report.md has those answers (the block below lists freeze alone).
+- Sources: Yosinski et al., "How transferable are features in deep neural networks?", NeurIPS 2014
+  (arXiv:1411.1792); Howard & Ruder, ULMFiT, ACL 2018 (arXiv:1801.06146); Lee, Tang, Lin, "What Would Elsa Do?
+  Freezing Layers During Transformer Fine-Tuning", arXiv:1911.03090; Brock et al., "FreezeOut", arXiv:1706.04983;
+  PyTorch "Finetuning Torchvision Models" tutorial.
+
+Measured (committed examples, against each sweep's reference; python -m bench.dev.docs_tables writes this block):
+<!-- generated: card-freeze (python -m bench.dev.docs_tables, from the committed examples; do not edit by hand) -->
+- AMD EPYC (AVX2 only), `reports/example-cpu-model-techniques/cnn`: cnn:tiny freeze:blocks=1 1.33x [0.87, 2.05] inconclusive, memory 0.58x less.
+- AMD EPYC (AVX2 only), `reports/example-cpu-model-techniques/gpt`: gpt:tiny freeze:blocks=1 1.47x [1.21, 1.79] faster, memory 0.59x less.
+- AMD EPYC (AVX2 only), `reports/example-cpu-model-techniques/mlp`: mlp:tiny freeze:blocks=1 1.14x [0.38, 3.44] inconclusive, memory 0.96x less.
+- AMD EPYC (AVX-512, avx512_bf16), `reports/example-cpu-outside-model`: nanogpt_chars:tiny 1.66x (no verdict: 1 repeat: a verdict needs 3), memory 0.59x less.
+<!-- end generated -->
 
 In your own training loop (plain PyTorch: ``model``, ``optimizer``, ``loss_fn``, ``batches`` and ``device``
 are your loop's; ``tests/test_snippets.py`` runs this block on a toy loop):

@@ -1,28 +1,22 @@
-"""Fused AdamW: the workload's AdamW with ``fused=True``, one kernel for the whole update of all parameters.
+"""Fused AdamW: the workload's AdamW with ``fused=True``, one kernel for every parameter's update.
 
 Method card
-- What: ``torch.optim.AdamW(..., fused=True)`` with the default optimizer's parameter groups and hyperparameters.
-  The default (``foreach`` on CUDA, a per-parameter Python loop on CPU) launches several small ops per parameter
-  tensor per step; the fused implementation does the moment updates, bias correction and weight update of every
-  parameter in one multi-tensor kernel. Same math (AdamW, Loshchilov & Hutter): only the floating-point order of
-  operations differs, so the kind is ``exact`` (losses match the baseline within the 1e-3 parity tolerance;
-  parameters differ by ~1e-8 after a step here, ~1e-6 where a gradient is ~0). It works with GradScaler (fp16):
-  the scaler hands the fused kernel its scale and inf flag instead of unscaling separately.
-- When it helps: when the optimizer step is a visible part of the step time: many parameter tensors, small
-  models or small batches, and on GPUs where per-op launch overhead dominates the update. With a large batch the
-  forward and backward dominate and the gain shrinks toward zero.
-- Measured here: no committed report yet. Probes on a 2-core AMD EPYC (not committed) found the optimizer step
-  shorter fused than in the default per-parameter loop on the tiny workloads; a sweep with an interval, e.g.
-  ``python -m bench sweep --workloads mlp:tiny,gpt:tiny,cnn:tiny --techniques fused_adamw --mode speed``, is what
-  would say whether whole steps are faster. Parity: the exact tolerance holds (``tests/test_fused_adamw.py``).
-- Availability: ``fused=True`` exists for CUDA, CPU (torch 2.4 and newer), MPS and XPU tensors; ``check`` says when
-  this torch or device has no fused kernel.
-- Sources: PyTorch ``torch.optim.AdamW`` docs (the ``fused`` and ``foreach`` arguments; "fused > foreach >
-  for-loop" performance ordering); Loshchilov & Hutter, "Decoupled Weight Decay Regularization", ICLR 2019;
-  NVIDIA Apex ``FusedAdam`` (the original fused multi-tensor Adam).
+- What: ``torch.optim.AdamW(..., fused=True)`` with the default optimizer's groups and hyperparameters. The default
+  launches several small ops per parameter tensor (a Python loop on CPU, ``foreach`` on CUDA); the fused kernel
+  updates them all at once. Same math, another rounding order: kind exact (parity holds). Works with GradScaler.
+- When it should pay: when the optimizer step is a visible share of the step (many small tensors, small batches),
+  and on GPUs where launches dominate the update; not measured on a GPU. With large batches the gain shrinks to
+  nothing.
+- ``check`` says when this torch or device has no fused kernel.
+- Sources: PyTorch ``torch.optim.AdamW`` docs ("fused > foreach > for-loop"); Loshchilov & Hutter, "Decoupled Weight
+  Decay Regularization", ICLR 2019; NVIDIA Apex ``FusedAdam``.
 
-In your own training loop (plain PyTorch: ``model``, ``optimizer``, ``loss_fn``, ``batches`` and ``device``
-are your loop's; ``tests/test_snippets.py`` runs this block on a toy loop):
+Measured (committed examples, against each sweep's reference; python -m bench.dev.docs_tables writes this block):
+<!-- generated: card-fused_adamw (python -m bench.dev.docs_tables, from the committed examples; do not edit by hand) -->
+- Not measured alone in a committed report.
+<!-- end generated -->
+
+In your own training loop (plain PyTorch; ``tests/test_snippets.py`` runs it):
 
 ```python
 optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3, fused=True)  # one kernel for every parameter's update

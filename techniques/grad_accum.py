@@ -1,19 +1,21 @@
 """Gradient accumulation: split each optimizer step's batch into ``steps`` micro-batches.
 
 Method card
-- What: the same global batch is processed as ``steps`` forward/backward passes of ``batch/steps`` samples, with the
-  loss of each divided by ``steps`` so the accumulated gradient equals the full batch's mean gradient. One optimizer
-  step follows.
-- When it helps: memory. Activation memory scales with the micro-batch, so a batch that does not fit can be trained
-  with the same math. It does not speed anything up: smaller matmuls usually run less efficiently, so expect a
-  slowdown that grows with ``steps``.
-- Exactness: equal to the full batch for models whose forward treats samples independently (MLP, GPT). NOT equal for
-  models with BatchNorm, whose statistics are computed per micro-batch; the parity check reports that mismatch.
-- Sources: PyTorch forum and docs on gradient accumulation; Goyal et al., "Accurate, Large Minibatch SGD" (2017)
-  discuss BatchNorm's per-worker statistics, the same effect.
+- What: the batch runs as ``steps`` micro-batches, each loss divided by ``steps``, so the summed gradient is the full
+  batch's; one optimizer step follows. Under ``ddp``/``zero1`` only the last micro-batch all-reduces.
+- When it should pay: memory only: activations scale with the micro-batch. Smaller matmuls run less efficiently on
+  any device, so expect a slowdown that grows with ``steps``.
+- Exact where samples are independent (MLP, GPT); not with BatchNorm, whose statistics are per micro-batch.
+- Sources: Goyal et al., "Accurate, Large Minibatch SGD" (2017), on BatchNorm's per-worker statistics; PyTorch docs.
 
-In your own training loop (plain PyTorch: ``model``, ``optimizer``, ``loss_fn``, ``batches`` and ``device``
-are your loop's; ``tests/test_snippets.py`` runs this block on a toy loop):
+Measured (committed examples, against each sweep's reference; python -m bench.dev.docs_tables writes this block):
+<!-- generated: card-grad_accum (python -m bench.dev.docs_tables, from the committed examples; do not edit by hand) -->
+- AMD EPYC (AVX2 only), `reports/example-cpu`: cnn:tiny grad_accum:steps=4 0.36x [0.22, 0.59] slower, memory 0.39x less; gpt:tiny grad_accum:steps=4 0.62x [0.42, 0.89] slower, memory 0.37x less; mlp:tiny grad_accum:steps=4 0.33x [0.27, 0.40] slower, memory 1.00x equivalent.
+- AMD EPYC (AVX-512, avx512_bf16), `reports/example-cpu-auto`: cnn:tiny grad_accum:steps=4 0.45x [0.24, 0.84] slower, memory 0.36x less; gpt:tiny grad_accum:steps=4 0.73x [0.44, 1.19] inconclusive, memory 0.37x less; mlp:tiny grad_accum:steps=4 0.48x [0.26, 0.88] slower, memory 1.00x equivalent.
+- AMD EPYC (AVX-512, avx512_bf16), `reports/example-cpu-outside-model`: nanogpt_chars:tiny grad_accum:steps=2 0.82x (no verdict: 1 repeat: a verdict needs 3), memory 0.66x less.
+<!-- end generated -->
+
+In your own training loop (plain PyTorch; ``tests/test_snippets.py`` runs it):
 
 ```python
 steps = 4  # micro-batches per optimizer step; the batch must split into equal parts

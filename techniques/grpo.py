@@ -1,32 +1,20 @@
 """Group relative policy optimisation: on-policy RL with advantages relative to k samples of the same prompt.
 
 Method card
-- What (Shao et al. 2024, DeepSeekMath, eq. 3 and the outcome-supervision advantage of section 4.1.2): every step
-  draws ``batch / k`` training prompts, samples ``k`` completions of each from the current policy, scores them with
-  the reward (``reward``: the proxy reward model, or the gold reward itself, the oracle), and normalises the rewards
-  within each prompt's group, ``A_i = (r_i - mean(r)) / (std(r) + 1e-4)`` (``group_advantages``: they sum to zero per
-  group). The loss is the mean over the group's completions and their characters of
+- What: each step samples ``k`` completions of each of ``batch / k`` prompts, scores them with ``reward`` (the proxy
+  reward model; ``gold``, the oracle; ``zero``, a control), normalises the rewards within each prompt's group, and
+  minimises ``-(A log pi - beta KL)`` per character, with the k3 estimator of the KL to the frozen start
+  (DeepSeekMath, eq. 3). One gradient step per batch of samples, so the paper's clipped ratio is 1.
+- ``beta`` (0.04, DeepSeekMath's). ``reward=gold`` is the ceiling: a reward that cannot be gamed.
+- When it should pay: no value network (the group is the baseline), so less memory than PPO; on-policy, so it can
+  reach optima the start puts little mass on. Each step pays generation. Not run on a GPU.
+- Sources: Shao et al., "DeepSeekMath", 2024 (arXiv:2402.03300); Schulman, "Approximating KL Divergence", 2020; Gao
+  et al., "Scaling Laws for Reward Model Overoptimization", ICML 2023 (arXiv:2210.10760).
 
-      -(A_i * log pi(y_t) - beta * KL_t),    KL_t = pi_ref/pi - log(pi_ref/pi) - 1
-
-  the per-character KL estimator of the paper (unbiased, always >= 0, Schulman 2020's k3) to the frozen starting
-  policy. One gradient step per batch of samples, so the clipped importance ratio of the paper is 1 and its
-  gradient is the plain policy gradient above (the clip matters only when a batch is reused, which costs more
-  steps than it saves at this size).
-- Options: ``k`` (4) completions per prompt; ``beta`` (0.04, DeepSeekMath's) the KL coefficient; ``reward`` =
-  proxy | gold | zero: proxy is the method; gold is the oracle ceiling (what the same optimisation reaches when the
-  reward cannot be gamed); zero is a control (only the KL term acts).
-- What is measured: gold reward, proxy reward and KL to the start at every evaluation; in ``technique_results``
-  the mean reward of the last group of samples, completions and characters generated, and an estimate of the FLOPs
-  per step (sampling the k completions without KV cache, the policy's forward and backward, the reference's and the
-  reward model's forwards). Over-optimisation (Gao et al. 2022) shows as proxy reward rising while gold falls.
-- When it helps: no value network (the group is the baseline), so it is cheaper than PPO in memory and has one
-  hyper-parameter fewer to tune; on-policy, so it reaches optima where the starting policy puts little mass
-  (Tajwar et al. 2024). Each step pays generation, the largest part of its time on a CPU.
-- Memory: the starting policy and (``reward=proxy``) the reward model are held beside the model (``held_parts``).
-- Sources: Shao et al., "DeepSeekMath: Pushing the Limits of Mathematical Reasoning in Open Language Models",
-  2024 (arXiv:2402.03300); Schulman, "Approximating KL Divergence", 2020 (http://joschu.net/blog/kl-approx.html);
-  Gao, Schulman, Hilton, "Scaling Laws for Reward Model Overoptimization", ICML 2023 (arXiv:2210.10760).
+Measured (committed examples, against each sweep's reference; python -m bench.dev.docs_tables writes this block):
+<!-- generated: card-grpo (python -m bench.dev.docs_tables, from the committed examples; do not edit by hand) -->
+- AMD EPYC (AVX2 only), `reports/example-cpu-preference`: pref:tiny 0.21x [0.20, 0.22] slower, memory 0.80x less; pref:tiny grpo:reward=gold 0.22x [0.21, 0.22] slower, memory 0.76x less.
+<!-- end generated -->
 """
 
 from __future__ import annotations

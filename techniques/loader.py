@@ -1,40 +1,21 @@
-"""Loader: build the training batches in DataLoader worker processes, ahead of the step that needs them.
+"""Loader: build the training batches in DataLoader worker processes, ahead of the step.
 
 Method card
-- What: the workload's training set as a map-style Dataset (``BuiltWorkload.pipeline``, a ``bench.core.data.Pipeline``)
-  behind a ``torch.utils.data.DataLoader`` with ``workers`` processes, each keeping ``prefetch_factor`` batches in
-  flight, so loading and augmenting batch k+1.. overlaps the forward and backward of batch k. ``pin_memory``
-  (default: on for CUDA only) copies each batch into page-locked memory in a thread, so the host-to-device copy can
-  be asynchronous (the loop's ``.to(device, non_blocking=True)``). The DataLoader's batch sampler is the workload's
-  own key order and every random draw of a sample is seeded by its key, so the batches are bit-identical to the
-  baseline's in-process ones: kind ``exact``, the parity check holds it to the baseline's losses.
-- When it helps: when the step waits for data (``speed.data_wait_frac`` well above 0): CPU-side decoding or
-  augmentation per sample (``cnn_aug``), slow storage. It does nothing for in-memory tensors gathered with one
-  index (``mlp``, ``cnn``, ``gpt``: their data wait is already near 0); there the workers' inter-process copies and
-  start-up are pure cost. Workers need free cores: on a GPU host the model runs on the device and the CPU cores are
-  idle, the usual setting; on a 2-core CPU host they compete with the training step's own threads, so the wait
-  falls but the step slows (measured below).
-- Workers and the trial: the key order is endless, so one DataLoader iterator serves the whole trial and
-  ``persistent_workers`` only matters if the loader is iterated again. ``finalize`` ends the workers; on any other
-  way out they are daemonic processes that watch their parent and end with it. Under DDP every rank loads the
-  global batch and keeps its shard, as with the workload's own batches.
-- On CPU: ``pin_memory=true`` is refused (pinned memory only speeds host-to-CUDA copies; torch warns and ignores it
-  without an accelerator). Workers run with one intra-op thread each (torch sets it).
-- Measured (``reports/example-cpu-bottleneck/``, AMD EPYC (AVX2 only), 5 repeats, paired 95% t intervals): on a
-  2-core host the workers take the cores the step's two threads used, so the technique moves the augmentation's
-  cost instead of hiding it; it pays where cores are idle (a GPU host). cnn_aug:tiny
-  ``workers=2`` 0.77x [0.70, 0.84] and ``workers=1`` 0.76x [0.65, 0.89] of the baseline's samples/s, both slower,
-  the data wait down from 59% to 11-13% of the step; on cnn:tiny and gpt:tiny (data wait about 1%) inconclusive:
-  cnn 0.74x [0.58, 0.96] and 0.78x [0.63, 0.96] (whole intervals below 1, not clear of 5%), gpt 0.85x [0.75, 0.95]
-  and 0.87x [0.72, 1.04]. Eval curves identical to the baseline's at every evaluation (exact), peak memory 1.00x
-  (equivalent).
-- Conflicts: ``curriculum`` draws its own batches from the in-memory training set.
-- Sources: PyTorch docs, ``torch.utils.data`` ("Single- and Multi-process Data Loading", "Memory Pinning");
-  PyTorch Performance Tuning Guide (Szymon Migacz), "Enable async data loading and augmentation"; PyTorch docs,
-  ``torch.utils.data.DataLoader`` (``num_workers``, ``prefetch_factor``, ``persistent_workers``, ``pin_memory``).
+- What: the workload's Dataset behind a ``DataLoader`` with ``workers`` processes prefetching batches, so loading and
+  augmentation overlap the step. Batches are bit-identical to the baseline's (the workload's key order, each
+  sample's randomness seeded by its key): kind exact. ``pin_memory`` (CUDA only) makes the copy asynchronous.
+- When it should pay: the step waits for data (``speed.data_wait_frac``: augmentation in ``cnn_aug``, slow storage)
+  and cores are idle, as on a GPU host (not measured on a GPU). Where training threads fill the cores, the workers
+  take them: the wait falls and the step slows.
+- Refused with ``curriculum``, which draws its own batches.
+- Sources: PyTorch docs, ``torch.utils.data``; PyTorch Performance Tuning Guide (async data loading).
 
-In your own training loop (plain PyTorch: ``model``, ``optimizer``, ``loss_fn``, ``batches`` and ``device``
-are your loop's; ``tests/test_snippets.py`` runs this block on a toy loop):
+Measured (committed examples, against each sweep's reference; python -m bench.dev.docs_tables writes this block):
+<!-- generated: card-loader (python -m bench.dev.docs_tables, from the committed examples; do not edit by hand) -->
+- AMD EPYC (AVX2 only), `reports/example-cpu-bottleneck`: cnn:tiny loader:workers=1 0.74x [0.58, 0.96] inconclusive (the whole interval below 1, not clear of the threshold), memory 1.00x equivalent; cnn:tiny loader:workers=2 0.78x [0.63, 0.96] inconclusive (the whole interval below 1, not clear of the threshold), memory 1.00x equivalent; cnn_aug:tiny loader:workers=2 0.77x [0.70, 0.84] slower, memory 1.00x equivalent; cnn_aug:tiny loader:workers=1 0.76x [0.65, 0.89] slower, memory 1.00x equivalent; gpt:tiny loader:workers=1 0.85x [0.75, 0.95] inconclusive (the whole interval below 1, not clear of the threshold), memory 1.00x equivalent; gpt:tiny loader:workers=2 0.87x [0.72, 1.04] inconclusive, memory 1.00x equivalent.
+<!-- end generated -->
+
+In your own training loop (plain PyTorch; ``tests/test_snippets.py`` runs it):
 
 ```python
 from torch.utils.data import DataLoader

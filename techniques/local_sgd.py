@@ -1,37 +1,22 @@
 """Local SGD (post-local SGD): ranks train apart and average their parameters every H steps.
 
 Method card
-- What: data parallelism that communicates less. For the first ``warmup`` steps it is DDP (gradients all-reduced
-  every step); then each rank steps its own optimizer on its own gradients and the ranks average their parameters
-  every ``period`` (H) steps: one all-reduce of the parameters per H steps instead of one of the gradients per
-  step. Torch's own engine: DDP with ``post_localSGD_hook`` (``post_local_gradient_allreduce=False``: after the
-  warm-up a bucket goes through untouched) and ``PostLocalSGDOptimizer`` with a ``PeriodicModelAverager``.
-- Judged as an algorithmic change: with H > 1 the ranks' models drift apart between averages. H = 1 with plain SGD
-  is DDP exactly (the average of the ranks' updates is the update of the averaged gradient; a test checks it);
-  with AdamW each rank's moments follow its own gradients, so even H = 1 differs from DDP.
-- Evaluation (the quality curve, time-to-target, early stopping) sees the ranks' averaged model, as Lin et al.
-  report it: between averages each rank's own model has drifted; the average is formed in a copy, freed at the next
-  step. The warm-up and the averaging period follow the trial's step count, so a speed window (which starts past
-  the quality run's plan) times local SGD steps, never the DDP warm-up.
-- Refused with ``fp16`` (the loss scaler may skip a step on one rank only, and the ranks' averages would pair with
-  different collectives) and ``grad_accum``. DDP still broadcasts rank 0's BatchNorm buffers every forward (not
-  counted; no built-in workload trained with it here has buffers).
-- The record's ``technique_results.local_sgd.communication`` counts the bytes each rank hands to all-reduce
-  (gradient buckets during the warm-up, the flattened parameters at each average), per global sample, for the
-  quality run and for the steps after it (the timed window averages every H steps too).
-- When it helps: communication-bound data parallelism (slow interconnects, many nodes): Lin et al. report
-  post-local SGD reaching the large-batch accuracy with H = 16 on 16-32 GPUs; Ortiz et al. (2021) find the
-  quality cost grows with H and the learning rate. On one CPU host with gloo the all-reduce is cheap, so the
-  saving is small; the quality cost is what to look at.
-- Measured (2 gloo ranks, AMD EPYC (AVX2 only), 3 seeds, 150 steps with the 10-step warm-up; reports/example-cpu-parallelism, read in docs/parallelism.md):
-  bytes per sample 100% / 30% / 12.7% of DDP's for H = 1 / 4 / 16 (exact counts); quality at equal samples
-  inconclusive (mlp accuracy -0.002, -0.004, -0.017; gpt val_loss -0.058, -0.059, -0.001; every interval includes 0,
-  none lies within the workload's margin); mlp samples/s 9,154 / 14,522 / 17,912 (medians; DDP's 7,886, one
-  process's 21,359): against one process 0.43x [0.32, 0.58] slower, 0.72x [0.39, 1.34] and 0.88x [0.74, 1.04]
-  inconclusive (the reports compare with one process, not with DDP).
-- Sources: Lin, Stich, Patel, Jaggi, "Don't Use Large Mini-Batches, Use Local SGD", ICLR 2020 (arXiv:1808.07217);
-  Stich, "Local SGD Converges Fast and Communicates Little", ICLR 2019; Ortiz et al., "Trade-offs of Local SGD at
-  Scale: An Empirical Study", 2021 (arXiv:2110.08133); torch.distributed.algorithms.model_averaging docs.
+- What: DDP for the first ``warmup`` steps; then each rank steps its own optimizer and the ranks average parameters
+  every ``period`` (H) steps: one all-reduce of the parameters per H steps instead of the gradients every step.
+  torch's engine: ``post_localSGD_hook`` and ``PostLocalSGDOptimizer``. Evaluation sees the ranks' average.
+- Algorithmic: the ranks drift apart between averages; with AdamW even H = 1 differs from DDP. The record counts
+  each rank's all-reduced bytes.
+- When it should pay: communication-bound data parallelism (slow links, many nodes); the quality cost grows with H.
+  Not run on a GPU yet.
+- Refused with ``fp16`` (a step skipped on one rank would unpair the averages) and ``grad_accum``.
+- Sources: Lin et al., "Don't Use Large Mini-Batches, Use Local SGD", ICLR 2020 (arXiv:1808.07217); Ortiz et al.,
+  "Trade-offs of Local SGD at Scale", 2021 (arXiv:2110.08133); torch ``model_averaging`` docs.
+
+Measured (committed examples, against each sweep's reference; python -m bench.dev.docs_tables writes this block):
+<!-- generated: card-local_sgd (python -m bench.dev.docs_tables, from the committed examples; do not edit by hand) -->
+- AMD EPYC (AVX2 only), `reports/example-cpu-parallelism/gpt`: gpt:tiny local_sgd:period=1 0.89x [0.60, 1.32] inconclusive, memory 1.00x [1.00, 1.01] inconclusive (RSS); gpt:tiny local_sgd:period=4 1.09x [0.83, 1.43] inconclusive, memory 1.01x [1.00, 1.02] inconclusive (RSS); gpt:tiny local_sgd:period=16 1.08x [0.86, 1.34] inconclusive, memory 1.00x [1.00, 1.01] inconclusive (RSS).
+- AMD EPYC (AVX2 only), `reports/example-cpu-parallelism/mlp`: mlp:tiny local_sgd:period=1 0.43x [0.32, 0.58] slower, memory 1.04x [1.03, 1.05] more (RSS); mlp:tiny local_sgd:period=4 0.72x [0.39, 1.34] inconclusive, memory 1.04x [1.02, 1.05] more (RSS); mlp:tiny local_sgd:period=16 0.88x [0.74, 1.04] inconclusive, memory 1.04x [1.03, 1.04] more (RSS).
+<!-- end generated -->
 """
 
 from __future__ import annotations

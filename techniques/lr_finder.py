@@ -1,32 +1,20 @@
 """LR range test: pick the learning rate from a short exponential sweep on a fresh copy of the model.
 
 Method card
-- What: before the run, a fresh copy of the workload's model (same initial weights, its own AdamW) trains
-  ``steps`` steps while the LR grows exponentially from ``min_lr`` to ``max_lr``; the loss is smoothed with an
-  exponential moving average (``beta``, bias-corrected) and the sweep stops early once the smoothed loss exceeds
-  ``stop_factor`` x its best (Lightning's ``early_stop_threshold``). The suggestion rule is stated and recorded:
-  ``steepest`` takes the LR where the smoothed loss falls fastest against log LR before its minimum (Smith 2015;
-  Lightning's default rule, which also skips the first ``skip_start`` points but searches past the minimum, where a
-  loss falling back after a blow-up picked an LR of 0.43 for the MLP in our runs); ``valley`` takes the middle of
-  the longest stretch over which the smoothed loss keeps falling (fastai's ``valley``, more robust to a noisy
-  curve's single steep point). The trial
-  then trains with that LR (constant, or as the peak of ``lr_schedule`` when both are in the set).
-- Cost: the probe's wall time is a one-off cost of the trial (``build.probe_s``), counted in time-to-target with
-  one-off costs. On the tiny CPU workloads the default 100-step sweep takes longer than the whole quality run's
-  training, so the probe pays off only when the LR it finds beats the workload's tuned default by a lot, or when it
-  is amortised over many runs: the report shows both clocks.
-- The probe runs in fp32 without the set's other techniques: the LR it finds is the model's, not a precision's.
-  The record keeps the whole curve (LR, raw and smoothed loss) and both rules' suggestions; the report plots it.
-- Measured (AMD EPYC (AVX2 only), tiny workloads, 5 seeds, 30 evaluations; reports/example-cpu-convergence): the
-  100-step sweep cost 2.0-3.8 s per trial (the training runs take 0.2-1.4 s to target), so with the probe counted
-  every median time to target is later than the baseline's (e.g. cnn valley 4.17 s against 1.34 s; the report
-  tests no ratio with the one-off cost included). Chosen LRs against the workloads' tuned defaults: steepest
-  0.027-0.046 for cnn (default 0.002, about 15 times lower), 0.0025-0.0033 for gpt (0.003), 0.0029-0.0057 for mlp (0.002); valley
-  0.0043-0.0115, 0.0012-0.0022, 0.0005-0.0029. Both rules' final metric differences are inconclusive on every
-  workload; steepest missed the cnn target in 1 of 5 runs and valley the mlp target in 2 of 5 (its LRs there are
-  about 3 times below the default).
-- Sources: Smith, "Cyclical Learning Rates for Training Neural Networks", WACV 2017 (arXiv:1506.01186), the LR
-  range test; fastai ``LRFinder`` (``valley``, ``steep`` suggestions); PyTorch Lightning ``Tuner.lr_find``.
+- What: before the run, a fresh copy of the model trains ``steps`` steps while the LR grows exponentially from
+  ``min_lr`` to ``max_lr``; the smoothed loss picks the LR by ``rule``: ``steepest`` (fastest fall before the minimum,
+  Smith's and Lightning's) or ``valley`` (fastai's: the middle of the longest fall, robust to one steep point). The
+  trial then trains at it (``lr_schedule``'s peak when both are in the set). The record keeps the curve.
+- When it should pay: when the default LR is far off, or when one probe serves many runs. Its time is the trial's
+  one-off cost, on any device; on the tiny workloads the probe takes longer than the run it tunes, and time to target
+  with one-off costs shows it.
+- Sources: Smith, "Cyclical Learning Rates", WACV 2017 (arXiv:1506.01186); fastai ``LRFinder``; Lightning
+  ``Tuner.lr_find``.
+
+Measured (committed examples, against each sweep's reference; python -m bench.dev.docs_tables writes this block):
+<!-- generated: card-lr_finder (python -m bench.dev.docs_tables, from the committed examples; do not edit by hand) -->
+- AMD EPYC (AVX2 only), `reports/example-cpu-convergence`: cnn:tiny, gpt:tiny, mlp:tiny, quality and time to target only (no speed window): their answers are in its report.md.
+<!-- end generated -->
 """
 
 from __future__ import annotations

@@ -1,35 +1,21 @@
 """Learning-rate schedules: linear warm-up then cosine decay, the one-cycle policy, and a constant control.
 
 Method card
-- What: the learning rate changes with the optimizer step instead of staying at the workload's constant value.
-  ``warmup_cosine`` rises linearly over the first ``warmup`` fraction of the run's planned steps to the peak, then
-  follows a half cosine down to ``final`` x peak at the last planned step (Loshchilov & Hutter's cosine annealing
-  without restarts, with the linear warm-up of Goyal et al.). ``one_cycle`` is Smith & Topin's policy through
-  torch's ``OneCycleLR``: up from peak/``div_factor`` to the peak over ``pct_start`` of the run, then down to
-  peak/(``div_factor`` x ``final_div_factor``), both cosine-shaped, with Adam's beta1 cycled opposite the LR
-  (0.95 -> 0.85 -> 0.95). ``constant`` holds the peak: the control that separates "a schedule" from "another LR".
-  The peak is ``peak_lr`` when given, else the LR the trial would use (the workload's, or the one ``lr_finder``
-  chose when both are in the set).
-- How it fits the loop: the schedule is created in ``attach`` (it sets the first step's LR) and advanced in
-  ``after_step``, which runs after every optimizer step whoever owns it (fp16's loss scaler, DeepSpeed), once per
-  optimizer step however many micro-batches it has. Past the planned steps (the speed window runs after the
-  quality run) the LR stays at its last value.
-- When it helps: warm-up lets adaptive optimizers start at a high LR without early instability; decaying the LR at
-  the end lowers the loss the run finishes at. Neither makes a step faster: judge it by time-to-target and the
-  metric at equal samples. On the tiny CPU workloads the runs are short (150 steps), so the decay's benefit shows
-  mostly in the final metric, and a warm-up can delay the target: the report shows which.
-- Measured (AMD EPYC (AVX2 only), tiny workloads, 5 seeds, 30 evaluations; reports/example-cpu-convergence): no
-  schedule was shown to reach a target sooner. Time-to-target medians against the constant-LR baseline:
-  warmup_cosine 1.47 s vs 1.34 s (cnn), 1.71 vs 1.11 s (gpt), 0.27 vs 0.23 s (mlp); one_cycle 1.81, 1.75, 0.25 s,
-  each with a miss in 1 of 5 runs on cnn and gpt (so no ratio there); on mlp 1.15x [0.74, 1.79] and 1.16x [0.92,
-  1.47], inconclusive. Final metric differences are inconclusive (gpt val_loss +0.055 and +0.074, mlp accuracy
-  +0.018 and +0.009): 150-step budgets may be too short for a decay to pay.
-- Sources: Loshchilov & Hutter, "SGDR: Stochastic Gradient Descent with Warm Restarts", ICLR 2017
-  (arXiv:1608.03983); Goyal et al., "Accurate, Large Minibatch SGD", 2017 (arXiv:1706.02677); Smith & Topin,
-  "Super-Convergence", 2017 (arXiv:1708.07120); torch.optim.lr_scheduler.OneCycleLR.
+- What: ``warmup_cosine`` (linear warm-up over ``warmup`` of the planned steps, then a half cosine to ``final`` x the
+  peak), ``one_cycle`` (torch's ``OneCycleLR``) or ``constant`` (the control: "a schedule" against "another LR").
+  The peak is ``peak_lr``, else the trial's LR (``lr_finder``'s when both are in the set).
+- When it should pay: warm-up lets an adaptive optimizer start high; the decay lowers the final loss. Neither makes a
+  step faster on any device: judge it by time to target and quality at equal samples.
+- Sources: Loshchilov & Hutter, "SGDR", ICLR 2017 (arXiv:1608.03983); Goyal et al., "Accurate, Large Minibatch SGD",
+  2017; Smith & Topin, "Super-Convergence", 2017 (arXiv:1708.07120).
 
-In your own training loop (plain PyTorch: ``model``, ``optimizer``, ``loss_fn``, ``batches`` and ``device``
-are your loop's; ``tests/test_snippets.py`` runs this block on a toy loop):
+Measured (committed examples, against each sweep's reference; python -m bench.dev.docs_tables writes this block):
+<!-- generated: card-lr_schedule (python -m bench.dev.docs_tables, from the committed examples; do not edit by hand) -->
+- AMD EPYC (AVX-512, avx512_bf16), `reports/example-cpu-outside-model`: nanogpt_chars:tiny no speed answer (its report.md says why), memory 1.00x equivalent.
+- AMD EPYC (AVX2 only), `reports/example-cpu-convergence`: cnn:tiny, gpt:tiny, mlp:tiny, quality and time to target only (no speed window): their answers are in its report.md.
+<!-- end generated -->
+
+In your own training loop (plain PyTorch; ``tests/test_snippets.py`` runs it):
 
 ```python
 import math

@@ -2,83 +2,38 @@
 the next token alone.
 
 Method card
-- Which models: any causal token model whose description (``bench.core.structure``) names its blocks, token embedding
-  and output head (a final norm between them is used where described): the gpt workload, Hugging Face GPT-2 and
-  Llama, a user's decoder (examples/lstm_lm.py: inferred by tracing). The parts are reached through hooks on the
-  last block, never by a model's class: the model's own forward runs once (the next-token logits), the last
-  block's inputs (positional and keyword: masks, rotary position embeddings) and its output are captured, and
-  each extra depth is a copy of the last block called with those inputs. Its weight matrices are drawn afresh
-  from N(0, the standard deviation of the copied weight) with a generator seeded by the trial's seed (vectors,
-  such as norm scales and biases, copied); the sequential variant's merge projection from N(0, 0.02). An
-  undeclared causality is checked on the model (two sequences differing only in their second half must give the
-  same logits in the first). The extra depths run on all T positions and their logits are cut to the positions
-  with a target (causal: the same values), so their FLOPs are counted on T positions, a little more than before
-  the port (T - d).
-- What, both variants: at training time the model also predicts tokens further ahead, through modules added to the
-  trial's own model (``model.mtp``, in its parameters, optimizer and state dict; ``model.blocks`` and the
-  initialisation of everything else unchanged). The instance's class is swapped for a generated subclass (the way
-  torch's FSDP2 ``fully_shard`` swaps ``module.__class__``) whose forward, in training mode, returns a
-  ``TrainOutput``: the next-token logits for the workload's loss, and the extra depths' logits for this technique's
-  ``loss`` hook. In eval mode it is the model's own forward (embeddings, every block, final norm, head): evaluation and
-  every other caller see the original model, and the added modules are ignored there. Sequences are t_0..t_T,
-  inputs x_i = t_i and targets y_i = t_{i+1} for i = 0..T-1; "t+d" below is the token d steps after the position's
-  input token (t+1: the next token, the workload's own target).
-- ``variant=heads`` (Gloeckle et al. 2024): a shared trunk (the embeddings and ``blocks[:-1]``) feeds n independent
-  heads, each one transformer block followed by the shared ``ln_f`` and unembedding (the head tied to ``wte``).
-  Head 1 is the model's own last block (the next token); heads 2..n are new blocks of the same configuration
-  (copies of the last block, redrawn as above). Head k at position i predicts t_{i+k}, so positions i <= T-k have a
-  target: head k runs on the trunk's T positions and its logits are cut to the first T-k+1 (causal: the same
-  values).
-  L = CE_1 + w * sum_{k=2..n} CE_k, each CE the mean over its valid positions; w = 1 is the paper's sum of the n
-  losses. Needs n_layer >= 2.
-- ``variant=sequential`` (DeepSeek-V3, section 2.2): D = n - 1 modules in a causal chain. h^0 is the main model's
-  final hidden state (after the last block, before ``ln_f``); for k = 1..D,
-  h'^k_i = M_k [RMSNorm(h^{k-1}_i); RMSNorm(Emb(t_{i+k}))] (M_k a bias-free Linear(2d, d), Emb the shared ``wte``,
-  eps 1e-6), h^k = TRM_k(h'^k) (a new GPT block), and logits^k_i = head(ln_f(h^k_i)) predict t_{i+k+1}. Inside one
-  sequence of T inputs, t_{i+k} is an input and t_{i+k+1} a target for i = 0..T-1-k: depth k runs on T-k positions.
-  L = L_main + (w / D) * sum_k L^k; w = 0.3 is DeepSeek-V3's lambda for its first 10T tokens (0.1 after).
-  Depth-k logits at position i see inputs up to x_{i+k}, never their target x_{i+k+1} (a test checks the bound).
-- ``weight`` (w) defaults to the paper's value for the variant; ``n`` counts every predicted token, the next one
-  included (heads: n heads; sequential: n - 1 modules).
-- Costs: (n - 1) extra transformer blocks of parameters (plus, sequential, a 2d x d projection and two RMSNorms
-  each), their forward and backward on all T positions (the logits are then cut to the T - d with a target), and n - 1
-  more unembeddings and cross-entropies. Counted on gpt:tiny (2 blocks, 103-character vocabulary; FlopCounterMode,
-  forward + backward; counts, exact): heads n = 2 1.53 times the baseline's FLOPs per step, sequential n = 2 1.61
-  times, heads n = 4 2.59 times (before the port, on T - d positions: 1.52, 1.60, 2.54 times). The record's FLOPs per step count the
-  added modules (``own_flops``). All n logits tensors are kept for one backward (Gloeckle et al.'s memory-efficient
-  order, a forward and backward per head, is not implemented: with a character vocabulary the logits are small).
-- What the papers report, on GPUs: Gloeckle et al. (Meta, 2024): at 13B parameters on code, 4-token prediction
-  solves 12% more HumanEval and 17% more MBPP problems than next-token prediction, and the extra heads give up to
-  3x faster inference by self-speculative decoding; but small models get *worse* (the benefit appears only from
-  about 1-3B parameters on), and their comparisons hold the parameter count fixed (n - 1 trunk layers removed for
-  the n - 1 added heads), unlike this technique, which adds the heads to the workload's model. A 7B byte-level
-  model with 8-byte prediction solved 67% more MBPP problems (the character-level setting here is the closest to
-  it). DeepSeek-V3 (D = 1), published: MTP improved most benchmarks in ablations on 15.7B and 228.7B-parameter MoE models; the
-  MTP module is discarded at inference or drives speculative decoding (85-90% acceptance of the second token,
-  1.8x tokens per second).
-- What to expect here: the models here are tiny (about 0.1M parameters): by the papers' scaling, MTP may well make
-  the next-token val_loss worse, and each step costs more. The record shows the step-time cost and the aux losses.
-- CPU vs GPU: the same math and the same FLOP ratio on both. On a compute-bound CPU the step time should grow
-  about like the FLOPs; on a GPU the tiny models are launch-bound, so the extra kernels, not their FLOPs, set the
-  cost, and the time ratio can differ from the FLOP ratio.
-- Not implemented: parameter-matched trunks, self-speculative decoding, the memory-efficient head order, DeepSeek's
-  lambda schedule (one constant weight), tensor/pipeline parallel or FSDP sharding of the added modules (tp and pp
-  conflict; with several processes only ddp is accepted), per-block transforms of the added blocks (checkpointing
-  wraps ``model.blocks`` only).
+- What: at training time the model also predicts tokens further ahead, through modules added to it (``model.mtp``:
+  in its parameters, optimizer and state dict); in eval mode it is the model's own forward, so evaluation sees the
+  next token only. ``variant=heads`` (Gloeckle et al. 2024): the trunk (``blocks[:-1]``) feeds ``n`` heads, each a
+  transformer block followed by the shared final norm and unembedding; head 1 is the model's own last block, the
+  others are copies of it with freshly drawn weights; loss ``CE_1 + w * sum_k CE_k``. ``variant=sequential``
+  (DeepSeek-V3): ``n - 1`` modules in a causal chain, each merging the previous depth's hidden state with the
+  embedding of the next token (two RMSNorms and a projection) before a new block; loss ``L_main + (w / D) * sum_k
+  L_k``. Any causal token model whose description names its blocks, token embedding and head: gpt, Hugging Face
+  GPT-2 and Llama, a user's decoder (`examples/lstm_lm.py`, found by tracing); the parts are reached through hooks on
+  the last block, and an undeclared causality is checked on the model. Kind algorithmic.
+- When it should pay: not in step time. Each step adds ``n - 1`` blocks' forward and backward and ``n - 1`` more
+  unembeddings and cross-entropies (the record's FLOPs per step count them); a compute-bound CPU pays about the added
+  FLOPs, while on a GPU tiny models are launch-bound and the added kernels, not their FLOPs, set the cost. In
+  quality, Gloeckle et al. report gains from about 1-3B parameters up and worse small models, with the parameter
+  count held fixed; here the heads are added to tiny models, so expect the next-token val_loss to get worse.
+- Options and caveats: ``variant`` (heads), ``n`` (2, the next token included), ``weight`` (the paper's: heads 1.0,
+  sequential 0.3). heads needs 2 or more blocks. Refused with ``tp``, ``pp`` and ``distill``, with several
+  processes other than under ``ddp``, and for a model that computes its own loss in its forward. Not implemented:
+  parameter-matched trunks, self-speculative decoding, the memory-efficient head order, DeepSeek's schedule of the
+  weight. The gpt:tiny rows of `reports/example-cpu-model-techniques` below predate the move to the model's
+  description (the new blocks then had GPT-2's initialisation and the extra depths ran on fewer positions); not
+  re-measured since.
 - Functional form: ``apply_mtp(model, variant, n, seed)`` and ``mtp_losses(aux_logits, y)``.
-- Measured (AMD EPYC (AVX2 only); tiny sizes, `--preset quick`, 3 seeds; reports/example-cpu-model-techniques;
-  before the port to the model description, when the new blocks had GPT-2's initialisation and the extra depths
-  ran on T - d positions; not re-measured since):
-  independent heads, n=2: 0.57x [0.31, 1.06] samples/s, inconclusive (1.52x the FLOPs), 1.49x memory (more),
-  val_loss +0.22 [+0.02, +0.42] at equal samples, inconclusive (p = 0.040 alone, not after Holm's correction over
-  the report's 10 comparisons), and 3/3 missed the target: inconclusive, so it neither confirms nor contradicts the
-  small-model result Gloeckle et al. report. Sequential (DeepSeek-V3, lambda 0.3): 0.47x [0.27, 0.80] slower, 1.63x memory
-  (more), -0.124 [-0.411, +0.162] at equal samples and +0.086 [-0.274, +0.446] at equal time (both inconclusive),
-  the target in 3.08 s against the baseline's 2.71 s (1.27x [0.53, 3.05], inconclusive).
-- Sources: Gloeckle, Youbi Idrissi, Roziere, Lopez-Paz, Synnaeve, "Better & Faster Large Language Models via
-  Multi-token Prediction", ICML 2024 (arXiv:2404.19737); DeepSeek-AI, "DeepSeek-V3 Technical Report", sections 2.2,
-  4.5.1 and 5.4.3 (arXiv:2412.19437); torch.distributed.fsdp ``fully_shard`` (the class swap); nanoGPT ``model.py``
-  (GPT-2 initialisation).
+- Sources: Gloeckle et al., "Better & Faster Large Language Models via Multi-token Prediction", ICML 2024
+  (arXiv:2404.19737); DeepSeek-AI, "DeepSeek-V3 Technical Report", sec. 2.2 (arXiv:2412.19437).
+
+Measured (committed examples, against each sweep's reference; python -m bench.dev.docs_tables writes this block):
+<!-- generated: card-mtp (python -m bench.dev.docs_tables, from the committed examples; do not edit by hand) -->
+- AMD EPYC (AVX2 only), `reports/example-cpu-model-techniques/gpt`: gpt:tiny mtp:variant=sequential 0.47x [0.27, 0.80] slower, memory 1.63x more; gpt:tiny 0.57x [0.31, 1.06] inconclusive, memory 1.49x more.
+- AMD EPYC (AVX-512, avx512_bf16), `reports/example-cpu-user-models-structure`: lstm_lm:small 0.66x [0.43, 1.02] inconclusive, memory 1.49x more.
+- AMD EPYC (AVX-512, avx512_bf16), `reports/example-cpu-outside-model`: nanogpt_chars:tiny, quality and time to target only (no speed window): their answers are in its report.md.
+<!-- end generated -->
 """
 
 from __future__ import annotations

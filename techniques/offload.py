@@ -2,16 +2,16 @@
 
 Method card
 - What: sharded parameters, gradients and optimizer state live in host memory; parameters are copied to the device
-  for compute and gradients copied back; the optimizer step runs on the CPU.
-- When it helps: GPU memory is the limit and the host has memory and PCIe bandwidth to spare; it trades step time
-  for device memory (ZeRO-Offload reports 10B+ parameter models on one GPU).
-- On a CPU-only machine the "device" already is host memory: the policy runs (without pinned memory, which needs an
-  accelerator) and what it measures is its bookkeeping overhead, not a memory saving. The report says so.
-- Measured (2 gloo ranks, AMD EPYC (AVX2 only), reports/example-cpu-2rank): zero3+offload on mlp:large 0.34x [0.23, 0.48]
-  against zero3's 0.36x [0.01, 10.13], both no verdict (2 repeats: a verdict needs 3); median steps 3.59 s against
-  3.38 s (6% longer, an estimate); the same 386 MiB of model state per rank and 712 MiB clean RSS at rest.
+  for compute, gradients back, and the optimizer steps on the CPU.
+- When it should pay: device memory is the limit and the host has memory and PCIe bandwidth to spare; it trades step
+  time for device memory. Not run on a GPU yet. On a CPU the "device" already is host memory: no saving.
 - Sources: Ren et al., "ZeRO-Offload: Democratizing Billion-Scale Model Training", USENIX ATC 2021;
-  torch.distributed.fsdp.CPUOffloadPolicy docs.
+  ``torch.distributed.fsdp.CPUOffloadPolicy`` docs.
+
+Measured (committed examples, against each sweep's reference; python -m bench.dev.docs_tables writes this block):
+<!-- generated: card-offload (python -m bench.dev.docs_tables, from the committed examples; do not edit by hand) -->
+- Not measured alone in a committed report.
+<!-- end generated -->
 """
 
 from __future__ import annotations

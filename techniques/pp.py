@@ -1,68 +1,37 @@
 """Pipeline parallelism: a model's blocks split into consecutive stages, one per rank, run by torch's pipeline engine.
 
 Method card
-- What: rank ``s`` of ``p`` keeps only stage ``s`` of the model: an even share of the blocks (the first stages take
-  one more when their number does not divide), what runs before the first block on stage 0, the final norm and the
-  head on the last stage. Every rank sees the same global batch; the schedule cuts it into ``microbatches``
-  equal micro-batches (``m``), stage 0 feeds their inputs, activations travel forward and their gradients backward
-  between neighbouring stages point to point, and the last stage computes the loss of each micro-batch against the
-  targets. ``torch.distributed.pipelining`` does all of it (``PipelineStage`` with static shapes,
-  ``ScheduleGPipe``: all forwards then all backwards, or ``Schedule1F1B``: after a warm-up one forward, one
-  backward, so at most ``p`` micro-batches' activations are alive on a stage instead of ``m``). Gradients are the
-  mean over micro-batches, so the math is one process's at the same global batch (parity checks it).
-- Which models: the split is the model's description's (``bench.core.structure``), never its workload's name. Stage 0 runs
-  the token ``embedding``, adds the ``position_embedding`` of positions 0..T-1 where one is described, then the
-  ``pre_blocks`` modules in order (the built-in GPT and Hugging Face GPT-2 declare ``wpe`` and a dropout); every stage
-  calls each of its blocks with the hidden state alone (a block returning a tuple gives its first item); the last
-  stage applies the ``final_norm`` and the ``head``. Before anything is split, the stages are run one after the other
-  in one process on a probe (2 sequences of at most 8 token ids from the embedding's vocabulary) and must give
-  ``model(x)`` within 1e-4 of its largest value (fp32): a forward that does more than the description says (a scale, a
-  mask, rotary tables it passes to its blocks) is refused with one line rather than trained wrongly. The shapes of the
-  hidden state and the output the stages send are the probe's.
-- Tied head: a head that shares the embedding's weight (the built-in GPT's). With the two ends on different ranks the
-  tensor cannot be shared, so this does what Megatron-LM does for tied embeddings: the last stage keeps its own copy
-  (the same initial values), and after each step's backward the two gradients are all-reduced (summed) between the
-  first and the last stage, so both copies take the same optimizer step and stay equal. That all-reduce, and
-  broadcasting the step's loss from the last stage (every rank returns the same loss), are the only collectives of our
-  own.
-- Memory: the surgery is done in place on the workload's model: a rank's unowned blocks, embeddings or head are
-  dropped, so ``session.built.model`` does not keep them alive; per-rank parameters, gradients and AdamW state are
-  one stage's (plus the tied copy on the last stage), and activations of in-flight micro-batches come on top.
-- Bubble: each stage idles while the pipeline fills and drains, ``(p - 1) / (m + p - 1)`` of the step for equal
-  stages (GPipe paper, sec. 2.2; the same for 1F1B, which saves memory, not time). ``results`` reports, per stage,
-  the measured idle fraction (1 - time in the stage's forward, backward and loss / the schedule's wall time per
-  step; median over the steps after the first; both times are CUDA events on a GPU, where the host clock would
-  time only kernel launches, and the host clock on the CPU, which runs synchronously: ``StageClock``; the CUDA path
-  has not yet run on a GPU) beside that formula, and ``communication``: the bytes this rank
-  sends per step (activations forward and their gradients backward, summed from the shapes it actually sent, plus
-  the tied gradient's all-reduce) and the parameter bytes each rank holds.
-- Evaluation runs the stages' forward under ``no_grad`` on the whole evaluation batch, activations sent point to
-  point, and the last stage broadcasts the logits so every rank's ``evaluate`` sees the full model's output.
-- When it helps: models too large for one device's memory, across devices joined by a slower link than tensor
-  parallelism needs (only activations at stage edges travel). More micro-batches shrink the bubble but each
-  micro-batch gets smaller (less efficient kernels). On one CPU host with gloo the ranks split the same cores and
-  every boundary is a socket copy: expect it to be slower than one process there.
-- Caveats: refused (from the description, before the sweep) for a model without described blocks, token embedding or
-  head, whose blocks take more than the hidden state (``block_inputs``: Hugging Face Llama's decoder layers take the
-  rotary cos/sin its model computes once), or with fewer blocks than ranks; at build, when the probe's stages differ
-  from the model's forward (a user's model whose blocks need a mask or position inputs it did not describe). Token
-  models only (stage 0 takes token ids; the probe draws them). The batch must split into ``microbatches``, and 1F1B
-  needs ``microbatches >= ranks``. Not combined with techniques that change the per-micro-batch forward or backward
-  (autocast ``bf16``/``fp16``, loss or backward owners, ``grad_accum``: pp has its own micro-batches) nor with
-  ``compile`` (it would compile the whole model before the split), data-parallel sharding (a 2-D mesh is not
-  implemented), ``tp``, ``local_sgd``, ``fedavg``. Dropout > 0 would draw other random numbers than one process (the
-  built-in workloads' default is 0). Parity's parameter distance counts each stage's parameters once over the ranks
-  (they are marked ``held_by_one_rank``; the tied copy is counted on stage 0).
-- Measured (2 gloo ranks, AMD EPYC (AVX2 only), gpt:tiny, m = 4, 3 seeds; reports/example-cpu-parallelism/gpt): gpipe 0.53x
-  [0.42, 0.67] slower and 1f1b 0.55x (no verdict: one window contended, 2 pairs left) of one process's samples/s,
-  exact (parity ok), 948 KiB of model state per rank; the measured bubble 0.40-0.49 (stage 0) and 0.31-0.42
-  (stage 1) against the formula's 0.20: micro-batches of 4 sequences take well under a millisecond, so the sends
-  and the schedule's Python count as idle time.
-- Sources: Huang et al., "GPipe: Efficient Training of Giant Neural Networks using Pipeline Parallelism",
-  arXiv:1811.06965 (2019); Narayanan et al., "PipeDream: Generalized Pipeline Parallelism for DNN Training", SOSP
-  2019, and the flushed 1F1B schedule (PipeDream-Flush) in Narayanan et al., "Efficient Large-Scale Language Model
-  Training on GPU Clusters Using Megatron-LM", arXiv:2104.04473 (2021), sec. 2.2; torch.distributed.pipelining docs
-  (``PipelineStage``, ``ScheduleGPipe``, ``Schedule1F1B``).
+- What: rank ``s`` of ``p`` keeps stage ``s`` only: an even share of the blocks, the embeddings on stage 0, the final
+  norm and head on the last. The global batch is cut into ``microbatches`` micro-batches (``m``); activations travel
+  forward and their gradients backward between neighbouring stages, point to point. ``torch.distributed.pipelining``
+  runs it: ``ScheduleGPipe`` (all forwards, then all backwards) or ``Schedule1F1B`` (after a warm-up, one forward
+  then one backward, so at most ``p`` micro-batches' activations are alive on a stage instead of ``m``). Gradients
+  are the mean over micro-batches, so the math is one process's at the same batch (parity checks it). A tied head
+  gets its own copy on the last stage, its gradient all-reduced with the embedding's each step, as Megatron-LM does.
+  Before the split the stages run in sequence on a probe and must give ``model(x)`` within 1e-4 of its largest value:
+  a forward that does more than its description says is refused with one line. Kind exact.
+- When it should pay: a model too large for one device's memory, across devices joined by a slower link than tensor
+  parallelism needs: only the activations at stage edges travel. Each stage idles while the pipeline fills and
+  drains, ``(p - 1) / (m + p - 1)`` of the step for equal stages (GPipe, sec. 2.2; the same for 1F1B, which saves
+  memory, not time); more micro-batches shrink that bubble but make each kernel smaller. ``results`` reports each
+  stage's measured idle fraction beside the formula, and the bytes each rank sends. On one CPU host with gloo the
+  ranks share the cores and every boundary is a socket copy: expect it slower than one process. Not run on a GPU
+  yet, its CUDA-event stage clock included.
+- Options and caveats: ``schedule`` (1f1b), ``microbatches`` (4; 1F1B needs at least as many as ranks; the batch must
+  split into them). Token models only. Refused for a model without described blocks, token embedding or head, whose
+  blocks need more than the hidden state (Hugging Face Llama's rotary inputs), or with fewer blocks than ranks; with
+  techniques that change the forward or backward (``bf16``, ``fp16``, ``grad_accum``, loss owners), ``compile``,
+  ``ddp``, ``zero1``-``zero3``, ``deepspeed``, ``offload``, ``tp``, ``local_sgd``, ``fedavg``, ``mtp`` and
+  ``efficient_arch``. Dropout above 0 would draw other random numbers than one process.
+- Sources: Huang et al., "GPipe", arXiv:1811.06965; Narayanan et al., "PipeDream", SOSP 2019, and the flushed 1F1B
+  schedule in Narayanan et al., "Efficient Large-Scale Language Model Training on GPU Clusters Using Megatron-LM",
+  arXiv:2104.04473, sec. 2.2; torch.distributed.pipelining docs.
+
+Measured (committed examples, against each sweep's reference; python -m bench.dev.docs_tables writes this block):
+<!-- generated: card-pp (python -m bench.dev.docs_tables, from the committed examples; do not edit by hand) -->
+- AMD EPYC (AVX2 only), `reports/example-cpu-parallelism/gpt`: gpt:tiny pp:schedule=gpipe 0.53x [0.42, 0.67] slower, memory 0.98x [0.97, 0.98] less (RSS); gpt:tiny pp:schedule=1f1b 0.55x [0.07, 4.46] (no verdict: 2 pairs: a verdict needs 3), memory 0.97x [0.97, 0.98] less (RSS).
+- AMD EPYC (AVX-512, avx512_bf16), `reports/example-cpu-outside-model`: nanogpt_chars:tiny, quality and time to target only (no speed window): their answers are in its report.md.
+<!-- end generated -->
 """
 
 from __future__ import annotations

@@ -1,64 +1,39 @@
 """Magnitude pruning during training: gradual unstructured masks, or a one-shot structured shrink of hidden channels.
 
 Method card
-- What, ``mode=unstructured`` (default): the weights of every ``nn.Linear`` and ``nn.Conv2d`` whose Parameter is not
-  shared with another module are pruned by magnitude with ``torch.nn.utils.prune`` (``L1Unstructured``): over all of
-  them together (``scope=global``, ``prune.global_unstructured``) or each layer by itself (``scope=layer``,
-  ``prune.l1_unstructured``). The sparsity follows Zhu & Gupta's gradual cubic schedule: with ``t0 = start`` and
-  ``t0 + n dt = end`` (fractions of the quality run's planned steps) and ``n = events`` pruning events,
-  ``s_i = s_f (1 - (1 - i / n)^3)`` at step ``t0 + i dt``, i = 1..n (``cubic_sparsity``; ``sparsity_schedule`` gives
-  the steps, rounded to whole steps). An event runs after the optimizer step that completes its step count. Each
-  event prunes an integer number of the still unpruned weights, so the pruned count is exactly ``round(s_i * N)``
-  (global, N the targets' weights) or ``round(s_i * n)`` for each layer of n weights: the final event reaches the
-  requested sparsity exactly. Biases, embeddings and norms are never pruned, and neither is a weight shared between
-  modules: GPT's head is tied to the token embedding ``wte`` and stays dense and tied. torch's reparametrisation
-  keeps the original Parameter as ``weight_orig`` (checked: the optimizer keeps stepping the same object) and
-  multiplies it by the ``weight_mask`` buffer before each forward, so pruned weights get zero gradient and stay zero
-  in the effective weight whatever the optimizer does to ``weight_orig``.
-- What, ``mode=structured``: at step ``start`` (one shot; training then fine-tunes the rest of the budget), the hidden
-  channels with the smallest L2 norm of their incoming weights are removed, and the tensors shrink (Li et al. 2017 use
-  the filter norm the same way). Per layer, ``round((1 - sparsity) * channels)`` channels are kept (at least 1).
-  Which channels is the model's description's answer (``bench.core.structure``), never the workload's name: each block's
-  MLP hidden units (the ``up`` rows and bias, a gated MLP's ``gate`` rows too, and ``down``'s input columns; score:
-  the up and gate rows with their biases; GPT-2's transposed Conv1D cut on the other dim), and the channel groups
-  it declares or infers. The built-in declarations: gpt, the MLP's ``mlp.fc`` / ``mlp.proj``; cnn, cnn_aug, each
-  BasicBlock's inner channels (``conv1`` output filters, ``bn1`` weight, bias and running statistics, ``conv2``
-  input channels; score: the conv1 filter; the residual width is untouched); mlp, each hidden block's units (its
-  ``fc`` rows and bias, and the input columns of the next block's fc or of the head). Hugging Face GPT-2 and Llama:
-  each block's MLP (``c_fc``/``c_proj``; ``gate_proj``, ``up_proj``/``down_proj``). A user's model: what its
-  ``structure`` declares, else the groups inferred by tracing (a Linear or Conv2d whose outputs reach one Linear or
-  Conv2d only through activations, a BatchNorm or a product: an MLP, a gated MLP, conv -> BN -> ReLU -> conv); a
-  model without any is skipped with that part named. Every channel's score is taken before any tensor is cut.
-  Parameters are sliced in place (the same Parameter objects, gradients dropped) and so is the optimizer's
-  per-parameter state (AdamW's ``exp_avg``, ``exp_avg_sq``; scalars such as ``step`` stay); an optimizer whose state
-  holds a tensor of another shape (a factored second moment) is refused with an error before anything is cut.
-- The speed window runs past the plan: pruning is brought up to the step to come when a batch is drawn, so a window
-  that starts past the plan trains the final sparsity (or the shrunk model) from its first step.
-- When it helps: a smaller or sparser model to deploy, at some cost in quality for the same budget. It is an
-  ALGORITHMIC technique, judged by the metric it reaches and when.
-- Costs and what to expect: masks do not speed up dense matmuls. The zeros are still multiplied, and the mask multiply
-  adds an elementwise op per pruned weight each forward plus two weight-sized tensors (the mask and the effective
-  weight) beside each Parameter, on a CPU or a GPU alike: expect unstructured pruning to be slightly slower than the
-  baseline. Real speed needs sparse kernels (2:4 semi-structured sparsity on Ampere and newer GPUs: ``sparse24``) or
-  smaller tensors (``mode=structured``), whose matmuls shrink on any device in proportion to the FLOPs removed
-  (gpt: only the MLP shrinks; attention, the embeddings and the head do not). FLOPs per step are counted on the
-  trained model (``own_flops``): dense for masks (honest: the dense matmuls run), the shrunk model's for structured.
-- Not implemented: pruning embeddings, attention heads or the residual width; iterative structured pruning; rewinding
-  (lottery tickets); sparse kernels; ``compile`` (the mask hooks and changing shapes) and more than one process.
-- Measured (AMD EPYC (AVX2 only); tiny sizes, `--preset quick`, 3 seeds; reports/example-cpu-model-techniques):
-  unstructured 50% was not shown faster (gpt 0.95x [0.38, 2.34], cnn 0.87x [0.72, 1.06], mlp 0.88x [0.53, 1.46],
-  all inconclusive; the masks cost 1.06-1.40x memory, more), and its quality differences are inconclusive (+0.020
-  val_loss, +0.006, -0.002 accuracy). Structured, half the hidden channels removed at 25% of the plan: gpt 1.28x
-  [1.02, 1.60] samples/s, inconclusive (the whole interval above 1, not clear of 5%), at 0.79x memory (less;
-  110,784 -> 77,760 parameters; +0.007 val_loss, inconclusive); mlp 1.33x [0.91, 1.93], inconclusive, at 0.27x
-  memory (less; 144,650 -> 39,562; -0.034 [-0.077, +0.009], inconclusive); cnn 0.99x [0.87, 1.13], inconclusive
-  (convolutions this small are likely bound by overhead, not FLOPs), at 0.80x memory (less; 19,810 -> 10,538).
-- Sources: Han, Pool, Tran, Dally, "Learning both Weights and Connections for Efficient Neural Networks", NeurIPS
-  2015 (arXiv:1506.02626); Zhu & Gupta, "To prune, or not to prune: exploring the efficacy of pruning for model
-  compression", 2017 (arXiv:1710.01878); Li, Kadav, Durdanovic, Samet, Graf, "Pruning Filters for Efficient
-  ConvNets", ICLR 2017 (arXiv:1608.08710); Blalock, Gonzalez Ortiz, Frankle, Guttag, "What is the State of Neural
-  Network Pruning?", MLSys 2020 (arXiv:2003.03033: few papers measure real speedups); PyTorch
-  ``torch.nn.utils.prune`` docs and the pruning tutorial (https://pytorch.org/tutorials/intermediate/pruning_tutorial.html).
+- What, ``mode=unstructured`` (default): every ``nn.Linear`` and ``nn.Conv2d`` weight not shared with another module
+  is masked by magnitude with ``torch.nn.utils.prune`` (L1), over all of them (``scope=global``) or layer by layer
+  (``scope=layer``). The sparsity rises to ``sparsity`` on Zhu & Gupta's cubic schedule in ``events`` steps between
+  ``start`` and ``end`` (fractions of the quality run's planned steps), each event reaching its count exactly.
+  Biases, embeddings, norms and tied weights (gpt's head) stay dense. Pruned weights get zero gradient and stay zero.
+- What, ``mode=structured``: at ``start``, once, the hidden channels with the smallest L2 norm of their incoming
+  weights are cut out (as Li et al. 2017 do with filters), ``sparsity`` of them per layer: each block's MLP hidden
+  units, a CNN block's inner channels, or the channel groups a user's model declares or tracing infers. Parameters
+  and AdamW's state are sliced in place; the rest of the budget fine-tunes the smaller model. Kind algorithmic.
+- When it should pay: masks never make a dense matmul faster. The zeros are still multiplied, and each masked
+  weight adds an elementwise multiply per forward and two weight-sized tensors, on a CPU or a GPU alike: expect
+  unstructured pruning to run slightly slower with more memory. Speed needs smaller tensors (structured: the
+  matmuls shrink with the FLOPs removed, on gpt the MLP only) or sparse kernels (``sparse24``, Ampere and newer).
+  What pruning buys is a smaller or sparser model to deploy at some cost in quality: read quality and time to target.
+  FLOPs per step are the dense model's for masks, the shrunk model's for structured.
+- Options and caveats: ``sparsity`` (0.5), ``mode``, ``scope`` (global), ``start`` (0.25), ``end`` (0.75), ``events``
+  (10). The speed window trains the final sparsity or the shrunk model. Refused with ``compile``,
+  ``efficient_arch``, ``qat``, ``sparse24`` and several processes; ``mode=structured`` for a model with no channel
+  group described or inferred. Not implemented: pruning embeddings, attention heads or the residual width,
+  iterative structured pruning, lottery-ticket rewinding, sparse kernels.
+- Sources: Han et al., "Learning both Weights and Connections for Efficient Neural Networks", NeurIPS 2015
+  (arXiv:1506.02626); Zhu & Gupta, "To prune, or not to prune", arXiv:1710.01878; Li et al., "Pruning Filters for
+  Efficient ConvNets", ICLR 2017 (arXiv:1608.08710); Blalock et al., "What is the State of Neural Network
+  Pruning?", MLSys 2020 (arXiv:2003.03033: few papers measure real speedups); ``torch.nn.utils.prune`` docs.
+
+Measured (committed examples, against each sweep's reference; python -m bench.dev.docs_tables writes this block):
+<!-- generated: card-prune (python -m bench.dev.docs_tables, from the committed examples; do not edit by hand) -->
+- AMD EPYC (AVX2 only), `reports/example-cpu-model-techniques/cnn`: cnn:tiny 0.87x [0.72, 1.06] inconclusive, memory 1.06x more; cnn:tiny prune:mode=structured 0.99x [0.87, 1.13] inconclusive, memory 0.80x less.
+- AMD EPYC (AVX2 only), `reports/example-cpu-model-techniques/gpt`: gpt:tiny 0.95x [0.38, 2.34] inconclusive, memory 1.07x more; gpt:tiny prune:mode=structured 1.28x [1.02, 1.60] inconclusive (the whole interval above 1, not clear of the threshold), memory 0.79x less.
+- AMD EPYC (AVX2 only), `reports/example-cpu-model-techniques/mlp`: mlp:tiny 0.88x [0.53, 1.46] inconclusive, memory 1.40x more; mlp:tiny prune:mode=structured 1.33x [0.91, 1.93] inconclusive, memory 0.27x less.
+- AMD EPYC (AVX-512, avx512_bf16), `reports/example-cpu-user-models-structure`: small_resnet:small prune:mode=structured 1.16x [0.82, 1.63] inconclusive, memory 0.80x less.
+- AMD EPYC (AVX-512, avx512_bf16), `reports/example-cpu-outside-model`: nanogpt_chars:tiny prune:mode=structured 0.91x (no verdict: 1 repeat: a verdict needs 3), memory 0.78x less.
+<!-- end generated -->
 """
 
 from __future__ import annotations

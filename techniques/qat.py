@@ -1,77 +1,25 @@
 """Quantization-aware training (QAT): train with int8 fake quantization, then convert to a real int8 model.
 
 Method card
-- What: before training, every targeted ``nn.Linear`` is swapped for torchao's ``FakeQuantizedLinear`` with
-  ``quantize_(model, QATConfig(activation_config=..., weight_config=..., step="prepare"))`` (torchao >= 0.18). Its
-  forward quantizes and at once dequantizes (fake-quantizes) both operands before an ordinary fp32 matmul:
-  the input per token, asymmetric int8 (``IntxFakeQuantizeConfig(torch.int8, "per_token", is_symmetric=False)``:
-  for each row, with ``lo = min(min x, 0)`` and ``hi = max(max x, 0)``, ``s = (hi - lo) / 255``, ``z = -128 -
-  round(lo / s)``, ``x' = (clamp(round(x / s) + z, -128, 127) - z) s``, recomputed every step); the weight symmetric
-  int8 with one scale per output channel (``weight_granularity=per_channel``) or per group of ``group_size`` input
-  columns (``per_group``): ``s = max|w| / 127.5`` over the row or group, ``w' = clamp(round(w / s), -128, 127) s``
-  (torchao's ``choose_qparams_affine``). The rounding has no gradient; the
-  backward pass uses the straight-through estimator (the gradient of ``round`` taken as 1 inside the clamp range), so
-  the fp32 master weights keep learning while the loss sees int8 numerics (Jacob et al. 2018). These are the fake
-  quantizers torchao itself pairs with ``Int8DynamicActivationIntxWeightConfig(weight_dtype=torch.int8)``
-  (its ``_infer_fake_quantize_configs``); ``Int8DynamicActivationInt8WeightConfig`` is not accepted as a QAT base
-  config in torchao 0.18, hence the explicit fake-quantize configs.
-- Which layers: every ``nn.Linear`` except one whose weight Parameter another module also holds. GPT's head is tied to
-  the token embedding ``wte``: fake-quantizing it would keep the tie (torchao's ``FakeQuantizedLinear`` reuses the
-  Parameter), but the int8 conversion replaces ``head.weight`` by an int8 tensor and cuts the tie (checked: the
-  embedding keeps the float table), so the deployed model would hold both and training would simulate a head the
-  conversion does not produce. The head stays float, unquantized and tied. ``per_group``: a layer whose
-  ``in_features`` is not a multiple of ``group_size`` stays float too (mlp's first layer, 40 inputs, with the default
-  32) and is listed in the results; none left at all is an error. torchao's QAT covers ``nn.Linear`` (and
-  ``nn.Embedding``, weights only) here, not convolutions: on ``cnn`` only the classifier head is fake-quantized
-  and every convolution stays float, so the cnn trial says little about int8 convolutions. Embeddings stay float.
-- After training (``results``, once at the end of the trial, on the live model): the fake-quantized model is
-  evaluated (what the quality run's curve measured), then a deep copy is converted with ``QATConfig(step="convert")``
-  (the fake quantizers removed: the same trained weights as a float model, evaluated), and that float copy is
-  quantized for real with ``Int8DynamicActivationIntxWeightConfig(weight_dtype=torch.int8, weight_granularity=
-  PerAxis(0) or PerGroup(group_size))`` (int8 weights stored with their scales, int8 per-token asymmetric dynamic
-  activations: the scheme the fake quantizers simulated) on the same layers, and evaluated again. The record holds
-  the three metrics, the converted layers' weight bytes against their fp32 bytes and the whole model's, and the time
-  the conversion took. Checked on gpt:tiny (tests/test_qat.py): the int8 model's val_loss equals the fake-quantized
-  model's to 1e-4 relative (the fake quantizers simulate exactly what the conversion computes), and the targeted
-  weights shrink to under 30% of their fp32 bytes (1 byte per weight plus an fp32 scale and an int8 zero point per
-  row). In a trial that runs the speed window after the quality run, the model at the end has trained
-  past the quality run's last evaluation (``trained_steps`` says how far): compare the three metrics with each
-  other (the same weights), not with the curve's last point. A conversion that fails leaves its error in the
-  record; the trial still counts.
-- CPU vs GPU: torchao's ``unpacked_to_int8`` weight format (the default, meant for export to ExecuTorch) runs its
-  matmul by dequantizing the weight on the fly, so the converted model's metric is the int8 model's numerics, not an
-  int8 kernel's speed; the weights take 1 byte per value plus one fp32 scale (and zero point) per row or group.
-- Costs: fake quantization adds elementwise work to every targeted Linear's forward and backward (min/max reductions,
-  round, clamp, multiply: several passes over each activation and weight), so a training step is slower than the
-  baseline on any device. QAT trains no faster; what it buys is a converted int8 model that loses less quality than
-  post-training quantization of a float-trained one. The FLOP count (matmuls) is unchanged (``own_flops`` False),
-  and ``compute_dtype`` stays fp32: the matmuls run in fp32 on fake-quantized values.
-- Kind: ALGORITHMIC. Fake quantization changes the forward function itself (int8 rounding of activations and weights,
-  errors of order 1/255 of each row's range), not just the arithmetic's rounding, and the straight-through gradient
-  is not the true gradient: what is learned differs, so the trial is judged by the metric it reaches, not by parity.
-- Refused: bf16, fp16 (autocast would round the fake-quantized values again to 16 bits before the matmul, so the
-  simulation is no longer the int8 model's arithmetic, and the end-of-trial evaluations, run without autocast, would
-  not compare with the curve), fp8 and sparse24 (they swap the same Linear layers), prune (its reparametrised weight
-  is not a Parameter the module swap can take over), and several processes (each rank would copy and convert the
-  whole model at the end).
-- Not implemented: int4 or lower weights (torchao's fake quantizers take them; not offered here), range learning,
-  embedding quantization, QAT for only part of training (torchao's ``disable_linear_fake_quant``), the speed of an
-  int8 kernel.
-- Functional form: ``apply_qat(model, weight_granularity, group_size)`` returns the targeted and the left-out layers.
-- Measured (AMD EPYC (AVX2 only); tiny sizes, `--preset quick`, 3 seeds; reports/example-cpu-model-techniques):
-  fake quantization cost gpt 0.49x [0.30, 0.79] and mlp 0.26x [0.17, 0.38] of the samples/s (slower) and 1.51x /
-  1.32x the memory (more) (cnn: 0.83x [0.47, 1.47], inconclusive; only its head is a Linear); its quality
-  differences at equal samples are inconclusive (gpt -0.005 val_loss, cnn -0.007, mlp -0.002), and so are those at
-  equal time (gpt +0.34 [+0.11, +0.57], mlp -0.16 [-0.29, -0.02]: p = 0.024 and 0.038 alone, not after Holm's
-  correction over each report's comparisons). The int8-converted models
-  matched the fake-quantized ones to three digits (gpt val_loss 2.22, 2.38, 2.33 both), with the quantized layers'
-  weights 3.8 times smaller (gpt 384 KiB -> 102 KiB: exact byte counts).
-- Sources: Jacob et al., "Quantization and Training of Neural Networks for Efficient Integer-Arithmetic-Only
-  Inference", CVPR 2018 (arXiv:1712.05877); Or, Zhang, Smothers, Khandelwal, Rao, "Quantization-Aware Training for
-  Large Language Models with PyTorch", PyTorch blog 2024 (pytorch.org/blog/quantization-aware-training: QAT recovered
-  up to 96% of the accuracy degradation on hellaswag and 68% of the perplexity degradation on wikitext for Llama3-8B
-  compared to post-training quantization, with int8 dynamic activations and int4 grouped weights); torchao QAT docs
-  (``torchao.quantization.qat``: ``QATConfig``, ``IntxFakeQuantizeConfig``).
+- What: torchao's ``QATConfig`` swaps every ``nn.Linear`` (but a tied head) for a ``FakeQuantizedLinear``: inputs
+  per token, asymmetric int8; weights symmetric int8 per channel (or per group of ``group_size`` columns). The
+  rounding passes the gradient straight through, so fp32 master weights learn int8 numerics. After training the
+  record evaluates the fake-quantized model and a real int8 conversion, with its weight bytes. Convolutions stay
+  float (on ``cnn`` only the head is quantized). Algorithmic.
+- When it should pay: never in training speed, on any device: fake quantization adds passes over every Linear's
+  operands. What it buys is an int8 model that loses less quality than post-training quantization.
+- Refused with bf16, fp16 (autocast would round the simulated values again), fp8, sparse24, prune and several
+  processes. Optional extra ``trainbench[torchao]``.
+- Sources: Jacob et al., CVPR 2018 (arXiv:1712.05877); Or et al., "Quantization-Aware Training for Large Language
+  Models with PyTorch", PyTorch blog 2024 (published: up to 96% of the hellaswag loss of post-training quantization
+  recovered for Llama3-8B); torchao QAT docs.
+
+Measured (committed examples, against each sweep's reference; python -m bench.dev.docs_tables writes this block):
+<!-- generated: card-qat (python -m bench.dev.docs_tables, from the committed examples; do not edit by hand) -->
+- AMD EPYC (AVX2 only), `reports/example-cpu-model-techniques/cnn`: cnn:tiny 0.83x [0.47, 1.47] inconclusive, memory 1.00x equivalent.
+- AMD EPYC (AVX2 only), `reports/example-cpu-model-techniques/gpt`: gpt:tiny 0.49x [0.30, 0.79] slower, memory 1.51x more.
+- AMD EPYC (AVX2 only), `reports/example-cpu-model-techniques/mlp`: mlp:tiny 0.26x [0.17, 0.38] slower, memory 1.32x more.
+<!-- end generated -->
 """
 
 from __future__ import annotations

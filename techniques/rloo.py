@@ -1,27 +1,20 @@
 """REINFORCE leave-one-out: on-policy RL from the proxy reward model with a KL penalty in the reward, no value head.
 
 Method card
-- What (Ahmadian et al. 2024, eq. 7; Kool et al. 2019): every step samples ``k`` completions of each of
-  ``batch / k`` training prompts from the current policy; each completion's reward is the reward model's score
-  minus the KL penalty to the frozen starting policy, ``r_i = R(x, y_i) - beta * sum_t [log pi(y_t) - log
-  pi_ref(y_t)]`` (the sequence-level estimate, no gradient through it); its advantage is its reward less the mean
-  of the *other* k - 1 completions' (``rloo_advantages``: an unbiased baseline, no learnt critic), and the loss is
-  ``-mean_i A_i * log pi(y_i | x)``, the completion's summed log-probability.
-- Why RLOO and not PPO: PPO's value head is a second network as large as its trunk, with its own loss, learning rate
-  and clipping to tune, and at this size (a 2-layer character model, completions of 24 characters, one update per
-  batch) the leave-one-out baseline of k samples does the value head's work for free. Ahmadian et al. find RLOO
-  matching or beating PPO in RLHF at less memory and compute; it is also the "REINFORCE with a baseline" the issue
-  allows. The KL penalty sits in the reward, as in PPO-based RLHF (Ziegler et al. 2019, Stiennon et al. 2020),
-  where GRPO puts it in the loss: the two place the same regulariser differently.
-- Options: ``k`` (4), ``beta`` (0.05) the KL coefficient, ``reward`` = proxy | gold | zero (zero: a control whose
-  only signal is the KL penalty; from the start, where the policy equals the reference, it does not move at all).
-- What is measured: gold reward, proxy reward and KL at every evaluation (the frontier); in ``technique_results``
-  the last batch's mean reward and KL, completions generated, an estimate of the FLOPs per step.
-- Memory: the starting policy and (``reward=proxy``) the reward model are held beside the model.
-- Sources: Ahmadian et al., "Back to Basics: Revisiting REINFORCE Style Optimization for Learning from Human
-  Feedback in LLMs", ACL 2024 (arXiv:2402.14740); Kool, van Hoof, Welling, "Buy 4 REINFORCE Samples, Get a Baseline
-  for Free!", ICLR 2019 workshop; Ziegler et al., "Fine-Tuning Language Models from Human Preferences", 2019
-  (arXiv:1909.08593).
+- What: each step samples ``k`` completions of each of ``batch / k`` prompts; a completion's reward is the reward
+  model's score less ``beta`` x its sequence KL to the frozen start; its advantage is that reward less the mean of
+  the other k - 1; the loss is REINFORCE's, ``-A log pi(y|x)``. Options: ``k`` (4), ``beta`` (0.05), ``reward`` as in
+  ``grpo``.
+- Why not PPO: its value head is a second network to train and tune; the leave-one-out baseline does its work for
+  free. The KL sits in the reward, as in PPO-based RLHF; GRPO puts it in the loss.
+- When it should pay: as GRPO: on-policy, no critic; each step pays generation. Not run on a GPU.
+- Sources: Ahmadian et al., "Back to Basics", ACL 2024 (arXiv:2402.14740); Kool et al., "Buy 4 REINFORCE Samples,
+  Get a Baseline for Free!", ICLR 2019 workshop; Ziegler et al., 2019 (arXiv:1909.08593).
+
+Measured (committed examples, against each sweep's reference; python -m bench.dev.docs_tables writes this block):
+<!-- generated: card-rloo (python -m bench.dev.docs_tables, from the committed examples; do not edit by hand) -->
+- AMD EPYC (AVX2 only), `reports/example-cpu-preference`: pref:tiny 0.21x [0.20, 0.22] slower, memory 0.80x less.
+<!-- end generated -->
 """
 
 from __future__ import annotations

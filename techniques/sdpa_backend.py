@@ -1,47 +1,23 @@
 """sdpa_backend: force one kernel for every ``F.scaled_dot_product_attention`` call of the model.
 
 Method card
-- What: the forward runs inside ``torch.nn.attention.sdpa_kernel(SDPBackend.X)`` (the technique's
-  ``forward_context``, which the harness also enters around evaluation), so every SDPA call may use only that
-  kernel; a call it cannot serve raises "No available kernel" instead of falling back. The backward runs the
-  kernel the forward chose (autograd recorded it). Backends: ``math`` (the composite reference in plain ATen ops;
-  it materialises the T x T score matrix), ``flash`` (FlashAttention: tiles queries and keys so the score matrix
-  never leaves fast memory, with an online softmax), ``efficient`` (xFormers' memory-efficient attention) and
-  ``cudnn`` (cuDNN's fused attention). Without the technique PyTorch picks a kernel per call from what the inputs
-  allow.
-- Option: ``backend`` defaults to ``flash``: the one fused kernel both the CPU and the CUDA builds ship (CUDA: sm80+,
-  fp16/bf16) and the one the method's paper describes, so the bare label means "force FlashAttention"; ``math`` is
-  the reference the fused kernels are judged against.
-- When it helps: on GPUs, pinning the kernel a model should get (flash for long sequences in bf16), or showing what
-  the fused kernels save by forcing ``math``. FlashAttention's paper reports (published) end-to-end training 15% faster than the
-  MLPerf 1.1 BERT-large record (sequence 512) and 3x faster GPT-2 (sequence 1K) than Hugging Face's, with memory
-  linear instead of quadratic in the sequence length. With a short sequence (gpt:tiny: 64) the attention is a small
-  part of the step, so little changes.
-- Check: refuses a model whose description (``bench.core.structure``) says it never calls SDPA (the built-in ``mlp``,
-  ``cnn``); ``gpt`` and ``hf`` (transformers' ``attn_implementation="sdpa"``) call it (a user's model is not
-  known and is not refused), and the kernel choice was seen taking effect in both. Refuses ``efficient``
-  and ``cudnn`` off CUDA, and any backend that cannot run a small causal attention (forward and backward, head dim
-  32, the set's dtype: fp32, or bf16/fp16 with those techniques) on the trial's device, with torch's reason; the
-  probe runs once per backend, device and dtype. A user's model that never calls SDPA runs unchanged under it.
-- On this CPU (torch 2.13.0+cpu): ``math`` and ``flash`` run forward and backward (ops
-  ``aten::_scaled_dot_product_attention_math`` and ``aten::_scaled_dot_product_flash_attention_for_cpu`` with its
-  ``_backward``); ``efficient``, ``cudnn`` (and ``OVERRIDEABLE``) raise "No viable backend for
-  scaled_dot_product_attention was found". The baseline already picks ``flash`` here (torch.profiler on a gpt:tiny
-  and an hf:tiny step), so ``backend=flash`` is the baseline's own kernel on CPU.
-- Kind ``numeric``: kernels sum in different orders. Measured on gpt:tiny (seed 0, 8 steps, against the baseline):
-  ``flash`` bit-identical (the same kernel), ``math`` up to 7.2e-7 apart (2.0e-7 relative); the harness's parity
-  check passes. On a GPU the default choice is another kernel (flash, efficient or cudnn by device and dtype), so
-  there ``flash`` may differ from the baseline too.
-- Measured (reports/example-cpu-bottleneck, AMD EPYC (AVX2 only), gpt:tiny: batch 16, sequence 64, 2 layers, 2
-  heads of dim 32, 5 repeats): ``backend=math`` 0.90x [0.72, 1.11] of the baseline's samples/s, inconclusive. At
-  sequence 64 attention is a small part of the step; probes of the attention alone (not committed) found the fused
-  kernel quicker at longer sequences. Not yet run on a GPU.
-- Sources: Dao, Fu, Ermon, Rudra and Re, "FlashAttention: Fast and Memory-Efficient Exact Attention with
-  IO-Awareness", NeurIPS 2022 (arXiv:2205.14135); PyTorch docs, ``torch.nn.functional.scaled_dot_product_attention``
-  and ``torch.nn.attention.sdpa_kernel``.
+- What: the forward (and evaluation) runs inside ``sdpa_kernel(SDPBackend.X)``: every SDPA call uses that kernel or
+  raises. ``backend``: ``flash`` (default: the score matrix tiled in fast memory), ``math`` (the reference),
+  ``efficient`` and ``cudnn`` (CUDA only). Kind numeric.
+- When it should pay: on GPUs, pinning a fused kernel for long sequences in bf16, or forcing ``math`` to see what
+  the fused kernels save; not measured on a GPU. On the CPUs here torch already picks ``flash`` (a profiler
+  probe), so ``backend=flash`` is the baseline's own kernel there, and at short sequences attention is a small part
+  of the step.
+- Refused for a model that never calls SDPA, and for a backend that cannot run on the trial's device and dtype.
+- Sources: Dao et al., "FlashAttention", NeurIPS 2022 (arXiv:2205.14135); PyTorch docs,
+  ``scaled_dot_product_attention`` and ``sdpa_kernel``.
 
-In your own training loop (plain PyTorch: ``model``, ``optimizer``, ``loss_fn``, ``batches`` and ``device``
-are your loop's; ``tests/test_snippets.py`` runs this block on a toy loop):
+Measured (committed examples, against each sweep's reference; python -m bench.dev.docs_tables writes this block):
+<!-- generated: card-sdpa_backend (python -m bench.dev.docs_tables, from the committed examples; do not edit by hand) -->
+- AMD EPYC (AVX2 only), `reports/example-cpu-bottleneck`: gpt:tiny sdpa_backend:backend=math 0.90x [0.72, 1.11] inconclusive, memory 1.09x more.
+<!-- end generated -->
+
+In your own training loop (plain PyTorch; ``tests/test_snippets.py`` runs it):
 
 ```python
 from torch.nn.attention import SDPBackend, sdpa_kernel

@@ -2,65 +2,24 @@
 forward and grad_input matmuls run on cuSPARSELt's sparse tensor cores.
 
 Method card
-- What: the targeted ``nn.Linear`` layers become ``Sparse24Linear`` (the same weight and bias Parameters). Every
-  forward casts the dense fp32 master weight to the autocast dtype, prunes it to 2:4 and compresses it, all in one
-  kernel of torch's semi-structured API: ``torch._sparse_semi_structured_tile(w, algorithm=
-  "largest_abs_values_greedy", use_cutlass=False)``. In each 4x4 tile the entries are taken by descending magnitude
-  while their row and their column of the tile hold fewer than two, so both ``W`` and ``W^T`` are 2:4 (a tile may
-  keep fewer than 8). The kernel returns ``W`` and ``W^T`` compressed for cuSPARSELt; their flat buffers are viewed as
-  2-D (rows x kept values and metadata), as torch's own ``SparseSemiStructuredTensorCUSPARSELT.prune_dense_static_sort``
-  does, and wrapped in a ``SparseSemiStructuredTensorCUSPARSELT``. The forward (``x @ W^T``) and the backward's
-  grad_input (``grad @ W``, from the compressed ``W^T``) run on cuSPARSELt; grad_weight is a dense matmul. The pruning
-  has no gradient of its own: the technique's own straight-through function hands the dense gradient to every
-  weight, pruned or not, so the master weights keep learning and the mask is chosen again from them each step
-  (runtime sparsity: the recipe of torchao's sparse-training README and xFormers' ``sparsify24``). Evaluation runs
-  the same forward: the metric is the 2:4-pruned model's.
-- Why its own function: the first GPU run (one H200, torch 2.11, 2026-12-04; reports/example-h200-first/
-  pytest-m-gpu.txt) crashed in both GPU tests with ``compressed_A.dim() == 2 INTERNAL ASSERT FAILED`` in
-  ``torch._cslt_sparse_mm``: torchao's straight-through sparsify passed the tile kernel's flat buffer on as it came.
-  torchao has since removed ``torchao.sparsity`` upstream, so the technique depends on torch alone. It also ranks by
-  magnitude: the tile kernel's default algorithm ("", the one torchao used) ranks by signed value, which prunes
-  large negative weights first (torch's ComputeSparseTile.h). torch calls this API a prototype.
-- fp32 master weights: cuSPARSELt's 2:4 kernels take fp16/bf16 operands and autocast cannot cast a compressed
-  tensor, so the layer casts the weight to the autocast dtype first (a differentiable cast: the gradient reaches the
-  fp32 Parameter) and multiplies with autocast off. Hence the set needs ``bf16`` or ``fp16``.
-- A reference path for checking numerics: ``apply_sparse24(model, layers, kernels="reference")`` picks the same
-  mask in plain torch (``mask24``) and multiplies densely, on any device. It measures no speed; the technique never
-  uses it. The CPU tests check the mask, the straight-through gradient and the 2-D packing on it; a GPU test checks
-  the real kernels against a dense matmul with the mask they chose.
-- Which layers: ``layers=mlp`` (default) takes the Linear layers under a module named ``mlp`` (the transformer
-  blocks' feed-forward: the configuration the torchao README found acceptable for DINO ViT training); ``layers=all``
-  takes every Linear. In both, a layer qualifies only if its weight is held by no other module (GPT's head, tied to
-  ``wte``, stays dense) and both its dimensions are multiples of 128: the cuSPARSELt metadata layout of
-  ``_sparse_semi_structured_tile`` checks "rows/cols multiples of 128" (PyTorch's SparseSemiStructuredTile.cu). So
-  gpt:tiny (d_model 64) has no qualifying layer (an error); gpt:small (256 -> 1024 -> 256) and gpt2-124m qualify, and
-  on mlp ``layers=all`` takes the 256x256 (tiny) or 1024x1024 (small) hidden layers. cnn's convolutions are never
-  sparsified.
-- When it helps: large MLP matmuls on Ampere and newer GPUs (compute capability 8.0+). The per-step pruning and
-  compression cost time of their own, which only large matmuls amortise; the README's published figures are 1.24x and 1.27x on the
-  two ViT-L MLP linear shapes (13008 x 1024 x 4096, A100, fp16) but 1.06x end to end (ViT-L, 304M parameters,
-  forward + backward, torch.compile, fp16), and memory slightly up (58.5 to 59.4 GB). Expect a slowdown on the
-  small workloads here. Where the sweep also ran the set without it (``bf16`` beside ``bf16+sparse24``), the claims
-  check measures it against that set, paired by seed, and says when the 2:4 kernels make the step slower than dense:
-  a finding about this device, not a failure.
-- CPU: not offered (the sparsification and the sparse matmuls are CUDA kernels); skipped with its reason.
-- Kind: ALGORITHMIC: the forward uses a pruned weight (half of each targeted matrix is zero), so what is learned
-  changes; judged by the metric it reaches. The README's DINOv2 ImageNet run lost 0.5 pp accuracy fully 2:4-trained.
-- FLOPs: counted on the workload's dense model (``own_flops`` False): MFU is in dense-equivalent FLOPs, the
-  convention for sparse speedups (the sparse matmuls do half the multiply-adds, and the FLOP counter does not see
-  inside cuSPARSELt's kernels).
-- Refused: qat and fp8 (they swap the same Linear layers), prune (it masks the same weights its own way), and several
-  processes (runtime 2:4 sparsification of sharded DTensor weights is untried here).
-- Not implemented: activation sparsity, switching to dense training for the end of the run (the README's recipe for
-  -0.1 pp instead of -0.5 pp), exporting the 2:4 model.
-- Functional form: ``apply_sparse24(model, layers, kernels)``.
-- Measured: nothing yet. The torchao-based version crashed on the H200 (above); this version has not yet run on a
-  GPU (its GPU tests: ``pytest -m gpu tests/test_sparse24.py tests/test_registry.py``), nor with ``compile``.
-- Sources: Mishra et al., "Accelerating Sparse Deep Neural Networks", arXiv:2104.08378 (2021); torchao 0.18's
-  sparsity training README and ``torchao/sparsity/training/autograd.py`` (github.com/pytorch/ao, since removed: "a
-  6% e2e speedup on a single NVIDIA A100" for ViT-L with MLP weights 2:4, 1.24x and 1.27x on its MLP linear shapes;
-  DINOv2 -0.5 pp fully sparse, -0.1 pp with a dense finish); PyTorch ``torch.sparse`` semi-structured sparsity docs
-  and sources (``torch/sparse/semi_structured.py``, ``aten/src/ATen/native/sparse/cuda/ComputeSparseTile.h``).
+- What: the targeted ``nn.Linear`` layers become ``Sparse24Linear``: each forward casts the fp32 master weight to the
+  autocast dtype and prunes it by magnitude to 2:4 in one torch kernel (``_sparse_semi_structured_tile``), so
+  forward and grad_input run on cuSPARSELt; grad_weight is dense. A straight-through function hands every weight the
+  dense gradient, so the mask is chosen again each step. Needs ``bf16`` or ``fp16``. ``layers=mlp`` (default) or
+  ``all``; a layer qualifies when both its sizes are multiples of 128 and its weight is not tied (gpt:tiny has none).
+  Algorithmic: evaluation runs the pruned model.
+- When it should pay: large MLP matmuls on compute capability 8.0+; the per-step pruning costs time that only large
+  matmuls amortise. Refused on CPU. Not measured: the torchao-based version crashed on the one H200
+  (`reports/example-h200-first`, its ``pytest-m-gpu.txt``), and this version has not run on a GPU.
+- Refused with qat, fp8, prune and several processes.
+- Sources: Mishra et al., "Accelerating Sparse Deep Neural Networks", arXiv:2104.08378; torchao 0.18's sparse
+  training README (published: 1.06x end to end for ViT-L on one A100, -0.5 points on DINOv2 fully sparse); PyTorch
+  semi-structured sparsity docs.
+
+Measured (committed examples, against each sweep's reference; python -m bench.dev.docs_tables writes this block):
+<!-- generated: card-sparse24 (python -m bench.dev.docs_tables, from the committed examples; do not edit by hand) -->
+- Not measured alone in a committed report.
+<!-- end generated -->
 """
 
 from __future__ import annotations

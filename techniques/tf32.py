@@ -1,33 +1,22 @@
 """TF32: fp32 matmuls (and cuDNN convolutions) on NVIDIA tensor cores in TensorFloat-32.
 
 Method card
-- What: ``torch.backends.cuda.matmul.allow_tf32 = True`` (equivalently ``torch.set_float32_matmul_precision("high")``)
-  and ``torch.backends.cudnn.allow_tf32 = True``. Tensors stay fp32; inside the matmul the inputs are rounded to
-  TF32 (fp32's 8-bit exponent, a 10-bit mantissa like fp16) and accumulated in fp32. No code changes, no loss
-  scaling. Kind ``numeric``: losses are close to fp32's, not bit-equal. The previous settings are restored in
-  ``finalize``; outside a trial process (``apply_tf32``) the caller owns the global switch.
-- Note on the baseline: PyTorch already lets cuDNN convolutions use TF32 by default (``cudnn.allow_tf32`` is True),
-  while matmuls default to full fp32. So on a GPU the fp32 baseline's convolutions are TF32 already, and this
-  technique changes the matmuls (Linear, attention) most: expect a large effect on the GPT and a small one on the CNN.
-- Combining: it has no slot and combines with ``bf16``/``fp16``, as common recipes do (nanoGPT sets both), but under
-  autocast most matmuls already run in 16 bits, so the combination adds little beyond the ops autocast keeps in fp32.
-- When it helps: NVIDIA Ampere (compute capability 8.0) and newer, fp32 training dominated by matmuls: the A100's
-  dense TF32 peak is 156 TFLOP/s against 19.5 for plain FP32 (published: 8x); PyTorch's docs time a 10240^2 matmul
-  about 7 times faster (published).
-  End-to-end gains are smaller (memory-bound ops do not change).
-- On CPU: ``check`` refuses. torch maps ``set_float32_matmul_precision("high")`` to oneDNN's
-  ``fp32_precision="tf32"`` on CPU, but on an AMD EPYC without AMX (a probe, torch 2.13; not a report) that left
-  ``torch.mm``, ``nn.Linear`` and ``nn.Conv2d`` results bit-identical and their speed within noise (and
-  ``"medium"``, oneDNN bf16, was bit-identical too), so a CPU trial would only measure the baseline again. The CUDA
-  switch used here does not touch the CPU path at all.
-- Measured on one NVIDIA H200 (reports/example-h200-first, speed only, 3 repeats): gpt:gpt2-124m at batch 8
-  2.59x [2.58, 2.61] the fp32 baseline's samples/s, faster. Not on a CPU (see above). MFU of a tf32 trial is
-  against the calibrated tfloat32 peak (measured with TF32 on; docs/methodology.md).
-- Sources (published): NVIDIA, "TensorFloat-32 in the A100 GPU Accelerates AI Training, HPC up to 20x" (blogs.nvidia.com, 2020);
-  NVIDIA A100 datasheet; PyTorch docs, CUDA semantics, "TensorFloat-32 (TF32) on Ampere (and later) devices".
+- What: ``torch.backends.cuda.matmul.allow_tf32`` and ``cudnn.allow_tf32``: tensors stay fp32, the matmul rounds
+  its inputs to a 10-bit mantissa and accumulates in fp32. Kind numeric. cuDNN convolutions use TF32 by default
+  already, so it changes matmuls most (a GPT more than a CNN).
+- When it should pay: NVIDIA Ampere and newer, fp32 training dominated by matmuls. Measured on one H200
+  (`reports/example-h200-first`); MFU is against the calibrated tfloat32 peak.
+- CPU: refused. On an AMD EPYC without AMX torch's CPU equivalent changed neither results nor speed (a probe, not a
+  report).
+- Sources (published): NVIDIA A100 datasheet and "TensorFloat-32 in the A100 GPU" (2020); PyTorch docs, CUDA
+  semantics, "TensorFloat-32 (TF32) on Ampere (and later) devices".
 
-In your own training loop (plain PyTorch: ``model``, ``optimizer``, ``loss_fn``, ``batches`` and ``device``
-are your loop's; ``tests/test_snippets.py`` runs this block on a toy loop):
+Measured (committed examples, against each sweep's reference; python -m bench.dev.docs_tables writes this block):
+<!-- generated: card-tf32 (python -m bench.dev.docs_tables, from the committed examples; do not edit by hand) -->
+- 1 x NVIDIA H200, `reports/example-h200-first`: gpt:gpt2-124m 2.59x [2.58, 2.61] faster, memory 1.00x equivalent.
+<!-- end generated -->
+
+In your own training loop (plain PyTorch; ``tests/test_snippets.py`` runs it):
 
 ```python
 torch.backends.cuda.matmul.allow_tf32 = True  # fp32 matmuls on tensor cores (NVIDIA Ampere and newer)

@@ -1,57 +1,35 @@
 """Tensor parallelism (Megatron-LM style) of a model's blocks through ``torch.distributed.tensor.parallel``.
 
 Method card
-- What: every block's attention and MLP are split across the ranks of a tensor-parallel group, the way Megatron-LM
-  does it: the first projections of each pair are sharded by output column (``ColwiseParallel``: attention's q, k
-  and v, or its fused qkv; the MLP's up and gate), the second by input row (``RowwiseParallel``: attention's output
-  projection, the MLP's down), so each rank holds ``1/degree`` of those weights and computes ``heads/degree`` whole
-  heads (``kv_heads/degree`` key/value heads) and ``1/degree`` of the MLP's hidden units. Per row-parallel layer one
-  all-reduce of the activations in forward, per column-parallel layer one of its input gradient in backward (a
-  block of fused qkv and a plain MLP: 4 all-reduces of ``B x T x d_model`` per step; separate q, k, v and a gated
-  MLP: 7). Embeddings, norms and the head stay replicated; every rank trains the same full batch, so the math is
-  the single process's (parity checks it). torch's own engine does the sharding and the collectives
-  (``parallelize_module`` on a ``DeviceMesh``); nothing here communicates by itself but one check.
-- Which models: the model's description (``bench.core.structure``) is asked, never its workload's name: blocks whose
-  attention has its projections as ``nn.Linear`` modules (separate q, k, v or one fused qkv, and an output) and an
-  MLP (up, down, optionally gate). Separate q, k, v keep the model's own attention forward, which then sees this
-  rank's heads only: it must read the head count from the projection's width (``view(B, T, -1, head_dim)``,
-  Llama's way), not from an attribute. A fused qkv weight is ``[q; k; v]``: a column shard of it would give rank 0
-  all of q and half of k, not whole heads, so its rows are reordered head-major, ``[q_0 k_0 v_0 | q_1 k_1 v_1 |
-  ...]`` (Megatron's fused layout), and the attention replaced by causal SDPA over that layout
-  (``HeadMajorAttention``): only for causal attention without rotary embeddings and with as many key/value heads as
-  heads, where that is the same math (a unit test compares outputs in one process; one backward all-reduce for q,
-  k and v together).
-- The guard: an attention forward may hard-code its head count, and the description cannot show it. So before
-  sharding the model's output on a small probe (2 sequences of at most 16 token ids from the described embedding's
-  vocabulary, or 2 training samples ``tune`` draws when there is no token embedding) is kept, after sharding every
-  rank computes it again, and the largest difference (all-reduced: every rank decides alike) must stay within
-  1e-4 of the output's largest value in fp32: else ValueError, one line saying what differed and the likely cause.
-  ``results.probe`` records the difference found.
-- When it helps: a model whose layers are too wide for one device's memory or whose matmuls are big enough to split
-  (GPUs in one NVLink node: the all-reduces sit on the critical path). Per-rank parameter bytes shrink for the
-  sharded projections only. On a CPU host with gloo and a tiny model it is pure overhead: the same full batch is
-  computed on every rank and the all-reduces are exposed.
-- Caveats: refused (from the description, before the sweep) for a model without described blocks, attention or
-  MLP, for nn.MultiheadAttention (its projections live inside its forward), for GPT-2's transposed Conv1D
-  projections (torch's parallel styles shard nn.Linear and nn.Embedding only), for a fused qkv with rotary
-  embeddings, grouped key/value heads or non-causal attention, and when heads, key/value heads or the MLP's hidden
-  units do not divide by the degree; at build, for dropout (dropout of sharded heads draws other random numbers than
-  one process) and for an attention whose sharded output differs (the guard). Degree = world size: a smaller degree
-  leaves data-parallel replicas, which need FSDP on the other axis of a 2-D mesh (torchtitan's FSDP + TP); that is
-  not implemented (``apply_fsdp`` shards over the whole world), so ``tp`` with ``zero2``/``zero3`` and a degree
-  below the world size are refused with the reason. Not combined with compile (it runs before sharding in phase
-  order; torchtitan compiles after TP) nor fp16 (the loss scaler would judge each rank's gradient shards alone and
-  might skip a step on one rank only). No sequence parallelism (it needs reduce-scatter, which gloo lacks).
-  ``results`` records the bytes this rank passes to collectives per training step, counted from the tensor shapes
-  the sharded layers see (not a formula), and the per-rank parameter bytes.
-- Measured (2 gloo ranks x 1 thread against 1 process x 2 threads, AMD EPYC (AVX2 only), gpt:tiny, 3 seeds;
-  reports/example-cpu-parallelism/gpt): 0.29x [0.16, 0.52] of the baseline's samples/s (slower), exact (parity ok, curves match),
-  model state per rank 956 KiB against DDP's 1.7 MiB, 131 kB all-reduced per sample per rank (4.7 times DDP's gradient
-  bytes: exact counts).
-- Sources: Shoeybi et al., "Megatron-LM: Training Multi-Billion Parameter Language Models Using Model
-  Parallelism", arXiv:1909.08053 (2019), sec. 3; torchtitan (pytorch/torchtitan, ``parallelize.py``,
-  ``apply_tp``); torch.distributed.tensor.parallel docs (``parallelize_module``, ``ColwiseParallel``,
-  ``RowwiseParallel``).
+- What: each block's first projections (attention's q, k and v or its fused qkv; the MLP's up and gate) are sharded
+  by output column (``ColwiseParallel``), the second (attention's output, the MLP's down) by input row
+  (``RowwiseParallel``), so each rank holds ``1/degree`` of those weights and computes ``heads/degree`` whole heads
+  and ``1/degree`` of the MLP's hidden units: an all-reduce of the activations per row-parallel layer in forward, of
+  the input gradient per column-parallel layer in backward. Embeddings, norms and the head stay replicated, and every
+  rank trains the same full batch, so the math is one process's (parity checks it). A fused qkv is reordered
+  head-major and its attention replaced by causal SDPA over that layout. Before training, the sharded model's output
+  on a small probe must match the whole model's within 1e-4 of its largest value: an attention that hard-codes its
+  head count fails there, with one line. Kind exact.
+- When it should pay: layers too large for one device's memory, or matmuls large enough to split, on GPUs joined by a
+  fast link (NVLink in one node): the all-reduces sit on every layer's critical path. Per-rank parameter bytes shrink
+  for the sharded projections only. On one CPU host with gloo it is overhead only: each rank computes the same batch
+  on a share of the cores and waits on exposed all-reduces. Not run on a GPU yet.
+- Options and caveats: ``degree`` (0: all ranks; a degree below the world size would leave data-parallel replicas
+  that need FSDP on a 2-D mesh, not implemented, and is refused). Refused for a model without described blocks,
+  attention or MLP, for ``nn.MultiheadAttention`` and GPT-2's Conv1D projections, for a fused qkv with rotary
+  embeddings, grouped key/value heads or non-causal attention, when heads or hidden units do not divide by the
+  degree, and for dropout; with ``ddp``, ``zero1``-``zero3``, ``deepspeed``, ``offload``, ``local_sgd``,
+  ``fedavg``, ``pp``, ``mtp``, ``efficient_arch``, ``compile`` and ``fp16``. No sequence parallelism. ``results`` records the bytes this
+  rank passes to collectives per step and its parameter bytes.
+- Sources: Shoeybi et al., "Megatron-LM: Training Multi-Billion Parameter Language Models Using Model Parallelism",
+  arXiv:1909.08053, sec. 3; torchtitan's ``apply_tp``; torch.distributed.tensor.parallel docs
+  (``parallelize_module``).
+
+Measured (committed examples, against each sweep's reference; python -m bench.dev.docs_tables writes this block):
+<!-- generated: card-tp (python -m bench.dev.docs_tables, from the committed examples; do not edit by hand) -->
+- AMD EPYC (AVX2 only), `reports/example-cpu-parallelism/gpt`: gpt:tiny 0.29x [0.16, 0.52] slower, memory 1.01x [1.00, 1.02] inconclusive (the whole interval above 1, not clear of the threshold) (RSS).
+- AMD EPYC (AVX-512, avx512_bf16), `reports/example-cpu-outside-model`: nanogpt_chars:tiny 0.28x on 2 cores against 1: unequal resources; per core 0.14x (no verdict: 1 repeat: a verdict needs 3), memory 1.02x [1.00, 1.05] inconclusive (RSS).
+<!-- end generated -->
 """
 
 from __future__ import annotations

@@ -1,68 +1,24 @@
 """Transfer learning: pretrain the workload's model on another task once, then fine-tune it on the workload.
 
 Method card
-- What: before the trial trains, a fresh copy of the workload's model (initialised from a fixed seed, 20000) is
-  trained with the workload's optimizer (AdamW), learning rate and batch size for ``steps`` x the workload's quality
-  budget on a *source* task of disjoint data; the trial's model then starts from that checkpoint (every weight,
-  buffers such as BatchNorm's running statistics included, loaded strictly) and trains the workload as usual, at the
-  workload's learning rate or ``lr``. The fine-tune task is always the workload itself, so the sweep's baseline is
-  the comparison the method needs: the same model trained from scratch on the fine-tune task to the same target.
-- Your own checkpoint, ``transfer:init=/abs/path.pt`` (any model: a user's, a Hugging Face config, a built-in):
-  the trial's model starts from the state dict in that file (``torch.save(model.state_dict(), path)``, or a dict
-  holding it under ``state_dict``, ``state`` or ``model``; read with ``weights_only``), loaded strictly: a
-  checkpoint whose keys or shapes differ is one error listing the missing keys, the unexpected keys and the
-  tensors of another shape (the trial fails with it, nothing loaded). Nothing is pretrained; the record holds the
-  file's path and sha256 and its load time. The baseline is the same model trained from scratch. The path must be
-  absolute (trial processes run in the harness's directory) and may not hold ``,``, ``+`` or ``:`` (the label's
-  separators).
-- Source tasks, for the models whose description declares one (``ModelStructure.source_task``; without a
-  declared task and without ``init`` the set is skipped, saying so): the built workload provides the task itself
-  (``BuiltWorkload.source_task``, a ``SourceTask``: its batches, a record of what it is, and whether the model's head
-  carries over), since only the workload knows which of its data the trials do not train on. Each workload's
-  docstring describes its task; the built-in ones:
-  - gpt (fine-tune corpus: the pydoc topics, CPython's documentation; ``small`` adds the first 4M characters of the
-    standard library's sources): 2M characters of the standard library's ``.py`` sources past the largest prefix of
-    them that any gpt size trains on, the topics' own files skipped, in the workload's character vocabulary and
-    ``seq_len`` windows (``gpt2-124m`` is refused: no disjoint text is left for it). Same model, same vocabulary:
-    every weight transfers, the tied head included.
-  - cnn and cnn_aug (Fashion-MNIST): the images of classes 0-4 among the training images the size does not train
-    on, normalised as the workload's, without cnn_aug's augmentation. ``small`` trains on all 60000, so its source
-    is the classes 0-4 of its own training set and the record says ``source_overlaps_target: true``. The
-    classifier head is not transferred (a new label space): the fine-tune keeps the trial model's own head,
-    nn.Linear's default initialisation drawn under the trial's seed, the very head the baseline starts from, so
-    the trunk is the only difference.
-- Why it helps: features learned on a related task (character statistics of Python code; edges and shapes of
-  clothes) give the fine-tune a head start, so it reaches the workload's target in fewer steps (Yosinski et al.
-  2014; ULMFiT, Howard & Ruder 2018). Kornblith et al. 2019 found that better source models transfer better
-  (fine-tuned accuracy correlates with ImageNet accuracy, r = 0.96) and that on small fine-grained sets networks
-  trained from scratch long enough matched the pretrained ones' accuracy: there the gain is speed, which is what the
-  sweep's time-to-target measures.
-- Costs: the pretraining is a one-off cost amortised over every fine-tune that starts from the checkpoint. It runs
-  once per sweep: the checkpoint is cached in the sweep's reference directory as ``pretrain-<key>.pt`` (key: sha256
-  of workload, size parameters, source, pretraining steps, batch, lr, seed and dataset sha256) and every trial and
-  seed of the sweep loads it; its time goes to the probe's ``shared_s`` (not the trial's one-off ``probe_s``) and is
-  reported as ``pretrain_s`` (also on a cache hit, from the checkpoint's record). Time-to-target in the report
-  therefore excludes it: add ``pretrain_s`` to compare against training from scratch on a single fine-tune.
-  One checkpoint for every seed means the trials' spread does not include the pretraining's own seed variation.
-- CPU vs GPU: the pretraining is ordinary training of the same model, so its cost scales like the workload's own
-  steps; the fine-tune's step is unchanged (same model, same FLOPs).
-- Order in a set: transfer loads the workload's own model in phase SURGERY, so a surgery technique that changes the
-  model's parameters (extra heads, another architecture) must come after it in the set's label
-  (``transfer+mtp``, not ``mtp+transfer``, which fails with that reason); ``freeze`` works in either order.
-- Not implemented: discriminative (per-layer) learning rates and slanted triangular schedules (ULMFiT), multi-process
-  runs (every rank would write the cache: refused), source tasks for models that declare none (give ``init``).
-- Measured (AMD EPYC (AVX2 only); tiny sizes, `--preset quick`, 3 seeds; reports/example-cpu-model-techniques):
-  gpt, pretrained 150 steps on stdlib sources once (4.8 s): val_loss -0.339 [-0.593, -0.085] at equal samples,
-  inconclusive (p = 0.029 alone, not after Holm's correction over the report's 10 comparisons; the same at equal
-  time, where its 3 faster runs are scored where they ended: no continuation recorded), the target 0.12x [0.03,
-  0.41] sooner: 0.29 s against the baseline's 2.71 s (0.60 s with the checkpoint's loading). cnn, pretrained on
-  classes 0-4 once (3.8 s): +0.027 [-0.098, +0.152] at equal samples and +0.044 [+0.016, +0.073] at equal time, both
-  inconclusive (the latter p = 0.021 alone, not after Holm over 8), the target in 0.97 s against 1.51 s (0.65x
-  [0.40, 1.05], inconclusive).
-- Sources: Yosinski, Clune, Bengio, Lipson, "How transferable are features in deep neural networks?", NeurIPS 2014
-  (arXiv:1411.1792); Howard & Ruder, "Universal Language Model Fine-tuning for Text Classification", ACL 2018
-  (arXiv:1801.06146); Kornblith, Shlens, Le, "Do Better ImageNet Models Transfer Better?", CVPR 2019
-  (arXiv:1805.08974).
+- What: a fresh copy of the model trains ``steps`` x the workload's quality budget on a source task of disjoint data
+  that the workload declares (gpt: Python standard-library sources; cnn: Fashion-MNIST classes 0-4, the head not
+  carried over); the trial starts from that checkpoint, loaded strictly, and trains the workload. The baseline is the
+  same model from scratch. ``init=/abs/path.pt`` starts any model from your own state dict instead (a mismatched
+  checkpoint is one error).
+- When it should pay: features from a related task give the fine-tune a head start to the target, on any device. The
+  pretraining runs once per sweep, is cached, and is reported apart (``pretrain_s``): time to target excludes it, so
+  add it when one fine-tune must carry it.
+- Caveats: one checkpoint serves every seed, so the spread leaves out the pretraining's. Surgery techniques follow
+  it in a label (``transfer+mtp``). Refused on several processes.
+- Sources: Yosinski et al., NeurIPS 2014 (arXiv:1411.1792); Howard & Ruder, "ULMFiT", ACL 2018 (arXiv:1801.06146);
+  Kornblith et al., "Do Better ImageNet Models Transfer Better?", CVPR 2019 (arXiv:1805.08974).
+
+Measured (committed examples, against each sweep's reference; python -m bench.dev.docs_tables writes this block):
+<!-- generated: card-transfer (python -m bench.dev.docs_tables, from the committed examples; do not edit by hand) -->
+- AMD EPYC (AVX2 only), `reports/example-cpu-model-techniques/cnn`: cnn:tiny 1.03x [0.87, 1.23] inconclusive, memory 1.00x equivalent.
+- AMD EPYC (AVX2 only), `reports/example-cpu-model-techniques/gpt`: gpt:tiny 0.90x [0.68, 1.19] inconclusive, memory 1.00x equivalent.
+<!-- end generated -->
 """
 
 from __future__ import annotations

@@ -1,20 +1,16 @@
 """ZeRO stage 1: shard the optimizer state across ranks (``ZeroRedundancyOptimizer`` under DDP).
 
 Method card
-- What: DDP as usual, but each rank keeps AdamW's moments only for the parameters it owns and updates only those;
-  updated parameters are then broadcast. Per-rank model state for fp32 AdamW: 4 (params) + 4 (grads) + 8/N
-  (moments) bytes per parameter.
-- Caveat: torch assigns whole parameter tensors to ranks (greedily by size), so the optimizer shard is only
-  approximately 1/N of the state when parameter sizes are uneven; the record shows measured bytes beside the
-  formula.
-- Measured (2 gloo ranks, AMD EPYC (AVX2 only), reports/example-cpu-2rank): mlp:large 0.87x [0.27, 2.81], no verdict (2
-  repeats: a verdict needs 3), 642 MiB model state per rank against the formula's 579 MiB (uneven whole-tensor split;
-  the ranks' peak RSS differ by 170 MiB); gpt:tiny 0.40x [0.28, 0.57], no verdict.
-- With gradient accumulation, DDP's ``no_sync`` holds the all-reduce until the last micro-batch, as in ``ddp``
-  (its speed against all-reducing every micro-batch is in no committed report).
-- When it helps: optimizer state dominates memory (Adam's two moments: twice the parameters' bytes in fp32) and several devices are there.
+- What: DDP, but each rank keeps AdamW's moments only for the parameters it owns, updates those and broadcasts them.
+  torch gives whole tensors to ranks, so with uneven sizes a shard is only about 1/N of the state.
+- When it should pay: optimizer state dominates memory and several devices are there. Not run on a GPU yet.
 - Sources: Rajbhandari et al., "ZeRO: Memory Optimizations Toward Training Trillion Parameter Models", SC 2020;
-  torch.distributed.optim.ZeroRedundancyOptimizer docs.
+  ``torch.distributed.optim.ZeroRedundancyOptimizer`` docs.
+
+Measured (committed examples, against each sweep's reference; python -m bench.dev.docs_tables writes this block):
+<!-- generated: card-zero1 (python -m bench.dev.docs_tables, from the committed examples; do not edit by hand) -->
+- AMD EPYC (AVX2 only), `reports/example-cpu-2rank`: gpt:tiny 0.40x [0.28, 0.57] (no verdict: 2 pairs: a verdict needs 3), memory 0.98x [0.80, 1.21] (no verdict: 2 pairs: a verdict needs 3) (RSS); mlp:large 0.87x [0.27, 2.81] (no verdict: 2 pairs: a verdict needs 3), memory 1.09x [1.01, 1.17] (no verdict: 2 pairs: a verdict needs 3) (RSS).
+<!-- end generated -->
 """
 
 from __future__ import annotations

@@ -57,3 +57,36 @@ def test_a_stale_figure_is_caught_rewritten_and_a_broken_one_named(repo):
     assert "no quantity 'velocity' (valid: speedup, memory" in docs_tables.figure_problems(repo)[0][0]
     readme.write_text("<!-- figure no-such-report - - decided -->5 of 12<!-- /figure -->\n")
     assert "reports/no-such-report is not a committed report" in docs_tables.figure_problems(repo)[0][0]
+
+
+def test_an_ab_figure_counts_the_answers_of_its_runs_compared_b_against_a(tmp_path):
+    """A/B runs (sweep --ab: a/, b/, ab.json) are compared as the CI gate compares them, at their own threshold."""
+    gates = REPO / "reports" / "example-cpu-aa-rate"
+    for run in ("aa-7", "slow-0", "slow-8"):  # overall: equivalent; slower; inconclusive with one slower configuration
+        shutil.copytree(gates / run, tmp_path / "reports" / "gates" / run)
+    (tmp_path / "docs").mkdir()
+
+    def figure(runs: str, quantity: str) -> str:
+        return docs_figures.update(f"<!-- figure gates {runs} - {quantity} -->?<!-- /figure -->",
+                                   docs_tables.analyser(tmp_path), tmp_path)
+
+    assert "-->slower in 1 of 2, inconclusive in 1<!--" in figure("slow-*", "ab-overall")
+    assert "-->equivalent in 1 of 1<!--" in figure("aa-*", "ab-overall")
+    assert "-->2 of 2<!--" in figure("slow-*", "ab-changes")  # slow-8 found one configuration slower
+    assert "-->0 of 1<!--" in figure("aa-*", "ab-changes")
+    with pytest.raises(docs_figures.FigureError, match="no A/B run"):
+        figure("none-*", "ab-overall")
+
+
+def test_the_fixed_cost_figure_is_the_one_the_report_adds_up_from_the_stage_times():
+    """docs/overhead.md quotes a sweep's fixed cost per trial: the same figure as its report's "Where the sweep's
+    time went", and an error for a sweep whose records hold no stage times."""
+    analyse = docs_tables.analyser(REPO)
+    report = "example-cpu-trial-cost/smoke-after"
+    text = docs_figures.render(docs_figures.Marker(report, "-", "-", "fixed-cost"), analyse(f"reports/{report}"))
+    per_trial = text.split(" per trial")[0]
+    assert f"of fixed cost, {per_trial} per trial." in (REPO / "reports" / report / "report.md").read_text()
+    assert "in measured steps; largest: imports" in text
+    older = "example-cpu-trial-cost/default-before"
+    with pytest.raises(docs_figures.FigureError, match="no trial with stage times"):
+        docs_figures.render(docs_figures.Marker(older, "-", "-", "fixed-cost"), analyse(f"reports/{older}"))

@@ -1,22 +1,22 @@
-"""Check that the prose says no more than the data: every ratio or interval in README.md, docs/*.md and the method
-cards (the module docstrings of techniques/*.py) carries its verdict or is called an estimate, and every link or
-file reference resolves inside the repository.
+"""Check that the prose says no more than the data: a measured figure in README.md, docs/*.md or a method card (the
+module docstring of techniques/*.py) stands only where a generator wrote it, and every reference resolves.
 
     .venv/bin/python -m bench.dev.docs_check     # one line per problem: file:line: what is wrong and the fix
 
-A method card quotes only committed reports: a ratio or interval in one of its items (a list item or paragraph)
-must also name the report (``reports/...``) in that item, unless it is a published figure (``SOURCED``).
+Outside generated blocks (``bench.dev.docs_tables``), inline figures (``bench.dev.docs_figures``) and code, the check
+fails on each of these:
 
-A ratio is a number followed by x ("1.54x", "0.09-0.29x"), an interval two numbers in brackets ("[1.19, 2.67]").
-Its sentence must hold a verdict word (``VERDICT_WORDS``: the answers of ``bench.analyze.stats.verdict`` and the
-memory and time words of the generated tables) or "estimate". A reference is a markdown link or image, or a
-backticked path under one of the repository's folders (``bench/...py``, ``docs/...md``, ``reports/...``); it must
-name a file or folder that exists, and a link's #anchor a heading of the page it points to.
-
-Generated tables are left to ``bench.dev.docs_tables`` (``tests/test_docs_tables.py`` checks that they are
-current and that each comparison in them carries its verdict word). The exceptions are few and named
-(``SKIPPED_BLOCKS``, ``NOT_PATHS``, ``SOURCED``, ``PENDING``; and the files tests/test_docs.py skips while another
-branch rewrites them), each with its reason.
+- a number with a unit of measurement (``1.5x``, ``13%``, ``6 minutes``, ``69.3 ms``, ``1.07 GiB``, ``420 TFLOP/s``,
+  ``668k tokens/s``, ``12 J``) or an interval (``[1.19, 2.67]``): a figure typed by hand goes stale the day the
+  code or the machine changes. It belongs in a generated block or an inline figure, rendered from a committed
+  report with its answer; a fact that is not a measurement (a datasheet peak, a published claim, a default, a
+  version) stands in the allow-list (``ALLOWED``), each entry with its source, or names its publication in its own
+  sentence ("et al.", an arXiv id, "published");
+- a reference to a file the repository does not have (a markdown link, or a backticked path under one of its
+  folders), and a link to a heading a page does not have;
+- an internal issue number (the word "issue" or a hash sign followed by a number): the reader has no issue
+  tracker; say what the issue was;
+- an inline figure whose paragraph does not name its report (``reports/...``): the reader must be able to open it.
 """
 
 from __future__ import annotations
@@ -30,15 +30,18 @@ from pathlib import Path
 
 from bench.core.files import REPO_DIR
 
-VERDICT_WORDS = ("faster", "slower", "equivalent", "inconclusive", "better", "worse", "same", "no verdict", "less",
-                 "more", "sooner", "later")
-BACKED = re.compile(r"\b(?:" + "|".join(VERDICT_WORDS) + r"|estimated?s?)\b", re.I)
+_NUMBER = r"(?<![\w.])[+-]?~?\d[\d,]*(?:\.\d+)?(?:k|M)?(?:\s?[-–]\s?\d[\d,]*(?:\.\d+)?)?"
+UNITS = (r"x|%|ms|µs|us|ns|s|secs?|seconds?|mins?|minutes?|h|hours?|days?|[KMGT]i?B|bytes|samples/s|tokens/s|"
+         r"steps/s|[kMGTP]?FLOP/s|[kMGTP]?FLOPs?|[kM]?J|W|Hz")
+MEASURED = re.compile(_NUMBER + r"\s?(?:" + UNITS + r")(?![\w/])")
 RATIO = re.compile(r"(?<![\w.])[+-]?\d+(?:\.\d+)?(?:[-–]\d+(?:\.\d+)?)?x(?![\w])")
 INTERVAL = re.compile(r"\[\s*[+-]?\d[\d.,]*%?\s*,\s*[+-]?\d[\d.,]*%?\s*\]")
 LINK = re.compile(r"!?\[(?:[^\[\]]|\[[^\]]*\])*\]\(([^)\s]+)(?:\s+\"[^\"]*\")?\)")
 CODE_SPAN = re.compile(r"(`+)(.+?)\1")
 FENCE = re.compile(r"^\s*(```|~~~)")
 GENERATED = re.compile(r"<!-- generated: [^\n]*-->\n.*?<!-- end generated -->", re.S)
+FIGURE = re.compile(r"<!-- figure (\S+) [^>]*-->.*?<!-- /figure -->", re.S)
+ISSUE = re.compile(r"(?<![\w/#&-])(?:issues? #?\d+|#\d+)\b", re.I)
 # The top-level folders whose backticked paths must resolve.
 FOLDERS = ("bench", "docs", "examples", "reports", "scripts", "techniques", "tests")
 # Backticked words that look like paths but name no file of this repository: placeholders and patterns.
@@ -133,7 +136,8 @@ def units(text: str, first_line: int = 1) -> Iterator[Unit]:
         stripped = line.strip()
         if in_code:
             continue
-        if not stripped or stripped.startswith(("#", "|", "<!--")) or re.match(r"[-*+]\s|\d+\.\s", stripped):
+        comment = bool(re.fullmatch(r"<!--.*?-->", stripped))  # a line that is wholly a comment (a marker's line)
+        if not stripped or stripped.startswith(("#", "|")) or comment or re.match(r"[-*+]\s|\d+\.\s", stripped):
             yield from flush()
             if stripped.startswith("|"):
                 yield from (Unit(first_line + i, cell) for cell in re.split(r"(?<!\\)\|", stripped) if cell.strip())
@@ -141,7 +145,7 @@ def units(text: str, first_line: int = 1) -> Iterator[Unit]:
             if stripped.startswith("#"):
                 yield Unit(first_line + i, stripped)
                 continue
-            if not stripped or stripped.startswith("<!--"):
+            if not stripped or comment:
                 continue
         if not para:
             start = i
@@ -167,30 +171,66 @@ def sentences(text: str) -> list[str]:
 # ---- the checks -----------------------------------------------------------------------------------------------
 
 
-def unbacked(path: str, unit: Unit) -> list[Problem]:
-    """The sentences of ``unit`` that quote a ratio or an interval with no verdict word and no "estimate"."""
+@dataclass(frozen=True)
+class Allowed:
+    """A figure that is not a measurement: its text as it stands in the prose, a word its sentence holds (so a
+    default's "5%" does not excuse every 5%), and where it comes from."""
+
+    text: str
+    near: str
+    source: str
+
+
+# The facts that are not measurements, each with its source. Add one only for a figure nobody measured here.
+ALLOWED: tuple[Allowed, ...] = (
+    Allowed("95%", "interval", "bench.analyze.stats.CONFIDENCE = 0.95: the level of every interval, a setting"),
+)
+
+
+def _allowed(token: str, sentence: str) -> bool:
+    token = " ".join(token.split())
+    return any(a.text == token and a.near.lower() in sentence.lower() for a in ALLOWED)
+
+
+def hand_typed(path: str, unit: Unit) -> list[Problem]:
+    """The sentences of ``unit`` that type a measured figure (a number with a unit, an interval) by hand."""
     found = []
     text = CODE_SPAN.sub(lambda m: " " * len(m.group(0)), unit.text)  # offsets kept, for the line
+    text = FIGURE.sub(lambda m: " " * len(m.group(0)), text)  # a generated figure is not typed by hand
     at = 0
     for sentence in sentences(text):
         at = text.find(sentence, at)
-        prose = LINK.sub(lambda m: m.group(0).split("](")[0], sentence)  # a link's target is not its sentence
-        numbers = [m.group(0) for m in (*RATIO.finditer(prose), *INTERVAL.finditer(prose))]
-        if numbers and not BACKED.search(prose) and not SOURCED.search(prose):
-            found.append(Problem(path, unit.line_at(at + _first(sentence)), f"{', '.join(numbers)} without a "
-                                 f"verdict word or 'estimate' in {_quote(sentence)}: add the verdict its report "
-                                 "gives (faster, slower, equivalent, inconclusive, no verdict, ...), call it an "
-                                 "estimate, or drop the number"))
-        elif numbers and path.startswith("techniques/") and "reports/" not in unit.text and not SOURCED.search(prose):
-            found.append(Problem(path, unit.line_at(at + _first(sentence)), f"{', '.join(numbers)} in a method card "
-                                 f"with no committed report named in its item ({_quote(sentence)}): name the report "
-                                 "(reports/...) it comes from, or drop the number"))
+        # a link's target is not its sentence: blanked, so that offsets stay the sentence's own
+        prose = LINK.sub(lambda m: m.group(0).split("](")[0] + " " * (len(m.group(0)) - len(m.group(0).split("](")[0])),
+                         sentence)
+        if SOURCED.search(prose):
+            continue
+        hits = [m for m in (*MEASURED.finditer(prose), *INTERVAL.finditer(prose))
+                if not _allowed(m.group(0), prose)]
+        if hits:
+            first = min(m.start() for m in hits)
+            figures = ", ".join(dict.fromkeys(" ".join(m.group(0).split()) for m in hits))
+            found.append(Problem(path, unit.line_at(at + first),
+                                 f"{figures} typed by hand in {_quote(sentence)}: quote it as an inline figure "
+                                 "(<!-- figure REPORT WORKLOAD SET QUANTITY -->, python -m bench.dev.docs_tables "
+                                 "renders it), move it into a generated table, add a fact that is not a measurement "
+                                 "to docs_check.ALLOWED with its source, or drop it"))
     return found
 
 
-def _first(sentence: str) -> int:
-    """Where the first ratio or interval of ``sentence`` starts."""
-    return min(m.start() for m in (*RATIO.finditer(sentence), *INTERVAL.finditer(sentence)))
+def issue_numbers(path: str, unit: Unit) -> list[Problem]:
+    """Internal issue numbers: a reader has no tracker to look them up in."""
+    text = CODE_SPAN.sub(lambda m: " " * len(m.group(0)), unit.text)
+    text = LINK.sub(lambda m: " " * len(m.group(0)), text)
+    return [Problem(path, unit.line_at(m.start()), f"{_quote(m.group(0))} is an internal issue number: say what it "
+                                                   "was instead") for m in ISSUE.finditer(text)]
+
+
+def figures_named(path: str, unit: Unit) -> list[Problem]:
+    """An inline figure's paragraph (or list item) names the report the figure comes from."""
+    return [Problem(path, unit.line_at(m.start()), f"the figure from reports/{m.group(1)} stands in a paragraph that "
+                                                   f"does not name reports/{m.group(1)}: link the report beside it")
+            for m in FIGURE.finditer(unit.text) if f"reports/{m.group(1)}" not in FIGURE.sub("", unit.text)]
 
 
 def references(path: str, unit: Unit, root: Path = REPO_DIR) -> list[Problem]:
@@ -207,7 +247,7 @@ def references(path: str, unit: Unit, root: Path = REPO_DIR) -> list[Problem]:
         first = token.split("/")[0]
         if first in FOLDERS and "/" in token and " " not in token and not NOT_PATHS.search(token):
             found += _resolve(path, unit.line_at(m.start()), token, root, root, f"`{m.group(2)}`")
-        elif re.fullmatch(r"[A-Z][A-Z_]*\.md", token):  # README.md, DESIGN.md: a top-level page
+        elif re.fullmatch(r"[A-Z][A-Z_]*\.md", token):  # README.md, CHANGES.md: a top-level page
             found += _resolve(path, unit.line_at(m.start()), token, root, root, f"`{token}`")
     return found
 
@@ -257,7 +297,8 @@ def problems(root: Path = REPO_DIR, skip: Iterable[str] = ()) -> list[Problem]:
         if path in skip:
             continue
         for unit in units(text, first):
-            found += unbacked(path, unit) + references(path, unit, root)
+            found += (hand_typed(path, unit) + references(path, unit, root) + issue_numbers(path, unit)
+                      + figures_named(path, unit))
     return found
 
 

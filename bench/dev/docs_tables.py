@@ -38,7 +38,7 @@ from typing import Any
 import pandas as pd
 
 import techniques
-from bench.analyze import analysis, mfu
+from bench.analyze import analysis
 from bench.core import words
 from bench.core.files import REPO_DIR
 from bench.core.words import say
@@ -250,14 +250,14 @@ def claims_check(a: analysis.Analysis) -> list[str]:
 
 
 def model_techniques(a: analysis.Analysis) -> list[str]:
-    """docs/model-techniques.md: one workload's sets, speed and quality side by side."""
+    """docs/model-techniques.md: one workload's sets, speed and quality side by side (quality at equal time, the
+    one-off costs and MFU are in the report: three tables of eight columns left no room for the doc's prose)."""
     rows = []
     for c in _rows(a).itertuples():
         quality = f"{c.final_mean:.4f} ± {c.final_std:.4f} (reference)" if c.is_reference else cells.quality_brief(c)
-        rows.append([c.technique, _speed(c), _memory(c), quality, cells.equal_time_brief(c), cells.ttt_brief(c), _one_off(c),
-                     fmt_pct(mfu.primary(c))])  # the headline: one peak for every set (bench.analyze.mfu)
+        rows.append([c.technique, _speed(c), _memory(c), quality, cells.ttt_brief(c)])
     return _table(["set", "samples/s (speedup [95% CI])", "memory ratio", "quality at equal samples [95% CI]",
-                   "at equal time [95% CI]", "time to target", "one-off", "MFU"], rows)
+                   "time to target"], rows)
 
 
 def _technique_result(a: analysis.Analysis, c: Any) -> dict[str, Any]:
@@ -414,24 +414,29 @@ def technique_table(_: analysis.Analysis | None = None) -> list[str]:
     return _table(["name", "kind", "options", "what"], rows)
 
 
-def findings_table(_: analysis.Analysis | None = None) -> list[str]:
-    """docs/commands.md: what each technique's row in the report's "What the techniques found" says (its
-    ``summarize`` docstring), and the figure it adds (``result_curve``)."""
-    rows = []
-    for t in _registered():
-        if t.summarize.__func__ is Technique.summarize.__func__:  # type: ignore[attr-defined]
-            continue  # it reports no results of its own (a registry test holds results() to a summary)
-        figure = f"{t.result_curve.title} (`figures/{t.result_curve.name}.png`)" if t.result_curve else "-"
-        rows.append([f"`{t.name}`", " ".join((inspect.getdoc(t.summarize) or "").split()), figure])
-    return _table(["technique", "what it found (one line per configuration, seeds in order)", "figure"], rows)
-
-
 def gpu_check_cost(_: analysis.Analysis | None = None) -> list[str]:
-    """What scripts/gpu_check.sh costs on an H200, part by part, by its plan (the first H200 run's costs)."""
+    """What scripts/gpu_check.sh costs on an H200, part by part, by its plan (the first H200 run's costs); each part's
+    split by stage is left to ``python -m bench.dev.gpu_plan``, which prints it."""
     from bench.plan import gpu
 
     plan = gpu.check_plan(costs=gpu.H200)
-    return _table(gpu.COST_COLUMNS, gpu.cost_rows(plan))
+    keep = [i for i, c in enumerate(gpu.COST_COLUMNS) if c != "by stage (s)"]
+    return _table([gpu.COST_COLUMNS[i] for i in keep], [[r[i] for i in keep] for r in gpu.cost_rows(plan)])
+
+
+def gpu_preset_size(_: analysis.Analysis | None = None) -> list[str]:
+    """docs/gpu.md: the gpu preset's sizes on one H200 (``bench.plan.gpu.size_rows``), then the whole preset's time
+    (``preset_s``): estimates from the first H200 run's costs, not measurements."""
+    from bench.plan import gpu
+    from bench.plan.config import TechniqueSet, build_config
+
+    cfg = build_config("gpu", {"device": "cuda"})
+    trials = cfg.repeats * len(cfg.workloads) * len({TechniqueSet(()), *cfg.techniques})  # as preset_s counts them
+    planned, sequential = gpu.preset_s(gpu.H200)
+    return _table(gpu.SIZE_COLUMNS, gpu.size_rows()) + [
+        "", f"The whole preset, every configuration assumed to run: {trials} planned trials in about "
+        f"{planned / 60:.0f} minutes, and at most half that again for the sequential phase: "
+        f"{(planned + sequential) / 60:.0f} minutes at most (estimates)."]
 
 
 def glossary(_: analysis.Analysis | None = None) -> list[str]:
@@ -439,6 +444,56 @@ def glossary(_: analysis.Analysis | None = None) -> list[str]:
     that writes them reads them too)."""
     rows = [[say(w) if w.text not in words.TERMS else w.text, words.definition(w)] for w in words.glossary()]
     return _table(["word", "what it means"], rows)
+
+
+# The committed sweeps a method card quotes: each machine's canonical examples (a folder of several sweeps is read
+# sweep by sweep). A card lists what these measured of its technique alone, against each sweep's reference.
+CARD_REPORTS = ("reports/example-cpu", "reports/example-cpu-auto", "reports/example-cpu-bf16",
+                "reports/example-cpu-2rank", "reports/example-cpu-model-techniques/cnn",
+                "reports/example-cpu-model-techniques/gpt", "reports/example-cpu-model-techniques/mlp",
+                "reports/example-cpu-parallelism/gpt", "reports/example-cpu-parallelism/mlp",
+                "reports/example-cpu-user-models-structure", "reports/example-cpu-outside-model",
+                "reports/example-cpu-preference", "reports/example-cpu-bottleneck", "reports/example-cpu-convergence",
+                "reports/example-h200-first")
+
+
+def card_measured(name: str) -> Callable[[Any], list[str]]:
+    """A method card's "Measured" block: for each committed sweep that ran the technique alone, the machine (named
+    by its fingerprint), the report, and each workload's speedup and peak-memory ratio with their answers, worded
+    as the report words them (a quality-only sweep is named, its answers left to its report). Nothing else a card
+    says is a measurement."""
+
+    def render(analyse: Callable[[str], analysis.Analysis]) -> list[str]:
+        lines = []
+        for report in CARD_REPORTS:
+            a = analyse(report)
+            rows = [c for c in a.configs.itertuples() if tuple(c.names or ()) == (name,)]  # alone, any options
+            cells_ = [f"{c.workload}{'' if c.technique == name else ' ' + c.technique} {_card_speed(c)}, "
+                      f"memory {cells.memory_brief(c)}" for c in rows if cells.known(c.speedup) or cells.known(c.mem_ratio)]
+            if cells_:
+                lines.append(f"- {machine_name(a.sweep.sources[0].env)}, `{report}`: " + "; ".join(cells_) + ".")
+            elif rows:  # a quality-only sweep (no speed window): say where it was measured, not "not measured"
+                shown = ", ".join(dict.fromkeys(c.workload for c in rows))
+                lines.append(f"- {machine_name(a.sweep.sources[0].env)}, `{report}`: {shown}, quality and time to "
+                             "target only (no speed window): their answers are in its report.md.")
+        return lines or ["- Not measured alone in a committed report."]
+
+    return render
+
+
+def _card_speed(c: Any) -> str:
+    """A card's speed answer; where the report gives none (every window contended, say), that it gave none."""
+    speed = cells.speed_brief(c)
+    return speed if speed != "-" else "no speed answer (its report.md says why)"
+
+
+def _cards() -> dict[str, Spec]:
+    """One "Measured" block per registered technique, in its module's docstring."""
+    out = {}
+    for name, tech in techniques.registry().items():
+        module = Path(inspect.getfile(tech)).relative_to(ROOT)
+        out[f"card-{name}"] = Spec(str(module), None, card_measured(name))
+    return out
 
 
 TABLES: dict[str, Spec] = {
@@ -458,10 +513,12 @@ TABLES: dict[str, Spec] = {
     "examples-bf16-claim": Spec("docs/examples.md", "reports/example-cpu-bf16", claims_check),
     "examples-machines": Spec("docs/examples.md", None, machines),
     "techniques": Spec("docs/techniques.md", None, technique_table),
-    "commands-findings": Spec("docs/commands.md", None, findings_table),
     "glossary": Spec("docs/methodology.md", None, glossary),
     "gpu-check-cost": Spec("docs/gpu.md", None, gpu_check_cost),
+    "gpu-preset-size": Spec("docs/gpu.md", None, gpu_preset_size),
 }
+CARDS = _cards()
+ALL = {**TABLES, **CARDS}
 
 
 # ---- rendering and checking ---------------------------------------------------------------------------------
@@ -486,9 +543,10 @@ def render(names: list[str] | None = None, root: Path = ROOT,
     """{block name: its body} for ``names`` (default: every table), each report analysed once."""
     analyse = analyse or analyser(root)
     out = {}
-    for name in names or list(TABLES):
-        spec = TABLES[name]
-        out[name] = "\n".join(spec.render(analyse(spec.report) if spec.report else None)) + "\n"
+    for name in names or list(ALL):
+        spec = ALL[name]
+        given = analyse if name in CARDS else analyse(spec.report) if spec.report else None  # a card reads several
+        out[name] = "\n".join(spec.render(given)) + "\n"
     return out
 
 
@@ -512,7 +570,7 @@ def figure_problems(root: Path = ROOT, analyse: Callable[[str], analysis.Analysi
             continue
         rel = str(path.relative_to(root))
         try:
-            new = docs_figures.update(text, analyse)
+            new = docs_figures.update(text, analyse, root)
         except docs_figures.FigureError as exc:
             found.append(f"{rel}: a figure marker cannot be rendered: {exc}")
             continue
@@ -542,9 +600,9 @@ def problems(bodies: dict[str, str], root: Path = ROOT) -> tuple[list[str], dict
     one line each; and {doc: its text with every block brought up to date} for the docs that change."""
     found: list[str] = []
     rewritten: dict[str, str] = {}
-    for doc in dict.fromkeys(spec.doc for spec in TABLES.values()):
+    for doc in dict.fromkeys(spec.doc for name, spec in ALL.items() if name in bodies):
         text = (root / doc).read_text()
-        mine = {n: b for n, b in bodies.items() if TABLES[n].doc == doc}
+        mine = {n: b for n, b in bodies.items() if ALL[n].doc == doc}
         present = [m.group("name") for m in BLOCK.finditer(text)]
         found += [f"{doc} has no block '{n}': add <!-- generated: {n} --> and <!-- end generated --> where it goes"
                   for n in mine if n not in present]

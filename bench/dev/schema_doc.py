@@ -9,7 +9,6 @@ from __future__ import annotations
 import dataclasses
 import math
 import sys
-import types
 import typing
 
 from bench.core.files import REPO_DIR
@@ -21,41 +20,49 @@ INTRO = """# Records (`results.jsonl`, schema 2)
 
 *Generated from `bench/records/results.py` by `python -m bench.dev.schema_doc`; do not edit by hand.*
 
-A sweep appends one JSON object per trial to `results.jsonl`, fsync'd as each trial finishes and never rewritten.
-A record is made of the trial's stage results (see [methodology](methodology.md)): what was built, the speed
-window, the quality run, parity against the eager fp32 reference, memory and energy. A stage that did not run is
-`null` (the record's `mode` or `status` says why). Units are in the field names or fixed: seconds, bytes, FLOPs,
-joules, samples.
+A sweep appends one JSON object per trial to `results.jsonl` and never rewrites it. A record holds what its trial
+measured, section by section ([methodology](methodology.md)); a section that did not run is `null`. Units are in the
+field names or fixed: seconds, bytes, FLOPs, joules, samples.
 
-`bench report` and `bench compare` also read schema-1 records (trainbench before the measurement protocol v2):
-their speed and memory sections are kept, their quality is dropped with a note, since their final metric came from
-a training run whose length depended on the set's speed.
+## Reading records
 
-`bench.records.frame.records_frame` flattens records into a pandas DataFrame, one row per trial.
+`bench.records.reader` checks each record against the tables below and stops at the first bad line with
+`file:line: what is wrong`.
+
+```python
+from bench.records.reader import load
+
+sweep = load(["reports/example-cpu-bf16"])        # one or more sweep directories
+for r in sweep.records:                           # TrialRecord objects
+    print(r.trial_id, r.status, r.speed.samples_per_s if r.speed else None)
+```
+
+`load` also reads `env.json` and `sweep.toml`, and counts a trial id written twice once (`sweep.notes` says so).
+For a pandas frame: `bench.load` ([Python API](api.md)).
+
+Schema-1 records load with their quality dropped: their run's length depended on the set's speed. Fields added
+within schema 2 have defaults, so older records load with them empty or `null`.
 """
 
 
-def _type_name(hint: typing.Any) -> str:
-    origin = typing.get_origin(hint)
-    if origin in (typing.Union, types.UnionType):
-        args = typing.get_args(hint)
-        inner = " or ".join(_type_name(a) for a in args if a is not type(None))
-        return f"{inner} or null" if type(None) in args else inner
-    if dataclasses.is_dataclass(hint):
-        return f"[{hint.__name__}](#{hint.__name__.lower()})"
-    if origin is not None:
-        args = ", ".join(_type_name(a) for a in typing.get_args(hint))
-        return f"{getattr(origin, '__name__', str(origin))}[{args}]"
-    return getattr(hint, "__name__", str(hint)).replace("NoneType", "null")
+def _part(hint: typing.Any) -> type | None:
+    """The record section a field holds (its dataclass, null or not), or None for a plain value."""
+    for candidate in (hint, *typing.get_args(hint)):
+        if dataclasses.is_dataclass(candidate):
+            return candidate
+    return None
 
 
 def _section(cls: type) -> list[str]:
     hints = typing.get_type_hints(cls)
     doc = (cls.__doc__ or "").strip().replace("\n    ", " ")
-    lines = [f"## {cls.__name__}", "", doc, "", "| field | type | meaning |", "|---|---|---|"]
+    lines = [f"## {cls.__name__}", "", doc, "", "| field | meaning |", "|---|---|"]
     for f in dataclasses.fields(cls):
         text = f.metadata.get("doc", "").replace("|", "\\|")
-        lines.append(f"| `{f.name}` | {_type_name(hints[f.name]).replace('|', chr(92) + '|')} | {text} |")
+        part = _part(hints[f.name])
+        if part is not None:
+            text = f"[{part.__name__}](#{part.__name__.lower()}): {text}"
+        lines.append(f"| `{f.name}` | {text} |")
     return lines + [""]
 
 
@@ -80,7 +87,7 @@ def render() -> str:
               f"- modes: {', '.join(f'`{m}`' for m in results.MODES)}",
               "- parity tolerances (loss, parameter distance) by kind: " + "; ".join(
                   f"{kind} {loss:g}, {dist:g}" for kind, (loss, dist) in results.PARITY_TOLERANCES.items())
-              + f"; both are calibrated per reference to {results.PARITY_K_TOL:g} x the drift of a "
+              + f"; both are calibrated per reference to {results.PARITY_K_TOL:g} times the drift of a "
               "harmless jitter of the initial weights (" + "; ".join(
                   f"{kind}: {name}, scale 2^{math.log2(scale):.0f}" for kind, (name, scale) in results.PARITY_HARMLESS.items())
               + "), never below the values above",

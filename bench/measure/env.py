@@ -332,7 +332,7 @@ def peak_disagreements(env: dict[str, Any], tolerance: float = PEAK_AGREEMENT) -
     below the best of them, one line each; an env.json without per-device peaks has none.
 
     The tolerance is wide because calibrations of one device vary: tf32 334-378 TFLOP/s (12%) over the first H200
-    sweep's calibrations (DESIGN.md); a gap beyond it points at the device (clocks, power cap, another tenant)."""
+    sweep's calibrations (reports/example-h200-first); a gap beyond it points at the device (clocks, power cap, another tenant)."""
     by_device = env.get("peak_flops_by_device") or {}
     names = [d.get("name") for d in ((env.get("gpu") or {}).get("devices") or [])]
     out = []

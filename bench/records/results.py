@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.core.text import shown
-from bench.measure.stages import MEASURED, STAGES
+from bench.measure.stages import MEASURED
 
 log = logging.getLogger(__name__)
 
@@ -104,158 +104,118 @@ def doc(text: str, default: Any = dataclasses.MISSING, factory: Any = dataclasse
 
 @dataclass(frozen=True)
 class StepStats:
-    """Per-step wall times of the timed window, in seconds."""
+    """Step times of the timed window, in seconds."""
 
-    median: float | None = doc("median step time")
+    median: float | None = doc("median")
     iqr: float | None = doc("interquartile range (q75 - q25)")
     min: float | None = doc("fastest step")
     max: float | None = doc("slowest step")
-    mean: float | None = doc("mean step time (window_s / steps up to data-fetch time between steps)")
+    mean: float | None = doc("mean")
     n: int = doc("steps measured", 0)
 
 
 @dataclass(frozen=True)
 class Contention:
-    """CPU time that processes other than the trial's own took while it measured."""
+    """Other processes' CPU time while the trial measured."""
 
-    other_cpu_s: float = doc("CPU seconds used by other processes")
+    other_cpu_s: float = doc("CPU seconds of other processes")
     window_s: float = doc("wall seconds measured")
-    ncpu: int = doc("logical CPUs the trial may run on (a Slurm job's cores; otherwise all of the machine's)")
-    fraction: float = doc("other_cpu_s / (window_s * ncpu): 0 idle, 1 every core busy with foreign work")
-    steal_s: float = doc("of other_cpu_s, the VM's steal time (/proc/stat): the hypervisor ran other guests on "
-                         "this VM's vCPUs", 0.0)
+    ncpu: int = doc("CPUs the trial may use")
+    fraction: float = doc("other_cpu_s / (window_s * ncpu): 0 idle, 1 every core busy")
+    steal_s: float = doc("of other_cpu_s, the VM's steal time", 0.0)
 
 
 @dataclass(frozen=True)
 class BuildInfo:
-    """What the trial built: model size, batch, threads, and the one-off cost of its first step."""
+    """What the trial built and ran on."""
 
-    n_params: int = doc("parameters of the model before any technique (the workload's model)")
-    batch_size: int = doc("global samples per optimizer step (every rank's together)")
-    micro_batches: int = doc("forward/backward passes per optimizer step (gradient accumulation)")
-    tokens_per_sample: int = doc("sequence length for language models, 0 otherwise")
-    threads: int = doc("torch intra-op threads of this process (each rank's under torchrun)")
-    first_step_s: float | None = doc("wall time of the process's first training step: torch.compile's compilation, "
-                                     "lazy initialisation and first-touch allocation land here")
-    one_off_s: float | None = doc("first_step_s minus a steady step of the same run: the one-off cost kept out of "
-                                  "throughput and of time_to_target_s")
-    probe_s: float = doc("wall time of the techniques' probes before training (LR range test, batch-size search, "
-                         "difficulty scoring): a one-off cost like one_off_s", 0.0)
-    trained_params: int | None = doc("parameters of the model trained, after the techniques' model surgery (a "
-                                     "leaner architecture, extra prediction heads), when it differs from n_params; "
-                                     "a technique that shrinks the model during training reports it in "
-                                     "technique_results", None)
-    resources: dict[str, int] | None = doc("what the trial ran on: ranks, threads (torch threads of each rank), "
-                                           "cores (ranks x threads) and devices (GPUs: one per rank on CUDA, 0 on "
-                                           "the CPU); a comparison across unequal resources is labelled", None)
-    recipe: dict[str, Any] | None = doc("the optimizer stepped (optimizer: class and each parameter group's "
-                                        "hyper-parameters and size), whose LR schedule ran (schedule: the "
-                                        "workload's own, 'replaced by' a technique that owns the LR, or None) and "
-                                        "whether the workload brought its own optimizer (own_optimizer)", None)
+    n_params: int = doc("parameters of the workload's model")
+    batch_size: int = doc("global samples per optimizer step")
+    micro_batches: int = doc("passes per optimizer step (gradient accumulation)")
+    tokens_per_sample: int = doc("sequence length; 0 for other models")
+    threads: int = doc("torch threads of each process")
+    first_step_s: float | None = doc("the first training step's wall time")
+    one_off_s: float | None = doc("first_step_s less a steady step (compilation): kept out of throughput")
+    probe_s: float = doc("the techniques' probes before training (LR range test)", 0.0)
+    trained_params: int | None = doc("parameters trained, when a technique changed the model", None)
+    resources: dict[str, int] | None = doc("ranks, threads (each rank's), cores, devices (GPUs); unlike the "
+                                           "reference's: labelled unequal resources", None)
+    recipe: dict[str, Any] | None = doc("optimizer (class, each parameter group's hyper-parameters and size), "
+                                        "schedule (the workload's, 'replaced by' a technique, or null), "
+                                        "own_optimizer (the workload brought its own)", None)
 
 
 @dataclass(frozen=True)
 class SpeedResult:
-    """The timed window: how fast a step is. Warm-up excluded, device sync only at the window's edges."""
+    """The timed window, warm-up excluded."""
 
-    warmup_steps: int = doc("steps before the window, untimed (after the quality run, if any)")
+    warmup_steps: int = doc("untimed steps before the window")
     steps: int = doc("optimizer steps in the window")
-    window_s: float = doc("wall time of the window")
+    window_s: float = doc("the window's wall time")
     step_time_s: StepStats = doc("per-step times")
     samples_per_s: float = doc("global samples / window_s")
     samples_per_s_per_device: float = doc("samples_per_s / world size")
-    tokens_per_s: float | None = doc("tokens trained in the window / window_s (language models; the real lengths "
-                                     "when a technique shortens sequences)")
+    tokens_per_s: float | None = doc("tokens trained / window_s (sequence models)")
     data_wait_frac: float | None = doc("share of the window spent fetching batches")
-    contention: Contention = doc("other processes' CPU time during the window")
-    contended: bool = doc("other processes used more than 10% of the CPUs during the window (the one kept, after "
-                          "the retries); such a window is kept out of speed verdicts")
-    flops_per_step: int | None = doc("model FLOPs of one optimizer step (FlopCounterMode on the eager fp32 reference "
-                                     "step: the same for every technique of a workload; the window's mean when its "
-                                     "steps had other input shapes, each shape counted once)")
-    achieved_flops: float | None = doc("flops_per_step * steps / window_s: the same clock as samples_per_s")
-    compute_dtype: str = doc("the dtype matmuls run in: float32, tfloat32, bfloat16, float16")
-    peak_flops: float | None = doc("this machine's calibrated matmul peak for compute_dtype at this trial's thread "
-                                   "count; several CUDA ranks: the sum of each device's own calibrated peak (an "
-                                   "env.json without per-device peaks: the first device's times the ranks); several "
-                                   "CPU ranks: the one-thread peak times the ranks")
-    peak_source: str | None = doc("which calibration gave peak_flops")
-    mfu: float | None = doc("achieved_flops / peak_flops (PaLM's model FLOPs utilisation)")
-    datasheet_peak_flops: float | None = doc("the GPU datasheet's dense peak for compute_dtype (GPUs only)")
+    contention: Contention = doc("other processes' CPU time")
+    contended: bool = doc("contention.fraction above 0.1 after the retries: left out of speed verdicts")
+    flops_per_step: int | None = doc("model FLOPs per optimizer step (docs/methodology.md, 'MFU')")
+    achieved_flops: float | None = doc("flops_per_step * steps / window_s")
+    compute_dtype: str = doc("the dtype matmuls run in")
+    peak_flops: float | None = doc("the calibrated matmul peak for compute_dtype at the trial's threads, summed "
+                                   "over ranks")
+    peak_source: str | None = doc("the calibration that gave peak_flops")
+    mfu: float | None = doc("achieved_flops / peak_flops")
+    datasheet_peak_flops: float | None = doc("the GPU datasheet's dense peak for compute_dtype")
     mfu_datasheet: float | None = doc("achieved_flops / datasheet_peak_flops")
-    contention_retries: list[float] = doc("contention fraction of each window measured again because others used "
-                                          "the CPUs (at most budget.contention_retries, after a pause)", factory=list)
-    shapes: dict[str, int] | None = doc("input shape -> steps, when the window's steps had other shapes than the "
-                                        "workload's batch (sequence-length curriculum, ...)", None)
-    mfu_by_device: dict[str, float] | None = doc("several CUDA ranks: each device's MFU, an equal share of "
-                                                 "achieved_flops (achieved_flops / world size, exact for data "
-                                                 "parallelism, an estimate for pipeline stages of unequal work) over "
-                                                 "that device's own calibrated peak; mfu is the aggregate", None)
+    contention_retries: list[float] = doc("contention fraction of each window measured again", factory=list)
+    shapes: dict[str, int] | None = doc("input shape -> steps, when shapes varied", None)
+    mfu_by_device: dict[str, float] | None = doc("several CUDA ranks: each device's MFU", None)
 
 
 @dataclass(frozen=True)
 class ContinuationResult:
-    """A quality run trained on past its budget to a training clock (the equal-time comparison of a set faster than
-    the reference): the budget is trained exactly as in the trial it continues, then training goes on at the same
-    evaluation cadence until the clock reaches ``until_s``."""
+    """Training past the quality budget to a training clock, for quality at equal time."""
 
-    until_s: float = doc("the training clock to reach: the reference set's train_time_s for this workload and seed")
-    reached: bool = doc("the training clock reached until_s; false: cut by a safety cap, stopped, or not run "
-                        "(why_not says which)")
-    samples_beyond_budget: int = doc("samples trained after budget_samples")
-    steps_beyond_budget: int = doc("optimizer steps trained after budget_steps")
-    train_time_s: float = doc("training clock at the last evaluation (budget and continuation; one-off excluded)")
-    why_not: str | None = doc("why the clock did not reach until_s: a technique's continuation blocker, a stop, "
-                              "the safety cap (max_samples_factor x the budget's samples, or max_train_seconds)",
-                              None)
-    max_samples_factor: int = doc("the cap on the samples of budget and continuation together, as a multiple of "
-                                  "budget_samples", 4)
+    until_s: float = doc("the clock to reach: the reference set's train_time_s")
+    reached: bool = doc("until_s was reached (else why_not says why)")
+    samples_beyond_budget: int = doc("samples trained past budget_samples")
+    steps_beyond_budget: int = doc("optimizer steps past budget_steps")
+    train_time_s: float = doc("training clock at the last evaluation")
+    why_not: str | None = doc("a technique's blocker, a stop, or the safety cap", None)
+    max_samples_factor: int = doc("cap on samples trained, in budgets", 4)
 
 
 @dataclass(frozen=True)
 class QualityResult:
-    """The quality run: how fast the model learns. Every set of a workload trains the same samples from the same
-    initial weights and batches, evaluated at the same sample counts; evaluation is not timed."""
+    """The quality run: every set of a workload trains the same samples from the same initial weights."""
 
     metric: str = doc("the workload's held-out metric")
     higher_is_better: bool = doc("direction of the metric")
-    target: float | None = doc("the workload size's validation target (documented in the workload)")
-    budget_samples: int = doc("samples to train: budget_steps * the workload's global batch")
+    target: float | None = doc("the size's validation target")
+    budget_samples: int = doc("samples to train")
     budget_steps: int = doc("optimizer steps at this trial's global batch")
-    samples_trained: int = doc("samples actually trained within the budget (less than budget_samples only when cut "
-                               "or stopped)")
-    steps_trained: int = doc("optimizer steps actually trained")
-    train_time_s: float = doc("training clock at the budget's end: wall time of the training steps, evaluation "
-                              "excluded, one-off cost excluded (the first step counts as a steady one)")
-    cut: str | None = doc("why the run stopped before its budget (the wall-clock safety cap); a cut run is never "
-                          "compared as complete")
-    curve_columns: list[str] = doc("names of the curve's columns")
-    curve: list[list[float | int | None]] = doc("one row per evaluation: samples, steps, train_time_s, "
-                                                "train_loss (mean since the previous evaluation), metric")
-    final: float | None = doc("the metric at budget_samples (None when cut)")
-    samples_to_target: int | None = doc("samples at the first evaluation that reached the target (None: a miss)")
-    steps_to_target: int | None = doc("optimizer steps at that evaluation")
-    time_to_target_s: float | None = doc("training clock at that evaluation")
+    samples_trained: int = doc("samples trained (fewer only when cut or stopped)")
+    steps_trained: int = doc("optimizer steps trained")
+    train_time_s: float = doc("training clock at the budget's end (evaluation and one-off cost excluded)")
+    cut: str | None = doc("why the run stopped short (a safety cap)")
+    curve_columns: list[str] = doc("the curve's column names")
+    curve: list[list[float | int | None]] = doc("one row per evaluation: samples, steps, train_time_s, train_loss, "
+                                                "metric")
+    final: float | None = doc("the metric at budget_samples (null when cut)")
+    samples_to_target: int | None = doc("samples at the first evaluation that reached the target (null: a miss)")
+    steps_to_target: int | None = doc("optimizer steps there")
+    time_to_target_s: float | None = doc("training clock there")
     time_to_target_with_one_off_s: float | None = doc("time_to_target_s + build.one_off_s + build.probe_s")
-    contention: Contention | None = doc("other processes' CPU time during the quality run")
-    margin: float | None = doc("the workload's equivalence margin on the metric: a difference at equal samples "
-                               "within +-margin counts as equivalent (None: no margin)", None)
-    stopped_by: str | None = doc("a technique that ended the run early through its on_eval hook (early stopping): "
-                                 "the run is complete at that point", None)
-    tokens_trained: int | None = doc("tokens actually trained (sequence workloads: shortened sequences count as "
-                                     "short)", None)
-    continuation: ContinuationResult | None = doc("a trial that trains on past the budget to a training clock: what "
-                                                  "it trained beyond (the curve's rows past budget_samples); every "
-                                                  "other field describes the budget", None)
-    curve_extra: dict[str, list[float | None]] | None = doc("the workload's other held-out metrics at each curve row "
-                                                            "(its curve_metrics, e.g. a preference workload's "
-                                                            "proxy_reward and kl), aligned with curve", None)
-    contended: bool = doc("other processes used more than 10% of the CPUs during the quality run after its "
-                          "retries: its training clock is not this machine's, so equal-time and time-to-target "
-                          "comparisons leave it out (records before this field: read from contention)", False)
-    contention_retries: list[float] = doc("contention fraction of each quality run trained again from a fresh "
-                                          "build because others used the CPUs (at most budget.contention_retries, "
-                                          "after a pause)", factory=list)
+    contention: Contention | None = doc("other processes' CPU time")
+    margin: float | None = doc("the workload's equivalence margin on the metric (null: none)", None)
+    stopped_by: str | None = doc("a technique that ended the run early (early stopping)", None)
+    tokens_trained: int | None = doc("tokens trained (sequence workloads)", None)
+    continuation: ContinuationResult | None = doc("training past the budget", None)
+    curve_extra: dict[str, list[float | None]] | None = doc("the workload's other held-out metrics, per curve row",
+                                                            None)
+    contended: bool = doc("contention.fraction above 0.1 after the retries: left out of time comparisons", False)
+    contention_retries: list[float] = doc("contention fraction of each quality run trained again", factory=list)
 
     def __post_init__(self) -> None:
         # Every reader indexes a curve's rows by column (samples, steps, clock, loss, metric): a row of another
@@ -268,36 +228,28 @@ class QualityResult:
 
 @dataclass(frozen=True)
 class ParityResult:
-    """The first optimizer steps against the eager fp32 reference (same seed and batches, own process)."""
+    """The first optimizer steps against the eager fp32 reference."""
 
-    kind: str = doc("exact | numeric: which tolerances apply")
+    kind: str = doc("exact or numeric: which tolerances apply")
     steps: int = doc("optimizer steps compared")
-    ok: bool = doc("both trajectories within their tolerances")
-    loss_rel_diff: float = doc("max over steps of |loss - reference loss| / |reference loss|")
-    distance_rel_diff: float = doc("max over steps of |d_t - reference d_t| / reference d_t, where d_t = "
-                                   "||theta_t - theta_0||: how far the parameters moved (a 10% learning-rate "
-                                   "change moves it by 10%)")
-    loss_tolerance: float = doc("tolerance of loss_rel_diff for this kind")
-    distance_tolerance: float = doc("tolerance of distance_rel_diff for this kind")
+    ok: bool = doc("both trajectories within tolerance")
+    loss_rel_diff: float = doc("max over steps of |loss - reference| / |reference|")
+    distance_rel_diff: float = doc("the same for d_t = ||theta_t - theta_0||")
+    loss_tolerance: float = doc("tolerance of loss_rel_diff")
+    distance_tolerance: float = doc("tolerance of distance_rel_diff")
     losses: list[float] = doc("this trial's losses (mean over ranks)")
     reference_losses: list[float] = doc("the reference's losses")
-    distances: list[float] = doc("this trial's d_t after each update")
+    distances: list[float] = doc("this trial's d_t")
     reference_distances: list[float] = doc("the reference's d_t")
-    note: str | None = doc("an expected mismatch and why (BatchNorm under gradient accumulation)")
-    reference: str = doc("the reference's cache key (workload, size, seed, batch, steps)")
-    answer: str | None = doc("ok | mismatch | inconclusive: mismatch when a check that catches the known bug (a "
-                             "10% learning-rate change) is exceeded; ok when every such check passes; "
-                             "inconclusive when no check catches the bug, or one that does not is exceeded. None "
-                             "on records before calibration (ok says it)", None)
-    harmless: str | None = doc("the harmless perturbation the tolerances were calibrated with (initial weights "
-                               "times 1 + scale x u); None: the fixed tolerances of the kind, not calibrated", None)
-    harmless_loss_drift: float | None = doc("the reference's loss drift under that perturbation (same measure "
-                                            "as loss_rel_diff)", None)
-    harmless_distance_drift: float | None = doc("its parameter-distance drift", None)
-    bug_loss_drift: float | None = doc("the reference's loss drift with the learning rate x 1.1", None)
-    bug_distance_drift: float | None = doc("its parameter-distance drift", None)
-    k_tol: float | None = doc("loss_tolerance = max(the kind's fixed loss tolerance, k_tol x "
-                              "harmless_loss_drift), and distance_tolerance likewise", None)
+    note: str | None = doc("an expected mismatch and why")
+    reference: str = doc("the reference's cache key")
+    answer: str | None = doc("ok, mismatch or inconclusive (docs/methodology.md, 'Parity that can fail')", None)
+    harmless: str | None = doc("the harmless jitter the tolerances were calibrated with", None)
+    harmless_loss_drift: float | None = doc("the reference's loss drift under it", None)
+    harmless_distance_drift: float | None = doc("its distance drift", None)
+    bug_loss_drift: float | None = doc("the reference's loss drift with the known bug", None)
+    bug_distance_drift: float | None = doc("its distance drift", None)
+    k_tol: float | None = doc("tolerance = max(the kind's fixed one, k_tol x harmless drift)", None)
 
     @property
     def verdict(self) -> str:
@@ -307,60 +259,48 @@ class ParityResult:
 
 @dataclass(frozen=True)
 class MemoryResult:
-    """Peaks from the timed window, a clean RSS pass, and the tensor breakdown of one tracked step."""
+    """Peaks of the timed window, a clean RSS (resident set size) pass, one step's tensor breakdown."""
 
     peak_bytes: int | None = doc("tensor-level peak (tracked step) or CUDA allocator peak")
-    peak_source: str = doc("which of the two peak_bytes is")
+    peak_source: str = doc("which of the two")
     peak_reserved_bytes: int | None = doc("CUDA allocator reserved peak")
-    peak_rss_bytes: int | None = doc("process peak RSS over the timed window (largest rank)")
-    clean_rss: dict[str, Any] = doc("at_rest_bytes, peak_bytes, steps, method, malloc: RSS with glibc returning "
-                                    "freed memory at once; or skipped with the reason", factory=dict)
-    breakdown: dict[str, Any] | None = doc("params, grads, optimizer, activations, other, peak_bytes, "
-                                           "activation_peak_bytes at the tensor peak; held: the bytes of each "
-                                           "part of other a technique keeps resident (teacher, reference "
-                                           "policy, reward model)", None)
+    peak_rss_bytes: int | None = doc("process peak RSS over the window (largest rank)")
+    clean_rss: dict[str, Any] = doc("RSS at rest and peak, freed memory returned at once", factory=dict)
+    breakdown: dict[str, Any] | None = doc("params, grads, optimizer, activations, other at the tensor peak", None)
     breakdown_skipped: str | None = doc("why there is no breakdown", None)
-    per_rank: list[dict[str, Any]] | None = doc("multi-process: each rank's peak_rss_bytes, clean_rss, "
-                                                "cuda_peak_bytes, model_state {params, grads, optimizer, "
-                                                "optimizer_scalars}", None)
-    model_state_bytes: int | None = doc("multi-process: the largest rank's params + grads + optimizer bytes", None)
+    per_rank: list[dict[str, Any]] | None = doc("multi-process: each rank's peaks and model state", None)
+    model_state_bytes: int | None = doc("multi-process: the largest rank's params + grads + optimizer", None)
     clean_rss_peak_bytes: int | None = doc("multi-process: the largest rank's clean RSS peak", None)
-    zero_stage: int | None = doc("multi-process: the ZeRO stage of the set (0 = DDP)", None)
-    zero_formula_bytes: dict[str, float] | None = doc("the ZeRO paper's per-rank model state for that stage", None)
-    zero_note: str | None = doc("how the implementation departs from the formula", None)
+    zero_stage: int | None = doc("multi-process: the set's ZeRO stage (0 = DDP)", None)
+    zero_formula_bytes: dict[str, float] | None = doc("the ZeRO paper's per-rank model state", None)
+    zero_note: str | None = doc("how the implementation departs from it", None)
 
 
 @dataclass(frozen=True)
 class EnergyResult:
-    """Joules over the timed window where the hardware counts them."""
+    """Joules over the timed window, where the hardware counts them."""
 
-    joules: float | None = doc("energy used during the timed window")
+    joules: float | None = doc("energy of the timed window")
     source: str | None = doc("the counter (NVML, RAPL)")
     reason: str | None = doc("why nothing was measured", None)
 
 
 @dataclass(frozen=True)
 class PhaseResult:
-    """Where a step's time goes: a pass of its own after the timed window, each labelled region of the step timed
-    (synced at its edges on a GPU, so its steps are slower than the window's there)."""
+    """Where a step's time goes: a pass after the window, each region of the step timed. device_*: GPUs only."""
 
     steps: int = doc("steps of the pass")
-    step_s: float = doc("mean wall time of a step in the pass, data fetch included")
-    mean_s: dict[str, float] = doc("phase -> mean seconds per step: data (waiting for the batch), h2d (inputs to "
-                                   "the device), forward (and loss), backward (and any all-reduce overlapped with "
-                                   "it), optimizer (zero_grad, step, after-step hooks), other (the rest)")
+    step_s: float = doc("mean step time, data fetch included")
+    mean_s: dict[str, float] = doc("phase -> mean seconds per step")
     median_s: dict[str, float] = doc("phase -> median seconds per step")
-    iqr_s: dict[str, float] = doc("phase -> interquartile range of its seconds per step")
-    share: dict[str, float] = doc("phase -> its share of the pass's step time (the shares add up to 1)")
-    diagnosis: str = doc("the bottleneck these shares point to, and the technique to try (rules in "
-                         "docs/profiling.md)")
-    device_busy: float | None = doc("GPU only: the device's busy time over the wall time of a step (the union of its "
-                                    "kernels, copies and memsets), from a short pass with CUDA activity traced and no "
-                                    "region synced; None on CPU or where not measured", None)
-    device_busy_s: float | None = doc("GPU only: the device's busy seconds per step in that pass", None)
-    device_ops_per_step: float | None = doc("GPU only: kernels, copies and memsets per step in that pass", None)
-    device_op_s: float | None = doc("GPU only: their mean duration in seconds", None)
-    device_source: str | None = doc("what the device-busy figures were measured over", None)
+    iqr_s: dict[str, float] = doc("phase -> interquartile range")
+    share: dict[str, float] = doc("phase -> share of the step (adds up to 1)")
+    diagnosis: str = doc("the bottleneck and the technique to try (docs/profiling.md)")
+    device_busy: float | None = doc("the device's busy share of a step", None)
+    device_busy_s: float | None = doc("busy seconds per step", None)
+    device_ops_per_step: float | None = doc("kernels, copies and memsets per step", None)
+    device_op_s: float | None = doc("their mean duration", None)
+    device_source: str | None = doc("what the device figures were measured over", None)
 
 
 # ---- the record -----------------------------------------------------------------------------------------------
@@ -368,72 +308,46 @@ class PhaseResult:
 
 @dataclass
 class TrialRecord:
-    """Everything one trial measured. A stage that did not run is None (the ``mode`` or an error says why)."""
+    """Everything one trial measured."""
 
     sweep_id: str = doc("the sweep directory's name")
-    trial_id: str = doc("workload:size/technique set[/npN]/seedS/rR")
-    workload: dict[str, Any] = doc("name, size, dataset {...}, params {...}, metric, higher_is_better, batch_size, "
-                                   "tokens_per_sample, n_params, target; a user's model (--model) also source "
-                                   "{file or module, function, sha256}")
-    techniques: list[dict[str, Any]] = doc("[{name, options}] in phase order; empty for the baseline; a plugin "
-                                           "technique also has source (and sha256 of its file)")
-    technique_label: str = doc("the set as written: bf16+grad_accum:steps=4, or baseline")
-    seed: int = doc("seed of the model's initialisation and the batch order")
-    repeat: int = doc("repeat index; repeat r uses seed + r")
-    world_size: int = doc("processes of the trial (torchrun ranks)")
+    trial_id: str = doc("workload:size/set[/npN]/seedS/rR")
+    workload: dict[str, Any] = doc("name, size, dataset, params, metric, target, ...; a --model's source and sha256")
+    techniques: list[dict[str, Any]] = doc("[{name, options}] in phase order; empty for the baseline")
+    technique_label: str = doc("the set as written")
+    seed: int = doc("seed of the initial weights and the batch order")
+    repeat: int = doc("repeat index")
+    world_size: int = doc("processes (torchrun ranks)")
     device: str = doc("cpu or cuda")
-    status: str = doc("ok | skipped | failed | oom | killed | timeout | diverged")
-    kind: str = doc("exact | numeric | algorithmic: how the set is judged on quality", "exact")
-    mode: str = doc("speed | quality | both: which measurements the trial made", "both")
-    position: int = doc("index of the trial in the sweep's run order", 0)
+    status: str = doc("ok, or why not (Constants)")
+    kind: str = doc("exact, numeric or algorithmic: how the set is judged on quality", "exact")
+    mode: str = doc("speed, quality or both: what the trial measured", "both")
+    position: int = doc("index in the sweep's run order", 0)
     reason: str | None = doc("why the trial is not ok", None)
     timestamp_utc: str = doc("when the trial started", "")
     build: BuildInfo | None = doc("what was built", None)
     speed: SpeedResult | None = doc("the timed window", None)
     quality: QualityResult | None = doc("the quality run", None)
-    parity: ParityResult | None = doc("parity against the reference (exact and numeric sets)", None)
-    memory: MemoryResult | None = doc("memory passes", None)
-    energy: EnergyResult | None = doc("energy over the timed window", None)
-    phases: PhaseResult | None = doc("where a step's time goes (a pass after the timed window)", None)
-    notes: list[str] = doc("remarks of the harness about this record", factory=list)
-    unavailable: dict[str, str] = doc("measurements that were attempted and failed, by name, with why; the trial "
-                                      "went on without them: device_busy (the device-busy pass's profiler or its "
-                                      "trace), energy (a counter that could not be read at the window's edges), "
-                                      "step_times (CUDA events: the window's step times are then the host's)",
+    parity: ParityResult | None = doc("parity (exact and numeric sets)", None)
+    memory: MemoryResult | None = doc("the memory passes", None)
+    energy: EnergyResult | None = doc("energy of the timed window", None)
+    phases: PhaseResult | None = doc("where a step's time goes", None)
+    notes: list[str] = doc("the harness's remarks", factory=list)
+    unavailable: dict[str, str] = doc("measurements that failed, name -> why; the trial went on without them",
                                       factory=dict)
-    technique_results: dict[str, Any] = doc("what each technique found, by name (an LR range test's curve and "
-                                            "choice, a batch-size search trace, early stopping's savings)",
-                                            factory=dict)
-    error: str | None = doc("traceback of a failed trial (last 4000 characters)", None)
+    technique_results: dict[str, Any] = doc("what each technique found, by name", factory=dict)
+    error: str | None = doc("the end of a failed trial's traceback", None)
     env_ref: str = doc("the environment file beside results.jsonl", "env.json")
-    wall_s: float | None = doc("the trial's wall time as its launcher saw it, process start to record (what a "
-                               "sequential sweep budgets with)", None)
-    added_by: str | None = doc("None for a planned trial; 'sequential': a speed-only pair added by --repeats auto "
-                               "while the configuration's speed or memory verdict was open; 'continuation': a "
-                               "time-budgeted continuation of a quality run (see continues); 'tune': a trial "
-                               "of `bench tune`'s search", None)
+    wall_s: float | None = doc("the trial's wall time as its launcher saw it", None)
+    added_by: str | None = doc("null (planned), sequential (--repeats auto), continuation or tune", None)
     stages: dict[str, float] | None = doc(
-        "where the trial's wall_s went, in seconds, stage by stage, each timed by the process that ran it; they add "
-        "up to wall_s, unaccounted holding the rest. Stages: " + ", ".join(STAGES) + " (docs/methodology.md, 'A "
-        f"trial's stages', says what each holds). The measured steps are {', '.join(MEASURED)}; the rest is the "
-        "trial's fixed cost", None)
-    caches: dict[str, str] | None = doc(
-        "what the trial found in the sweep's caches: dataset: read (decoded by an earlier process of the sweep, "
-        "references/datasets/) or decoded; inductor: cold (a TorchInductor cache of the set's own that nothing had "
-        "filled: the one-off cost measured in full) or warm (filled by an earlier trial of the same workload and "
-        "set: the first step's one-off is smaller, and the analysis takes the set's one-off cost from its cold "
-        "trials); absent: not used", None)
-    isolation: str | None = doc(
-        "how the trial's process started: fork (forked from the sweep's fork server, which had imported torch and the "
-        "harness once; the child maps the file pages the server held, so RSS counts what a fresh process's counts) or "
-        "fresh (a new interpreter: torchrun trials, --isolation fresh, sweep --ab against another checkout, batch "
-        "jobs, a sweep whose server could not start); docs/methodology.md, 'Fork isolation'. None: a skipped trial, "
-        "or a record from before the field", None)
-    continues: str | None = doc("the trial_id of the trial whose quality run this one continues past its budget "
-                                "(a time-budgeted continuation, quality.continuation); such records are kept out of "
-                                "every statistic but quality at equal time", None)
-    config_hash: str = doc("hash of the sweep settings the trial ran under (budget, mode, device, threads, processes, "
-                           "seed); --resume refuses to mix records of two settings", "")
+        f"seconds per stage, adding up to wall_s; {', '.join(MEASURED)} are measured, the rest fixed cost "
+        "(docs/methodology.md, 'A trial's stages')", None)
+    caches: dict[str, str] | None = doc("dataset: read or decoded; inductor: cold or warm", None)
+    isolation: str | None = doc("fork (from the sweep's fork server) or fresh (docs/methodology.md, 'Fork "
+                                "isolation')", None)
+    continues: str | None = doc("the trial whose quality run this one continues", None)
+    config_hash: str = doc("hash of the sweep's settings; --resume refuses to mix two", "")
     schema_version: int = doc("2", SCHEMA_VERSION)
 
     def __post_init__(self) -> None:

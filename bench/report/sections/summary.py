@@ -242,14 +242,26 @@ def _count(answers: pd.Series, order: tuple[str, ...]) -> str:
     return ", ".join(f"{say(w)} {int(counts[w])}" for w in order if w in counts)
 
 
+def speed_answers(analysis: Analysis) -> pd.DataFrame:
+    """The configurations with a speed comparison against the reference."""
+    others = analysis.configs[~analysis.configs["is_reference"].astype(bool)]
+    return others[[known(v) for v in others["speedup"]]]
+
+
+def speed_decided(speed: pd.DataFrame) -> int:
+    """How many speed answers are decided: a verdict, not undecided, and not across unequal resources (which is
+    no speedup: bench.core.words.UNEQUAL)."""
+    return sum(w not in (None, words.UNEQUAL, *stats.UNDECIDED) for w in speed["speedup_verdict"])
+
+
 def decisions(analysis: Analysis) -> list[str]:
     """How decisive the data were: speed verdicts decided of those made, how many pairs a sequential design added,
     and how many quality comparisons the family made and kept after Holm's correction."""
     others = analysis.configs[~analysis.configs["is_reference"].astype(bool)]
-    speed = others[[known(v) for v in others["speedup"]]]
+    speed = speed_answers(analysis)
     out = []
     if len(speed):
-        decided = sum(w not in (None, words.UNEQUAL, *stats.UNDECIDED) for w in speed["speedup_verdict"])
+        decided = speed_decided(speed)
         line = (f"Speed verdicts decided: {decided} of {len(speed)} ("
                 + _count(speed["speedup_verdict"], ("faster", "slower", stats.EQUIVALENT, stats.INCONCLUSIVE,
                                                     stats.NONE, words.UNEQUAL)) + ")")
