@@ -1,5 +1,5 @@
 """The command line's options: one ``_add_*`` per command (``build_parser``). Help texts are the reference for the
-flags (docs/commands.md quotes them)."""
+flags: `--help` prints them, and docs/commands.md names the ones that matter."""
 
 from __future__ import annotations
 
