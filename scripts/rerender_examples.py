@@ -15,6 +15,7 @@ from pathlib import Path
 
 from bench.analyze import cost
 from bench.report import summary as summary_mod
+from bench.run import workflow
 
 REPORTS = Path(__file__).resolve().parent.parent / "reports"
 
@@ -30,22 +31,6 @@ def resummarize(d: Path) -> None:
     (d / "summary.md").write_text(md + (f"\n{wall}\n" if wall else ""))
 
 
-def retune(d: Path) -> None:
-    """tune.json and tune.md of a committed search again, from its records, as the search decided them."""
-    import json
-
-    from bench.records.results import ResultStore
-    from bench.report import tune as tune_report
-    from bench.run import tune, tune_setup
-
-    elapsed = json.loads((d / "tune.json").read_text()).get("elapsed_s")
-    t = tune_setup.setup({}, {}, preset=None, config_path=None, out_dir=d, resume=True, max_repeats=None)
-    records = ResultStore(d / "results.jsonl").read()
-    result = tune.result_dict(records, tune.next_step(t.settings, records, t.refuse), t.settings, elapsed)
-    tune.write_json(d, result)
-    tune_report.write(d, result, tune_report.snippets_for(result["recommended"]))
-
-
 def main() -> int:
     # The sides of an A/B run (a directory beside ab.json, e.g. reports/example-cpu-aa-rate) are compared, not
     # reported: their record is the comparison (compare.md), so they get no report of their own.
@@ -56,7 +41,7 @@ def main() -> int:
         if (d / "summary.md").is_file():
             resummarize(d)
         if (d / "tune.json").is_file():
-            retune(d)
+            workflow.rewrite_tune(d)
         print(f"re-rendered {d.relative_to(REPORTS.parent)}")
     return 0
 

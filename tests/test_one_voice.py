@@ -127,14 +127,10 @@ TUNES = [REPO / "reports" / name for name in ("tune-lstm-20MiB", "tune-gpt-small
 def _tune_md(d: Path) -> str:
     """tune.md of a committed search, replayed from its records (the search is a function of them) so that its
     words are said now, under the brackets."""
-    from bench.records.results import ResultStore
     from bench.report import tune as tune_report
-    from bench.run import tune, tune_setup
+    from bench.run import workflow
 
-    t = tune_setup.setup({}, {}, preset=None, config_path=None, out_dir=d, resume=True, max_repeats=None)
-    records = ResultStore(d / "results.jsonl").read()
-    return tune_report.to_markdown(tune.result_dict(records, tune.next_step(t.settings, records, t.refuse),
-                                                    t.settings))
+    return tune_report.to_markdown(workflow.replayed_tune(d))
 
 
 @pytest.mark.parametrize("d", TUNES, ids=lambda p: p.name)

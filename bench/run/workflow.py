@@ -265,6 +265,29 @@ def finish_tune(out_dir: Path, records: list[TrialRecord], step: tune_mod.Step, 
     return TuneResult(out_dir, result, snippets, step, settings, records, wall_s, written, summary)
 
 
+def replayed_tune(out_dir: Path, elapsed_s: float | None = None) -> dict[str, Any]:
+    """A finished search's result (what tune.json holds) decided again from its records, as the search decided it
+    (the search is a function of them): how a committed search is re-rendered with today's words."""
+    from bench.records.results import ResultStore
+    from bench.run import tune as tune_mod
+    from bench.run import tune_setup
+
+    t = tune_setup.setup({}, {}, preset=None, config_path=None, out_dir=out_dir, resume=True, max_repeats=None)
+    records = ResultStore(Path(out_dir) / "results.jsonl").read()
+    return tune_mod.result_dict(records, tune_mod.next_step(t.settings, records, t.refuse), t.settings, elapsed_s)
+
+
+def rewrite_tune(out_dir: Path) -> dict[str, Path]:
+    """tune.json and tune.md of a finished search again (``replayed_tune``), keeping its recorded elapsed time."""
+    import json
+
+    from bench.report import tune as tune_report
+
+    elapsed = json.loads((Path(out_dir) / "tune.json").read_text()).get("elapsed_s")
+    result = replayed_tune(out_dir, elapsed)
+    return _tune_files(Path(out_dir), result, tune_report.snippets_for(result["recommended"]))
+
+
 def _tune_files(out_dir: Path, result: dict[str, Any], snippets: str = "") -> dict[str, Path]:
     """tune.json (the search's result), then tune.md and its figure rendered from it; the paths by kind."""
     from bench.report import tune as tune_report
