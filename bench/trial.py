@@ -545,7 +545,12 @@ def _rebuild(session: Session) -> None:
     fresh.clock = session.clock
     for f in dataclasses.fields(Session):
         setattr(session, f.name, getattr(fresh, f.name))
+    del fresh
+    frozen = gc.get_freeze_count() > 0  # the objects of the first build were frozen with the imports (``run``):
+    gc.unfreeze()  # a frozen cycle is never collected, so thaw them for this collection and freeze what is left
     gc.collect()
+    if frozen:
+        gc.freeze()
 
 
 def _eval_row(session: Session, step: int, clock: float, pending: list[torch.Tensor]) -> list[Any]:
@@ -687,6 +692,11 @@ def speed_window(session: Session, ref: ReferenceResult) -> tuple[SpeedResult, W
     # techniques that change the step over the plan (a sequence-length warm-up) are then at their final shapes,
     # so mode=speed and mode=both time the same step.
     session.ctx.step = max(session.ctx.step, session.ctx.total_steps)
+    # The free heap that whatever ran before left resident (imports, the quality run, and in a forked trial the
+    # fork server's own) goes back to the OS before the warm-up, so the window's peak RSS counts what training
+    # touches and reads the same however the process started. Without it a forked cnn:tiny read 404 MiB and a
+    # fresh one 382 MiB; with it both read 358-359 MiB (docs/methodology.md, "Fork isolation").
+    trim_heap()
     with session.clock.stage("warmup"):
         warmup_times = _warm_up(session)
     gc.collect()
@@ -1131,8 +1141,10 @@ def _stages(spec: TrialSpec, head: dict[str, Any], out: dict[str, Any], own_proc
                     log.exception("finalize of %s failed", tech.name)
 
 
-def _measure(spec: TrialSpec, head: dict[str, Any], out: dict[str, Any], own_process: bool, budget: Budget,
-             session: Session) -> None:
+def _describe(head: dict[str, Any], session: Session) -> None:
+    """The record's head: the techniques, the kind and what the workload is. A function of its own, so that no local
+    of ``_measure`` holds the first build after a contended quality run builds afresh (it did: the first model stayed
+    resident through the window and the memory passes, 200 MiB more for a model holding 200 MiB)."""
     built = session.built
     head["techniques"] = [t.describe() | (plugins.technique_origin(t.name) or {}) for t in session.techs]
     head["kind"] = session.kind.value
@@ -1142,6 +1154,11 @@ def _measure(spec: TrialSpec, head: dict[str, Any], out: dict[str, Any], own_pro
                             higher_is_better=built.higher_is_better, batch_size=session.cfg.batch_size,
                             tokens_per_sample=built.tokens_per_sample, target=built.target,
                             n_params=session.n_params)
+
+
+def _measure(spec: TrialSpec, head: dict[str, Any], out: dict[str, Any], own_process: bool, budget: Budget,
+             session: Session) -> None:
+    _describe(head, session)
     out["build"] = build_info(session)
     clock = session.clock
     with clock.stage("reference"):

@@ -15,7 +15,9 @@ terminal and "What to try next".
 from __future__ import annotations
 
 import dataclasses
+import gc
 import json
+import weakref
 from pathlib import Path
 
 import pytest
@@ -140,12 +142,26 @@ def test_a_contended_quality_run_is_trained_again_from_a_fresh_build(monkeypatch
 
     monkeypatch.setattr(trial, "CpuContention", Busy)
     monkeypatch.setattr(trial, "CONTENTION_PAUSE_S", 0.0)
+    first_alive = []  # after the rebuild, is the first build's model still held? (its memory would count twice)
+    rebuild = trial._rebuild
+
+    def watched(session):
+        first = weakref.ref(session.model)
+        rebuild(session)
+        first_alive.append(first() is not None)
+
+    monkeypatch.setattr(trial, "_rebuild", watched)
     budget = Budget(train_steps=4, eval_points=2, parity_steps=2, contention_retries=2, memory=False)
     spec = trial.TrialSpec(sweep_id="t", trial_id="t", workload="mlp", size="tiny", techniques=[], seed=0, repeat=0,
                            device="cpu", budget=dataclasses.asdict(budget), mode="quality",
                            reference_dir=str(tmp_path / "refs"))
-    r = trial.run(spec)
+    gc.freeze()  # as a trial in a process of its own does after its build: a frozen cycle is never collected
+    try:
+        r = trial.run(spec)
+    finally:
+        gc.unfreeze()
     assert r.status == "ok", r.reason
+    assert first_alive == [False]
     assert r.quality.contention_retries == [0.5] and r.quality.contended is False
     assert r.quality.contention.fraction == pytest.approx(0.02)
     assert r.quality.steps_trained == 4 and r.parity is not None  # the fresh build's run, with its parity
