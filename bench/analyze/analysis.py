@@ -30,6 +30,7 @@ trials count and which pair is ``bench.analyze.pairs``'s rule, the one compare a
 
 from __future__ import annotations
 
+import collections
 import logging
 import math
 from collections.abc import Mapping, Sequence
@@ -416,17 +417,21 @@ def with_diagnoses(configs: pd.DataFrame, machines: Mapping[str, dict[str, Any]]
     from techniques.base import Bottleneck
 
     out = configs.copy()
-    for i, c in zip(out.index, out.itertuples(), strict=True):
+    rows = list(out.itertuples())  # once: itertuples costs a column lookup per column, and frames here are wide
+    by_workload = collections.defaultdict(list)
+    for r in rows:
+        by_workload[(r.machine, r.workload)].append(r)
+    for i, c in zip(out.index, rows, strict=True):
         shares = {name: getattr(c, f"phase_{name}_share") for name in PHASES}
         if not all(_ok(v) for v in shares.values()):
             continue
         env = machines.get(c.machine) or {}
         peaks = {d: (p or {}).get("flops") for d, p in (env.get("peak_flops") or {}).items()}
-        same = out[(out["machine"] == c.machine) & (out["workload"] == c.workload)]
+        same = by_workload[(c.machine, c.workload)] if c.machine == c.machine and c.workload == c.workload else []
         refuted = {}
         for kind in Bottleneck:
             remedied = bottleneck.refutable(kind)
-            sets = [f"{r.technique} {r.speedup:.2f}x" for r in same.itertuples()
+            sets = [f"{r.technique} {r.speedup:.2f}x" for r in same
                     if remedied.intersection(r.names) and _ok(r.speedup)
                     and r.speedup_verdict in findings.NOT_FASTER]
             if sets:

@@ -467,7 +467,8 @@ def card_measured(name: str) -> Callable[[Any], list[str]]:
         lines = []
         for report in CARD_REPORTS:
             a = analyse(report)
-            rows = [c for c in a.configs.itertuples() if tuple(c.names or ()) == (name,)]  # alone, any options
+            alone = a.configs["names"].map(lambda names: tuple(names or ()) == (name,)) if len(a.configs) else []
+            rows = list(a.configs[alone].itertuples()) if any(alone) else []  # alone, any options
             cells_ = [f"{c.workload}{'' if c.technique == name else ' ' + c.technique} {_card_speed(c)}, "
                       f"memory {cells.memory_brief(c)}" for c in rows if cells.known(c.speedup) or cells.known(c.mem_ratio)]
             if cells_:

@@ -13,6 +13,7 @@ final metric came from a training run whose length depended on speed, so it is d
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import logging
 import os
@@ -389,11 +390,10 @@ def _build(cls: type, data: Any, where: str) -> Any:
     """A dataclass from its dict, nested sections included; unknown and missing fields are errors naming where."""
     if not isinstance(data, dict):
         raise ValueError(f"{where} must be an object, got {type(data).__name__}")
-    fields = {f.name: f for f in dataclasses.fields(cls)}
+    fields, hints = _schema(cls)
     unknown = set(data) - set(fields)
     if unknown:
         raise ValueError(f"{where} has unknown fields: {', '.join(shown(k) for k in sorted(unknown)[:5])}")
-    hints = typing.get_type_hints(cls)
     values = {}
     for name, f in fields.items():
         if name not in data:
@@ -402,6 +402,13 @@ def _build(cls: type, data: Any, where: str) -> Any:
             continue
         values[name] = _convert(hints[name], data[name], f"{where}.{name}")
     return cls(**values)
+
+
+@functools.cache
+def _schema(cls: type) -> tuple[dict[str, dataclasses.Field], dict[str, Any]]:
+    """A record section's fields and their resolved types, resolved once per class: resolving them for every
+    section of every record was most of the time it took to read a sweep's records."""
+    return {f.name: f for f in dataclasses.fields(cls)}, typing.get_type_hints(cls)
 
 
 def _convert(hint: Any, value: Any, where: str) -> Any:
