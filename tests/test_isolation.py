@@ -165,7 +165,7 @@ def test_faults_leave_the_server_and_the_next_trial_unharmed_and_a_killed_server
     address-space limit), hang past their timeout or leak a thread are recorded as such and the server forks the
     next trial unharmed. Then the server is killed between two trials: another starts and no record is lost."""
     sets = ",".join(f"saboteur:kind={k}" for k in FAULTS)
-    cfg = _cfg(sets, technique_plugins=[f"{PLUGINS}:Saboteur"], budget={"timeout_s": 20.0, "max_train_seconds": 10.0})
+    cfg = _cfg(sets, technique_plugins=[f"{PLUGINS}:Saboteur"], budget={"timeout_s": 10.0, "max_train_seconds": 5.0})
     runner = SweepRunner(cfg, tmp_path / "sweep", CPU)
     total = len(plan(cfg, CPU))
     seen = []  # (server pid, its threads) after each trial

@@ -261,7 +261,7 @@ def _add_profile(sub: argparse._SubParsersAction) -> None:
 
 
 def _add_export(sub: argparse._SubParsersAction) -> None:
-    from bench.report.exporters import DEFAULT_OUT, TARGETS
+    from bench.records.export_targets import DEFAULT_OUT, TARGETS
 
     p = sub.add_parser(
         "export",

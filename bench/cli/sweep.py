@@ -125,11 +125,12 @@ def _progress_bar() -> Iterator[Callable[[int, int, str], None]]:
 
 
 def _sweep_one(args: argparse.Namespace) -> int:
+    cfg = sweep_config_from_args(args, args.out)  # first: bad input is refused before the runner and report load
+
     from bench.report import summary as summary_mod
     from bench.run import executors, workflow
     from bench.run.launcher import Launch
 
-    cfg = sweep_config_from_args(args, args.out)
     executor = executors.from_args(args.executor, args.out, args.resume, args.slurm_partition,
                                    args.slurm_gpus_per_trial, args.slurm_cpus_per_trial, args.max_running,
                                    args.slurm_option, args.slurm_poll_seconds)

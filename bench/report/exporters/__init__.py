@@ -22,17 +22,9 @@ from pathlib import Path
 import pandas as pd
 
 from bench.core.errors import ConfigError
+from bench.records.export_targets import DEFAULT_OUT, EXTRAS, TARGETS
 
 log = logging.getLogger(__name__)
-
-TARGETS = ("parquet", "csv", "mlflow", "tensorboard")
-# target -> (the extra of pyproject.toml, the modules it brings that the target imports)
-EXTRAS: dict[str, tuple[str, tuple[str, ...]]] = {
-    "parquet": ("parquet", ("pyarrow",)),
-    "mlflow": ("mlflow", ("mlflow",)),
-    "tensorboard": ("tensorboard", ("tensorboard",)),
-}
-DEFAULT_OUT = {"parquet": "trials.parquet", "csv": "trials.csv", "mlflow": "mlflow.db", "tensorboard": "tensorboard"}
 
 
 class MissingExtra(ConfigError):
