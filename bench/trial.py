@@ -694,8 +694,8 @@ def speed_window(session: Session, ref: ReferenceResult) -> tuple[SpeedResult, W
     session.ctx.step = max(session.ctx.step, session.ctx.total_steps)
     # The free heap that whatever ran before left resident (imports, the quality run, and in a forked trial the
     # fork server's own) goes back to the OS before the warm-up, so the window's peak RSS counts what training
-    # touches and reads the same however the process started. Without it a forked cnn:tiny read 404 MiB and a
-    # fresh one 382 MiB; with it both read 358-359 MiB (docs/methodology.md, "Fork isolation").
+    # touches and reads the same however the process started: without it, cnn:tiny's read higher forked than fresh
+    # in every trial (reports/example-cpu-isolation: ab-fork-fresh-feb9042 without it, ab-fork-fresh with it).
     trim_heap()
     with session.clock.stage("warmup"):
         warmup_times = _warm_up(session)
