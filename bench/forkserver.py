@@ -22,7 +22,8 @@ from its source: the module itself runs in the child, as ``__main__``, exactly o
 checks that no other thread was started (a tensor op at import time starts torch's OpenMP pool: libgomp's threads
 do not survive a fork, and GCC's libgomp does not support forking after them), that CUDA was not initialised, and
 lists the file-backed pages it holds. No tensor op, no thread pool, no CUDA. A request with another module (tests)
-runs that module the same way.
+runs that module the same way. Started with ``--compile`` it is the compile server: it also does the imports of a
+first ``torch.compile`` call (``_compile_imports``), for the trials of sets that compile.
 
 The pages: a forked child shares its parent's memory, but the kernel copies the page tables of anonymous memory
 only; the pages of libraries and other files the parent had mapped (about 100 MiB of torch's libraries after the
@@ -63,6 +64,7 @@ PRELOAD = ("numpy", "torch", "bench.trial", "torch._dynamo")  # bench.trial: its
 PR_SET_PDEATHSIG, PR_SET_NAME = 1, 15
 MADV_POPULATE_READ = 22  # Linux 5.14
 PAGE = os.sysconf("SC_PAGE_SIZE")
+COMPILE_FLAG = "--compile"  # the compile server: it also runs _compile_imports
 CHILD_NAME = b"bench.trial"  # the forked child's name (ps -o comm, top, psutil's name()): its cmdline is the server's
 
 
@@ -83,8 +85,9 @@ def _import_of(module: str) -> None:
     exec(compile(ast.Module(body=imports, type_ignores=[]), spec.origin, "exec"), {"__name__": f"_preload_{module}"})
 
 
-def preload() -> list[str]:
-    """Import what every trial imports; the problems that make forking unsafe (none: fork away)."""
+def preload(compile_imports: bool = False) -> list[str]:
+    """Import what every trial imports (``compile_imports``: and what a compiling trial's ``torch.compile`` call
+    imports); the problems that make forking unsafe (none: fork away)."""
     importlib.import_module(PRELOAD[0])
     baseline = _threads()  # numpy's OpenBLAS pool, which OpenBLAS itself shuts down before a fork
     for name in PRELOAD[1:]:
@@ -92,6 +95,8 @@ def preload() -> list[str]:
             _import_of(name)
         else:
             importlib.import_module(name)
+    if compile_imports:
+        _compile_imports()
     problems = []
     if _threads() != baseline:
         problems.append(f"the imports started {_threads() - baseline} thread(s) (a thread pool: a tensor op at import "
@@ -103,6 +108,16 @@ def preload() -> list[str]:
         if any("libcuda.so" in line for line in fh):
             problems.append("the imports loaded the CUDA driver (libcuda), which does not survive a fork")
     return problems
+
+
+def _compile_imports() -> None:
+    """What every trial of a set with ``compile`` imports when it first calls ``torch.compile`` (TorchInductor's
+    front end, its configuration and their dependencies; measured on the 2-core AMD EPYC: 594 modules, 0.8 s of each
+    such trial's build): done once here, by compiling a module that is never called. Nothing is traced or compiled
+    until a call, so no tensor op runs and no thread starts (checked below). Only the compile server does it: a trial
+    that never compiles must not carry these modules, or its RSS would read higher forked than fresh."""
+    torch = sys.modules["torch"]
+    torch.compile(torch.nn.Identity())
 
 
 def resident_file_pages() -> list[tuple[int, int]]:
@@ -261,13 +276,13 @@ class Server:
 
 
 def main(argv: list[str]) -> int:
-    if len(argv) != 1 or not argv[0].isdigit():
-        print("usage: python -m bench.forkserver FD (a connected Unix socket)", file=sys.stderr)
+    if len(argv) not in (1, 2) or not argv[0].isdigit() or argv[1:] not in ([], [COMPILE_FLAG]):
+        print(f"usage: python -m bench.forkserver FD [{COMPILE_FLAG}] (FD: a connected Unix socket)", file=sys.stderr)
         return 2
     sock = socket.socket(fileno=int(argv[0]))
     started = time.perf_counter()
     try:
-        problems = preload()
+        problems = preload(compile_imports=COMPILE_FLAG in argv)
         server = Server(sock)
         server.runs = resident_file_pages()
     except BaseException as exc:  # the runner says why and runs its trials fresh

@@ -122,6 +122,41 @@ def test_a_fixed_allocation_reads_the_same_forked_and_fresh(server, tmp_path):
     assert fork["rollup"]["Shared_Dirty"] > 50 * MIB and fork["rollup"]["Pss"] < fresh["rollup"]["Pss"]
 
 
+def test_the_compile_server_forks_children_that_imported_what_torch_compile_imports(server, tmp_path):
+    """A set that compiles forks from a server that ran torch.compile's imports (no thread pool either); the plain
+    server's children never carry them, as a fresh trial that never compiles does not."""
+    probe = "import sys; print('inductor', 'torch._inductor.compile_fx' in sys.modules)"
+    compile_server = ForkServer(REPO_DIR, compile_imports=True)
+    try:
+        for srv, name in ((server, "plain"), (compile_server, "compile")):
+            child = _timeit(srv, probe, tmp_path / name)
+            assert child is not None, srv.broken
+            assert child.wait(120) == 0, (tmp_path / name).read_text()
+        assert (tmp_path / "plain").read_text().split()[:2] == ["inductor", "False"]
+        assert (tmp_path / "compile").read_text().split()[:2] == ["inductor", "True"]
+    finally:
+        compile_server.stop()
+
+
+def test_only_the_sets_that_compile_fork_from_the_compile_server(tmp_path):
+    from bench.plan.config import TechniqueSet
+    from bench.run import isolation
+
+    cfg = _cfg("bf16,compile,bf16+compile")
+    runner = SweepRunner(cfg, tmp_path / "sweep", CPU)
+    launcher = runner.launcher
+    try:
+        servers = {t.techniques.label: launcher.server_for(t) for t in plan(cfg, CPU)}
+        assert servers["compile"] is servers["bf16+compile"] is runner.compile_server
+        assert servers["baseline"] is servers["bf16"] is runner.fork_server
+        assert runner.compile_server.compile_imports and not runner.fork_server.compile_imports
+        assert isolation.compiles(TechniqueSet.parse("bf16+compile")) and not isolation.compiles(TechniqueSet(()))
+        no_compile = SweepRunner(_cfg("bf16"), tmp_path / "other", CPU)
+        assert no_compile.compile_server is None and no_compile.fork_server is not None
+    finally:
+        runner.close()
+
+
 def test_a_hung_child_is_killed_and_the_server_forks_the_next(server, tmp_path):
     from bench.run.launcher import _kill_group
 

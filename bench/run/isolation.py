@@ -16,6 +16,11 @@ Which trials need a fresh interpreter (``fresh_reason``), and why:
 - ``--isolation fresh``; trials of a batch job (``--executor slurm``: one trial per job, nothing to share); and
   every trial of a sweep whose server could not start or found its imports unsafe to fork (a warning says why).
 
+A sweep with sets that compile has a second server, the compile server: it also runs what a trial's first
+``torch.compile`` call imports (TorchInductor's front end: 0.8 s of every compiling trial's build, measured on the
+2-core AMD EPYC), and only those sets' trials fork from it. A trial that never compiles does not carry those
+modules, which a fresh process of it would not have imported either (``compiles``).
+
 Users' models and techniques (``--model``, ``--technique``) fork: the child loads them after the fork, as a fresh
 trial loads them after its imports, and a plugin that starts a thread pool or initialises CUDA does so in its own
 trial's process only. Every record says which way its trial started (``isolation``).
@@ -37,7 +42,7 @@ import time
 from pathlib import Path
 
 from bench.core.files import REPO_DIR
-from bench.plan.config import SweepConfig
+from bench.plan.config import SweepConfig, TechniqueSet
 from bench.plan.planner import Trial
 from bench.run import sweepdir
 from bench.trial import LAUNCHED_AT
@@ -51,6 +56,7 @@ READY_TIMEOUT_S = 300.0  # the server's imports: about 2.5 s on an idle 2-core m
 STOP_TIMEOUT_S = 10.0
 ANSWER_TIMEOUT_S = 60.0  # the server answers a fork request at once
 SERVER = "bench.forkserver"
+COMPILE_FLAG = "--compile"  # bench.forkserver.COMPILE_FLAG (not imported: the server module is the child's)
 
 
 def fresh_reason(cfg: SweepConfig, code_dir: Path, trial: Trial | None = None) -> str | None:
@@ -64,6 +70,14 @@ def fresh_reason(cfg: SweepConfig, code_dir: Path, trial: Trial | None = None) -
     if trial is not None and trial.world_size > 1:
         return "torchrun starts its ranks"
     return None
+
+
+def compiles(techniques_: TechniqueSet) -> bool:
+    """Whether a set calls ``torch.compile`` (its trials fork from the compile server)."""
+    import techniques
+
+    known = techniques.registry()
+    return any(name in known and known[name].phase is techniques.Phase.COMPILE for name in techniques_.names)
 
 
 class ServerLost(RuntimeError):
@@ -91,8 +105,9 @@ class Forked:
 class ForkServer:
     """The runner's side of the sweep's fork server (see the module's docstring)."""
 
-    def __init__(self, code_dir: Path) -> None:
+    def __init__(self, code_dir: Path, compile_imports: bool = False) -> None:
         self.code_dir = Path(code_dir)
+        self.compile_imports = compile_imports  # the compile server (``bench.forkserver._compile_imports``)
         self.broken: str | None = None  # why the server cannot be used: this sweep's trials then start fresh
         self.starts = 0  # servers started so far (restarts included)
         self._proc: subprocess.Popen | None = None
@@ -120,7 +135,7 @@ class ForkServer:
             # bench.guard: the server dies with the runner (and its children with it); a session of its own: the
             # terminal's Ctrl-C reaches the runner, which ends the trial and stops the server itself.
             cmd = [sys.executable, "-m", "bench.guard", str(os.getpid()), sys.executable, "-m", SERVER,
-                   str(theirs.fileno())]
+                   str(theirs.fileno()), *([COMPILE_FLAG] if self.compile_imports else [])]
             self._proc = subprocess.Popen(cmd, cwd=self.code_dir, env=env, stdout=out, stderr=out,
                                           pass_fds=(theirs.fileno(),), start_new_session=True)
         theirs.close()

@@ -101,6 +101,9 @@ class TrialLauncher:
     # The sweep's fork server (bench.run.isolation): one-process trials fork from it; None: every trial starts fresh
     # (always under a batch executor, whose jobs receive the launcher pickled: a server is this machine's)
     server: ForkServer | None = field(default=None, repr=False, compare=False)
+    # The compile server, for the trials of sets that call torch.compile (bench.run.isolation.compiles); None: they
+    # fork from ``server`` too
+    compile_server: ForkServer | None = field(default=None, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if self.device is not None:  # also where a batch job resolves the device on its node
@@ -331,8 +334,9 @@ class TrialLauncher:
     def _start(self, trial: Trial, cmd: list[str], env: dict[str, str], err: Any, log_path: Path,
                times: LaunchTimes) -> subprocess.Popen | isolation.Forked:
         """The trial's process: forked from the sweep's server when it may (``bench.run.isolation``), else fresh."""
-        if self.forks(trial):
-            forked = self.server.spawn("bench.trial", cmd[-2:], env, log_path)
+        server = self.server_for(trial)
+        if server is not None:
+            forked = server.spawn("bench.trial", cmd[-2:], env, log_path)
             if forked is not None:
                 times.isolation = "fork"
                 return forked
@@ -341,15 +345,21 @@ class TrialLauncher:
         return subprocess.Popen(cmd, cwd=self.code_dir, env=env, stdout=err, stderr=err, start_new_session=True)
 
     def start_server(self, trials: list[Trial]) -> None:
-        """Start the fork server when some of ``trials`` will fork: its imports go on in the background (call it
-        after the calibration, which is timed, and before the references' process, which it overlaps)."""
-        if self.server is not None and any(self.forks(t) for t in trials):
-            self.server.start()
+        """Start each fork server that some of ``trials`` will fork from: their imports go on in the background
+        (call it after the calibration, which is timed, and before the references' process, which it overlaps)."""
+        for server in {id(s): s for s in map(self.server_for, trials) if s is not None}.values():
+            server.start()
 
     def forks(self, trial: Trial) -> bool:
-        """Whether the trial's process is forked from the sweep's server (unless the server cannot, at the time)."""
-        return (self.server is not None and not trial.skip_reason
-                and isolation.fresh_reason(self.cfg, self.code_dir, trial) is None)
+        """Whether the trial's process is forked from a server of the sweep's (unless it cannot, at the time)."""
+        return self.server_for(trial) is not None
+
+    def server_for(self, trial: Trial) -> ForkServer | None:
+        """The server the trial forks from: the compile server for a set that compiles, where there is one; None:
+        the trial starts fresh."""
+        if self.server is None or trial.skip_reason or isolation.fresh_reason(self.cfg, self.code_dir, trial):
+            return None
+        return self.compile_server if self.compile_server is not None and isolation.compiles(trial.techniques) else self.server
 
     def _outcome(self, trial: Trial, rc: int, tmp_path: Path, oom_killed: bool | None,
                  lost: str | None = None) -> TrialRecord:

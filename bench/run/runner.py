@@ -81,11 +81,13 @@ class SweepRunner:
         self.lock = sweepdir.SweepLock(self.out_dir)
         self.claimed = False
         self._server: ForkServer | None = None  # the sweep's fork server, made on first use: see fork_server
+        self._compile_server: ForkServer | None = None  # see compile_server
 
     @property
     def launcher(self) -> TrialLauncher:
         """How this sweep's trials are launched (the settings as claimed: a resume may have extended the plan)."""
-        return TrialLauncher(self.cfg, self.out_dir, self.device, self.code_dir, self.launch, self.fork_server)
+        return TrialLauncher(self.cfg, self.out_dir, self.device, self.code_dir, self.launch, self.fork_server,
+                             self.compile_server)
 
     @property
     def fork_server(self) -> ForkServer | None:
@@ -96,6 +98,15 @@ class SweepRunner:
                 isolation.fresh_reason(self.cfg, self.code_dir) is None):
             self._server = ForkServer(self.code_dir)
         return self._server
+
+    @property
+    def compile_server(self) -> ForkServer | None:
+        """The sweep's second fork server, for the trials of its sets that compile (``bench.run.isolation``): made
+        where the plan has such sets and trials fork, started when first asked for a trial, stopped by ``close()``."""
+        if self._compile_server is None and self.fork_server is not None and any(
+                map(isolation.compiles, self.cfg.techniques)):
+            self._compile_server = ForkServer(self.code_dir, compile_imports=True)
+        return self._compile_server
 
     @property
     def config_hash(self) -> str:
@@ -155,8 +166,9 @@ class SweepRunner:
 
     def close(self) -> None:
         """Stop the fork server; release the directory's lock (the kernel also drops it if this process dies)."""
-        if self._server is not None:
-            self._server.stop()
+        for server in (self._server, self._compile_server):
+            if server is not None:
+                server.stop()
         self.lock.release()
         self.claimed = False
 
