@@ -337,6 +337,8 @@ class TrialLauncher:
         server = self.server_for(trial)
         if server is not None:
             forked = server.spawn("bench.trial", cmd[-2:], env, log_path)
+            if forked is None and server is not self.server:  # the compile server refused: the plain one may fork
+                forked = self.server.spawn("bench.trial", cmd[-2:], env, log_path)
             if forked is not None:
                 times.isolation = "fork"
                 return forked
