@@ -427,7 +427,7 @@ def with_diagnoses(configs: pd.DataFrame, machines: Mapping[str, dict[str, Any]]
             continue
         env = machines.get(c.machine) or {}
         peaks = {d: (p or {}).get("flops") for d, p in (env.get("peak_flops") or {}).items()}
-        same = by_workload[(c.machine, c.workload)] if c.machine == c.machine and c.workload == c.workload else []
+        same = by_workload[(c.machine, c.workload)] if pd.notna(c.machine) and pd.notna(c.workload) else []
         refuted = {}
         for kind in Bottleneck:
             remedied = bottleneck.refutable(kind)

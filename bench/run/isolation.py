@@ -56,7 +56,8 @@ READY_TIMEOUT_S = 300.0  # the server's imports: about 2.5 s on an idle 2-core m
 STOP_TIMEOUT_S = 10.0
 ANSWER_TIMEOUT_S = 60.0  # the server answers a fork request at once
 SERVER = "bench.forkserver"
-COMPILE_FLAG = "--compile"  # bench.forkserver.COMPILE_FLAG (not imported: the server module is the child's)
+# bench.forkserver.COMPILE_FLAG, not imported: that module calls os.sysconf at import, which Windows lacks
+COMPILE_FLAG = "--compile"
 
 
 def fresh_reason(cfg: SweepConfig, code_dir: Path, trial: Trial | None = None) -> str | None:

@@ -349,19 +349,18 @@ class TrialLauncher:
     def start_server(self, trials: list[Trial]) -> None:
         """Start each fork server that some of ``trials`` will fork from: their imports go on in the background
         (call it after the calibration, which is timed, and before the references' process, which it overlaps)."""
-        for server in {id(s): s for s in map(self.server_for, trials) if s is not None}.values():
-            server.start()
-
-    def forks(self, trial: Trial) -> bool:
-        """Whether the trial's process is forked from a server of the sweep's (unless it cannot, at the time)."""
-        return self.server_for(trial) is not None
+        for server in (self.server, self.compile_server):
+            if server is not None and any(self.server_for(t) is server for t in trials):
+                server.start()
 
     def server_for(self, trial: Trial) -> ForkServer | None:
         """The server the trial forks from: the compile server for a set that compiles, where there is one; None:
         the trial starts fresh."""
         if self.server is None or trial.skip_reason or isolation.fresh_reason(self.cfg, self.code_dir, trial):
             return None
-        return self.compile_server if self.compile_server is not None and isolation.compiles(trial.techniques) else self.server
+        if self.compile_server is not None and isolation.compiles(trial.techniques):
+            return self.compile_server
+        return self.server
 
     def _outcome(self, trial: Trial, rc: int, tmp_path: Path, oom_killed: bool | None,
                  lost: str | None = None) -> TrialRecord:
