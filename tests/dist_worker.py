@@ -1,4 +1,5 @@
-"""Run under torchrun by tests/test_distributed.py: train with one data-parallel technique, save what to compare.
+"""A job of tests/torchrun_jobs.py (test_distributed, test_local_sgd, test_fedavg): train with one data-parallel
+technique on 2 gloo ranks, save what to compare. Alone:
 
     torchrun --standalone --nproc-per-node 2 tests/dist_worker.py TECHNIQUES OUT_DIR [balanced|mlp|gpt [STEPS [sgd]]]
 
@@ -72,14 +73,14 @@ def sgd(model: nn.Module, techs: list, ctx: Context, lr: float) -> torch.optim.O
     return built[0] if built else default(model.parameters())
 
 
-def main() -> None:
-    name, out = sys.argv[1], Path(sys.argv[2])
-    kind = sys.argv[3] if len(sys.argv) > 3 else "mlp"
+def run(args: list[str]) -> None:
+    """TECHNIQUES OUT_DIR [balanced|mlp|gpt [STEPS [sgd]]], in the process group this process is in."""
+    name, out = args[0], Path(args[1])
+    kind = args[2] if len(args) > 2 else "mlp"
     balanced = kind == "balanced"
-    dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
     model, batches, loss_fn, lr = build(kind)
-    steps = int(sys.argv[4]) if len(sys.argv) > 4 else STEPS
+    steps = int(args[3]) if len(args) > 3 else STEPS
     technique_set = TechniqueSet.parse(name)
     techs = [spec.resolve() for spec in technique_set.specs]
     cpu = torch.device("cpu")
@@ -90,7 +91,7 @@ def main() -> None:
         tech.tune(TrainConfig(batch_size=BATCH, lr=lr), Probe(fresh=lambda seed=0: build_workload(kind), device=cpu), ctx)
     for tech in techs:
         model = tech.transform_model(model, ctx)
-    if len(sys.argv) > 5 and sys.argv[5] == "sgd":
+    if len(args) > 4 and args[4] == "sgd":
         opt = sgd(model, techs, ctx, lr)
     else:
         opt = build_optimizer(model, techs, ctx, lr)
@@ -113,6 +114,11 @@ def main() -> None:
     if evaluated is not model:
         own = {k.removeprefix("module."): p.detach().clone() for k, p in model.named_parameters()}
         torch.save(own, out / f"own_rank{rank}.pt")
+
+
+def main() -> None:
+    dist.init_process_group("gloo")
+    run(sys.argv[1:])
     end_rank(0)  # the trial's own ending: barrier, destroy, exit before gloo's threads meet interpreter teardown
 
 

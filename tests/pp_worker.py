@@ -1,4 +1,5 @@
-"""Run under torchrun by tests/test_pp.py: train a model with ``pp`` through the real loop, save what to compare.
+"""A job of tests/torchrun_jobs.py (test_pp): train a model with ``pp`` through the real loop, save what to compare.
+Alone:
 
     torchrun --standalone --nproc-per-node 2 tests/pp_worker.py SCHEDULE OUT_DIR [MODEL]
 
@@ -37,10 +38,10 @@ MICROBATCHES = 4
 TIED = "tied head copy"
 
 
-def main() -> None:
-    schedule, out = sys.argv[1], Path(sys.argv[2])
-    model_name = sys.argv[3] if len(sys.argv) > 3 else "gpt"
-    dist.init_process_group("gloo")
+def run(args: list[str]) -> None:
+    """SCHEDULE OUT_DIR [MODEL], in the process group this process is in."""
+    schedule, out = args[0], Path(args[1])
+    model_name = args[2] if len(args) > 2 else "gpt"
     rank, world = dist.get_rank(), dist.get_world_size()
     if model_name == "gpt":
         built, wl_name = workloads.get("gpt").build("tiny", 0, torch.device("cpu")), "gpt"
@@ -105,6 +106,11 @@ def main() -> None:
     (out / f"rank{rank}.json").write_text(json.dumps(mine))
     if rank == 0:
         (out / "results.json").write_text(json.dumps(results))
+
+
+def main() -> None:
+    dist.init_process_group("gloo")
+    run(sys.argv[1:])
     end_rank(0)
 
 

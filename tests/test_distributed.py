@@ -11,9 +11,8 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 import time
+from pathlib import Path
 
 import psutil
 import pytest
@@ -26,18 +25,22 @@ from bench.plan.config import build_config
 from bench.run.runner import SweepRunner
 from techniques._distributed import zero_formula_bytes
 from techniques.base import Context
-from tests.conftest import REPO, TINY_BUDGET
+from tests.conftest import TINY_BUDGET
 from tests.dist_worker import BATCH, STEPS
+from tests.torchrun_jobs import OUT, Job, launch
 
 pytestmark = pytest.mark.distributed
 
+# every 2-rank job of this file, in one torchrun launch (tests/torchrun_jobs.py)
+JOBS = {
+    **{f"params-{t}": Job("dist_worker", (t, OUT)) for t in ("ddp", "zero1", "zero3")},
+    **{f"balanced-{t}": Job("dist_worker", (t, OUT, "balanced")) for t in ("ddp", "zero1", "zero3")},
+}
 
-def torchrun(*args: str, timeout: float = 240, env: dict[str, str] | None = None) -> None:
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-           str(REPO / "tests" / "dist_worker.py"), *args]
-    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=timeout,
-                          env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin", "OMP_NUM_THREADS": "1", **(env or {})})
-    assert proc.returncode == 0, proc.stderr[-3000:]
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory) -> dict[str, Path]:
+    return launch(JOBS, tmp_path_factory.mktemp("torchrun"))
 
 
 @pytest.fixture(scope="module")
@@ -51,12 +54,9 @@ def single_process_params():
     return {k: v.detach().clone() for k, v in built.model.named_parameters()}
 
 
-# ddp runs in the default suite; the ZeRO stages (5 s each through torchrun) with the end-to-end tests
-@pytest.mark.parametrize("technique", ["ddp", pytest.param("zero1", marks=pytest.mark.slow),
-                                       pytest.param("zero3", marks=pytest.mark.slow)])
-def test_parameters_match_a_single_process(technique, tmp_path, single_process_params):
-    torchrun(technique, str(tmp_path))
-    params = torch.load(tmp_path / "params.pt")
+@pytest.mark.parametrize("technique", ["ddp", "zero1", "zero3"])
+def test_parameters_match_a_single_process(technique, runs, single_process_params):
+    params = torch.load(runs[f"params-{technique}"] / "params.pt")
     assert params.keys() == single_process_params.keys()
     for key, expected in single_process_params.items():
         assert torch.allclose(params[key], expected, atol=1e-4), key
@@ -65,12 +65,11 @@ def test_parameters_match_a_single_process(technique, tmp_path, single_process_p
 
 
 @pytest.mark.parametrize(("technique", "stage"), [("ddp", 0), ("zero1", 1), ("zero3", 3)])
-def test_per_rank_model_state_equals_the_zero_formula(technique, stage, tmp_path):
-    torchrun(technique, str(tmp_path), "balanced")
+def test_per_rank_model_state_equals_the_zero_formula(technique, stage, runs):
     n_params = 4 * 64 * 64
     expected = zero_formula_bytes(stage, n_params, world=2)
     for rank in (0, 1):
-        got = json.loads((tmp_path / f"state_rank{rank}.json").read_text())
+        got = json.loads((runs[f"balanced-{technique}"] / f"state_rank{rank}.json").read_text())
         assert got["params"] == expected["params"]
         assert got["grads"] == expected["grads"]
         assert got["optimizer"] == expected["optimizer"]

@@ -128,7 +128,7 @@ def check(command: str) -> None:
 def test_the_docs_have_commands_and_the_readme_has_its_two():
     assert len(COMMANDS) > 30
     readme = [c for w, c in COMMANDS if w == "README.md"]
-    assert "bash scripts/setup.sh --test" in readme and ".venv/bin/python -m pytest -q" in readme
+    assert "bash scripts/setup.sh --test" in readme and ".venv/bin/python -m pytest -q -n auto" in readme
     assert ".venv/bin/python -m bench sweep" in readme
 
 

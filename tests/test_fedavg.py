@@ -22,7 +22,7 @@ from bench.plan.config import ConfigError, TechniqueSpec
 from techniques.base import Context, Probe, TrainConfig
 from techniques.fedavg import FedAvg, label_skew, participants, partition
 from tests.helpers import TechniqueSettings
-from tests.test_distributed import torchrun
+from tests.torchrun_jobs import OUT, Job, launch
 
 SETTINGS = TechniqueSettings("fedavg:clients=2:local_steps=1", "mlp", runs_on="torchrun")
 
@@ -69,8 +69,8 @@ def test_one_client_is_plain_training(local_steps):
 
 @pytest.mark.distributed
 def test_two_ranks_average_what_one_process_averages(tmp_path):
-    torchrun("fedavg:clients=4:local_steps=2", str(tmp_path), "mlp", "16")
-    two_ranks = torch.load(tmp_path / "params.pt")
+    out = launch({"fedavg": Job("dist_worker", ("fedavg:clients=4:local_steps=2", OUT, "mlp", "16"))}, tmp_path)["fedavg"]
+    two_ranks = torch.load(out / "params.pt")
     # one process, same clients, each on the per-rank batch of the 2-rank run (64 / 2)
     tech, server, _ = fedavg_run("clients=4:local_steps=2", steps=32, batch=32)
     assert tech.rounds["quality_run"] == 4
@@ -78,7 +78,7 @@ def test_two_ranks_average_what_one_process_averages(tmp_path):
         assert torch.allclose(two_ranks[key], expected, atol=1e-6), key
     n_bytes = 4 * sum(p.numel() for p in mlp().model.parameters())  # fp32, no buffers
     for rank in (0, 1):
-        found = json.loads((tmp_path / f"results_rank{rank}.json").read_text())["fedavg"]
+        found = json.loads((out / f"results_rank{rank}.json").read_text())["fedavg"]
         assert found["rounds_completed"] == {"quality_run": 4, "after": 0} and found["steps_per_round"] == 4
         assert found["federated"]["quality_run_bytes"] == 2 * n_bytes * 4 * 4  # 2 x model x 4 participants x 4 rounds
         assert found["communication"]["quality_run"]["bytes"] == 4 * n_bytes  # the flat buffer once per round

@@ -93,8 +93,9 @@ def test_a_preload_that_starts_a_thread_pool_is_refused(tmp_path):
     (tmp_path / "pool_at_import.py").write_text("import torch\ntorch.ones(2**22).add_(1)  # a parallel op: the pool\n")
     code = ("import sys; sys.path.insert(0, sys.argv[1]); from bench import forkserver as f; "
             "f.PRELOAD = (*f.PRELOAD, 'pool_at_import'); print(f.preload())")
+    # two OpenMP threads whatever this machine's (or a pinned test worker's) CPUs: one would start no pool
     out = subprocess.run([sys.executable, "-c", code, str(tmp_path)], cwd=REPO_DIR, capture_output=True, text=True,
-                         check=True).stdout
+                         check=True, env={**os.environ, "OMP_NUM_THREADS": "2"}).stdout
     assert "thread" in out and "do not survive a fork" in out
 
 

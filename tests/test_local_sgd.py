@@ -21,11 +21,20 @@ from bench.plan.config import ConfigError, TechniqueSpec
 from techniques.base import Context
 from techniques.local_sgd import LocalSGD
 from tests.helpers import TechniqueSettings
-from tests.test_distributed import torchrun
+from tests.torchrun_jobs import OUT, Job, launch
 
 SETTINGS = TechniqueSettings("local_sgd:period=2:warmup=1", "mlp", runs_on="torchrun")
 
 STEPS = 10
+# every 2-rank job of this file, in one torchrun launch (tests/torchrun_jobs.py); plain SGD, where local SGD can equal DDP
+JOBS = {name: Job("dist_worker", (techniques, OUT, "mlp", str(STEPS), "sgd"), env)
+        for name, techniques, env in [
+            ("ddp", "ddp", {}),
+            ("period-1", "local_sgd:period=1:warmup=0", {}),
+            ("period-4", "local_sgd:period=4:warmup=2", {}),
+            # a speed window starts at ctx.step = the plan's steps (here 100, past warmup=10)
+            ("past-the-plan", "local_sgd:period=4:warmup=10", {"TRAINBENCH_TEST_START_STEP": "100"}),
+        ]}
 
 
 def n_params() -> int:
@@ -33,52 +42,52 @@ def n_params() -> int:
 
 
 @pytest.fixture(scope="module")
-def ddp_sgd(tmp_path_factory):
-    out = tmp_path_factory.mktemp("ddp_sgd")
-    torchrun("ddp", str(out), "mlp", str(STEPS), "sgd")
-    return torch.load(out / "params.pt")
+def runs(tmp_path_factory):
+    return launch(JOBS, tmp_path_factory.mktemp("torchrun"))
+
+
+@pytest.fixture(scope="module")
+def ddp_sgd(runs):
+    return torch.load(runs["ddp"] / "params.pt")
 
 
 @pytest.mark.distributed
-def test_period_one_without_warmup_is_ddp_under_sgd(tmp_path, ddp_sgd):
-    torchrun("local_sgd:period=1:warmup=0", str(tmp_path), "mlp", str(STEPS), "sgd")
-    params = torch.load(tmp_path / "params.pt")
+def test_period_one_without_warmup_is_ddp_under_sgd(runs, ddp_sgd):
+    params = torch.load(runs["period-1"] / "params.pt")
     initial = workloads.get("mlp").build("tiny", 0, torch.device("cpu")).model.state_dict()
     for key, expected in ddp_sgd.items():
         assert torch.allclose(params[key], expected, atol=1e-6), key
         assert not torch.equal(expected, initial[key]), "training moved nothing"
-    counted = json.loads((tmp_path / "results_rank0.json").read_text())["local_sgd"]["communication"]
+    counted = json.loads((runs["period-1"] / "results_rank0.json").read_text())["local_sgd"]["communication"]
     assert counted["quality_run"]["bytes"] == STEPS * 4 * n_params()  # one parameter average per step, no buckets
 
 
 @pytest.mark.distributed
-def test_period_four_drifts_from_ddp_and_counts_what_it_sends(tmp_path, ddp_sgd):
-    torchrun("local_sgd:period=4:warmup=2", str(tmp_path), "mlp", str(STEPS), "sgd")
-    params = torch.load(tmp_path / "params.pt")
+def test_period_four_drifts_from_ddp_and_counts_what_it_sends(runs, ddp_sgd):
+    out = runs["period-4"]
+    params = torch.load(out / "params.pt")
     assert any(not torch.allclose(params[k], v, atol=1e-6) for k, v in ddp_sgd.items())
     for rank in (0, 1):
-        counted = json.loads((tmp_path / f"results_rank{rank}.json").read_text())["local_sgd"]["communication"]
+        counted = json.loads((out / f"results_rank{rank}.json").read_text())["local_sgd"]["communication"]
         run = counted["quality_run"]
         # steps 0-1 all-reduce every gradient bucket (DDP); the averager then averages at steps 2 and 6 (of 0-9)
         assert run["bytes"] == (2 + 2) * 4 * n_params()
         assert run["samples"] == STEPS * 64 and run["steps"] == STEPS
         assert run["bytes_per_sample"] == run["bytes"] / run["samples"]
-    found = json.loads((tmp_path / "results_rank0.json").read_text())["local_sgd"]
+    found = json.loads((out / "results_rank0.json").read_text())["local_sgd"]
     assert "0.4 of DDP's bytes" in LocalSGD.summarize([found])  # 4 of 10 steps' worth
     # steps 7-9 came after the last average: the ranks differ, and evaluation saw their mean
-    own = [torch.load(tmp_path / f"own_rank{rank}.pt") for rank in (0, 1)]
+    own = [torch.load(out / f"own_rank{rank}.pt") for rank in (0, 1)]
     assert any(not torch.equal(own[0][k], own[1][k]) for k in own[0])
     for key, averaged in params.items():
         assert torch.allclose(averaged, (own[0][key] + own[1][key]) / 2, atol=1e-7), key
 
 
 @pytest.mark.distributed
-def test_past_the_plan_every_step_is_local(tmp_path):
-    # a speed window starts at ctx.step = the plan's steps (here 100, past warmup=10): no gradient is all-reduced,
-    # parameters are averaged at steps 102 and 106 ((step - warmup) % 4 == 0)
-    torchrun("local_sgd:period=4:warmup=10", str(tmp_path), "mlp", str(STEPS), "sgd",
-             env={"TRAINBENCH_TEST_START_STEP": "100"})
-    counted = json.loads((tmp_path / "results_rank0.json").read_text())["local_sgd"]["communication"]
+def test_past_the_plan_every_step_is_local(runs):
+    # started at step 100, past warmup=10: no gradient is all-reduced, parameters are averaged at steps 102 and 106
+    # ((step - warmup) % 4 == 0)
+    counted = json.loads((runs["past-the-plan"] / "results_rank0.json").read_text())["local_sgd"]["communication"]
     assert counted["quality_run"]["bytes"] == 0
     assert counted["after"]["bytes"] == 2 * 4 * n_params() and counted["after"]["calls"] == 2
 

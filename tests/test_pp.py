@@ -21,8 +21,6 @@ from __future__ import annotations
 import dataclasses
 import importlib.util
 import json
-import subprocess
-import sys
 
 import pytest
 import torch
@@ -43,9 +41,10 @@ from techniques.pp import (
     stage_layers,
 )
 from tests import decoders
-from tests.conftest import REPO, TINY_BUDGET
+from tests.conftest import TINY_BUDGET
 from tests.helpers import TechniqueSettings, whole_batch_trial
 from tests.pp_worker import BATCH, MICROBATCHES, STEPS, TIED
+from tests.torchrun_jobs import OUT, Job, launch
 
 SETTINGS = TechniqueSettings("pp:microbatches=2", "gpt", runs_on="torchrun")
 
@@ -73,20 +72,26 @@ def one_process():
     return _train_in_one_process(workloads.get("gpt").build("tiny", 0, CPU))
 
 
-def run_workers(schedule: str, out, model: str = "gpt"):
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-           str(REPO / "tests" / "pp_worker.py"), schedule, str(out), model]
-    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=240,
-                          env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin", "OMP_NUM_THREADS": "1"})
-    assert proc.returncode == 0, proc.stderr[-3000:]
+# every 2-rank job of this file, in one torchrun launch (tests/torchrun_jobs.py)
+JOBS = {"gpipe": Job("pp_worker", ("gpipe", OUT)), "1f1b": Job("pp_worker", ("1f1b", OUT)),
+        "llama": Job("pp_worker", ("1f1b", OUT, "build"))}
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    return launch(JOBS, tmp_path_factory.mktemp("torchrun"))
+
+
+def read_ranks(out):
+    """(each rank's record, each rank's parameters, rank 0's technique results) of a job."""
     ranks = [json.loads((out / f"rank{r}.json").read_text()) for r in (0, 1)]
     params = [torch.load(out / f"params_rank{r}.pt") for r in (0, 1)]
-    return schedule, ranks, params, json.loads((out / "results.json").read_text())
+    return ranks, params, json.loads((out / "results.json").read_text())
 
 
 @pytest.fixture(scope="module", params=["gpipe", "1f1b"])
-def two_ranks(request, tmp_path_factory):
-    return run_workers(request.param, tmp_path_factory.mktemp(f"pp-{request.param}"))
+def two_ranks(request, runs):
+    return request.param, *read_ranks(runs[request.param])
 
 
 @pytest.mark.distributed
@@ -139,10 +144,9 @@ def test_each_rank_holds_only_its_stage(two_ranks):
 
 
 @pytest.mark.distributed
-@pytest.mark.slow  # end to end through torchrun
-def test_a_llama_style_decoder_is_split_from_its_description(tmp_path):
+def test_a_llama_style_decoder_is_split_from_its_description(runs):
     losses, expected, val_loss = _train_in_one_process(decoders.workload().build("default", 0, CPU))
-    _, ranks, (first, last), results = run_workers("1f1b", tmp_path, "build")
+    ranks, (first, last), results = read_ranks(runs["llama"])
     for rank in ranks:
         assert rank["losses"] == pytest.approx(losses, rel=1e-4)
         assert rank["val_loss"] == pytest.approx(val_loss, rel=1e-4)

@@ -64,12 +64,12 @@ def test_a_technique_without_a_test_file_or_settings_is_told_what_to_add(tmp_pat
 @pytest.mark.distributed
 @pytest.mark.parametrize("name", runs_on("torchrun"))
 def test_distributed_technique_runs_two_steps_on_two_ranks(name, tmp_path):
-    from tests.test_distributed import torchrun
+    from tests.torchrun_jobs import OUT, Job, launch
 
     s = SETTINGS[name]
     needs(s)
-    torchrun(s.label, str(tmp_path), s.workload, "2")
-    assert (tmp_path / "params.pt").exists()
+    out = launch({name: Job("dist_worker", (s.label, OUT, s.workload, "2"))}, tmp_path)[name]
+    assert (out / "params.pt").exists()
 
 
 @pytest.mark.parametrize("name", runs_on("cpu"))

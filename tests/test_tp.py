@@ -24,8 +24,6 @@ import copy
 import dataclasses
 import importlib.util
 import json
-import subprocess
-import sys
 
 import pytest
 import torch
@@ -37,8 +35,8 @@ from techniques import get
 from techniques.base import Context
 from techniques.tp import HeadMajorAttention, description_problem, head_major_rows, model_problem
 from tests import decoders
-from tests.conftest import REPO
 from tests.helpers import TechniqueSettings, whole_batch_trial
+from tests.torchrun_jobs import OUT, Job, launch
 from tests.tp_worker import BATCH, STEPS
 
 SETTINGS = TechniqueSettings("tp", "gpt", runs_on="torchrun")
@@ -50,12 +48,20 @@ def gpt_tiny():
     return workloads.get("gpt").build("tiny", 0, CPU)
 
 
-def torchrun(*args: str, timeout: float = 240) -> None:
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-           str(REPO / "tests" / "tp_worker.py"), *args]
-    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=timeout,
-                          env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin", "OMP_NUM_THREADS": "1"})
-    assert proc.returncode == 0, proc.stderr[-3000:]
+# every 2-rank job of this file, in one torchrun launch (tests/torchrun_jobs.py)
+JOBS = {
+    "tp": Job("tp_worker", ("tp", OUT)),
+    "tp+checkpointing": Job("tp_worker", ("tp+checkpointing", OUT, "2")),
+    "tp+bf16": Job("tp_worker", ("tp+bf16", OUT, "2")),
+    "llama": Job("tp_worker", ("tp", OUT, str(STEPS), "build")),
+    "inferred": Job("tp_worker", ("tp", OUT, str(STEPS), "build_inferred")),
+    "refuse": Job("tp_worker", ("refuse", OUT, "0", "build_silent,build_fails")),
+}
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    return launch(JOBS, tmp_path_factory.mktemp("torchrun"))
 
 
 # ---- one process ------------------------------------------------------------------------------------------------
@@ -194,9 +200,8 @@ def single_process():
 
 
 @pytest.fixture(scope="module")
-def tp_run(tmp_path_factory):
-    out = tmp_path_factory.mktemp("tp")
-    torchrun("tp", str(out))
+def tp_run(runs):
+    out = runs["tp"]
     ranks = [json.loads((out / f"rank{r}.json").read_text()) for r in (0, 1)]
     return ranks, torch.load(out / "params.pt")
 
@@ -261,16 +266,15 @@ def test_communication_is_what_torch_all_reduced(tp_run):
 
 
 @distributed
-@pytest.mark.parametrize("label", ["tp+checkpointing", pytest.param("tp+bf16", marks=pytest.mark.slow)])
-def test_communication_follows_what_runs(label, tmp_path):
+@pytest.mark.parametrize("label", ["tp+checkpointing", "tp+bf16"])
+def test_communication_follows_what_runs(label, runs):
     """Counted from what runs, not a formula: checkpointing's recompute all-reduces attention's output again (not the
     MLP's: the recompute stops once it has what backward needs), and under bf16 autocast the forward all-reduces
     move bf16 activations while the input gradients stay fp32."""
-    torchrun(label, str(tmp_path), "2")
     p = gpt_tiny().params
     activation = BATCH * p["seq_len"] * p["d_model"] * 4
     for r in (0, 1):
-        rank = json.loads((tmp_path / f"rank{r}.json").read_text())
+        rank = json.loads((runs[label] / f"rank{r}.json").read_text())
         seen = [b for name, b in rank["collectives"] if name.startswith("all_reduce")]
         assert rank["results"]["bytes_per_step"] == sum(seen)
         assert rank["results"]["communication_detail"]["collectives_per_step"] == len(seen)
@@ -294,7 +298,7 @@ def _relative_moves(got: dict, expected: dict, initial: dict) -> dict[str, float
 
 
 @distributed
-def test_a_llama_style_decoder_trains_under_tp_as_in_one_process(tmp_path):
+def test_a_llama_style_decoder_trains_under_tp_as_in_one_process(runs):
     built = decoders.workload().build("default", 0, CPU)
     initial = {k: v.detach().clone() for k, v in built.model.named_parameters()}
     loop = plain_loop(built, built.lr, CPU)
@@ -302,9 +306,8 @@ def test_a_llama_style_decoder_trains_under_tp_as_in_one_process(tmp_path):
     ref_losses = [float(loop.step(next(batches))) for _ in range(STEPS)]
     ref_params = {k: v.detach().clone() for k, v in built.model.named_parameters()}
 
-    torchrun("tp", str(tmp_path), str(STEPS), "build")
-    ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
-    params = torch.load(tmp_path / "params.pt")
+    ranks = [json.loads((runs["llama"] / f"rank{r}.json").read_text()) for r in (0, 1)]
+    params = torch.load(runs["llama"] / "params.pt")
     assert ranks[0]["losses"] == ranks[1]["losses"]
     torch.testing.assert_close(torch.tensor(ranks[0]["losses"]), torch.tensor(ref_losses), rtol=1e-4, atol=0)
     assert params.keys() == ref_params.keys()
@@ -320,7 +323,7 @@ def test_a_llama_style_decoder_trains_under_tp_as_in_one_process(tmp_path):
 
 
 @distributed
-def test_tp_and_structured_prune_read_one_inferred_description(tmp_path):
+def test_tp_and_structured_prune_read_one_inferred_description(runs):
     """A model that returns no structure (a GPT-2-style decoder): the harness infers it once, and tp shards the same
     attention and MLP that prune:mode=structured shrinks; tp trains as one process does."""
     from techniques.prune import Prune, channel_groups
@@ -342,18 +345,16 @@ def test_tp_and_structured_prune_read_one_inferred_description(tmp_path):
     batches = built.batches(BATCH, 0)
     ref_losses = [float(loop.step(next(batches))) for _ in range(STEPS)]
     ref_params = {k: v.detach().clone() for k, v in built.model.named_parameters()}
-    torchrun("tp", str(tmp_path), str(STEPS), "build_inferred")
-    ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
+    ranks = [json.loads((runs["inferred"] / f"rank{r}.json").read_text()) for r in (0, 1)]
     torch.testing.assert_close(torch.tensor(ranks[0]["losses"]), torch.tensor(ref_losses), rtol=1e-4, atol=0)
-    moves = _relative_moves(torch.load(tmp_path / "params.pt"), ref_params, initial)
+    moves = _relative_moves(torch.load(runs["inferred"] / "params.pt"), ref_params, initial)
     assert max(moves.values()) < 1e-3, {k: v for k, v in moves.items() if v >= 1e-3}
     assert "mlp.c_fc (colwise)" in ranks[0]["results"]["sharded"]
 
 
 @distributed
-def test_an_attention_that_hard_codes_its_head_count_is_refused_by_the_guard(tmp_path):
-    torchrun("refuse", str(tmp_path), "0", "build_silent,build_fails")
-    refused = [json.loads((tmp_path / f"refused{r}.json").read_text()) for r in (0, 1)]
+def test_an_attention_that_hard_codes_its_head_count_is_refused_by_the_guard(runs):
+    refused = [json.loads((runs["refuse"] / f"refused{r}.json").read_text()) for r in (0, 1)]
     assert refused[0] == refused[1]  # every rank decides alike
     silent, fails = refused[0]["build_silent"], refused[0]["build_fails"]
     assert silent.startswith("tp: the sharded model's output differs from the whole model's on a probe input "

@@ -1,4 +1,4 @@
-"""Run under torchrun by tests/test_tp.py: train a model with tensor parallelism, save what to compare.
+"""A job of tests/torchrun_jobs.py (test_tp): train a model with tensor parallelism, save what to compare. Alone:
 
     torchrun --standalone --nproc-per-node 2 tests/tp_worker.py TECHNIQUES OUT_DIR [STEPS [MODEL]]
     torchrun --standalone --nproc-per-node 2 tests/tp_worker.py refuse OUT_DIR 0 BUILD[,BUILD...]
@@ -79,15 +79,14 @@ def refuse(builds: list[str], out: Path, rank: int, world: int) -> None:
     (out / f"refused{rank}.json").write_text(json.dumps(found))
 
 
-def main() -> None:
-    names, out = sys.argv[1].split("+"), Path(sys.argv[2])
-    steps = int(sys.argv[3]) if len(sys.argv) > 3 else STEPS
-    model_name = sys.argv[4] if len(sys.argv) > 4 else "gpt"
-    dist.init_process_group("gloo")
+def run(args: list[str]) -> None:
+    """TECHNIQUES OUT_DIR [STEPS [MODEL]] or refuse OUT_DIR 0 BUILD[,BUILD...], in this process's group."""
+    names, out = args[0].split("+"), Path(args[1])
+    steps = int(args[2]) if len(args) > 2 else STEPS
+    model_name = args[3] if len(args) > 3 else "gpt"
     rank, world = dist.get_rank(), dist.get_world_size()
     if names == ["refuse"]:
         refuse(model_name.split(","), out, rank, world)
-        end_rank(0)
         return
     built, wl_name = load(model_name)
     techs = sorted((get(n)() for n in names), key=lambda t: t.phase)
@@ -125,6 +124,11 @@ def main() -> None:
         full[key] = tensor
     if rank == 0:
         torch.save(full, out / "params.pt")
+
+
+def main() -> None:
+    dist.init_process_group("gloo")
+    run(sys.argv[1:])
     end_rank(0)
 
 
