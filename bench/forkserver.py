@@ -57,6 +57,7 @@ import selectors
 import signal
 import socket
 import sys
+import tempfile
 import time
 import traceback
 
@@ -115,9 +116,36 @@ def _compile_imports() -> None:
     front end, its configuration and their dependencies; measured on the 2-core AMD EPYC: 594 modules, 0.8 s of each
     such trial's build): done once here, by compiling a module that is never called. Nothing is traced or compiled
     until a call, so no tensor op runs and no thread starts (checked below). Only the compile server does it: a trial
-    that never compiles must not carry these modules, or its RSS would read higher forked than fresh."""
+    that never compiles must not carry these modules, or its RSS would read higher forked than fresh. Then what
+    TorchInductor asks of the machine once per process (``_inductor_machine_facts``)."""
     torch = sys.modules["torch"]
     torch.compile(torch.nn.Identity())
+    _inductor_machine_facts()
+
+
+def _inductor_machine_facts() -> None:
+    """Before its first CPU kernel, TorchInductor finds which vector instruction sets this CPU builds and loads: it
+    compiles a probe for each candidate and loads it in a subprocess of its own (6 of them, about 1 s of every
+    compiling trial on the 2-core AMD EPYC, 40% of a warm compile's one-off cost). It also hashes torch's sources
+    for its cache keys (about 0.15 s). Both answers are the machine's and the installation's, the same in every
+    trial, and kept in the process (``functools.cache``): asked here once, a forked child inherits them. No tensor op
+    runs and the subprocesses are gone before the server forks. The probe's files go to a directory of their own,
+    removed after; a failure leaves the question to each trial, as in a fresh process."""
+    from torch._inductor import codecache, cpu_vec_isa
+
+    saved = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
+    with tempfile.TemporaryDirectory(prefix="trainbench-isa-") as probe_dir:
+        os.environ["TORCHINDUCTOR_CACHE_DIR"] = probe_dir
+        try:
+            cpu_vec_isa.valid_vec_isa_list()
+            codecache.torch_key()
+        except Exception:  # noqa: BLE001 - the trials ask again
+            pass
+        finally:
+            if saved is None:
+                os.environ.pop("TORCHINDUCTOR_CACHE_DIR", None)
+            else:
+                os.environ["TORCHINDUCTOR_CACHE_DIR"] = saved
 
 
 def resident_file_pages() -> list[tuple[int, int]]:

@@ -124,17 +124,18 @@ def test_a_fixed_allocation_reads_the_same_forked_and_fresh(server, tmp_path):
 
 
 def test_the_compile_server_forks_children_that_imported_what_torch_compile_imports(server, tmp_path):
-    """A set that compiles forks from a server that ran torch.compile's imports (no thread pool either); the plain
-    server's children never carry them, as a fresh trial that never compiles does not."""
-    probe = "import sys; print('inductor', 'torch._inductor.compile_fx' in sys.modules)"
+    """A set that compiles forks from a server that ran torch.compile's imports (no thread pool either) and asked
+    TorchInductor's questions about the machine (its children find the answers cached); the plain server's children never carry them, as a fresh trial that never compiles does not."""
+    probe = ("import sys; print('inductor', 'torch._inductor.compile_fx' in sys.modules); "
+             "from torch._inductor import cpu_vec_isa; print('isa', cpu_vec_isa.valid_vec_isa_list.cache_info().currsize)")
     compile_server = ForkServer(REPO_DIR, compile_imports=True)
     try:
         for srv, name in ((server, "plain"), (compile_server, "compile")):
             child = _timeit(srv, probe, tmp_path / name)
             assert child is not None, srv.broken
             assert child.wait(120) == 0, (tmp_path / name).read_text()
-        assert (tmp_path / "plain").read_text().split()[:2] == ["inductor", "False"]
-        assert (tmp_path / "compile").read_text().split()[:2] == ["inductor", "True"]
+        assert (tmp_path / "plain").read_text().split()[:4] == ["inductor", "False", "isa", "0"]
+        assert (tmp_path / "compile").read_text().split()[:4] == ["inductor", "True", "isa", "1"]
     finally:
         compile_server.stop()
 
