@@ -123,6 +123,23 @@ def test_a_fixed_allocation_reads_the_same_forked_and_fresh(server, tmp_path):
     assert fork["rollup"]["Shared_Dirty"] > 50 * MIB and fork["rollup"]["Pss"] < fresh["rollup"]["Pss"]
 
 
+def test_the_references_step_returns_only_once_every_started_server_is_ready(tmp_path, monkeypatch):
+    """The servers import beside the parity references' process; the first trial's window must not meet a server
+    still importing (the compile server's probes take seconds), so the references step waits for them."""
+    from bench import reference as reference_mod
+
+    monkeypatch.setattr(reference_mod, "ensure", lambda *args, **kwargs: None)  # no references to compute here
+    runner = SweepRunner(_cfg("compile"), tmp_path / "sweep", CPU)
+    launcher, trials = runner.launcher, plan(runner.cfg, CPU)
+    try:
+        launcher.start_server(trials)
+        assert not launcher.server.ready and not launcher.compile_server.ready  # still importing
+        launcher.prepare_references(trials)
+        assert launcher.server.ready and launcher.compile_server.ready
+    finally:
+        runner.close()
+
+
 def test_the_compile_server_forks_children_that_imported_what_torch_compile_imports(server, tmp_path):
     """A set that compiles forks from a server that ran torch.compile's imports (no thread pool either) and asked
     TorchInductor's questions about the machine (its children find the answers cached); the plain server's children never carry them, as a fresh trial that never compiles does not."""

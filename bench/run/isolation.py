@@ -144,6 +144,16 @@ class ForkServer:
         self.starts += 1
         log.info("fork server starting (pid %d)", self._proc.pid)
 
+    @property
+    def ready(self) -> bool:
+        """Whether the running server has done its imports and forks on request."""
+        return self._ready
+
+    def wait_ready(self) -> None:
+        """Wait until a started server has done its imports (a no-op before ``start`` or once ready)."""
+        if self._proc is not None and not self._ready and not self.broken:
+            self._handshake()
+
     def spawn(self, module: str, argv: list[str], env: dict[str, str], log_path: Path) -> Forked | None:
         """Fork ``python -m module argv`` with ``env``, its cwd the code's checkout and its stdout and stderr
         appended to ``log_path``; None when the server cannot (the caller starts the trial fresh)."""

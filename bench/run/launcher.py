@@ -180,7 +180,17 @@ class TrialLauncher:
             return json.loads(out.read_text())
 
     def prepare_references(self, trials: list[Trial]) -> None:
-        """Compute, in one child process, the parity references these trials need and the cache lacks."""
+        """Compute, in one child process, the parity references these trials need and the cache lacks; then wait
+        for the fork servers started beside it to be ready, so that none is still importing (the compile server also
+        compiles TorchInductor's probes) while the first trials' windows are timed."""
+        try:
+            self._references(trials)
+        finally:
+            for server in (self.server, self.compile_server):
+                if server is not None:
+                    server.wait_ready()
+
+    def _references(self, trials: list[Trial]) -> None:
         keys = [k for k in (reference_key(t, self.cfg.budget) for t in trials if not t.skip_reason) if k]
         try:
             reference_mod.ensure(keys, self.reference_dir, self.device.type, self.code_dir,
