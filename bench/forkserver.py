@@ -133,19 +133,15 @@ def _inductor_machine_facts() -> None:
     removed after; a failure leaves the question to each trial, as in a fresh process."""
     from torch._inductor import codecache, cpu_vec_isa
 
-    saved = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
-    with tempfile.TemporaryDirectory(prefix="trainbench-isa-") as probe_dir:
-        os.environ["TORCHINDUCTOR_CACHE_DIR"] = probe_dir
+    from bench.core.files import environ_set
+
+    with tempfile.TemporaryDirectory(prefix="trainbench-isa-") as probe_dir, \
+            environ_set("TORCHINDUCTOR_CACHE_DIR", probe_dir):
         try:
             cpu_vec_isa.valid_vec_isa_list()
             codecache.torch_key()
         except Exception:  # noqa: BLE001 - the trials ask again
             pass
-        finally:
-            if saved is None:
-                os.environ.pop("TORCHINDUCTOR_CACHE_DIR", None)
-            else:
-                os.environ["TORCHINDUCTOR_CACHE_DIR"] = saved
 
 
 def resident_file_pages() -> list[tuple[int, int]]:
