@@ -126,7 +126,7 @@ def _compile_imports() -> None:
 def _inductor_machine_facts() -> None:
     """Before its first CPU kernel, TorchInductor finds which vector instruction sets this CPU builds and loads: it
     compiles a probe for each candidate and loads it in a subprocess of its own (6 of them, about 1 s of every
-    compiling trial on the 2-core AMD EPYC, 40% of a warm compile's one-off cost). It also hashes torch's sources
+    compiling trial on the 2-core AMD EPYC, half of a warm compile's one-off cost). It also hashes torch's sources
     for its cache keys (about 0.15 s). Both answers are the machine's and the installation's, the same in every
     trial, and kept in the process (``functools.cache``): asked here once, a forked child inherits them. No tensor op
     runs and the subprocesses are gone before the server forks. The probe's files go to a directory of their own,

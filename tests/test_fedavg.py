@@ -69,7 +69,8 @@ def test_one_client_is_plain_training(local_steps):
 
 @pytest.mark.distributed
 def test_two_ranks_average_what_one_process_averages(tmp_path):
-    out = launch({"fedavg": Job("dist_worker", ("fedavg:clients=4:local_steps=2", OUT, "mlp", "16"))}, tmp_path)["fedavg"]
+    job = Job("dist_worker", ("fedavg:clients=4:local_steps=2", OUT, "mlp", "16"))
+    out = launch({"fedavg": job}, tmp_path)["fedavg"]
     two_ranks = torch.load(out / "params.pt")
     # one process, same clients, each on the per-rank batch of the 2-rank run (64 / 2)
     tech, server, _ = fedavg_run("clients=4:local_steps=2", steps=32, batch=32)

@@ -26,7 +26,8 @@ from tests.torchrun_jobs import OUT, Job, launch
 SETTINGS = TechniqueSettings("local_sgd:period=2:warmup=1", "mlp", runs_on="torchrun")
 
 STEPS = 10
-# every 2-rank job of this file, in one torchrun launch (tests/torchrun_jobs.py); plain SGD, where local SGD can equal DDP
+# every 2-rank job of this file, in one torchrun launch (tests/torchrun_jobs.py); plain SGD, under which local SGD
+# can equal DDP
 JOBS = {name: Job("dist_worker", (techniques, OUT, "mlp", str(STEPS), "sgd"), env)
         for name, techniques, env in [
             ("ddp", "ddp", {}),
