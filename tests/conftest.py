@@ -33,6 +33,24 @@ def reference_dir(tmp_path_factory) -> Path:
     return tmp_path_factory.mktemp("references")
 
 
+@pytest.fixture(scope="session")
+def dist_runs(tmp_path_factory) -> dict[str, Path]:
+    """The output directory of each ``JOBS`` entry of the test files that run tests/dist_worker.py, as
+    ``"FILE/NAME"``: all their jobs in one torchrun launch (tests/torchrun_jobs.py)."""
+    import importlib
+
+    from tests.torchrun_jobs import DIST_WORKER_FILES, launch
+
+    jobs = {f"{name}/{key}": job for name in DIST_WORKER_FILES
+            for key, job in importlib.import_module(f"tests.{name}").JOBS.items()}
+    return launch(jobs, tmp_path_factory.mktemp("dist_worker"))
+
+
+def runs_of(dist_runs: dict[str, Path], file: str) -> dict[str, Path]:
+    """One file's jobs of ``dist_runs``, by the names its JOBS gives them."""
+    return {key.split("/", 1)[1]: out for key, out in dist_runs.items() if key.startswith(f"{file}/")}
+
+
 @pytest.hookimpl(tryfirst=True)  # before pytest-benchmark's own configure reads the option
 def pytest_configure(config: pytest.Config) -> None:
     """The normal run skips the benchmarks (tests/benchmarks/) where pytest-benchmark is installed, as

@@ -25,13 +25,14 @@ from bench.plan.config import build_config
 from bench.run.runner import SweepRunner
 from techniques._distributed import zero_formula_bytes
 from techniques.base import Context
-from tests.conftest import TINY_BUDGET
+from tests.conftest import TINY_BUDGET, runs_of
 from tests.dist_worker import BATCH, STEPS
-from tests.torchrun_jobs import OUT, Job, launch
+from tests.torchrun_jobs import OUT, Job
 
 pytestmark = pytest.mark.distributed
 
-# every 2-rank job of this file, in one torchrun launch (tests/torchrun_jobs.py)
+# every 2-rank job of this file, run with test_local_sgd's and test_fedavg's in one torchrun launch (conftest's
+# dist_runs)
 JOBS = {
     **{f"params-{t}": Job("dist_worker", (t, OUT)) for t in ("ddp", "zero1", "zero3")},
     **{f"balanced-{t}": Job("dist_worker", (t, OUT, "balanced")) for t in ("ddp", "zero1", "zero3")},
@@ -39,8 +40,8 @@ JOBS = {
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory) -> dict[str, Path]:
-    return launch(JOBS, tmp_path_factory.mktemp("torchrun"))
+def runs(dist_runs) -> dict[str, Path]:
+    return runs_of(dist_runs, "test_distributed")
 
 
 @pytest.fixture(scope="module")

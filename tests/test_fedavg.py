@@ -21,10 +21,13 @@ from bench.loop import TrainLoop, build_optimizer
 from bench.plan.config import ConfigError, TechniqueSpec
 from techniques.base import Context, Probe, TrainConfig
 from techniques.fedavg import FedAvg, label_skew, participants, partition
+from tests.conftest import runs_of
 from tests.helpers import TechniqueSettings
-from tests.torchrun_jobs import OUT, Job, launch
+from tests.torchrun_jobs import OUT, Job
 
 SETTINGS = TechniqueSettings("fedavg:clients=2:local_steps=1", "mlp", runs_on="torchrun")
+# its 2-rank job, run with test_distributed's and test_local_sgd's in one torchrun launch (conftest's dist_runs)
+JOBS = {"fedavg": Job("dist_worker", ("fedavg:clients=4:local_steps=2", OUT, "mlp", "16"))}
 
 CPU = torch.device("cpu")
 
@@ -68,9 +71,8 @@ def test_one_client_is_plain_training(local_steps):
 
 
 @pytest.mark.distributed
-def test_two_ranks_average_what_one_process_averages(tmp_path):
-    job = Job("dist_worker", ("fedavg:clients=4:local_steps=2", OUT, "mlp", "16"))
-    out = launch({"fedavg": job}, tmp_path)["fedavg"]
+def test_two_ranks_average_what_one_process_averages(dist_runs):
+    out = runs_of(dist_runs, "test_fedavg")["fedavg"]
     two_ranks = torch.load(out / "params.pt")
     # one process, same clients, each on the per-rank batch of the 2-rank run (64 / 2)
     tech, server, _ = fedavg_run("clients=4:local_steps=2", steps=32, batch=32)

@@ -20,14 +20,15 @@ from bench import workloads
 from bench.plan.config import ConfigError, TechniqueSpec
 from techniques.base import Context
 from techniques.local_sgd import LocalSGD
+from tests.conftest import runs_of
 from tests.helpers import TechniqueSettings
-from tests.torchrun_jobs import OUT, Job, launch
+from tests.torchrun_jobs import OUT, Job
 
 SETTINGS = TechniqueSettings("local_sgd:period=2:warmup=1", "mlp", runs_on="torchrun")
 
 STEPS = 10
-# every 2-rank job of this file, in one torchrun launch (tests/torchrun_jobs.py); plain SGD, under which local SGD
-# can equal DDP
+# every 2-rank job of this file, run with test_distributed's and test_fedavg's in one torchrun launch (conftest's
+# dist_runs); plain SGD, under which local SGD can equal DDP
 JOBS = {name: Job("dist_worker", (techniques, OUT, "mlp", str(STEPS), "sgd"), env)
         for name, techniques, env in [
             ("ddp", "ddp", {}),
@@ -43,8 +44,8 @@ def n_params() -> int:
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory):
-    return launch(JOBS, tmp_path_factory.mktemp("torchrun"))
+def runs(dist_runs):
+    return runs_of(dist_runs, "test_local_sgd")
 
 
 @pytest.fixture(scope="module")

@@ -103,45 +103,59 @@ def test_one_process_windows_meet_no_one():
     assert StepTimer("cpu").barrier is None  # the single-process window is unchanged: no collective at its edges
 
 
-def _window_on_rank(rank: int, init: str, out: str, slow_s: float, barrier: bool) -> None:
-    """One rank of a 2-rank gloo group: a one-step window, rank 1's step ``slow_s`` long, rank 0's empty."""
+def _windows_on_rank(rank: int, init: str, out: str, slow_s: float) -> None:
+    """One rank of a 2-rank gloo group: a one-step window with the barrier at its edges, then one without; rank 1's
+    step ``slow_s`` long, rank 0's empty."""
     import json
 
     import torch.distributed as dist
 
     dist.init_process_group("gloo", init_method=init, rank=rank, world_size=2)
     try:
-        timer = StepTimer("cpu", barrier=timing.host_barrier if barrier else None)
-        timer.start()
-        if rank == 1:
-            time.sleep(slow_s)
-        timer.step_done()
-        r = timer.stop()
-        Path(f"{out}.{rank}").write_text(json.dumps({"total_s": r.total_s, "step_s": r.step_times_s[0]}))
-        dist.all_reduce(torch.zeros(1))  # neither rank leaves before the other has written
+        for barrier in (True, False):
+            dist.barrier()  # both ranks start each window together, whatever the last one left
+            timer = StepTimer("cpu", barrier=timing.host_barrier if barrier else None)
+            timer.start()
+            if rank == 1:
+                time.sleep(slow_s)
+            timer.step_done()
+            r = timer.stop()
+            Path(f"{out}.{barrier}.{rank}").write_text(json.dumps({"total_s": r.total_s,
+                                                                  "step_s": r.step_times_s[0]}))
+            dist.all_reduce(torch.zeros(1))  # neither rank leaves before the other has written
     finally:
         dist.destroy_process_group()
 
 
-@pytest.mark.distributed
-@pytest.mark.parametrize("barrier", [True, False])
-def test_rank_0s_window_covers_a_slower_rank_only_with_the_barrier(tmp_path, barrier):
-    """Two gloo ranks (processes of their own), rank 1 sleeping 2 s in its one step: with the barrier, rank 0's window
-    (the one recorded) lasts about that long though its own step is empty; without it, rank 0's window ends at once.
-    The bound is half the sleep: rank 0 may leave the first barrier later than rank 1 (descheduled on a loaded
-    machine), which shortens its window by that delay, never by a second."""
+SLOW_S = 2.0  # rank 1's step
+
+
+@pytest.fixture(scope="module")
+def two_rank_windows(tmp_path_factory) -> dict[bool, list[dict]]:
+    """Each rank's window with the barrier and without: one spawn of two gloo ranks (processes of their own)."""
     import json
 
     import torch.multiprocessing as mp
 
-    slow_s, out = 2.0, str(tmp_path / "window")
-    mp.spawn(_window_on_rank, args=(f"file://{tmp_path / 'store'}", out, slow_s, barrier), nprocs=2, join=True)
-    rank0, rank1 = (json.loads(Path(f"{out}.{r}").read_text()) for r in (0, 1))
-    assert rank1["step_s"] >= slow_s and rank0["step_s"] < slow_s / 2  # each rank's steps are its own
+    tmp = tmp_path_factory.mktemp("windows")
+    out = str(tmp / "window")
+    mp.spawn(_windows_on_rank, args=(f"file://{tmp / 'store'}", out, SLOW_S), nprocs=2, join=True)
+    return {b: [json.loads(Path(f"{out}.{b}.{r}").read_text()) for r in (0, 1)] for b in (True, False)}
+
+
+@pytest.mark.distributed
+@pytest.mark.parametrize("barrier", [True, False])
+def test_rank_0s_window_covers_a_slower_rank_only_with_the_barrier(two_rank_windows, barrier):
+    """Rank 1 sleeps 2 s in its one step: with the barrier, rank 0's window (the one recorded) lasts about that long
+    though its own step is empty; without it, rank 0's window ends at once. The bound is half the sleep: rank 0 may
+    leave the first barrier later than rank 1 (descheduled on a loaded machine), which shortens its window by that
+    delay, never by a second."""
+    rank0, rank1 = two_rank_windows[barrier]
+    assert rank1["step_s"] >= SLOW_S and rank0["step_s"] < SLOW_S / 2  # each rank's steps are its own
     if barrier:
-        assert rank0["total_s"] >= slow_s / 2  # the window's end waited for rank 1's step
+        assert rank0["total_s"] >= SLOW_S / 2  # the window's end waited for rank 1's step
     else:
-        assert rank0["total_s"] < slow_s / 2
+        assert rank0["total_s"] < SLOW_S / 2
 
 
 @pytest.mark.gpu

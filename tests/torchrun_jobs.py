@@ -24,6 +24,9 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 OUT = "{out}"  # in a job's args: the job's own output directory
+# The test files whose JOBS run tests/dist_worker.py: all in one launch (tests/conftest.py's dist_runs) and, under
+# pytest -n, in one worker (tests/xdist_groups.py).
+DIST_WORKER_FILES = ("test_distributed", "test_local_sgd", "test_fedavg")
 
 
 @dataclass(frozen=True)

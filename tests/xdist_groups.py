@@ -18,9 +18,12 @@ import re
 
 from xdist.scheduler import LoadScopeScheduling
 
+from tests.torchrun_jobs import DIST_WORKER_FILES  # one torchrun launch for these files: one group
+
 # A test file whose tests share a module fixture of several seconds: its tests form one group.
 SHARED_FIXTURE = (
-    "test_distributed", "test_local_sgd", "test_tp", "test_pp",  # one torchrun launch each
+    "test_tp", "test_pp",  # one torchrun launch each
+    "test_measure",  # the two-rank barrier windows, spawned once
     "test_runner",  # a finished sweep
     "test_docs_tables",  # every docs table rendered from the committed reports
     "test_report", "test_report_html",  # the rendered report; Chromium
@@ -32,6 +35,8 @@ def group_of(nodeid: str) -> str:
     """The unit of work ``nodeid`` belongs to: a group's name, or the test's own id."""
     path, _, rest = nodeid.partition("::")
     name = path.rsplit("/", 1)[-1].removesuffix(".py")
+    if name in DIST_WORKER_FILES:
+        return "dist_worker"
     if name in SHARED_FIXTURE:
         return path
     if name == "test_pref_workload" or name.removeprefix("test_") in PREFERENCE_METHODS:
