@@ -57,7 +57,6 @@ import selectors
 import signal
 import socket
 import sys
-import tempfile
 import time
 import traceback
 
@@ -129,19 +128,16 @@ def _inductor_machine_facts() -> None:
     compiling trial on the 2-core AMD EPYC, half of a warm compile's one-off cost). It also hashes torch's sources
     for its cache keys (about 0.15 s). Both answers are the machine's and the installation's, the same in every
     trial, and kept in the process (``functools.cache``): asked here once, a forked child inherits them. No tensor op
-    runs and the subprocesses are gone before the server forks. The probe's files go to a directory of their own,
-    removed after; a failure leaves the question to each trial, as in a fresh process."""
+    runs and the subprocesses are gone before the server forks. The probes compile into TorchInductor's default
+    cache directory (the server's environment holds no ``TORCHINDUCTOR_CACHE_DIR``: that is each trial's), so they
+    compile once per machine; a failure leaves the question to each trial, as in a fresh process."""
     from torch._inductor import codecache, cpu_vec_isa
 
-    from bench.core.files import environ_set
-
-    with tempfile.TemporaryDirectory(prefix="trainbench-isa-") as probe_dir, \
-            environ_set("TORCHINDUCTOR_CACHE_DIR", probe_dir):
-        try:
-            cpu_vec_isa.valid_vec_isa_list()
-            codecache.torch_key()
-        except Exception:  # noqa: BLE001 - the trials ask again
-            pass
+    try:
+        cpu_vec_isa.valid_vec_isa_list()
+        codecache.torch_key()
+    except Exception:  # noqa: BLE001 - the trials ask again
+        pass
 
 
 def resident_file_pages() -> list[tuple[int, int]]:
