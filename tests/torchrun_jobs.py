@@ -21,6 +21,7 @@ import subprocess
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
+from unittest import mock
 
 REPO = Path(__file__).resolve().parent.parent
 OUT = "{out}"  # in a job's args: the job's own output directory
@@ -62,16 +63,8 @@ def main() -> None:
     dist.init_process_group("gloo")
     for job in jobs:
         print(f"rank {dist.get_rank()}: job {job['name']}", file=sys.stderr, flush=True)
-        before = {k: os.environ.get(k) for k in job["env"]}
-        os.environ.update(job["env"])
-        try:
+        with mock.patch.dict(os.environ, job["env"]):  # this job's variables, then the environment as it was
             importlib.import_module(job["worker"]).run(job["args"])
-        finally:
-            for k, v in before.items():
-                if v is None:
-                    os.environ.pop(k, None)
-                else:
-                    os.environ[k] = v
         dist.barrier()
     end_rank(0)  # the trial's own ending: barrier, destroy, exit before gloo's threads meet interpreter teardown
 

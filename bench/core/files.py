@@ -8,10 +8,8 @@ fsync'd line per record (``bench.records.results.ResultStore``).
 
 from __future__ import annotations
 
-import contextlib
 import io
 import os
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -49,17 +47,3 @@ def save_torch_atomic(path: Path | str, obj: Any) -> None:
     buf = io.BytesIO()
     torch.save(obj, buf)
     write_atomic(path, buf.getvalue())
-
-
-@contextlib.contextmanager
-def environ_set(name: str, value: str) -> Iterator[None]:
-    """``os.environ[name] = value`` for the block; then the variable as it was (unset where it was unset)."""
-    before = os.environ.get(name)
-    os.environ[name] = value
-    try:
-        yield
-    finally:
-        if before is None:
-            os.environ.pop(name, None)
-        else:
-            os.environ[name] = before

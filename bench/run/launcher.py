@@ -186,9 +186,8 @@ class TrialLauncher:
         try:
             self._references(trials)
         finally:
-            for server in (self.server, self.compile_server):
-                if server is not None:
-                    server.wait_ready()
+            for server in self.servers:
+                server.wait_ready()
 
     def _references(self, trials: list[Trial]) -> None:
         keys = [k for k in (reference_key(t, self.cfg.budget) for t in trials if not t.skip_reason) if k]
@@ -359,9 +358,14 @@ class TrialLauncher:
     def start_server(self, trials: list[Trial]) -> None:
         """Start each fork server that some of ``trials`` will fork from: their imports go on in the background
         (call it after the calibration, which is timed, and before the references' process, which it overlaps)."""
-        for server in (self.server, self.compile_server):
-            if server is not None and any(self.server_for(t) is server for t in trials):
+        for server in self.servers:
+            if any(self.server_for(t) is server for t in trials):
                 server.start()
+
+    @property
+    def servers(self) -> list[ForkServer]:
+        """The sweep's fork servers: the plain one and the compile server, where they exist."""
+        return [s for s in (self.server, self.compile_server) if s is not None]
 
     def server_for(self, trial: Trial) -> ForkServer | None:
         """The server the trial forks from: the compile server for a set that compiles, where there is one; None:

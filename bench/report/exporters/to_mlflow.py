@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import os
 import tempfile
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -24,7 +25,6 @@ from typing import Any
 from urllib.parse import urlparse
 
 from bench.core.errors import ConfigError
-from bench.core.files import environ_set
 from bench.report.exporters import Exported, require
 from bench.report.exporters.trials import TrialView
 
@@ -102,8 +102,15 @@ def _file_store_allowed(uri: str) -> Iterator[None]:
     if not uri.startswith("file:"):
         yield
         return
-    with environ_set("MLFLOW_ALLOW_FILE_STORE", "true"):
+    before = os.environ.get("MLFLOW_ALLOW_FILE_STORE")
+    os.environ["MLFLOW_ALLOW_FILE_STORE"] = "true"
+    try:
         yield
+    finally:
+        if before is None:
+            os.environ.pop("MLFLOW_ALLOW_FILE_STORE", None)
+        else:
+            os.environ["MLFLOW_ALLOW_FILE_STORE"] = before
 
 
 def _experiment(client: Any, name: str, first: TrialView, artifact_root: Path | None) -> str:
